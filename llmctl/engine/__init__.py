@@ -1,0 +1,1 @@
+"""The shared training engine (torch lives here only). Entry point: `python -m llmctl.engine PLAN.yaml`."""

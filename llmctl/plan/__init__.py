@@ -1,0 +1,1 @@
+"""Torch-free planning math: memory model, FLOPs, communication, planner."""

@@ -1,0 +1,1 @@
+"""Torch-free specifications: models, hardware, and the plan file (the contract between plan/launch/engine)."""

@@ -1,0 +1,252 @@
+"""The plan file: the one schema shared by `llmctl plan` (writes it), `llmctl launch` (submits it) and the engine
+(runs it). YAML on disk, validated here and nowhere else. Torch-free.
+
+Unknown keys are rejected (extra="forbid"), and impossible combinations are rejected naming the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from llmctl.errors import SpecError
+
+PLAN_VERSION = 1
+
+Sharding = Literal["full", "hybrid", "no_shard"]
+Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
+Attention = Literal["auto", "flash", "sdpa", "eager"]
+Checkpointing = Literal["none", "full"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(_Strict):
+    """Which model: exactly one of a preset name, a config.json path, or a local weights folder."""
+
+    preset: str | None = None
+    config: str | None = None
+    """Path to a Hugging Face config.json (file or folder); random init."""
+    weights: str | None = None
+    """Path to a local Hugging Face model folder with weights."""
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    """Hugging Face config fields to override (e.g. num_hidden_layers)."""
+    pad_vocab_multiple: int = Field(64, ge=1)
+    """Pad the vocabulary to a multiple of this (tensor-core shapes; the FSDP seed uses 64 on A100)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        given = [k for k in ("preset", "config", "weights") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of model.preset, model.config, model.weights (got {given or 'none'})")
+        return self
+
+
+class DataSection(_Strict):
+    kind: Literal["text", "tokens", "synthetic"] = "text"
+    """text: local .txt/.jsonl files tokenized on the fly; tokens: a memory-mapped .bin token file; synthetic:
+    random tokens (benchmarks)."""
+    paths: list[str] = Field(default_factory=list)
+    tokenizer: str | None = None
+    """Local tokenizer folder; None uses the built-in byte-level tokenizer."""
+    jsonl_field: str = "text"
+
+    @model_validator(mode="after")
+    def _paths(self) -> DataSection:
+        if self.kind != "synthetic" and not self.paths:
+            raise ValueError(f"data.paths is empty but data.kind is {self.kind!r}")
+        return self
+
+
+class HardwareSection(_Strict):
+    """Where the plan was made for. gpu=None means CPU (gloo)."""
+
+    gpu: str | None = None
+    nodes: int = Field(1, ge=1)
+    nproc_per_node: int = Field(1, ge=1)
+    """Processes (GPUs) per node."""
+
+
+class ParallelSection(_Strict):
+    sharding: Sharding = "full"
+    """full: FSDP2 over all ranks; hybrid: shard inside a node, replicate across nodes (2-D mesh);
+    no_shard: replicate everywhere (DDP-like)."""
+    shard_size: int | None = Field(None, ge=1)
+    """HYBRID: ranks per shard group (default: nproc_per_node). Replicate size = world / shard_size."""
+
+
+class TrainingSection(_Strict):
+    precision: Precision = "bf16-mixed"
+    micro_batch_size: int = Field(1, ge=1)
+    grad_accum_steps: int = Field(1, ge=1)
+    seq_len: int = Field(1024, ge=8)
+    activation_checkpointing: Checkpointing = "none"
+    attention: Attention = "auto"
+    compile: bool = False
+    max_steps: int | None = Field(None, ge=1)
+    token_budget: int | None = Field(None, ge=1)
+    """Train for this many tokens instead of max_steps (steps = ceil(budget / tokens per step))."""
+    seed: int = 0
+    grad_clip: float | None = Field(1.0, gt=0)
+
+    @model_validator(mode="after")
+    def _length(self) -> TrainingSection:
+        if (self.max_steps is None) == (self.token_budget is None):
+            raise ValueError("give exactly one of training.max_steps and training.token_budget")
+        return self
+
+
+class OptimizerSection(_Strict):
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(3e-4, gt=0)
+    weight_decay: float = Field(0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    """Cosine decay ends at lr * min_lr_ratio."""
+
+
+class CheckpointSection(_Strict):
+    dir: str | None = None
+    """None disables checkpoints."""
+    interval_steps: int = Field(100, ge=1)
+    keep_last: int = Field(2, ge=1)
+
+
+class LoggingSection(_Strict):
+    dir: str = "runs/llmctl"
+    interval_steps: int = Field(1, ge=1)
+
+
+class Predicted(_Strict):
+    """What `llmctl plan` predicted; the engine logs its measurements next to these."""
+
+    tokens_per_s: float | None = None
+    tokens_per_s_per_gpu: float | None = None
+    mfu: float | None = None
+    step_time_s: float | None = None
+    memory_per_gpu_bytes: int | None = None
+
+
+class Plan(_Strict):
+    version: int = PLAN_VERSION
+    name: str = "llmctl-run"
+    model: ModelSection
+    data: DataSection = Field(default_factory=lambda: DataSection(kind="synthetic"))
+    hardware: HardwareSection = Field(default_factory=HardwareSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    training: TrainingSection
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    predicted: Predicted = Field(default_factory=Predicted)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Plan:
+        if self.version != PLAN_VERSION:
+            raise ValueError(f"version {self.version} is not supported (this llmctl reads version {PLAN_VERSION})")
+        hw, par = self.hardware, self.parallel
+        if par.sharding == "hybrid":
+            shard = par.shard_size or hw.nproc_per_node
+            if self.world_size % shard:
+                raise ValueError(f"parallel.shard_size {shard} does not divide the world size {self.world_size}")
+        elif par.shard_size is not None:
+            raise ValueError("parallel.shard_size is only meaningful with parallel.sharding: hybrid")
+        if self.training.attention == "flash" and self.training.precision == "fp32":
+            raise ValueError("training.attention: flash needs bf16 or fp16 (flash-attention has no fp32 kernel)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.hardware.nodes * self.hardware.nproc_per_node
+
+    @property
+    def mesh_shape(self) -> tuple[int, int]:
+        """(replicate, shard) sizes of the data-parallel device mesh."""
+        w = self.world_size
+        if self.parallel.sharding == "full":
+            return (1, w)
+        if self.parallel.sharding == "no_shard":
+            return (w, 1)
+        shard = self.parallel.shard_size or self.hardware.nproc_per_node
+        return (w // shard, shard)
+
+    @property
+    def tokens_per_step(self) -> int:
+        t = self.training
+        return t.micro_batch_size * t.grad_accum_steps * t.seq_len * self.world_size
+
+    @property
+    def total_steps(self) -> int:
+        t = self.training
+        if t.max_steps is not None:
+            return t.max_steps
+        assert t.token_budget is not None
+        return -(-t.token_budget // self.tokens_per_step)
+
+
+def _error_line(err: ValidationError, source: str) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    msg = msg.removeprefix("Value error, ")
+    more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
+    return f"{source}: {loc + ': ' if loc else ''}{msg}{more}"
+
+
+def plan_from_dict(data: Any, source: str = "plan") -> Plan:
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: a plan must be a YAML mapping, got {type(data).__name__}")
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_error_line(e, source)) from None
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"{p}: no such plan file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{p}: not a text file") from None
+    return plan_from_dict(data, source=str(p))
+
+
+def plan_to_yaml(plan: Plan) -> str:
+    return yaml.safe_dump(plan.model_dump(mode="json", exclude_none=False), sort_keys=False)
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Write a file so that a crash never leaves a half-written file (temp file + fsync + rename)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
+    write_atomic(path, plan_to_yaml(plan))
