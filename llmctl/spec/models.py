@@ -209,9 +209,8 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", source: str = "con
         raise SpecError(f"{name}: missing field {e.args[0]!r} for model_type {mt!r}") from None
     except (TypeError, ValueError) as e:
         raise SpecError(f"{name}: a size field is not an integer ({e})") from None
-    if mt not in GPT2_STYLE and (cfg.get("attention_bias") or cfg.get("mlp_bias")) and mt != "qwen2":
-        if cfg.get("mlp_bias"):
-            raise SpecError(f"{name}: mlp_bias=true is not supported yet")
+    if mt not in GPT2_STYLE and cfg.get("mlp_bias"):
+        raise SpecError(f"{name}: mlp_bias=true is not supported yet")
     return spec
 
 

@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make demo` (install + a local CPU run of the whole flow) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# torch is pinned to the CPU build that lies on this machine's disk; an unpinned torch pulls a CUDA build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: install demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	bash scripts/demo.sh
+
+test: install
+	bash scripts/system-deps.sh
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: install
+	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build dist

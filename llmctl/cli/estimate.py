@@ -1,0 +1,247 @@
+"""`llmctl estimate-memory` (alias `estimate`): does it fit, and how many GPUs of which kind are needed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Annotated, Any, Optional
+
+import typer
+
+from llmctl.cli import render
+from llmctl.cli.options import (
+    AttentionOpt,
+    CheckpointingOpt,
+    EngineOpt,
+    GpuOpt,
+    GpusOpt,
+    JsonOpt,
+    MicroBatchOpt,
+    ModelArg,
+    NodesOpt,
+    OptimizerOpt,
+    ParamsOpt,
+    PpOpt,
+    PrecisionOpt,
+    SeqLenOpt,
+    StrategyOpt,
+    TpOpt,
+)
+from llmctl.errors import InputError
+from llmctl.plan import memory as mem
+from llmctl.spec import hardware, models
+
+
+def cluster_shape(gpus: int | None, nodes: int | None, gpus_per_node: int | None) -> tuple[int, int]:
+    """(--gpus | --nodes, --gpus-per-node) -> (nodes, gpus per node). One GPU when nothing is given."""
+    gpn = gpus_per_node
+    if gpn is not None and gpn < 1:
+        raise InputError(f"--gpus-per-node must be a positive integer, got {gpn}")
+    if gpus is not None and nodes is not None:
+        raise InputError("give either --gpus or --nodes (with --gpus-per-node), not both")
+    if gpus is not None:
+        if gpus < 1:
+            raise InputError(f"--gpus must be a positive integer, got {gpus}")
+        g = gpn or 8
+        if gpus <= g:
+            return 1, gpus
+        if gpus % g:
+            raise InputError(f"--gpus {gpus} is not a whole number of nodes of {g} GPUs",
+                             hint="set --gpus-per-node, or use --nodes N --gpus-per-node G")
+        return gpus // g, g
+    if nodes is not None:
+        if nodes < 1:
+            raise InputError(f"--nodes must be a positive integer, got {nodes}")
+        return nodes, gpn or 8
+    return 1, gpn or 1
+
+
+def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GPUSpec | None) -> dict[str, Any]:
+    """The whole answer as plain data (what --json prints and the tables show)."""
+    est = mem.estimate(spec, setup)
+    out: dict[str, Any] = {
+        "model": spec.name,
+        "params": spec.params,
+        "shape": spec.describe(),
+        "assumed_shape": spec.source == "params",
+        "setup": {k: getattr(setup, k) for k in ("precision", "optimizer", "strategy", "engine", "nodes",
+                                                 "gpus_per_node", "tp", "pp", "micro_batch_size", "seq_len",
+                                                 "checkpointing", "attention")},
+        "bytes_per_param": mem.classic_bytes_per_param(spec, setup),
+        "ledger": [{"name": line.name, "bytes_per_param": line.bytes_per_param,
+                    "sharded_from_zero_stage": line.sharded_from_stage, "note": line.note} for line in est.ledger],
+        "engine_bytes_per_param": sum(line.bytes_per_param for line in est.ledger),
+        "per_gpu_bytes": est.per_component(),
+        "phase_bytes": est.phase_bytes,
+        "peak_phase": est.peak_phase,
+        "peak_allocated_bytes": est.peak_allocated_bytes,
+        "peak_reserved_bytes": est.peak_reserved_bytes,
+        "per_gpu_total_bytes": est.device_bytes,
+        "predicts": "peak allocated bytes (torch.cuda.max_memory_allocated); reserved adds allocator headroom; "
+                    "total adds the CUDA context",
+        "world_size": setup.world_size,
+    }
+    if gpu is not None:
+        out["gpu"] = gpu.name
+        out["gpu_memory_bytes"] = gpu.memory_bytes
+        out["fits"] = mem.fits(est, gpu.memory_bytes)
+        out["max_micro_batch"] = mem.max_micro_batch(spec, setup, gpu.memory_bytes)
+        table = {}
+        for strat in mem.STRATEGIES:
+            m = mem.min_gpus(spec, setup, gpu.memory_bytes, strat)
+            table[strat] = {"gpus": m.gpus, "nodes": m.nodes, "per_gpu_total_bytes": m.device_bytes, "note": m.note}
+        out["min_gpus_by_strategy"] = table
+        out["min_gpus"] = table[setup.strategy]["gpus"]
+    out["_estimate"] = est
+    return out
+
+
+def _render(result: dict[str, Any]) -> None:
+    est: mem.MemoryEstimate = result["_estimate"]
+    s, c = est.setup, render.console
+    c.print(f"[bold]{result['model']}[/bold]: {result['params']:,} parameters ({render.human_count(result['params'])})")
+    c.print(("assumed shape: " if result["assumed_shape"] else "") + result["shape"])
+    world = f"{s.world_size} GPU{'s' if s.world_size > 1 else ''}"
+    if s.nodes > 1:
+        world += f" ({s.nodes} nodes x {s.gpus_per_node})"
+    par = "".join(f", {k}={v}" for k, v in (("tp", s.tp), ("pp", s.pp)) if v > 1)
+    c.print(f"{s.precision} {s.optimizer}, {s.strategy} over {world}{par} (shard degree {s.shard_degree}), "
+            f"engine {s.engine}; micro-batch {s.micro_batch_size} x {s.seq_len} tokens, {s.attention} attention, "
+            f"checkpointing {s.checkpointing}\n")
+
+    t = render.table(f"Model states: {result['bytes_per_param']:g} bytes/param classic budget, "
+                     f"{result['engine_bytes_per_param']:g} kept by {s.engine}",
+                     [("component", "left"), ("bytes/param", "right"), ("sharded from", "left"),
+                      ("GiB per GPU", "right"), ("GiB all GPUs", "right")])
+    comp_by_name = {comp.name: comp for comp in est.components}
+    for line in est.ledger:
+        comp = comp_by_name[line.name]
+        stage = {1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}.get(line.sharded_from_stage, "never")
+        t.add_row(line.name + (f"  [dim]({line.note})[/dim]" if line.note else ""), f"{line.bytes_per_param:.4g}",
+                  stage, render.gib(comp.bytes), render.gib(comp.bytes * s.world_size))
+    c.print(t)
+
+    t = render.table(f"Per GPU (peak phase: {est.peak_phase})",
+                     [("component", "left"), ("GiB", "right"), ("live in", "left")])
+    for comp in est.components:
+        t.add_row(comp.name, render.gib(comp.bytes, 3), ", ".join(comp.phases))
+    for ph, b in est.phase_bytes.items():
+        t.add_row(f"[bold]= {ph} phase total[/bold]", render.gib(b, 3), "peak" if ph == est.peak_phase else "")
+    t.add_row(f"allocator headroom ({s.headroom_fraction:.0%})", render.gib(est.headroom_bytes, 3), "reserved")
+    t.add_row("CUDA context + NCCL", render.gib(s.cuda_context_bytes, 3), "outside allocator")
+    t.add_row("[bold]total per GPU[/bold]", f"[bold]{render.gib(est.device_bytes, 3)}[/bold]", "")
+    c.print(t)
+    c.print(f"peak allocated {render.gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
+            f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB")
+
+    if "gpu" in result:
+        ok = "[green]fits[/green]" if result["fits"] else "[red]does NOT fit[/red]"
+        c.print(f"\n{result['gpu']} ({render.gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
+                f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}")
+        t = render.table(f"Fewest {result['gpu']} GPUs that fit (micro-batch {s.micro_batch_size}, "
+                         f"{s.gpus_per_node} per node)",
+                         [("strategy", "left"), ("GPUs", "right"), ("nodes", "right"), ("GiB per GPU", "right"),
+                          ("note", "left")])
+        for strat, row in result["min_gpus_by_strategy"].items():
+            t.add_row(strat, str(row["gpus"] or "-"), str(row["nodes"] or "-"),
+                      render.gib(row["per_gpu_total_bytes"]), row["note"])
+        c.print(t)
+
+
+def _plot(spec: models.ModelSpec, setup: mem.TrainSetup, path: str) -> None:
+    p = render.plot_path(path)
+    plt = render.pyplot()
+    strategies = [st for st in mem.STRATEGIES if not (st == "zero1" and setup.engine == "fsdp2")
+                  and not (st == "hybrid_shard" and setup.nodes < 2)]
+    ests = [mem.estimate(spec, replace(setup, strategy=st)) for st in strategies]
+    names: list[str] = []
+    for e in ests:
+        names += [k for k in e.per_component() if k not in names]
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    bottoms = [0.0] * len(ests)
+    cmap = plt.get_cmap("tab20")
+    for j, name in enumerate(names):
+        vals = [e.per_component().get(name, 0) / render.GIB for e in ests]
+        ax.bar(strategies, vals, bottom=bottoms, label=name, color=cmap(j % 20))
+        bottoms = [b + v for b, v in zip(bottoms, vals)]
+    ax.set_ylabel("GiB per GPU")
+    ax.set_title(f"{spec.name}: {setup.precision} {setup.optimizer}, {setup.world_size} GPUs, "
+                 f"mb {setup.micro_batch_size} x {setup.seq_len}")
+    ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+
+
+def _list_models() -> None:
+    t = render.table("Model presets", [("name", "left"), ("params", "right"), ("shape", "left"), ("HF id", "left")])
+    for name in models.preset_names():
+        spec, entry = models.from_preset(name), models.preset_entry(name)
+        t.add_row(name, f"{spec.params:,}", spec.describe(), entry.get("hf_id", "-"))
+    render.console.print(t)
+
+
+def _list_gpus() -> None:
+    t = render.table("GPU catalog (dense peak TFLOP/s)", [("name", "left"), ("memory GiB", "right"),
+                     ("bf16", "right"), ("fp16", "right"), ("tf32", "right"), ("fp32", "right"),
+                     ("link", "left"), ("GB/s", "right")])
+    for g in hardware.gpu_catalog().values():
+        f = [("-" if g.tflops.get(k) is None else f"{g.tflops[k]:g}") for k in ("bf16", "fp16", "tf32", "fp32")]
+        t.add_row(g.name, f"{g.memory_gib:.1f}", *f, g.link, f"{g.link_gbytes_s:g}")
+    render.console.print(t)
+
+
+def estimate_memory(
+    model: ModelArg = None,
+    params: ParamsOpt = None,
+    gpu: GpuOpt = None,
+    gpus: GpusOpt = None,
+    nodes: NodesOpt = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node.")] = None,
+    strategy: StrategyOpt = "full_shard",
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    seq_len: SeqLenOpt = 2048,
+    micro_batch: MicroBatchOpt = 1,
+    checkpointing: CheckpointingOpt = "none",
+    attention: AttentionOpt = "sdpa",
+    engine: EngineOpt = "fsdp2",
+    tp: TpOpt = 1,
+    pp: PpOpt = 1,
+    json_out: JsonOpt = False,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG of per-component bars per strategy.")]
+    = None,
+    list_models: Annotated[bool, typer.Option("--list-models", help="List the model presets and exit.")] = False,
+    list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List the GPU catalog and exit.")] = False,
+) -> None:
+    """Per-GPU memory of training MODEL: model states by component, activations, peak; fit and GPU count."""
+    if list_models or list_gpus:
+        if list_models:
+            _list_models()
+        if list_gpus:
+            _list_gpus()
+        return
+    spec = models.resolve_model(model, params)
+    n_nodes, gpn = cluster_shape(gpus, nodes, gpus_per_node)
+    gpu_spec = hardware.resolve_gpu(gpu) if gpu else None
+    if strategy.strip().lower().replace("-", "_") in ("hybrid_shard", "hybrid", "hsdp") and gpus_per_node is None \
+            and gpus is None and nodes is None:
+        raise InputError("hybrid_shard needs --nodes N --gpus-per-node G")
+    setup = mem.TrainSetup(precision=precision, optimizer=optimizer, strategy=strategy, engine=engine,
+                           nodes=n_nodes, gpus_per_node=gpn, tp=tp, pp=pp, micro_batch_size=micro_batch,
+                           seq_len=seq_len, checkpointing=checkpointing, attention=attention)
+    if setup.precision in ("bf16", "bf16-mixed") and gpu_spec is not None:
+        gpu_spec.peak_tflops("bf16")  # V100 has no bf16: say so rather than estimate a setup that cannot run
+    result = run_estimate(spec, setup, gpu_spec)
+    if plot:
+        _plot(spec, setup, plot)
+    if json_out:
+        render.print_json({k: v for k, v in result.items() if not k.startswith("_")})
+    else:
+        _render(result)
+        if plot:
+            render.console.print(f"\nplot written to {plot}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("estimate-memory")(estimate_memory)
+    app.command("estimate", help="Alias of estimate-memory.")(estimate_memory)

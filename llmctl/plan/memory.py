@@ -1,0 +1,450 @@
+"""Memory model: bytes per GPU for training a ModelSpec under a sharding strategy (torch-free, pure functions).
+
+What it predicts: the peak of PyTorch's *allocated* bytes (torch.cuda.max_memory_allocated) per GPU, as the
+largest of three phases (end of forward, backward, optimizer step), not a blind sum of components. On top of it,
+the caching allocator's fragmentation headroom gives *reserved* bytes, and the CUDA context (+ NCCL buffers),
+which lives outside the allocator, gives what nvidia-smi shows. A setup fits when that last figure is within the
+device's memory.
+
+Model states: a ledger of bytes per parameter for precision x optimizer (the classic mixed-precision AdamW budget
+is 4 fp32 master + 2 half weights + 4 fp32 grads + 8 Adam = 18), each line sharded from the ZeRO stage that
+shards it (Rajbhandari et al. 2020): optimizer states from stage 1, gradients from stage 2, parameters from
+stage 3. Two engines keep different things:
+- "fsdp2" (llmctl's engine, torch FSDP2): the sharded fp32 parameters ARE the master weights; no persistent half
+  copy exists (bf16 copies exist only for the layers unsharded at the moment: the "unsharded layers" line).
+  Persistent: 4 + 4 + 8 = 16 bytes/param for mixed AdamW, all sharded under FULL/HYBRID/SHARD_GRAD_OP.
+- "zero" (DeepSpeed/Megatron style): a persistent half copy (sharded only at stage 3) next to the fp32 master.
+
+Activations are derived tensor by tensor from what Hugging Face's Llama and GPT-2 blocks save for backward
+(measured with torch.autograd.graph.saved_tensors_hooks; tests/test_memory_measured.py re-measures them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from llmctl.errors import InputError, UnknownNameError
+from llmctl.spec.models import ModelSpec
+
+GIB = 1024**3
+
+STRATEGIES = ("no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard")
+STRATEGY_ALIASES = {"ddp": "no_shard", "zero2": "shard_grad_op", "zero3": "full_shard", "full": "full_shard",
+                    "hybrid": "hybrid_shard", "fsdp": "full_shard", "hsdp": "hybrid_shard"}
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "lion", "sgd", "none")
+ENGINES = ("fsdp2", "zero")
+ATTENTIONS = ("eager", "sdpa", "flash")
+CHECKPOINTING = ("none", "full")
+# ZeRO stage from which each kind of state is sharded.
+_STAGE = {"no_shard": 0, "zero1": 1, "shard_grad_op": 2, "full_shard": 3, "hybrid_shard": 3}
+
+# CUDA context + cuBLAS/cuDNN workspaces + NCCL communicator buffers, outside the caching allocator.
+# PyTorch >= 1.13 with lazy module loading uses ~0.5-0.9 GiB of context (the seed's measurement: 0.9 GB on
+# A100 with eager loading); NCCL adds ~0.2-0.5 GiB per communicator. 1 GiB is the stated default.
+DEFAULT_CUDA_CONTEXT_BYTES = 1 * GIB
+# Caching-allocator fragmentation: reserved/allocated is typically 1.05-1.15 in FSDP training.
+DEFAULT_HEADROOM_FRACTION = 0.10
+
+
+def canonical(value: str, allowed: tuple[str, ...], what: str, aliases: dict[str, str] | None = None) -> str:
+    v = value.strip().lower().replace("_", "-") if what != "strategy" else value.strip().lower().replace("-", "_")
+    v = (aliases or {}).get(v, v)
+    if v not in allowed:
+        raise UnknownNameError(f"unknown {what} {value!r}", hint="choose one of: " + ", ".join(allowed))
+    return v
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """How the model is trained and on how many GPUs."""
+
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    strategy: str = "full_shard"
+    engine: str = "fsdp2"
+    nodes: int = 1
+    gpus_per_node: int = 1
+    tp: int = 1
+    """Tensor-parallel degree (assumed with sequence parallelism, so activations divide by tp too)."""
+    pp: int = 1
+    """Pipeline-parallel degree (1F1B: the first stage holds pp micro-batches in flight)."""
+    micro_batch_size: int = 1
+    seq_len: int = 2048
+    checkpointing: str = "none"
+    attention: str = "sdpa"
+    fused_optimizer: bool = True
+    """Fused AdamW (the GPU default) has no step temporaries; foreach materialises some."""
+    cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
+    headroom_fraction: float = DEFAULT_HEADROOM_FRACTION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "precision", canonical(self.precision, PRECISIONS, "precision"))
+        object.__setattr__(self, "optimizer", canonical(self.optimizer, OPTIMIZERS, "optimizer",
+                                                        {"adam": "adamw", "adamw8bit": "adamw-8bit"}))
+        object.__setattr__(self, "strategy", canonical(self.strategy, STRATEGIES, "strategy", STRATEGY_ALIASES))
+        object.__setattr__(self, "engine", canonical(self.engine, ENGINES, "engine"))
+        object.__setattr__(self, "checkpointing", canonical(self.checkpointing, CHECKPOINTING, "checkpointing"))
+        object.__setattr__(self, "attention", canonical(self.attention, ATTENTIONS, "attention"))
+        for name in ("nodes", "gpus_per_node", "tp", "pp", "micro_batch_size", "seq_len"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
+        if self.cuda_context_bytes < 0 or not 0 <= self.headroom_fraction < 1:
+            raise InputError("CUDA context must be >= 0 and headroom in [0, 1)")
+        if self.world_size % (self.tp * self.pp):
+            raise InputError(f"{self.world_size} GPUs cannot be split into tp={self.tp} x pp={self.pp} groups")
+        if self.strategy == "hybrid_shard":
+            if self.nodes < 2:
+                raise InputError("hybrid_shard needs at least 2 nodes (on one node it is full_shard)",
+                                 hint="pass --nodes N --gpus-per-node G")
+            if self.gpus_per_node % self.tp:
+                raise InputError(f"hybrid_shard: tp={self.tp} does not divide {self.gpus_per_node} GPUs per node")
+        if self.engine == "fsdp2" and self.strategy == "zero1":
+            raise InputError("FSDP2 has no ZeRO-1 (optimizer-only sharding)", hint="use --engine zero")
+        if self.attention == "flash" and self.precision == "fp32":
+            raise InputError("flash attention needs bf16 or fp16", hint="use --attention sdpa with fp32")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp)
+
+    @property
+    def shard_degree(self) -> int:
+        """Ranks one model replica's sharded states are split over."""
+        if self.strategy == "no_shard":
+            return 1
+        if self.strategy == "hybrid_shard":
+            return self.gpus_per_node // self.tp
+        return self.dp
+
+    @property
+    def compute_bytes(self) -> int:
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def training(self) -> bool:
+        return self.optimizer != "none"
+
+
+# --- model states ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StateLine:
+    """One line of the model-state ledger."""
+
+    name: str
+    bytes_per_param: float
+    sharded_from_stage: int
+    """ZeRO stage from which this state is sharded over the data-parallel ranks (4: never)."""
+    note: str = ""
+
+
+def optimizer_bytes_per_param(spec: ModelSpec, optimizer: str, state_bytes: int) -> float:
+    """Optimizer state bytes per parameter; state_bytes is 4 for fp32 states, 2 for bf16 states."""
+    if optimizer == "adamw":
+        return 2 * state_bytes  # exp_avg + exp_avg_sq
+    if optimizer in ("lion", "sgd"):
+        return state_bytes  # one momentum buffer
+    if optimizer == "adamw-8bit":
+        # bitsandbytes 8-bit AdamW: two uint8 states + one fp32 absmax per 256-element block per state.
+        return 2 + 2 * 4 / 256
+    if optimizer == "adafactor":
+        # Adafactor (Shazeer & Stern 2018) without momentum (transformers' default beta1=None): a factored second
+        # moment, rows + cols per matrix (per expert for 3-D MoE weights), the full vector for 1-D tensors.
+        total = 0
+        for tensors, count in ((spec.layer_tensors(), spec.num_layers), (spec.embedding_tensors(), 1),
+                               (spec.head_tensors(), 1)):
+            for _, shape in tensors:
+                lead = math.prod(shape[:-2]) if len(shape) > 2 else 1
+                n = shape[0] if len(shape) == 1 else lead * (shape[-2] + shape[-1])
+                total += count * n * state_bytes
+        return total / spec.shape_params
+    return 0.0
+
+
+def state_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
+    p, opt = setup.precision, setup.optimizer
+    if not setup.training:
+        return [StateLine(f"weights ({'fp32' if p == 'fp32' else 'half'})", 4 if p == "fp32" else 2, 3)]
+    if p == "fp32":
+        return [StateLine("parameters (fp32)", 4, 3), StateLine("gradients (fp32)", 4, 2),
+                StateLine(f"optimizer states ({opt})", optimizer_bytes_per_param(spec, opt, 4), 1)]
+    if p == "bf16":
+        return [StateLine("parameters (bf16)", 2, 3), StateLine("gradients (bf16)", 2, 2),
+                StateLine(f"optimizer states ({opt}, bf16)", optimizer_bytes_per_param(spec, opt, 2), 1)]
+    half = p.split("-")[0]
+    opt_line = StateLine(f"optimizer states ({opt})", optimizer_bytes_per_param(spec, opt, 4), 1)
+    if setup.engine == "fsdp2":
+        return [StateLine("parameters (fp32 master, sharded)", 4, 3),
+                StateLine(f"{half} weights", 0, 3, note="FSDP2: transient only, see 'unsharded layers'"),
+                StateLine("gradients (fp32)", 4, 2), opt_line]
+    # ZeRO keeps the fp32 master copy inside the optimizer partition (stage 1) and the half weights as the model.
+    return [StateLine("master weights (fp32)", 4, 1), StateLine(f"{half} weights", 2, 3),
+            StateLine("gradients (fp32)", 4, 2), opt_line]
+
+
+def classic_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
+    """The model-state budget before sharding with a persistent half copy (18 for mixed-precision AdamW)."""
+    return sum(line.bytes_per_param for line in state_ledger(spec, replace(setup, engine="zero", strategy="no_shard")))
+
+
+def _stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
+    """(parameters held by the largest pipeline stage after TP division, layers on it)."""
+    layers = math.ceil(spec.num_layers / setup.pp)
+    norm_params = sum(math.prod(s) for n, s in spec.layer_tensors() if "norm" in n or n.startswith("ln_"))
+    per_layer = (spec.params_per_layer - norm_params) / setup.tp + norm_params  # norms are replicated under TP
+    ends = [spec.embedding_params / setup.tp, spec.head_params / setup.tp]
+    edge = max(ends) if setup.pp > 1 else sum(ends)
+    total = spec.params if setup.tp == setup.pp == 1 else layers * per_layer + edge
+    return int(round(total)), layers
+
+
+# --- activations -------------------------------------------------------------------------------------------------
+def layer_activation_terms(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> dict[str, int]:
+    """Bytes one decoder block saves for backward, by tensor group (micro-batch b, sequence s, no TP).
+
+    Llama-style block (HF LlamaDecoderLayer), each RMSNorm keeps its input in fp32 (4sbh), the rsqrt (4sb) and its
+    normalised output (act_bytes*sbh); q/k/v share one saved input; SDPA/flash keep q, k, v (native GQA: kv heads
+    only), the output and a fp32 logsumexp (b*a*s); eager keeps k/v repeated to all heads, the softmax output in
+    fp32 and again in the compute dtype (b*a*s^2 each), and the o_proj input; the SwiGLU MLP keeps gate, up,
+    silu(gate) and their product (4 x sbi). GPT-2 block (HF GPT2Block): LayerNorms keep input + mean + rstd;
+    c_attn's output holds q, k, v in one tensor (3sbh); the gelu_new MLP keeps 5 tensors of size sbi; eager keeps
+    one softmax tensor (b*a*s^2). Measured per layer (tests/test_memory_measured.py): exact to the byte.
+    """
+    h, a, kv, d, i = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size
+    sb, ab = s * b, act_bytes
+    eager = attention == "eager"
+    if spec.is_gpt2:
+        norm = 2 * (ab * sb * h + 2 * ab * sb)  # ln_1, ln_2: input + mean + rstd
+        terms = {"norms": norm,
+                 "attention inputs/outputs": ab * sb * h * (1 + 3 + 1) + ab * sb * h,  # c_attn in, qkv, out, ln_2 out
+                 "mlp": 5 * ab * sb * i}
+        if eager:
+            terms["attention scores (s^2)"] = (4 if ab == 4 else 2) * b * a * s * s
+        else:
+            terms["attention logsumexp"] = 4 * b * a * s
+        return terms
+    norm_one = 4 * sb * h + 4 * sb + (ab * sb * h if ab != 4 else 4 * sb * h)
+    kv_heads = a if eager else kv
+    terms = {"norms": 2 * norm_one,
+             "attention inputs/outputs": ab * sb * h + ab * sb * (a * d + 2 * kv_heads * d) + ab * sb * a * d,
+             "mlp": ab * sb * h + 4 * ab * sb * i}
+    if spec.num_experts:
+        # MoE: each token goes through k experts; the router keeps its logits/probabilities (fp32, E per token).
+        terms["mlp"] = ab * sb * h + 4 * ab * sb * i * spec.experts_per_token + 2 * 4 * sb * spec.num_experts
+    if eager:
+        terms["attention scores (s^2)"] = (4 if ab == 4 else 4 + 2) * b * a * s * s
+    else:
+        terms["attention logsumexp"] = 4 * b * a * s
+    return terms
+
+
+def layer_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> int:
+    return sum(layer_activation_terms(spec, b, s, act_bytes, attention).values())
+
+
+def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> int:
+    """Saved by the final norm and the LM head input, plus the token ids (embedding and labels, int64)."""
+    sb, h = s * b, spec.hidden_size
+    if spec.is_gpt2:
+        norm = act_bytes * sb * h + 2 * act_bytes * sb
+    else:
+        norm = 4 * sb * h + 4 * sb + (act_bytes * sb * h if act_bytes != 4 else 4 * sb * h)
+    return norm + act_bytes * sb * h + 8 * sb * 2
+
+
+def logits_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> int:
+    """Logits (held by the model output, compute dtype) + the fp32 log-softmax the loss saves: (act+4)*b*s*V.
+    Transformers' loss upcasts logits to fp32; in an fp32 model the upcast is free."""
+    return (act_bytes + 4) * b * s * spec.vocab_size
+
+
+# --- the estimate ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Component:
+    name: str
+    bytes: int
+    phases: tuple[str, ...]
+    """Phases in which this memory is live: forward, backward, optimizer."""
+    bytes_per_param: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    spec: ModelSpec
+    setup: TrainSetup
+    components: list[Component]
+    phase_bytes: dict[str, int]
+    ledger: list[StateLine] = field(default_factory=list)
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phase_bytes, key=lambda k: self.phase_bytes[k])
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return self.phase_bytes[self.peak_phase]
+
+    @property
+    def headroom_bytes(self) -> int:
+        return int(self.peak_allocated_bytes * self.setup.headroom_fraction)
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return self.peak_allocated_bytes + self.headroom_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        """What the device must hold: reserved + CUDA context (compare with the GPU's memory)."""
+        return self.peak_reserved_bytes + self.setup.cuda_context_bytes
+
+    @property
+    def model_state_bytes(self) -> int:
+        return sum(c.bytes for c in self.components if c.bytes_per_param is not None)
+
+    def per_component(self) -> dict[str, int]:
+        out = {c.name: c.bytes for c in self.components}
+        out["allocator headroom"] = self.headroom_bytes
+        out["CUDA context + NCCL"] = self.setup.cuda_context_bytes
+        return out
+
+
+def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
+    """Per-GPU memory of one training step (see module docstring for what is predicted)."""
+    stage_params, stage_layers = _stage_params(spec, setup)
+    ledger = state_ledger(spec, setup)
+    stage = _STAGE[setup.strategy]
+    comps: list[Component] = []
+    for line in ledger:
+        sharded = stage >= line.sharded_from_stage
+        if setup.engine == "fsdp2" and setup.strategy != "no_shard":
+            sharded = True  # FSDP2 shards every state at rest (SHARD_GRAD_OP differs only while computing)
+        deg = setup.shard_degree if sharded else 1
+        comps.append(Component(line.name, int(math.ceil(stage_params * line.bytes_per_param / deg)),
+                               ("forward", "backward", "optimizer"), bytes_per_param=line.bytes_per_param / deg,
+                               note=line.note))
+    b, s, cb = setup.micro_batch_size, setup.seq_len, setup.compute_bytes
+    layer_params = spec.params_per_layer / setup.tp
+    sharded_params = setup.strategy != "no_shard" and (setup.engine == "fsdp2" or stage == 3)
+    if sharded_params and setup.shard_degree > 1:
+        # FSDP all-gathers a layer's parameters in the compute dtype just before use and frees them after;
+        # with prefetch, the next layer is gathered while the current one computes: two layers live.
+        # SHARD_GRAD_OP (reshard_after_forward=False) keeps every layer unsharded from forward to backward.
+        n_layers = stage_layers if setup.strategy == "shard_grad_op" else min(2, stage_layers)
+        unsharded = int(n_layers * layer_params * cb * (1 - 1 / setup.shard_degree))
+        comps.append(Component("unsharded layers (FSDP all-gather)", unsharded, ("forward", "backward")))
+    if setup.training and setup.strategy != "no_shard" and setup.shard_degree > 1:
+        # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
+        grad_buf = int(layer_params * (cb + 4 if cb != 4 else 4))
+        comps.append(Component("unsharded layer gradients (reduce-scatter)", grad_buf, ("backward",)))
+
+    # Activations: with TP we assume sequence parallelism (Korthikanti et al. 2022): everything divides by tp.
+    in_flight = setup.pp  # 1F1B: the first stage holds pp micro-batches
+    one_layer = layer_activation_bytes(spec, b, s, cb, setup.attention) // setup.tp
+    if not setup.training:
+        comps.append(Component("activations (one layer, forward only)", one_layer, ("forward",)))
+        comps.append(Component("logits", cb * b * s * spec.vocab_size // setup.tp, ("forward",)))
+    else:
+        if setup.checkpointing == "full":
+            saved = stage_layers * in_flight * cb * b * s * spec.hidden_size // setup.tp
+            comps.append(Component("activations (block inputs, checkpointed)", saved, ("forward", "backward")))
+            comps.append(Component("recomputed block (backward)", one_layer, ("backward",)))
+        else:
+            comps.append(Component("activations (saved for backward)", stage_layers * in_flight * one_layer,
+                                   ("forward", "backward")))
+        head = head_activation_bytes(spec, b, s, cb) // setup.tp
+        logits = logits_bytes(spec, b, s, cb) // setup.tp
+        comps.append(Component("final norm + LM-head input", head, ("forward", "backward")))
+        comps.append(Component("logits + loss (b*s*V)", logits, ("forward", "backward")))
+        # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.
+        comps.append(Component("loss backward buffers", 2 * 4 * b * s * spec.vocab_size // setup.tp, ("backward",)))
+        if not setup.fused_optimizer:
+            # torch's foreach AdamW materialises per-group temporaries about the size of the local fp32 shard.
+            shard = next(c.bytes for c in comps if c.bytes_per_param is not None)
+            comps.append(Component("optimizer step temporaries (foreach)", shard, ("optimizer",)))
+    phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in ("forward", "backward", "optimizer")}
+    if not setup.training:
+        phases = {"forward": phases["forward"]}
+    return MemoryEstimate(spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger)
+
+
+def fits(est: MemoryEstimate, device_memory_bytes: int) -> bool:
+    return est.device_bytes <= device_memory_bytes
+
+
+def max_micro_batch(spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, limit: int = 65536) -> int:
+    """Largest micro-batch that fits (0 if none). Memory grows monotonically with b, so binary search."""
+    if not fits(estimate(spec, replace(setup, micro_batch_size=1)), device_memory_bytes):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(estimate(spec, replace(setup, micro_batch_size=hi)), device_memory_bytes):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(estimate(spec, replace(setup, micro_batch_size=mid)), device_memory_bytes):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True)
+class MinGpus:
+    strategy: str
+    gpus: int | None
+    """Fewest GPUs that fit (None: no count of this GPU kind fits)."""
+    nodes: int | None
+    device_bytes: int | None
+    """Per-GPU requirement at that count."""
+    note: str = ""
+
+
+def min_gpus(spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, strategy: str,
+             max_nodes: int = 4096) -> MinGpus:
+    """Fewest GPUs of this kind (whole nodes beyond one) on which `strategy` fits at the setup's micro-batch."""
+    gpn = setup.gpus_per_node
+    strategy = canonical(strategy, STRATEGIES, "strategy", STRATEGY_ALIASES)
+    if setup.engine == "fsdp2" and strategy == "zero1":
+        return MinGpus(strategy, None, None, None, "needs --engine zero")
+    unit = setup.tp * setup.pp
+
+    def est_at(nodes: int, per_node: int) -> MemoryEstimate:
+        return estimate(spec, replace(setup, strategy=strategy, nodes=nodes, gpus_per_node=per_node))
+
+    if strategy == "hybrid_shard":
+        if gpn % setup.tp:
+            return MinGpus(strategy, None, None, None, "tp does not divide GPUs per node")
+        e = est_at(2, gpn)
+        if fits(e, device_memory_bytes):
+            return MinGpus(strategy, 2 * gpn, 2, e.device_bytes, "memory does not shrink with more nodes")
+        return MinGpus(strategy, None, None, e.device_bytes, "does not fit when sharded over one node")
+    # Inside one node: unit, 2*unit, ... up to gpus_per_node.
+    for n in range(unit, gpn + 1, unit):
+        if gpn % n and n != gpn:
+            continue
+        e = est_at(1, n)
+        if fits(e, device_memory_bytes):
+            return MinGpus(strategy, n, 1, e.device_bytes)
+    if strategy == "no_shard":
+        e = est_at(1, gpn)
+        return MinGpus(strategy, None, None, e.device_bytes, "replicated states do not shrink with more GPUs")
+    # Whole nodes: memory is non-increasing in nodes for sharded strategies; binary search.
+    if gpn % unit or not fits(est_at(max_nodes, gpn), device_memory_bytes):
+        e = est_at(max_nodes, gpn) if gpn % unit == 0 else None
+        return MinGpus(strategy, None, None, e.device_bytes if e else None,
+                       f"does not fit even on {max_nodes} nodes" if e else "tp x pp does not divide GPUs per node")
+    lo, hi = 1, max_nodes  # lo: does not fit (checked above with n = gpn), hi: fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(est_at(mid, gpn), device_memory_bytes):
+            hi = mid
+        else:
+            lo = mid
+    e = est_at(hi, gpn)
+    return MinGpus(strategy, hi * gpn, hi, e.device_bytes)
