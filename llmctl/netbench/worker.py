@@ -1,0 +1,479 @@
+"""The bench-net worker: one process per rank, started by torchrun or srun. NCCL on GPUs, gloo on CPUs.
+
+    torchrun --nnodes N --nproc-per-node K ... -m llmctl.netbench.worker --json bench.json
+    srun --ntasks-per-node K python -m llmctl.netbench.worker --json bench.json   (MASTER_ADDR optional)
+
+Phases: check-in through the TCP store (a rank that never joins is named, not waited on), a tiny all-reduce
+(the data path), then the sweeps (world, intra-node, inter-node; each collective, each size) and the pairwise
+inter-node test. Each iteration is: world barrier, device sync, timed collective, device sync; its time is the
+slowest rank's. Rank 0 gathers every rank's times and writes the JSON (`llmctl.netbench.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+import torch
+import torch.distributed as dist
+
+import llmctl
+from llmctl.errors import LlmctlError, RuntimeFailure
+from llmctl.netbench import options as opts
+from llmctl.netbench.report import (
+    BenchConfig,
+    BenchReport,
+    CollectiveResult,
+    LinkResult,
+    NodeInfo,
+    SizePoint,
+    aligned_size,
+    busbw_gbytes_s,
+    dump_bench,
+    judge_nodes,
+    round_robin_pairs,
+)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# torch 2.13 deprecates the *_into_tensor/_tensor names for *_single; keep older torch working too.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+# ---------------------------------------------------------------------------------------------- joining
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which rank runs on which node, as every rank reported it at check-in."""
+
+    nodes: list[NodeInfo]
+    rank_node: dict[int, str]
+
+    @property
+    def uniform(self) -> bool:
+        return len({len(n.ranks) for n in self.nodes}) == 1
+
+
+def _make_store(env: opts.DistEnv, timeout_s: float) -> dist.Store:
+    timeout = timedelta(seconds=timeout_s)
+    if env.agent_store:  # torchrun's agent on node 0 already serves the store at MASTER_ADDR:MASTER_PORT
+        store = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timeout)
+    else:
+        # wait_for_workers=False: rank 0 must not block in the constructor, or it could not name who is missing.
+        store = dist.TCPStore(env.master_addr, env.master_port, world_size=env.world_size,
+                              is_master=env.rank == 0, timeout=timeout, wait_for_workers=False)
+    return dist.PrefixStore("llmctl-netbench", store)
+
+
+def check_in(store: dist.Store, env: opts.DistEnv, timeout_s: float) -> Layout:
+    """Every rank posts (node name, node rank); rank 0 waits at most `timeout_s` and publishes the layout, or
+    the list of ranks that never came, which every rank then raises."""
+    store.set(f"joined/{env.rank}", json.dumps({"name": opts.node_name(), "node_rank": env.node_rank}))
+    if env.rank == 0:
+        deadline = time.monotonic() + timeout_s
+        keys = [f"joined/{r}" for r in range(env.world_size)]
+        missing = keys
+        while True:
+            missing = [k for k in keys if not store.check([k])]
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if missing:
+            ranks = [int(k.split("/")[1]) for k in missing]
+            where = ", ".join(f"rank {r} (node rank {r // env.local_world_size})" for r in ranks)
+            store.set("verdict", json.dumps({"error": f"{where} never joined within {timeout_s:g} s"}))
+        else:
+            info = {r: json.loads(store.get(f"joined/{r}")) for r in range(env.world_size)}
+            store.set("verdict", json.dumps({"ranks": info}))
+    verdict = json.loads(store.get("verdict"))  # blocks up to the store timeout
+    if "error" in verdict:
+        raise RuntimeFailure(f"connectivity check failed: {verdict['error']}",
+                             hint="check that every node started and can reach MASTER_ADDR")
+    by_node: dict[int, tuple[str, list[int]]] = {}
+    for r_s, info in verdict["ranks"].items():
+        name, ranks = by_node.setdefault(int(info["node_rank"]), (info["name"], []))
+        ranks.append(int(r_s))
+    nodes = [NodeInfo(name=name, node_rank=nr, ranks=sorted(ranks)) for nr, (name, ranks) in sorted(by_node.items())]
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):  # namespaces/containers sharing a hostname: keep names unique
+        nodes = [n.model_copy(update={"name": f"{n.name}#{n.node_rank}"}) for n in nodes]
+    return Layout(nodes=nodes, rank_node={r: n.name for n in nodes for r in n.ranks})
+
+
+class Phases:
+    """Marks each phase's entry and exit in the store so that a failed or timed-out collective names the ranks
+    (and nodes) that never reached it or never finished it, instead of a bare gloo/NCCL timeout."""
+
+    def __init__(self, store: dist.Store, rank: int, world_size: int, layout: Layout) -> None:
+        self.store, self.rank, self.world_size, self.layout = store, rank, world_size, layout
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.store.set(f"in/{name}/{self.rank}", "1")
+        try:
+            yield
+        except LlmctlError:
+            raise
+        except Exception as e:  # a collective timed out or a peer died
+            late = [r for r in range(self.world_size) if not self.store.check([f"in/{name}/{r}"])]
+            stuck = [r for r in range(self.world_size) if not self.store.check([f"out/{name}/{r}"])]
+            blame = late or [r for r in stuck if r != self.rank]
+            who = ", ".join(f"rank {r} on {self.layout.rank_node.get(r, '?')}" for r in blame) or "unknown"
+            kind = "never reached it" if late else "did not finish it"
+            msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            raise RuntimeFailure(f"phase '{name}' failed on rank {self.rank}: {who} {kind} ({msg})") from e
+        self.store.set(f"out/{name}/{self.rank}", "1")
+
+
+# ---------------------------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Groups:
+    """The process groups of one kind: `mine` is this rank's group (None if it takes no part), `members`
+    lists every concurrent group's ranks, `labels` names them."""
+
+    kind: str
+    members: list[list[int]]
+    labels: list[str]
+    handles: list[dist.ProcessGroup | None]
+    groups_per_node: int
+
+    def mine(self, rank: int) -> tuple[dist.ProcessGroup | None, int]:
+        for ranks, h in zip(self.members, self.handles):
+            if rank in ranks:
+                return h, len(ranks)
+        return None, 0
+
+
+def _new_groups(kind: str, members: list[list[int]], labels: list[str], groups_per_node: int,
+                backend: str) -> Groups:
+    # Every rank must create every group, in the same order (torch.distributed.new_group's contract).
+    handles = [dist.new_group(ranks, backend=backend) if len(ranks) < dist.get_world_size() else dist.group.WORLD
+               for ranks in members]
+    return Groups(kind, members, labels, handles, groups_per_node)
+
+
+def _collective_fn(collective: str, numel: int, n: int, group: dist.ProcessGroup, dtype: torch.dtype,
+                   device: torch.device, group_rank: int) -> tuple[Callable[[], None], Callable[[], bool],
+                                                                   Callable[[], None]]:
+    """(run once, check the result of the first run, reset before a run). numel is the nccl-tests size in
+    elements: the all-reduce buffer, the all-gather output, the reduce-scatter input."""
+    if collective == "all_reduce":
+        buf = torch.ones(numel, dtype=dtype, device=device)
+
+        def run() -> None:
+            dist.all_reduce(buf, group=group)
+
+        def check() -> bool:
+            return torch.allclose(buf, torch.full_like(buf, n), rtol=1e-2)
+
+        def reset() -> None:  # in-place sums grow by n each call: refill (untimed) so nothing overflows
+            buf.fill_(1)
+
+        return run, check, reset
+    chunk = numel // n
+    if collective == "all_gather":
+        inp = torch.full((chunk,), group_rank + 1, dtype=dtype, device=device)
+        out = torch.empty(numel, dtype=dtype, device=device)
+        expected = torch.arange(1, n + 1, dtype=dtype, device=device).repeat_interleave(chunk)
+
+        def run() -> None:
+            _all_gather(out, inp, group=group)
+
+        return run, lambda: torch.allclose(out, expected, rtol=1e-2), lambda: None
+    inp = torch.ones(numel, dtype=dtype, device=device)
+    out = torch.empty(chunk, dtype=dtype, device=device)
+
+    def run() -> None:
+        _reduce_scatter(out, inp, group=group)
+
+    return run, lambda: torch.allclose(out, torch.full_like(out, n), rtol=1e-2), lambda: None
+
+
+class Timer:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def measure(self, iters: int, warmup: int, run: Callable[[], None] | None,
+                check: Callable[[], bool], reset: Callable[[], None]) -> tuple[list[float], bool]:
+        """Per-iteration wall times of this rank (warm-up dropped) and whether the first result was right.
+        A rank outside every group of this phase (`run` None) still joins the barriers and reports 0."""
+        times, ok = [], True
+        for it in range(warmup + iters):
+            if run is not None and it > 0:
+                reset()
+            self.sync()
+            dist.barrier()  # all concurrent groups start together: they share the nodes' links
+            t0 = time.perf_counter()
+            if run is not None:
+                run()
+            self.sync()
+            dt = time.perf_counter() - t0
+            if it == 0 and run is not None:
+                ok = bool(check())
+            if it >= warmup:
+                times.append(dt if run is not None else 0.0)
+        return times, ok
+
+
+def _gather_times(times: list[float], ok: bool, world_size: int) -> list[list[float]]:
+    """Every rank's times (and correctness flag, last) on every rank, so that every rank raises alike."""
+    t = torch.tensor([*times, 1.0 if ok else 0.0], dtype=torch.float64)
+    out = [torch.empty_like(t) for _ in range(world_size)]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+class _Progress:
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            force = os.environ.get("LLMCTL_FORCE_TTY") == "1" or None
+            self.bar = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=Console(stderr=True, force_terminal=force),
+                                transient=False)
+            self.task = self.bar.add_task("bench-net", total=total)
+            self.bar.start()
+
+    def step(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description=text)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, description="done")
+            self.bar.stop()
+
+
+def _fmt_size(b: int) -> str:
+    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= f:
+            return f"{b / f:g} {unit}"
+    return f"{b} B"
+
+
+def run(cfg: opts.WorkerConfig, env: opts.DistEnv | None = None) -> BenchReport | None:
+    """Run the benchmark on this rank; rank 0 writes cfg.json_path and returns the report, others None."""
+    cfg.validate()
+    env = env or opts.dist_env()
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", env.local_rank) if on_gpu else torch.device("cpu")
+    backend = "nccl" if on_gpu else "gloo"
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dtype_name = opts.parse_dtype(cfg.dtype) if cfg.dtype else ("bfloat16" if on_gpu else "float32")
+    dtype = _DTYPES[dtype_name]
+    sizes = opts.parse_sizes(cfg.sizes or (opts.DEFAULT_SIZES_GPU if on_gpu else opts.DEFAULT_SIZES_CPU))
+    iters = cfg.iters or (20 if on_gpu else 10)
+    warmup = cfg.warmup if cfg.warmup is not None else (5 if on_gpu else 2)
+    collectives = opts.parse_collectives(cfg.collectives)
+    pair_size = opts.parse_size(cfg.pair_size) if cfg.pair_size else min(max(sizes), 64 * 2**20)
+
+    store = _make_store(env, cfg.timeout_s)
+    layout = check_in(store, env, cfg.timeout_s)
+    dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
+                            world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s),
+                            device_id=device if on_gpu else None)
+    try:
+        return _run(cfg, env, layout, store, device, backend, dtype, dtype_name, sizes, iters, warmup,
+                    collectives, pair_size)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(cfg: opts.WorkerConfig, env: opts.DistEnv, layout: Layout, store: dist.Store, device: torch.device,
+         backend: str, dtype: torch.dtype, dtype_name: str, sizes: list[int], iters: int, warmup: int,
+         collectives: list[str], pair_size: int) -> BenchReport | None:
+    rank, world = env.rank, env.world_size
+    phases = Phases(store, rank, world, layout)
+    timer = Timer(device)
+    with phases.phase("connectivity"):
+        probe = torch.ones(1, device=device)
+        dist.all_reduce(probe)
+        if int(probe.item()) != world:
+            raise RuntimeFailure(f"connectivity check: all-reduce of ones gave {probe.item()}, expected {world}")
+
+    nodes = layout.nodes
+    k, g = len(nodes), len(nodes[0].ranks)
+    kinds: list[Groups] = []
+    with phases.phase("groups"):
+        if world >= 2:
+            kinds.append(Groups("world", [list(range(world))], ["world"], [dist.group.WORLD], 1))
+        if layout.uniform and k >= 2 and g >= 2:
+            kinds.append(_new_groups("intra_node", [n.ranks for n in nodes], [n.name for n in nodes], 1, backend))
+            inter = [[n.ranks[i] for n in nodes] for i in range(g)]
+            kinds.append(_new_groups("inter_node", inter, [f"local{i}" for i in range(g)], g, backend))
+        rounds = round_robin_pairs(k)[: cfg.max_pair_rounds] if k >= 2 else []
+        pair_groups = [[_new_groups("pair", [[nodes[a].ranks[0], nodes[b].ranks[0]]], [f"{a}-{b}"], 1, backend)
+                        for a, b in rnd] for rnd in rounds]
+
+    total = sum(len(sizes) * len(collectives) for _ in kinds) + len(pair_groups)
+    progress = _Progress(cfg.progress and rank == 0, total)
+    results: list[CollectiveResult] = []
+    try:
+        for grp in kinds:
+            handle, n = grp.mine(rank)
+            group_rank = grp.members[[rank in m for m in grp.members].index(True)].index(rank) if handle else 0
+            for coll in collectives:
+                points, per_group = [], {lab: [] for lab in grp.labels}
+                for size in sizes:
+                    size_b = aligned_size(size, n or 2, dtype.itemsize)
+                    label = f"{grp.kind} {coll} {_fmt_size(size_b)}"
+                    progress.step(label)
+                    with phases.phase(label):
+                        run_fn, check, reset = _collective_fn(coll, size_b // dtype.itemsize, n, handle, dtype,
+                                                              device, group_rank)
+                        times, ok = timer.measure(iters, warmup, run_fn, check, reset)
+                        all_times = _gather_times(times, ok, world)
+                    bad = [r for r, t in enumerate(all_times) if t[-1] != 1.0]
+                    if bad:
+                        raise RuntimeFailure(f"{label}: wrong result on rank(s) {bad} "
+                                             f"({', '.join(layout.rank_node[r] for r in bad)})")
+                    slowest = [max(all_times[r][i] for r in range(world)) for i in range(iters)]
+                    points.append(SizePoint.measured(coll, n, size_b, slowest))
+                    for lab, members in zip(grp.labels, grp.members):
+                        t_med = sorted(max(all_times[r][i] for r in members) for i in range(iters))[iters // 2]
+                        per_group[lab].append(busbw_gbytes_s(coll, len(members), size_b, t_med))
+                    del run_fn, check, reset
+                    progress.advance()
+                results.append(CollectiveResult(
+                    group=grp.kind, collective=coll, ranks_per_group=n, concurrent_groups=len(grp.members),
+                    groups_per_node=grp.groups_per_node, points=points,
+                    per_group_busbw_gbytes_s=per_group if len(grp.members) > 1 else {}))
+
+        links = _pairwise(pair_groups, rounds, nodes, rank, world, pair_size, dtype, device, iters, warmup,
+                          timer, phases, progress)
+    finally:
+        progress.close()
+
+    if rank != 0:
+        return None
+    intra = {lab: bws[-1] for r in results if r.group == "intra_node" and r.collective == "all_reduce"
+             for lab, bws in r.per_group_busbw_gbytes_s.items()}
+    links, verdicts = judge_nodes([n.name for n in nodes], links, intra, cfg.slow_fraction)
+    report = BenchReport(
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        backend=backend,
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        dtype=dtype_name,
+        world_size=world,
+        ranks_per_node=g if layout.uniform else max(len(n.ranks) for n in nodes),
+        nodes=nodes,
+        versions=_versions(),
+        env=opts.recorded_env(),
+        config=BenchConfig(sizes_bytes=sizes, iters=iters, warmup=warmup, collectives=collectives,
+                           slow_fraction=cfg.slow_fraction),
+        results=results,
+        links=links,
+        node_verdicts=verdicts,
+    )
+    dump_bench(report, cfg.json_path)
+    return report
+
+
+def _pairwise(pair_groups: list[list[Groups]], rounds: list[list[tuple[int, int]]], nodes: list[NodeInfo],
+              rank: int, world: int, size: int, dtype: torch.dtype, device: torch.device, iters: int,
+              warmup: int, timer: Timer, phases: Phases, progress: _Progress) -> list[LinkResult]:
+    """Local rank 0 of two nodes all-reduce; the disjoint pairs of one round run at the same time."""
+    links = []
+    size_b = aligned_size(size, 2, dtype.itemsize)
+    for rnd, groups in zip(rounds, pair_groups):
+        label = "pairs " + ", ".join(f"{nodes[a].name}-{nodes[b].name}" for a, b in rnd)
+        progress.step(label[:40])
+        mine = next(((grp.handles[0], grp.members[0]) for grp in groups if rank in grp.members[0]), None)
+        with phases.phase(label):
+            if mine is not None:
+                fns = _collective_fn("all_reduce", size_b // dtype.itemsize, 2, mine[0], dtype, device,
+                                     mine[1].index(rank))
+                times, ok = timer.measure(iters, warmup, *fns)
+            else:
+                times, ok = timer.measure(iters, warmup, None, lambda: True, lambda: None)
+            all_times = _gather_times(times, ok, world)
+        for (a, b), grp in zip(rnd, groups):
+            ra, rb = grp.members[0]
+            if all_times[ra][-1] != 1.0 or all_times[rb][-1] != 1.0:
+                raise RuntimeFailure(f"pair {nodes[a].name}-{nodes[b].name}: wrong all-reduce result")
+            t_med = sorted(max(all_times[ra][i], all_times[rb][i]) for i in range(iters))[iters // 2]
+            links.append(LinkResult(a=nodes[a].name, b=nodes[b].name, size_bytes=size_b,
+                                    busbw_gbytes_s=busbw_gbytes_s("all_reduce", 2, size_b, t_med)))
+        progress.advance()
+    return links
+
+
+def _versions() -> dict[str, str]:
+    v = {"llmctl": llmctl.__version__, "torch": torch.__version__, "python": platform.python_version()}
+    if torch.cuda.is_available():
+        v["cuda"] = str(torch.version.cuda)
+        v["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    return v
+
+
+# ---------------------------------------------------------------------------------------------- entry point
+
+
+def _parse_args(argv: list[str]) -> tuple[opts.WorkerConfig, dict[str, str | float | None]]:
+    p = argparse.ArgumentParser(prog="python -m llmctl.netbench.worker", description=__doc__.split("\n")[0])
+    d = opts.WorkerConfig(json_path="")
+    p.add_argument("--json-path", "--json", dest="json_path", default="bench-net.json")
+    p.add_argument("--sizes")
+    p.add_argument("--dtype")
+    p.add_argument("--iters", type=int)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--collectives", default=d.collectives)
+    p.add_argument("--slow-fraction", type=float, default=d.slow_fraction)
+    p.add_argument("--timeout-s", "--timeout", dest="timeout_s", type=float, default=d.timeout_s)
+    p.add_argument("--pair-size")
+    p.add_argument("--max-pair-rounds", type=int, default=d.max_pair_rounds)
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    # Rendering on rank 0 when run directly (srun/torchrun without the llmctl CLI around it).
+    p.add_argument("--render", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--plot")
+    p.add_argument("--expect-gbps", type=float)
+    a = vars(p.parse_args(argv))
+    extra = {k: a.pop(k) for k in ("render", "plot", "expect_gbps")}
+    return opts.WorkerConfig(**a), extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 pass, 1 runtime failure or --expect-gbps not met, 2 bad input. Errors are one line."""
+    try:
+        cfg, extra = _parse_args(sys.argv[1:] if argv is None else argv)
+        report = run(cfg)
+        if report is not None and extra["render"]:
+            from llmctl.netbench.render import finish
+
+            finish(report, plot_path=extra["plot"], expect_gbps=extra["expect_gbps"], json_path=cfg.json_path)
+    except LlmctlError as e:
+        if os.environ.get("LLMCTL_DEBUG") == "1":
+            raise
+        print(f"llmctl: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
