@@ -1,0 +1,250 @@
+"""The training loop one rank runs: set up (process group, model, FSDP2, optimizer, data, resume), then step.
+
+Per optimizer step: `grad_accum_steps` micro-batches, gradient sync (reduce-scatter / all-reduce) only on the last
+one (`set_requires_gradient_sync`, FSDP2's no_sync), the loss kept on the device (no host sync in the micro-batch
+loop), gradient clipping, AdamW (fused on CUDA, foreach on CPU), warm-up + cosine LR. Host syncs happen only at
+step boundaries: the stop-signal agreement (a CPU all-reduce) and, on logging steps, the loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
+from llmctl.engine.data import Batch, RankData, build_source
+from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
+from llmctl.engine.model import (
+    build_model,
+    flash_attn_importable,
+    model_spec_for,
+    param_dtype_name,
+    select_attention,
+    select_device,
+)
+from llmctl.engine.parallelize import build_mesh, parallelize
+from llmctl.errors import SpecError
+from llmctl.spec.planfile import OptimizerSection, Plan
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("llmctl.engine")
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: float) -> float:
+    """Linear warm-up to 1, then cosine decay to min_lr_ratio at the last step (SGDR, Loshchilov & Hutter 2017;
+    the GPT-3/Chinchilla schedule with a floor)."""
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, opt: OptimizerSection, cuda: bool) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on vectors (norm weights, biases), as in GPT-2/nanoGPT. Fused kernel on CUDA,
+    multi-tensor (foreach) elsewhere."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": opt.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    kind = {"fused": True} if cuda else {"foreach": True}
+    return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, **kind)
+
+
+class DevicePrefetcher:
+    """Yields device micro-batches, copying batch k+1 while batch k computes (seed: "Optimizing I/O").
+
+    On CUDA the host tensors are pinned so `non_blocking=True` is a real asynchronous copy; on a CPU device the
+    batch is used where it is.
+    """
+
+    def __init__(self, batches: Iterator[Batch], device: torch.device) -> None:
+        self._src, self._device = batches, device
+        self._cuda = device.type == "cuda"
+        self._next = self._load()
+
+    def _load(self) -> Batch | None:
+        b = next(self._src, None)
+        if b is None or not self._cuda:
+            return b
+        return Batch(inputs=b.inputs.pin_memory().to(self._device, non_blocking=True),
+                     targets=b.targets.pin_memory().to(self._device, non_blocking=True))
+
+    def __iter__(self) -> DevicePrefetcher:
+        return self
+
+    def __next__(self) -> Batch:
+        cur = self._next
+        if cur is None:
+            raise StopIteration
+        self._next = self._load()
+        return cur
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    under_torchrun: bool
+
+    @classmethod
+    def from_environ(cls) -> RankEnv:
+        e = os.environ
+        return cls(int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0)), "RANK" in e)
+
+
+def init_distributed(env: RankEnv, backend: str) -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if env.under_torchrun:
+        # On CUDA also a gloo backend for CPU tensors (the stop-flag agreement must not sync the GPU).
+        dist.init_process_group(backend="cuda:nccl,cpu:gloo" if backend == "nccl" else "gloo")
+    else:  # one plain process: a world of one, no rendezvous needed
+        dist.init_process_group(backend="cuda:nccl,cpu:gloo" if backend == "nccl" else "gloo",
+                                store=dist.HashStore(), rank=0, world_size=1)
+
+
+def run(plan: Plan) -> dict[str, Any]:
+    """Train per the plan on this rank. Returns a summary (last step, losses seen, why it stopped)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    env = RankEnv.from_environ()
+    choice = select_device(torch.cuda.is_available(), env.local_rank)
+    device = torch.device(choice.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    t = plan.training
+    attn_impl, attn_why = select_attention(t.attention, device.type == "cuda", flash_attn_importable())
+    if plan.training.precision in ("bf16-mixed", "bf16") and device.type == "cpu":
+        log.info("precision %s on a CPU works but is slower than fp32 without AMX", t.precision)
+    init_distributed(env, choice.backend)
+    is_main = env.rank == 0
+    try:
+        mesh = build_mesh(plan, device.type, env.world_size)
+        spec = model_spec_for(plan)
+        blocks, data_desc = build_source(plan.data.kind, plan.data.paths, plan.data.tokenizer,
+                                         plan.data.jsonl_field, t.seq_len, t.seed, spec.vocab_size)
+        model = build_model(plan, attn_impl, device)
+        parallelize(model, plan, mesh)
+        optimizer = build_optimizer(model, plan.optimizer, device.type == "cuda")
+        total = plan.total_steps
+        o = plan.optimizer
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, total, o.warmup_steps, o.min_lr_ratio))
+        data = RankData(blocks, t.micro_batch_size, t.grad_accum_steps, env.rank, env.world_size)
+
+        ckpt = None
+        start = 0
+        if plan.checkpoint.dir:
+            ckpt = Checkpointer(Path(plan.checkpoint.dir), plan.checkpoint.keep_last, env.rank)
+            ckpt.clean_partial()
+            dist.barrier()
+            found = latest_checkpoint(ckpt.root)
+            if found:
+                state = ckpt.load(found[1], model, optimizer, scheduler)
+                start = int(state["step"])
+                if state.get("samples_consumed") != data.samples_consumed(start):
+                    raise SpecError(f"checkpoint {found[1]} was made with a different global batch "
+                                    f"(data position {state.get('samples_consumed')} at step {start})",
+                                    hint="resume with the plan it was saved with, or use a new checkpoint.dir")
+
+        peak = None
+        if device.type == "cuda" and plan.hardware.gpu:
+            from llmctl.spec.hardware import resolve_gpu
+
+            peak = resolve_gpu(plan.hardware.gpu).peak_tflops(param_dtype_name(t.precision))
+        tput = ThroughputModel.for_run(spec, t.seq_len, plan.tokens_per_step, env.world_size,
+                                       t.activation_checkpointing, peak)
+        metrics = MetricsLog(Path(plan.logging.dir) / "metrics.jsonl", total) if is_main else None
+
+        def emit(record: dict[str, Any]) -> None:
+            if metrics is not None:
+                metrics.event(record)
+
+        emit({"event": "start", "step": start, "total_steps": total, "world_size": env.world_size,
+              "mesh": list(mesh.shape), "mesh_dims": list(mesh.mesh_dim_names or ()), "device": str(device),
+              "backend": choice.backend, "attention": attn_impl, "precision": t.precision,
+              "params": spec.params, "vocab_size": spec.vocab_size, "tokens_per_step": plan.tokens_per_step,
+              "model_flops_per_token": tput.model_flops_per_token, "peak_tflops": peak, "data": data_desc,
+              "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
+                         f"attention {attn_impl} ({attn_why}), mesh {tuple(mesh.shape)} "
+                         f"{mesh.mesh_dim_names}, {choice.backend}, {data_desc}"})
+
+        stop = StopSignal()
+        stop.install()
+        acc = t.grad_accum_steps
+        vocab = spec.vocab_size
+        micro = (b for s in range(start, total) for b in data.micro_batches(s))
+        batches = DevicePrefetcher(micro, device)
+        losses: dict[int, float] = {}
+        reason = "done"
+        last_t, last_step = time.perf_counter(), start
+        step = start
+        while step < total:
+            loss_sum = torch.zeros((), device=device)
+            for m in range(acc):
+                if acc > 1:
+                    model.set_requires_gradient_sync(m == acc - 1)
+                b = next(batches)
+                logits = model(input_ids=b.inputs).logits
+                loss = F.cross_entropy(logits.float().view(-1, vocab), b.targets.reshape(-1))
+                (loss / acc).backward()
+                loss_sum += loss.detach()
+            grad_norm = None
+            if t.grad_clip is not None:
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip, foreach=True)
+            optimizer.step()
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+
+            if step % plan.logging.interval_steps == 0 or step == total:
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+                loss_val = loss_sum.item() / (acc * env.world_size)  # a host sync, on logging steps only
+                gn = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                now = time.perf_counter()
+                losses[step] = loss_val
+                rec = {"event": "step", "step": step, "loss": loss_val, "lr": lr,
+                       "grad_norm": float(gn) if gn is not None else None,
+                       **tput.measure((now - last_t) / (step - last_step)), **peak_memory(device.type)}
+                emit(with_predictions(rec, plan.predicted))
+                last_t, last_step = now, step
+
+            stopping = stop.agreed()
+            if ckpt is not None and (stopping or step % plan.checkpoint.interval_steps == 0 or step == total):
+                t0 = time.perf_counter()
+                path = ckpt.save(step, model, optimizer, scheduler,
+                                 {"step": step, "samples_consumed": data.samples_consumed(step),
+                                  "world_size": env.world_size, "seed": t.seed})
+                emit({"event": "checkpoint", "step": step, "path": str(path),
+                      "seconds": time.perf_counter() - t0, "message": f"saved {path} at step {step}"})
+                last_t = time.perf_counter()  # keep save time out of the next step-time measurement
+            if stopping:
+                reason = "signal"
+                emit({"event": "stop", "step": step, "reason": "signal",
+                      "message": f"stopping at step {step} on a preemption signal"
+                                 + (" (checkpoint saved; start again to resume)" if ckpt else
+                                    " (no checkpoint.dir: progress is lost)")})
+                break
+        emit({"event": "end", "step": step, "reason": reason, "message": f"finished at step {step}/{total}"})
+        if metrics is not None:
+            metrics.close()
+        return {"step": step, "losses": losses, "reason": reason}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

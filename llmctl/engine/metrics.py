@@ -1,0 +1,124 @@
+"""Measured throughput, FLOP/s, MFU and memory, next to the plan's predictions; JSONL lines and a progress display.
+
+FLOPs per token come from llmctl.plan.flops (the planner's own formulas, so measured and predicted use the same
+convention): model FLOPs = 6N + attention (PaLM appendix B), hardware FLOPs x4/3 with full recompute (the
+"4 * 2" vs "3 * 2" of the seed software-tune-up.md, Narayanan et al. 2021 eq. 3). MFU = model FLOP/s per device /
+the device's dense catalog peak. A CPU has no catalog peak (it depends on cores, AVX-512/AMX and clocks, and the
+cores here are shared), so on a CPU MFU is null rather than a made-up number.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from llmctl.plan.flops import hardware_flops_per_token, model_flops_per_token
+from llmctl.spec.models import ModelSpec
+from llmctl.spec.planfile import Predicted
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    """What one step is worth: tokens, FLOPs per token, and the device peak (None on CPU)."""
+
+    tokens_per_step: int
+    world_size: int
+    model_flops_per_token: int
+    hardware_flops_per_token: int
+    peak_tflops: float | None
+
+    @classmethod
+    def for_run(cls, spec: ModelSpec, seq_len: int, tokens_per_step: int, world_size: int, checkpointing: str,
+                peak_tflops: float | None) -> ThroughputModel:
+        return cls(tokens_per_step, world_size, model_flops_per_token(spec, seq_len),
+                   hardware_flops_per_token(spec, seq_len, checkpointing), peak_tflops)
+
+    def measure(self, step_time_s: float) -> dict[str, float | None]:
+        tps = self.tokens_per_step / step_time_s
+        per_dev = tps / self.world_size
+        model_tflops = self.model_flops_per_token * per_dev / 1e12
+        return {
+            "step_time_s": step_time_s,
+            "tokens_per_s": tps,
+            "tokens_per_s_per_device": per_dev,
+            "model_tflops_per_device": model_tflops,
+            "hardware_tflops_per_device": self.hardware_flops_per_token * per_dev / 1e12,
+            "mfu": model_tflops / self.peak_tflops if self.peak_tflops else None,
+        }
+
+
+def peak_memory(device_type: str) -> dict[str, int | None]:
+    """CUDA: max allocated/reserved by the caching allocator. CPU: the process's peak resident set size."""
+    if device_type == "cuda":
+        import torch
+
+        return {"peak_mem_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+                "peak_mem_reserved_bytes": int(torch.cuda.max_memory_reserved()), "peak_rss_bytes": None}
+    # ru_maxrss is in KiB on Linux (getrusage(2)); bytes on macOS.
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"peak_mem_allocated_bytes": None, "peak_mem_reserved_bytes": None,
+            "peak_rss_bytes": int(rss if sys.platform == "darwin" else rss * 1024)}
+
+
+def with_predictions(record: dict[str, Any], predicted: Predicted) -> dict[str, Any]:
+    """Put each plan prediction right after the measured value it predicts."""
+    pairs = {"tokens_per_s": predicted.tokens_per_s, "tokens_per_s_per_device": predicted.tokens_per_s_per_gpu,
+             "mfu": predicted.mfu, "step_time_s": predicted.step_time_s}
+    mem_key = "peak_mem_reserved_bytes" if record.get("peak_mem_reserved_bytes") is not None else "peak_rss_bytes"
+    pairs[mem_key] = predicted.memory_per_gpu_bytes
+    out: dict[str, Any] = {}
+    for k, v in record.items():
+        out[k] = v
+        if k in pairs:
+            out[f"{k}_predicted"] = pairs[k]
+    return out
+
+
+class MetricsLog:
+    """metrics.jsonl (appended across resumes: one line per event) and the human display, rank 0 only."""
+
+    def __init__(self, path: Path | None, total_steps: int, stream: TextIO | None = None) -> None:
+        self.path = path
+        self.total_steps = total_steps
+        self.stream = stream if stream is not None else sys.stdout
+        self._file = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Line-buffered: a killed run keeps every full line. Closed in close() (lives as long as the run).
+            self._file = open(path, "a", buffering=1)  # noqa: SIM115
+        self._progress = None
+        self._task = None
+        if self.stream.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                      TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
+            self._task = self._progress.add_task("train", total=total_steps, info="")
+            self._progress.start()
+
+    def event(self, record: dict[str, Any]) -> None:
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+        if record.get("event") == "step":
+            info = (f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {record['tokens_per_s']:,.0f} tok/s  "
+                    f"{record['step_time_s'] * 1e3:.0f} ms/step")
+            if self._progress is not None:
+                self._progress.update(self._task, completed=record["step"], info=info)
+            else:
+                print(f"step {record['step']}/{self.total_steps}  {info}", file=self.stream, flush=True)
+        elif record.get("message"):
+            text = f"[{record['event']}] {record['message']}"
+            if self._progress is not None:
+                self._progress.console.print(text)
+            else:
+                print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        if self._file is not None:
+            self._file.close()
