@@ -5,9 +5,8 @@ Torch-free; matplotlib is imported only when a plot is asked for.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -77,7 +76,7 @@ def render(report: BenchReport, console: Console | None = None) -> None:
     for v in report.node_verdicts:
         if v.slow:
             console.print(f"[bold red]slow node: {escape(v.name)}[/]: {escape(v.reason or '')}")
-    if report.node_verdicts and not report.slow_nodes:
+    if len(report.nodes) > 1 and not report.slow_nodes:
         console.print(f"no slow node (threshold {report.config.slow_fraction:g} x median)")
 
 

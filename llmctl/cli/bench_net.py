@@ -1,0 +1,187 @@
+"""`llmctl bench-net`: measure all-reduce / all-gather / reduce-scatter bandwidth inside and across nodes.
+
+Outside a launcher it starts torchrun (`--standalone` on one node; `--nnodes/--node-rank/--master-addr` for
+several, one command per node). Inside torchrun or an srun step it runs the worker in this process:
+
+    srun --nodes 4 --ntasks-per-node 8 llmctl bench-net --json bench.json
+
+Torch is imported only in that second case (`llmctl --help` stays torch-free).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from llmctl.errors import InputError, RuntimeFailure
+from llmctl.netbench import options as opts
+
+NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per node (GPUs per node; CPU processes).")]
+SizesOpt = Annotated[Optional[str], typer.Option(
+    "--sizes", help="Message sizes: A..B (x2 steps), A..B:F, or a list 1M,16M. "
+    f"Default {opts.DEFAULT_SIZES_GPU} on GPUs, {opts.DEFAULT_SIZES_CPU} on CPUs.", show_default=False)]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32. Default bf16 on GPUs, "
+                                                 "fp32 on CPUs.", show_default=False)]
+ItersOpt = Annotated[Optional[int], typer.Option("--iters", help="Timed iterations per size (20 GPU, 10 CPU).",
+                                                 show_default=False)]
+WarmupOpt = Annotated[Optional[int], typer.Option("--warmup", help="Warm-up iterations per size (5 GPU, 2 CPU).",
+                                                  show_default=False)]
+CollectivesOpt = Annotated[str, typer.Option("--collectives", help="Comma list of all_reduce, all_gather, "
+                                             "reduce_scatter.")]
+JsonFileOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the versioned JSON report here "
+                                                     "(what `llmctl plan --net` reads).", show_default=False)]
+PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of busbw against message size.",
+                                                 show_default=False)]
+ExpectOpt = Annotated[Optional[float], typer.Option(
+    "--expect-gbps", help="Pass/fail: the inter-node all-reduce peak busbw per node (single node: all-reduce "
+    "busbw) must reach this many Gbit/s and no node may be slow; exit 1 otherwise.", show_default=False)]
+SlowOpt = Annotated[float, typer.Option("--slow-fraction", help="Flag a node or link below this fraction of "
+                                        "the median.")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for every rank to join, and for "
+                                           "any one collective.")]
+NnodesOpt = Annotated[int, typer.Option("--nnodes", help="Nodes (run this command once on each).")]
+NodeRankOpt = Annotated[int, typer.Option("--node-rank", help="This node's rank (0 writes the report).")]
+MasterAddrOpt = Annotated[str, typer.Option("--master-addr", help="Address of node rank 0, reachable by all.")]
+MasterPortOpt = Annotated[int, typer.Option("--master-port", help="TCP port on node rank 0.")]
+PairSizeOpt = Annotated[Optional[str], typer.Option(
+    "--pair-size", help="Message size of the pairwise inter-node test (default: the largest size, <= 64 MiB).",
+    show_default=False)]
+ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
+
+# torchrun's own failure report (a traceback of the agent) is noise once the worker said what went wrong.
+_TORCHRUN_NOISE = re.compile(r"^(Traceback \(most recent call last\)|[EWI]\d{4} .*torch/distributed/elastic)")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench-net", help="Measure collective bandwidth inside and across nodes; find a slow node.")(
+        bench_net)
+
+
+def bench_net(
+    nproc_per_node: NprocOpt = 2,
+    sizes: SizesOpt = None,
+    dtype: DtypeOpt = None,
+    iters: ItersOpt = None,
+    warmup: WarmupOpt = None,
+    collectives: CollectivesOpt = ",".join(opts.COLLECTIVES),
+    json_path: JsonFileOpt = None,
+    plot: PlotOpt = None,
+    expect_gbps: ExpectOpt = None,
+    slow_fraction: SlowOpt = 0.7,
+    timeout: TimeoutOpt = 300.0,
+    nnodes: NnodesOpt = 1,
+    node_rank: NodeRankOpt = 0,
+    master_addr: MasterAddrOpt = "127.0.0.1",
+    master_port: MasterPortOpt = 29511,
+    pair_size: PairSizeOpt = None,
+    progress: ProgressOpt = True,
+) -> None:
+    """Sweep message sizes for each collective on the world, inside each node and across nodes."""
+    if nproc_per_node < 1:
+        raise InputError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise InputError(f"--node-rank must be in [0, --nnodes), got {node_rank} with --nnodes {nnodes}")
+    if nnodes * nproc_per_node < 2:
+        raise InputError("bench-net needs at least 2 ranks", hint="--nproc-per-node 2 on one node")
+    if expect_gbps is not None and expect_gbps <= 0:
+        raise InputError(f"--expect-gbps must be positive, got {expect_gbps}")
+    for path in (json_path, plot):
+        if path is not None and not path.parent.is_dir():
+            raise InputError(f"folder {path.parent} does not exist (for {path})")
+
+    with tempfile.TemporaryDirectory(prefix="llmctl-bench-net-") as tmp:
+        cfg = opts.WorkerConfig(
+            json_path=str(json_path or Path(tmp) / "bench-net.json"), sizes=sizes, dtype=dtype, iters=iters,
+            warmup=warmup, collectives=collectives, slow_fraction=slow_fraction, timeout_s=timeout,
+            pair_size=pair_size, progress=progress,
+        )
+        cfg.validate()
+        if opts.inside_launcher():
+            from llmctl.netbench import worker  # torch, only now
+
+            report = worker.run(cfg)
+            if report is None:  # not rank 0: rank 0 prints and writes
+                return
+        else:
+            _run_torchrun(cfg, nproc_per_node, nnodes, node_rank, master_addr, master_port, Path(tmp))
+            if node_rank != 0:
+                typer.echo(f"node rank {node_rank} done; node rank 0 wrote the report")
+                return
+            from llmctl.netbench.report import load_bench
+
+            report = load_bench(cfg.json_path)
+        from llmctl.netbench.render import finish
+
+        finish(report, plot_path=str(plot) if plot else None, expect_gbps=expect_gbps,
+               json_path=str(json_path) if json_path else None)
+
+
+def torchrun_argv(cfg: opts.WorkerConfig, nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str,
+                  master_port: int) -> list[str]:
+    """The torchrun command line (static rendezvous across nodes: node rank 0 hosts the store)."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
+            "--max-restarts", "0"]
+    if nnodes == 1:
+        argv += ["--standalone"]
+    else:
+        argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", master_addr,
+                 "--master-port", str(master_port), "--rdzv-conf", f"timeout={int(cfg.timeout_s)}"]
+    return [*argv, "-m", "llmctl.netbench.worker", *cfg.to_argv(), "--no-render"]
+
+
+def _run_torchrun(cfg: opts.WorkerConfig, nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str,
+                  master_port: int, tmp: Path) -> None:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks, without its warning
+    env.setdefault("TMPDIR", str(tmp))  # torchrun leaves torchelastic_* folders in TMPDIR
+    if sys.stderr.isatty():
+        env["LLMCTL_FORCE_TTY"] = "1"  # the worker's stderr is a pipe through us; keep the live progress bar
+    log_path = tmp / "torchrun.log"
+    worker_errors: list[str] = []
+    try:
+        proc = subprocess.Popen(torchrun_argv(cfg, nproc_per_node, nnodes, node_rank, master_addr, master_port),
+                                env=env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    except OSError as e:
+        raise RuntimeFailure(f"cannot start torchrun: {e}") from None
+    pump = threading.Thread(target=_filter_stderr, args=(proc.stderr, log_path, worker_errors), daemon=True)
+    pump.start()
+    try:
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(timeout=30)
+        raise
+    pump.join(timeout=10)
+    if rc != 0:
+        if worker_errors:
+            more = f" (+{len(worker_errors) - 1} more rank messages)" if len(worker_errors) > 1 else ""
+            raise RuntimeFailure(worker_errors[0] + more)
+        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:] or ["?"]
+        raise RuntimeFailure(f"torchrun exited with code {rc}: {tail[0].strip()[:300]}")
+
+
+def _filter_stderr(stream, log_path: Path, worker_errors: list[str]) -> None:  # noqa: ANN001 - a binary pipe
+    """Pass the workers' stderr (progress bar) through; keep the workers' error lines and torchrun's own
+    failure report out of the terminal (the report goes to a log; the first error becomes our one line)."""
+    muted = False
+    with open(log_path, "wb") as log:
+        for raw in iter(stream.readline, b""):
+            log.write(raw)
+            line = raw.decode(errors="replace")
+            if line.startswith("llmctl: error: "):
+                msg = line.removeprefix("llmctl: error: ").strip()
+                if msg not in worker_errors:
+                    worker_errors.append(msg)
+                continue
+            muted = muted or bool(_TORCHRUN_NOISE.match(line))
+            if not muted:
+                sys.stderr.write(line)
+                sys.stderr.flush()
