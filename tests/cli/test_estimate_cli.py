@@ -1,0 +1,98 @@
+"""`llmctl estimate-memory` through the real CLI: output, JSON contract, bad input -> one line + exit code."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_table_output_and_alias():
+    r = run("estimate-memory", "llama-2-7b", "--gpu", "A100-80GB", "--gpus", "8", "--seq-len", "1024")
+    assert r.exit_code == 0, r.output
+    for text in ("6,738,415,616 parameters", "18 bytes/param classic budget", "optimizer states (adamw)",
+                 "peak phase: backward", "A100-80GB", "largest micro-batch", "full_shard", "hybrid_shard"):
+        assert text in r.output
+    assert run("estimate", "llama-2-7b").exit_code == 0
+
+
+def test_json_contract():
+    r = run("estimate-memory", "llama-2-7b", "--gpu", "H100-SXM", "--gpus", "8", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["params"] == 6_738_415_616
+    assert d["bytes_per_param"] == 18
+    assert d["per_gpu_total_bytes"] == d["peak_reserved_bytes"] + d["per_gpu_bytes"]["CUDA context + NCCL"]
+    assert d["fits"] is True and d["max_micro_batch"] >= 1
+    assert d["min_gpus"] == d["min_gpus_by_strategy"]["full_shard"]["gpus"]
+
+
+def test_json_without_gpu_has_no_fit_fields():
+    d = json.loads(run("estimate-memory", "gpt2", "--json").output)
+    assert "fits" not in d and d["params"] == 124_439_808
+
+
+def test_params_states_assumed_shape():
+    r = run("estimate-memory", "--params", "13B")
+    assert r.exit_code == 0
+    assert "assumed shape" in r.output and "13,000,000,000 parameters" in r.output
+
+
+def test_lists():
+    r = run("estimate-memory", "--list-models")
+    assert r.exit_code == 0 and "llama-3.1-405b" in r.output and "405,853,388,800" in r.output
+    r = run("estimate-memory", "--list-gpus")
+    assert r.exit_code == 0 and "MI300X" in r.output and "989.5" in r.output
+
+
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib", reason="--plot needs matplotlib")
+    png = tmp_path / "mem.png"
+    r = run("estimate-memory", "llama-2-7b", "--nodes", "2", "--gpus-per-node", "8", "--plot", str(png))
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["llama2-7b"], "did you mean: llama-2-7b"),
+    (["gpt2", "--micro-batch", "0"], "micro batch size must be a positive integer"),
+    (["gpt2", "--seq-len", "-5"], "seq len must be a positive integer"),
+    (["gpt2", "--gpus", "12"], "not a whole number of nodes"),
+    (["gpt2", "--gpus", "6", "--tp", "4"], "cannot be split into tp=4"),
+    (["gpt2", "--strategy", "hybrid_shard", "--gpus", "8"], "hybrid_shard needs at least 2 nodes"),
+    (["gpt2", "--strategy", "zero9"], "unknown strategy"),
+    (["gpt2", "--gpu", "H1000"], "unknown GPU kind"),
+    (["gpt2", "--precision", "bf16", "--gpu", "V100-32GB"], "no native bf16"),
+    (["--params", "lots"], "cannot read parameter count"),
+    ([], "no model given"),
+    (["gpt2", "--plot", "out.jpg"], "must end in .png"),
+])
+def test_bad_input_one_line_exit_2(args, needle):
+    r = run("estimate-memory", *args)
+    assert r.exit_code == 2, r.output
+    lines = [line for line in r.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("llmctl: error: "), r.output
+    assert needle in lines[0]
+
+
+def test_malformed_config_json(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama", "hidden_size": ')
+    r = run("estimate-memory", str(bad))
+    assert r.exit_code == 2 and "malformed config.json" in r.output
+    assert bad.read_text() == '{"model_type": "llama", "hidden_size": '  # the user's file is untouched
+
+
+def test_debug_env_shows_traceback(monkeypatch):
+    from llmctl.errors import UnknownNameError
+
+    monkeypatch.setenv("LLMCTL_DEBUG", "1")
+    r = run("estimate-memory", "nope-model")
+    assert isinstance(r.exception, UnknownNameError)
