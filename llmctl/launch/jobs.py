@@ -1,0 +1,133 @@
+"""Job folders: one per launch, holding the plan copy, the script, the logs and a `job.json` record, so that
+`llmctl status` and `llmctl logs` work for jobs launched from here (with squeue/sacct/scontrol when they
+answer, else from what the folder says). Torch-free.
+
+Layout of <jobs-dir>/<stamp>-<name>/: plan.yaml, job.sbatch (sbatch) or submitit/ (submitit), slurm-<id>.out,
+events (lines appended by the job: "exit N ..." or "requeued ..."), job.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from llmctl.errors import InputError
+from llmctl.launch import shell
+from llmctl.spec.planfile import write_atomic
+
+RECORD = "job.json"
+DEFAULT_JOBS_DIR = "llmctl-jobs"
+
+
+def jobs_root(given: str | None = None) -> Path:
+    """--jobs-dir, else $LLMCTL_JOBS_DIR, else ./llmctl-jobs."""
+    return Path(given or os.environ.get("LLMCTL_JOBS_DIR") or DEFAULT_JOBS_DIR).absolute()
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    backend: str
+    """"sbatch" or "submitit"."""
+    folder: str
+    plan_name: str
+    nodes: int
+    nproc_per_node: int
+    submitted_at: str
+    logs: list[str] = field(default_factory=list)
+    """Log files (absolute); SLURM's %j already substituted."""
+    command: list[str] = field(default_factory=list)
+    """The submission command (no environment: nothing secret)."""
+
+    def save(self) -> None:
+        write_atomic(Path(self.folder) / RECORD, json.dumps(asdict(self), indent=2) + "\n")
+
+
+def new_folder(root: Path, name: str) -> Path:
+    """A fresh job folder under root named <UTC stamp>-<safe name>-<random>."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    folder = root / f"{stamp}-{shell.safe_name(name, 32)}-{secrets.token_hex(2)}"
+    folder.mkdir(parents=True, exist_ok=False)
+    return folder
+
+
+def load(folder: Path) -> JobRecord:
+    data = json.loads((folder / RECORD).read_text())
+    return JobRecord(**data)
+
+
+def all_records(root: Path) -> list[JobRecord]:
+    if not root.is_dir():
+        return []
+    out = []
+    for rec in sorted(root.glob(f"*/{RECORD}")):
+        try:
+            out.append(load(rec.parent))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
+
+
+def find(job: str, root: Path) -> JobRecord:
+    """A job by SLURM id, folder name or folder path. The newest folder wins if an id was reused."""
+    p = Path(job)
+    if (p / RECORD).is_file():
+        return load(p)
+    matches = [r for r in all_records(root) if job in (r.job_id, Path(r.folder).name)]
+    if not matches:
+        raise InputError(f"no job {job!r} launched from {root}", hint="see `llmctl status` for the list")
+    return matches[-1]
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def slurm_state(job_id: str) -> str | None:
+    """The job's state from squeue (queued/running), else sacct, else scontrol (recently finished)."""
+    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    if out and out.strip():
+        return out.split()[0]
+    out = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
+    if out and out.strip():
+        return out.split()[0].rstrip("+")
+    out = _run(["scontrol", "show", "job", job_id])
+    if out:
+        for word in out.split():
+            if word.startswith("JobState="):
+                return word.split("=", 1)[1]
+    return None
+
+
+def folder_state(record: JobRecord) -> str:
+    """What the job folder says: the last line the batch script appended to `events`."""
+    events = Path(record.folder) / "events"
+    if events.is_file():
+        lines = events.read_text().split("\n")
+        last = next((ln for ln in reversed(lines) if ln.strip()), "")
+        if last.startswith("exit "):
+            code = last.split()[1]
+            return "COMPLETED" if code == "0" else f"FAILED (exit {code})"
+        if last.startswith("requeued"):
+            return "REQUEUED"
+    result = list((Path(record.folder) / "submitit").glob("*_result.pkl"))
+    if result:
+        return "FINISHED"
+    return "UNKNOWN"
+
+
+def state(record: JobRecord) -> str:
+    return slurm_state(record.job_id) or folder_state(record)
+
+
+ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+          "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}

@@ -1,0 +1,138 @@
+"""SLURM via submitit: the same job as the sbatch template, expressed as a submitit Checkpointable.
+
+One task per rank (tasks_per_node = processes per node); each task exports submitit's torch distributed
+environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT) and runs `python -m llmctl.engine PLAN` as a child.
+Preemption: submitit asks SLURM for `--signal=USR1@<lead>` (we set SUBMITIT_PREEMPT_SIGNAL=USR1 because USR1 is
+what the engine checkpoints on; submitit's default USR2 would kill the engine ranks). SLURM sends it to every
+process of the step, so each engine rank sees it directly; task 0's submitit handler calls `checkpoint()`,
+which waits for its engine child to finish the checkpoint and exit, then submitit requeues the job.
+
+submitit is imported lazily (it is an optional dependency: `pip install llmctl[slurm]`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from llmctl.errors import InputError, RuntimeFailure
+from llmctl.launch.local import ENGINE_MODULE
+
+PREEMPT_SIGNAL = "USR1"
+_CHECKPOINT_WAIT_S = 3600
+
+
+def _node_addr(node: str) -> str | None:
+    try:
+        out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for word in out.stdout.split():
+        if word.startswith("NodeAddr="):
+            return word.split("=", 1)[1]
+    return None
+
+
+class EngineTask:
+    """The callable submitit pickles. Holds paths and the non-secret env the user asked for; nothing else."""
+
+    def __init__(self, plan_path: str, workdir: str, env: dict[str, str]) -> None:
+        self.plan_path = plan_path
+        self.workdir = workdir
+        self.env = dict(env)
+        self._pid: int | None = None
+
+    def __call__(self) -> int:
+        import submitit
+
+        dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+        job_env = submitit.JobEnvironment()
+        # submitit takes the first host name as MASTER_ADDR; node names need not resolve, NodeAddr does.
+        addr = _node_addr(job_env.hostnames[0])
+        env = {**os.environ, **self.env}
+        if addr:
+            env["MASTER_ADDR"] = addr
+        print(f"llmctl: task {dist.rank}/{dist.world_size} (restart {os.environ.get('SLURM_RESTART_COUNT', 0)})"
+              f" master {env['MASTER_ADDR']}:{dist.master_port}", flush=True)
+        proc = subprocess.Popen([sys.executable, "-m", ENGINE_MODULE, self.plan_path], cwd=self.workdir, env=env)
+        self._pid = proc.pid
+        # Poll instead of wait(): submitit's signal handler runs on this thread and reaps the child itself.
+        while proc.poll() is None:
+            time.sleep(0.5)
+        if proc.returncode != 0:
+            raise RuntimeError(f"engine exited with code {proc.returncode} on rank {dist.rank}")
+        return 0
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """submitit's Checkpointable hook (task 0 only): let the engine finish its checkpoint, then requeue."""
+        import submitit
+
+        pid, deadline = self._pid, time.monotonic() + _CHECKPOINT_WAIT_S
+        if pid is not None:
+            os.kill(pid, getattr(__import__("signal"), "SIG" + PREEMPT_SIGNAL))
+            while time.monotonic() < deadline:
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if done:
+                    break
+                time.sleep(0.5)
+        print("llmctl: engine checkpointed and exited; requeueing", flush=True)
+        return submitit.helpers.DelayedSubmission(EngineTask(self.plan_path, self.workdir, self.env))
+
+
+def submit(
+    *,
+    folder: Path,
+    plan_path: str,
+    workdir: str,
+    job_name: str,
+    nodes: int,
+    nproc_per_node: int,
+    gpus_per_node: int | None,
+    time_s: int | None,
+    partition: str | None,
+    account: str | None,
+    qos: str | None,
+    constraint: str | None,
+    exclude: str | None,
+    extra_sbatch_args: tuple[str, ...],
+    env: dict[str, str],
+    signal_lead_s: int,
+) -> tuple[str, list[Path]]:
+    """Submit through submitit; return the job id and the task-0 log paths."""
+    os.environ["SUBMITIT_PREEMPT_SIGNAL"] = PREEMPT_SIGNAL  # read by submitit here and, exported, in the job
+    try:
+        import submitit
+    except ImportError:
+        raise InputError("--executor submitit needs submitit", hint="pip install 'llmctl[slurm]'") from None
+    if submitit.SlurmJobEnvironment.USR_SIG != PREEMPT_SIGNAL:
+        raise RuntimeFailure("submitit was imported before llmctl could set its preemption signal to USR1")
+    additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
+    for arg in extra_sbatch_args:
+        key, _, value = arg.lstrip("-").partition("=")
+        additional[key] = value if value else True
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "nodes": nodes,
+        "ntasks_per_node": nproc_per_node,
+        "time": max(1, -(-(time_s or 24 * 3600) // 60)),
+        "signal_delay_s": signal_lead_s,
+        "additional_parameters": additional,
+    }
+    for key, value in (("partition", partition), ("account", account), ("qos", qos),
+                       ("constraint", constraint), ("exclude", exclude), ("gpus_per_node", gpus_per_node)):
+        if value is not None:
+            params[key] = value
+    executor = submitit.SlurmExecutor(folder=folder / "submitit", max_num_timeout=20)
+    executor.update_parameters(**params)
+    try:
+        job = executor.submit(EngineTask(plan_path, workdir, env))
+    except Exception as e:  # submitit raises its own types and subprocess errors for a failed sbatch
+        raise RuntimeFailure(f"submitit could not submit: {str(e).strip().splitlines()[-1]}") from None
+    return str(job.job_id), [Path(job.paths.stdout), Path(job.paths.stderr)]

@@ -1,0 +1,37 @@
+"""Shared bits for the launch tests (not a test module)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_PLAN = REPO / "examples" / "tiny-cpu.yaml"
+
+# Names and paths that try every way out of a shell word: quotes, ;, $(), backticks, newlines.
+HOSTILE = "it's \"x\"; $(touch PWNED1) `touch PWNED2`\n touch PWNED3 & echo \\ $HOME %j"
+
+
+def write_stub(folder: Path, name: str, body: str) -> Path:
+    """An executable stub command (bash) in folder."""
+    p = folder / name
+    p.write_text("#!/bin/bash\n" + body + "\n")
+    p.chmod(p.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return p
+
+
+def pwned(*roots: Path) -> list[Path]:
+    return [p for r in roots for p in r.rglob("PWNED*")]
+
+
+def minimal_plan_yaml(name: str = "tiny", nodes: int = 1, nproc: int = 2) -> str:
+    return (
+        f"version: 1\nname: {name!r}\nmodel:\n  preset: llama-tiny\n"
+        f"hardware:\n  nodes: {nodes}\n  nproc_per_node: {nproc}\n"
+        "training:\n  max_steps: 3\n  precision: fp32\n  seq_len: 32\n"
+    )
+
+
+def env_without_slurm() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}

@@ -1,0 +1,188 @@
+"""The sbatch renderer: golden file, bash -n, shellcheck, and hostile values that must not inject commands."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from launch_helpers import HOSTILE, pwned, write_stub
+
+import llmctl
+from llmctl.errors import InputError
+from llmctl.launch import slurm
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def golden_params() -> slurm.SbatchParams:
+    return slurm.make_params(
+        job_name="llama2-7b-fsdp",
+        nodes=2,
+        nproc_per_node=4,
+        workdir="/home/alice/runs",
+        job_dir="/home/alice/runs/llmctl-jobs/20260101-000000-llama2-7b-fsdp-abcd",
+        plan_path="/home/alice/runs/llmctl-jobs/20260101-000000-llama2-7b-fsdp-abcd/plan.yaml",
+        torchrun="/opt/venv/bin/torchrun",
+        gpus_per_node=4,
+        time="2-00:00:00",
+        partition="gpu",
+        account="ml-team",
+        qos="high",
+        constraint="a100&80gb",
+        exclude="gpu[03,07]",
+        extra_sbatch_args=["--mem=0", "--exclusive"],
+        env={"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "ib0"},
+        signal_lead_s=300,
+    )
+
+
+def check_golden(name: str, text: str) -> None:
+    # The version line would change the golden file on every release; pin it.
+    text = text.replace(f"llmctl {llmctl.__version__} ", "llmctl VERSION ", 1)
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; UPDATE_GOLDEN=1 rewrites it after review"
+
+
+def test_render_matches_golden() -> None:
+    check_golden("slurm-2x4-a100.sbatch", slurm.render(golden_params()))
+
+
+def test_render_minimal_matches_golden() -> None:
+    params = slurm.make_params(job_name="tiny-cpu", nodes=2, nproc_per_node=1, workdir="/w", job_dir="/w/j",
+                               plan_path="/w/j/plan.yaml", torchrun="torchrun")
+    check_golden("slurm-minimal.sbatch", slurm.render(params))
+
+
+def test_render_is_pure() -> None:
+    assert slurm.render(golden_params()) == slurm.render(golden_params())
+
+
+def test_strict_undefined() -> None:
+    import jinja2
+
+    with pytest.raises(jinja2.UndefinedError):
+        slurm.render(golden_params(), template="{{ not_a_param }}")
+
+
+def hostile_script(tmp_path: Path) -> tuple[str, Path]:
+    workdir = tmp_path / HOSTILE
+    workdir.mkdir()
+    job_dir = workdir / ("job " + HOSTILE)
+    job_dir.mkdir()
+    params = slurm.make_params(
+        job_name=HOSTILE, nodes=1, nproc_per_node=1, workdir=str(workdir), job_dir=str(job_dir),
+        plan_path=str(job_dir / ("plan " + HOSTILE + ".yaml")), torchrun=str(tmp_path / "bin" / "torchrun"),
+        env={"LLMCTL_X": HOSTILE},
+    )
+    return slurm.render(params), workdir
+
+
+@pytest.mark.parametrize("which", ["golden", "hostile"])
+def test_bash_syntax(tmp_path: Path, which: str) -> None:
+    text = slurm.render(golden_params()) if which == "golden" else hostile_script(tmp_path)[0]
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+@pytest.mark.parametrize("which", ["golden", "hostile"])
+def test_shellcheck(tmp_path: Path, which: str) -> None:
+    if not shutil.which("shellcheck"):
+        if os.environ.get("CI") == "true":
+            pytest.fail("shellcheck missing in CI (scripts/system-deps.sh installs it)")
+        pytest.skip("shellcheck not installed (apt-get install shellcheck)")
+    text = slurm.render(golden_params()) if which == "golden" else hostile_script(tmp_path)[0]
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    # SC2016 ("$ in single quotes does not expand") is exactly what the hostile values must get.
+    ignore = ["-e", "SC2016"] if which == "hostile" else []
+    out = subprocess.run(["shellcheck", "-s", "bash", *ignore, str(script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+
+
+def test_hostile_values_do_not_execute(tmp_path: Path) -> None:
+    """Run the rendered script for real, with stub srun/scontrol/torchrun: the hostile workdir, plan path and
+    env value arrive byte for byte and nothing named PWNED* is ever created."""
+    text, workdir = hostile_script(tmp_path)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    record = tmp_path / "torchrun-args"
+    write_stub(bindir, "scontrol", """case "$1 $2" in
+  "show hostnames") echo node1 ;;
+  "show node") echo "NodeName=$3 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=vm" ;;
+esac""")
+    # srun: run the command once, as node 0 of 1.
+    write_stub(bindir, "srun", 'while [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=0 SLURMD_NODENAME=node1 "$@"')
+    write_stub(bindir, "scancel", "exit 0")
+    write_stub(bindir, "torchrun", f'printf "%s\\0" "$PWD" "$@" "$LLMCTL_X" > {str(record)!r}\nexit 7')
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "node1",
+           "SLURM_NNODES": "1", "HOME": str(tmp_path)}
+    run = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 7, run.stdout + run.stderr  # the step's exit code is the job's
+    assert not pwned(tmp_path), run.stdout + run.stderr
+    args = record.read_text().split("\0")[:-1]
+    assert args[0] == str(workdir)
+    assert args[-2] == str(workdir / ("job " + HOSTILE) / ("plan " + HOSTILE + ".yaml"))
+    assert args[-1] == HOSTILE
+    assert "--rdzv_endpoint=127.0.0.1:29541" in args and "--rdzv_conf=is_host=1" in args
+    assert "--local_addr=127.0.0.1" in args
+    assert "--signals_to_handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in args
+    events = (workdir / ("job " + HOSTILE) / "events").read_text()
+    assert events.startswith("exit 7 ")
+
+
+def test_hostile_job_name_is_sanitized() -> None:
+    params = slurm.make_params(job_name=HOSTILE, nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
+                               plan_path="/w/j/p.yaml", torchrun="torchrun")
+    directive = [ln for ln in slurm.render(params).splitlines() if ln.startswith("#SBATCH --job-name=")]
+    assert directive == [f"#SBATCH --job-name={params.job_name}"]
+    assert set(params.job_name) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("partition", "gpu\n#SBATCH --uid=0"), ("account", "a;b"), ("qos", "$(id)"), ("constraint", "a b"),
+     ("exclude", "n1`x`"), ("time", "1:00:00\n"), ("time", "forever")],
+)
+def test_bad_directive_values_rejected(option: str, value: str) -> None:
+    with pytest.raises(InputError, match=f"--{option}"):
+        slurm.make_params(job_name="x", nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
+                          plan_path="/w/j/p.yaml", torchrun="torchrun", **{option: value})
+
+
+@pytest.mark.parametrize("arg", ["--mem=1G\ntouch PWNED", "mem=1G", "--signal=USR2@60", "--output=/tmp/x"])
+def test_bad_sbatch_args_rejected(arg: str) -> None:
+    with pytest.raises(InputError, match="--sbatch-arg"):
+        slurm.make_params(job_name="x", nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
+                          plan_path="/w/j/p.yaml", torchrun="torchrun", extra_sbatch_args=[arg])
+
+
+def test_time_shorter_than_signal_lead_rejected() -> None:
+    with pytest.raises(InputError, match="--time 4"):
+        slurm.make_params(job_name="x", nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
+                          plan_path="/w/j/p.yaml", torchrun="torchrun", time="4", signal_lead_s=300)
+
+
+@pytest.mark.parametrize(
+    "value, seconds",
+    [("30", 1800), ("5:30", 330), ("1:00:00", 3600), ("2-0", 172800), ("1-2:03", 93780), ("1-02:03:04", 93784)],
+)
+def test_parse_time(value: str, seconds: int) -> None:
+    assert slurm.parse_time_s(value) == seconds
+
+
+def test_secret_env_rejected() -> None:
+    with pytest.raises(InputError, match="HF_TOKEN"):
+        slurm.make_params(job_name="x", nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
+                          plan_path="/w/j/p.yaml", torchrun="torchrun", env={"HF_TOKEN": "hf_x"})
+
+
+def test_template_found() -> None:
+    assert "#SBATCH --signal=B:USR1@" in slurm.template_text()
