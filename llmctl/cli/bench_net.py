@@ -58,6 +58,8 @@ ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Sho
 
 # torchrun's own failure report (a traceback of the agent) is noise once the worker said what went wrong.
 _TORCHRUN_NOISE = re.compile(r"^(Traceback \(most recent call last\)|[EWI]\d{4} .*torch/distributed/elastic)")
+# c10d warns on every connection when addresses do not resolve to names (namespaces, bare clusters): harmless.
+_HARMLESS = re.compile(r"^\[W\d{4} .*hostname of the client socket cannot be retrieved")
 
 
 def register(app: typer.Typer) -> None:
@@ -182,6 +184,6 @@ def _filter_stderr(stream, log_path: Path, worker_errors: list[str]) -> None:  #
                     worker_errors.append(msg)
                 continue
             muted = muted or bool(_TORCHRUN_NOISE.match(line))
-            if not muted:
+            if not muted and not _HARMLESS.match(line):
                 sys.stderr.write(line)
                 sys.stderr.flush()

@@ -43,13 +43,18 @@ def result_table(r: CollectiveResult) -> Table:
 
 def summary_table(report: BenchReport) -> Table:
     t = Table(title="summary (busbw, nccl-tests definition)", title_justify="left")
-    for col in ("group", "collective", "peak GB/s", "peak Gbit/s", "at size", "16-64 MiB GB/s", "80% of peak from"):
+    cols = ("group", "collective", "peak GB/s", "peak Gbit/s", "per node Gbit/s", "at size", "16-64 MiB GB/s",
+            "80% of peak from")
+    for col in cols:
         t.add_column(col, justify="right" if col not in ("group", "collective") else "left")
     for r in report.results:
         s = r.summary
+        # inter_node: each node carries groups_per_node such groups at once; their sum is the node's rate
+        per_node = f"{gbit_s(s.peak_busbw_gbytes_s) * r.groups_per_node:.2f}" if r.group == "inter_node" else ""
         t.add_row(
             r.group, r.collective,
-            f"{s.peak_busbw_gbytes_s:.3f}", f"{gbit_s(s.peak_busbw_gbytes_s):.2f}", fmt_size(s.peak_size_bytes),
+            f"{s.peak_busbw_gbytes_s:.3f}", f"{gbit_s(s.peak_busbw_gbytes_s):.2f}", per_node,
+            fmt_size(s.peak_size_bytes),
             "-" if s.bucket_busbw_gbytes_s is None else f"{s.bucket_busbw_gbytes_s:.3f}",
             fmt_size(s.size_for_80pct_peak_bytes),
         )

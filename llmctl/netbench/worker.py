@@ -94,7 +94,11 @@ def check_in(store: dist.Store, env: opts.DistEnv, timeout_s: float) -> Layout:
         else:
             info = {r: json.loads(store.get(f"joined/{r}")) for r in range(env.world_size)}
             store.set("verdict", json.dumps({"ranks": info}))
-    verdict = json.loads(store.get("verdict"))  # blocks up to the store timeout
+    try:
+        verdict = json.loads(store.get("verdict"))  # blocks up to the store timeout
+    except Exception:
+        raise RuntimeFailure(f"rank {env.rank}: rank 0 never published the check-in result",
+                             hint="rank 0 died or cannot be reached") from None
     if "error" in verdict:
         raise RuntimeFailure(f"connectivity check failed: {verdict['error']}",
                              hint="check that every node started and can reach MASTER_ADDR")
@@ -293,7 +297,13 @@ def run(cfg: opts.WorkerConfig, env: opts.DistEnv | None = None) -> BenchReport 
     collectives = opts.parse_collectives(cfg.collectives)
     pair_size = opts.parse_size(cfg.pair_size) if cfg.pair_size else min(max(sizes), 64 * 2**20)
 
-    store = _make_store(env, cfg.timeout_s)
+    try:
+        # The store waits longer than the check-in, so rank 0 always gets to publish who is missing.
+        store = _make_store(env, 2 * cfg.timeout_s + 10)
+    except Exception as e:  # DistStoreError / RuntimeError: rank 0 (or torchrun's agent) never came up
+        raise RuntimeFailure(f"rank {env.rank} cannot reach the rendezvous store at {env.master_addr}:"
+                             f"{env.master_port} ({str(e).strip().splitlines()[0][:160] if str(e) else e!r})",
+                             hint="is rank 0 running, and MASTER_ADDR reachable from this node?") from None
     layout = check_in(store, env, cfg.timeout_s)
     dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
                             world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s),

@@ -1,0 +1,268 @@
+"""bench-net's torch-free half: nccl-tests math (hand-checked numbers), schema, loader, options, CLI input errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.errors import InputError, SpecError
+from llmctl.netbench import options as opts
+from llmctl.netbench import report as rp
+
+MiB = 2**20
+
+
+# ---------------------------------------------------------------------------------------------- math
+
+
+def test_busbw_golden_numbers() -> None:
+    # all-reduce, 4 ranks, 64 MiB in 0.5 s: algbw = 67108864 / 0.5 = 134.217728 MB/s; busbw x 2*3/4 = 1.5
+    assert rp.algbw_gbytes_s(64 * MiB, 0.5) == pytest.approx(0.134217728)
+    assert rp.busbw_gbytes_s("all_reduce", 4, 64 * MiB, 0.5) == pytest.approx(0.201326592)
+    # all-gather, 8 ranks, 1 GiB output in 2 s: algbw 0.536870912, busbw x 7/8 = 0.469762048
+    assert rp.busbw_gbytes_s("all_gather", 8, 2**30, 2.0) == pytest.approx(0.469762048)
+    # reduce-scatter, 2 ranks, 1e9 bytes input in 1 s: algbw 1.0, busbw x 1/2
+    assert rp.busbw_gbytes_s("reduce_scatter", 2, 10**9, 1.0) == pytest.approx(0.5)
+    # all-reduce on 2 ranks: factor 1, busbw == algbw
+    assert rp.bus_factor("all_reduce", 2) == 1.0
+    assert rp.gbit_s(0.125) == 1.0
+
+
+def test_bus_factor_rejects_nonsense() -> None:
+    with pytest.raises(ValueError):
+        rp.bus_factor("broadcast", 4)
+    with pytest.raises(ValueError):
+        rp.algbw_gbytes_s(1, 0.0)
+
+
+@given(st.sampled_from(rp.COLLECTIVES), st.integers(2, 4096))
+def test_bus_factor_bounds(collective: str, n: int) -> None:
+    f = rp.bus_factor(collective, n)
+    assert 0 < f < (2 if collective == "all_reduce" else 1)
+
+
+def test_aligned_size_and_percentile() -> None:
+    assert rp.aligned_size(MiB, 3, 4) == 1048572  # 3 ranks x 4-byte floats: 87381 elements each
+    assert rp.aligned_size(MiB, 4, 4) == MiB
+    assert rp.aligned_size(1, 4, 4) == 16
+    assert rp.percentile([1, 2, 3, 4, 5], 10) == pytest.approx(1.4)
+    assert rp.percentile([3.0], 90) == 3.0
+
+
+def test_size_point_uses_median_time_not_mean_of_bandwidths() -> None:
+    p = rp.SizePoint.measured("all_reduce", 2, 10**9, [1.0, 2.0, 4.0])
+    assert p.time_s.median == 2.0
+    assert p.busbw_gbytes_s == pytest.approx(0.5)  # from the median time; the mean of bandwidths would be 0.583
+    assert p.busbw_gbytes_s_min == pytest.approx(0.25)
+    assert p.busbw_gbytes_s_max == pytest.approx(1.0)
+
+
+def _points(busbw_by_mib: dict[int, float]) -> list[rp.SizePoint]:
+    # time chosen so that busbw (2 ranks, all-reduce: factor 1) equals the given value
+    return [rp.SizePoint.measured("all_reduce", 2, m * MiB, [m * MiB / (bw * 1e9)] * 3)
+            for m, bw in busbw_by_mib.items()]
+
+
+def test_summary() -> None:
+    s = rp.summarize(_points({1: 1.0, 4: 5.0, 16: 8.5, 32: 9.0, 64: 10.0, 128: 9.5}))
+    assert s.peak_busbw_gbytes_s == pytest.approx(10.0)
+    assert s.peak_size_bytes == 64 * MiB
+    assert s.bucket_busbw_gbytes_s == pytest.approx(9.0)  # median of 16, 32, 64 MiB: 8.5, 9, 10
+    assert s.size_for_80pct_peak_bytes == 16 * MiB  # first size >= 0.8 x 10
+
+
+def test_round_robin_pairs_cover_every_pair_once() -> None:
+    for k in range(2, 9):
+        rounds = rp.round_robin_pairs(k)
+        pairs = [p for r in rounds for p in r]
+        assert sorted(pairs) == [(a, b) for a in range(k) for b in range(a + 1, k)]
+        for r in rounds:  # disjoint inside a round
+            nodes = [n for p in r for n in p]
+            assert len(nodes) == len(set(nodes))
+
+
+def test_judge_nodes_names_the_node_behind_the_slow_links() -> None:
+    links = [rp.LinkResult(a="n0", b="n1", size_bytes=MiB, busbw_gbytes_s=0.12),
+             rp.LinkResult(a="n0", b="n2", size_bytes=MiB, busbw_gbytes_s=0.03),
+             rp.LinkResult(a="n1", b="n2", size_bytes=MiB, busbw_gbytes_s=0.031)]
+    judged, verdicts = rp.judge_nodes(["n0", "n1", "n2"], links, {}, 0.7)
+    assert [v.name for v in verdicts if v.slow] == ["n2"]
+    assert [(lk.a, lk.b) for lk in judged if lk.slow] == [("n0", "n2"), ("n1", "n2")]
+    assert "n2" not in (verdicts[0].reason or "") and "best inter-node link" in verdicts[2].reason
+    # intra-node slowness is caught too
+    _, verdicts = rp.judge_nodes(["a", "b", "c"], [], {"a": 5.0, "b": 5.1, "c": 1.0}, 0.7)
+    assert [v.name for v in verdicts if v.slow] == ["c"]
+
+
+# ---------------------------------------------------------------------------------------------- schema
+
+
+def make_report(nodes: int = 2, g: int = 2) -> rp.BenchReport:
+    pts_fast = _points({4: 2.0, 16: 4.0, 64: 4.0})
+    pts_slow = _points({4: 0.05, 16: 0.06, 64: 0.06})
+    results = [rp.CollectiveResult(group="world", collective="all_reduce", ranks_per_group=nodes * g,
+                                   concurrent_groups=1, groups_per_node=1, points=pts_slow)]
+    if nodes > 1:
+        results += [
+            rp.CollectiveResult(group="intra_node", collective="all_reduce", ranks_per_group=g,
+                                concurrent_groups=nodes, groups_per_node=1, points=pts_fast),
+            rp.CollectiveResult(group="inter_node", collective="all_reduce", ranks_per_group=nodes,
+                                concurrent_groups=g, groups_per_node=g, points=pts_slow),
+        ]
+    return rp.BenchReport(
+        created_utc="2026-11-22T05:00:00+00:00", backend="gloo", device="cpu", dtype="float32",
+        world_size=nodes * g, ranks_per_node=g,
+        nodes=[rp.NodeInfo(name=f"node{i}", node_rank=i, ranks=list(range(i * g, (i + 1) * g))) for i in range(nodes)],
+        versions={"torch": "2.13.0"}, env={"GLOO_SOCKET_IFNAME": "fab0"},
+        config=rp.BenchConfig(sizes_bytes=[4 * MiB, 16 * MiB, 64 * MiB], iters=3, warmup=1,
+                              collectives=["all_reduce"], slow_fraction=0.7),
+        results=results,
+    )
+
+
+def test_schema_round_trip(tmp_path: Path) -> None:
+    r = make_report()
+    path = tmp_path / "bench.json"
+    rp.dump_bench(r, path)
+    data = json.loads(path.read_text())
+    assert data["schema"] == "llmctl.bench-net" and data["schema_version"] == 1
+    assert rp.load_bench(path) == r
+
+
+def test_loader_gives_the_planner_intra_and_inter_node_busbw(tmp_path: Path) -> None:
+    r = make_report()
+    assert r.intra_node_busbw_gbytes_s(16 * MiB) == pytest.approx(4.0)
+    assert r.intra_node_busbw_gbytes_s(8 * MiB) == pytest.approx(3.0)  # halfway in log2(size) from 4 to 16 MiB
+    assert r.intra_node_busbw_gbytes_s(1 * MiB) == pytest.approx(2.0)  # clamped below the range
+    assert r.inter_node_busbw_gbytes_s(32 * MiB) == pytest.approx(0.06)
+    assert r.inter_node_busbw_gbytes_s(32 * MiB, per_node=True) == pytest.approx(0.12)
+    single = make_report(nodes=1)
+    assert single.inter_node_busbw_gbytes_s() is None
+    assert single.intra_node_busbw_gbytes_s(64 * MiB) == pytest.approx(0.06)  # the world is the node
+    with pytest.raises(SpecError, match="no world/all_gather result"):
+        r.busbw_gbytes_s("world", "all_gather")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "is not valid JSON: Expecting property name"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"schema": "something-else"}', "schema is 'something-else'"),
+        ('{"schema": "llmctl.bench-net", "schema_version": 9}', "schema_version 9"),
+        ('{"schema": "llmctl.bench-net", "schema_version": 1}', "invalid bench-net report at created_utc"),
+    ],
+)
+def test_malformed_json_is_one_clear_line(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(SpecError) as e:
+        rp.load_bench(path)
+    assert message in str(e.value) and "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+def test_invalid_field_and_missing_file(tmp_path: Path) -> None:
+    data = json.loads(make_report().model_dump_json(by_alias=True))
+    data["results"][0]["points"][0]["size_bytes"] = -5
+    path = tmp_path / "neg.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpecError, match=r"results\.0\.points\.0\.size_bytes: Input should be greater than 0"):
+        rp.load_bench(path)
+    with pytest.raises(SpecError, match="cannot read bench-net file"):
+        rp.load_bench(tmp_path / "missing.json")
+
+
+# ---------------------------------------------------------------------------------------------- options, CLI
+
+
+def test_parse_sizes() -> None:
+    assert opts.parse_sizes("1MiB..8MiB") == [MiB, 2 * MiB, 4 * MiB, 8 * MiB]
+    assert opts.parse_sizes("1M..64M:4") == [MiB, 4 * MiB, 16 * MiB, 64 * MiB]
+    assert opts.parse_sizes("16M,1M,4096") == [4096, MiB, 16 * MiB]
+    assert len(opts.parse_sizes(opts.DEFAULT_SIZES_GPU)) == 11  # 1 MiB .. 1 GiB by 2
+    for bad in ("0", "-1M", "1Q", "8M..1M", "1M..8M:1", ""):
+        with pytest.raises(InputError):
+            opts.parse_sizes(bad)
+
+
+def test_parse_dtype_and_collectives() -> None:
+    assert opts.parse_dtype("bf16") == "bfloat16"
+    assert opts.parse_collectives("reduce_scatter_tensor,all_reduce") == ["all_reduce", "reduce_scatter"]
+    with pytest.raises(InputError, match="choose fp32, bf16 or fp16"):
+        opts.parse_dtype("int8")
+    with pytest.raises(InputError, match="unknown collective broadcast"):
+        opts.parse_collectives("broadcast")
+
+
+def test_dist_env_from_torchrun_and_srun() -> None:
+    e = opts.dist_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                       "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+                       "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert (e.rank, e.node_rank, e.local_world_size, e.agent_store, e.launcher) == (3, 1, 2, True, "torchrun")
+    s = opts.dist_env({"SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                       "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "4(x2)", "MASTER_ADDR": "n1"})
+    assert (s.rank, s.world_size, s.local_world_size, s.node_rank, s.master_addr) == (5, 8, 4, 1, "n1")
+    assert opts.inside_launcher({}) is None
+    with pytest.raises(InputError, match="not inside torchrun or srun"):
+        opts.dist_env({})
+
+
+def test_recorded_env_never_keeps_secrets() -> None:
+    env = {"NCCL_IB_HCA": "mlx5", "GLOO_SOCKET_IFNAME": "fab0", "NCCL_API_KEY": "x", "HF_TOKEN": "y", "HOME": "/"}
+    assert opts.recorded_env(env) == {"GLOO_SOCKET_IFNAME": "fab0", "NCCL_IB_HCA": "mlx5"}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sizes", "0"], "message size must be positive"),
+        (["--sizes", "-4M"], "bad message size"),
+        (["--dtype", "int4"], "unknown dtype 'int4'"),
+        (["--iters", "0"], "--iters must be >= 1"),
+        (["--nproc-per-node", "0"], "--nproc-per-node must be >= 1"),
+        (["--slow-fraction", "1.5"], "--slow-fraction must be between 0 and 1"),
+        (["--expect-gbps", "-3"], "--expect-gbps must be positive"),
+        (["--json", "/nonexistent/dir/x.json"], "does not exist"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
+    res = CliRunner().invoke(app, ["bench-net", *args])
+    assert res.exit_code == 2, res.output
+    out = res.output.strip()
+    assert out.startswith("llmctl: error:") and message in out and "Traceback" not in out
+    assert len(out.splitlines()) == 1
+
+
+def test_cli_and_report_stay_torch_free() -> None:
+    # (the help's exit code is main.py's business; here only: help shows our options, nothing imported torch)
+    code = ("import sys, llmctl.cli.main, llmctl.netbench.report, llmctl.netbench.render; "
+            "from typer.testing import CliRunner; run = CliRunner().invoke; app = llmctl.cli.main.app; "
+            "r = run(app, ['bench-net', '--help']); assert '--nproc-per-node' in r.output, r.output; "
+            "r = run(app, ['bench-net', '--sizes', '0']); assert r.exit_code == 2, r.output; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_render_and_plot(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from llmctl.netbench import render
+
+    r = make_report()
+    console = Console(record=True, width=140)
+    render.render(r, console)
+    text = console.export_text()
+    assert "inter_node all_reduce" in text and "0.060" in text and "0.96" in text  # per node: 2 x 0.06 GB/s
+    ok, msg = render.check_expectation(r, 0.9)
+    assert ok and msg.startswith("PASS") and "0.96 Gbit/s" in msg
+    assert not render.check_expectation(r, 1.0)[0]
+    render.plot(r, tmp_path / "bw.png")
+    assert (tmp_path / "bw.png").read_bytes()[:4] == b"\x89PNG"
