@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -18,22 +17,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-NETNS_SH = REPO / "scripts" / "netns.sh"
-LLMCTL = [sys.executable, "-m", "llmctl.cli.main"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path), PYTHONUNBUFFERED="1", **extra)
-    env.pop("LLMCTL_DEBUG", None)
-    return env
+sys.path.insert(0, str(Path(__file__).parent))  # for netbench_helpers (tests run with --import-mode=importlib)
+from netbench_helpers import NETNS_SH  # noqa: E402
 
 
 def _netns_unavailable() -> str | None:

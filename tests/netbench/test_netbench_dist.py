@@ -1,0 +1,124 @@
+"""bench-net with real torchrun processes on gloo (CPU): valid JSON, busbw consistent with algbw, hangs named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from netbench_helpers import LLMCTL, free_port, run_env
+
+from llmctl.netbench.report import BenchReport, bus_factor, load_bench
+
+pytestmark = pytest.mark.dist
+
+
+def check_consistent(r: BenchReport) -> None:
+    for res in r.results:
+        for p in res.points:
+            t = p.time_s
+            assert 0 < t.min <= t.p10 <= t.median <= t.p90 <= t.max
+            assert p.algbw_gbytes_s == pytest.approx(p.size_bytes / t.median / 1e9)
+            assert p.busbw_gbytes_s == pytest.approx(p.algbw_gbytes_s * bus_factor(res.collective, res.ranks_per_group))
+            assert p.busbw_gbytes_s_min <= p.busbw_gbytes_s <= p.busbw_gbytes_s_max
+            assert p.size_bytes % (res.ranks_per_group * 4) == 0  # fp32, splits evenly across ranks
+
+
+def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Path) -> None:
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = subprocess.run(
+        [*LLMCTL, "bench-net", "--nproc-per-node", "2", "--sizes", "256K,1M", "--iters", "3", "--warmup", "1",
+         "--json", str(out), "--plot", str(png), "--expect-gbps", "100000", "--timeout", "60"],
+        env=run_env(tmp_path, GLOO_SOCKET_IFNAME="lo", NCCL_DEBUG="WARN"), capture_output=True, text=True,
+        timeout=180,
+    )
+    # the sweep ran and was written; then --expect-gbps turned the summary into a failure: exit 1, one line
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmctl: error:")]
+    assert len(err) == 1 and "FAIL: all-reduce busbw peak" in err[0] and "Traceback" not in proc.stderr
+    assert "world all_reduce" in proc.stdout and "summary" in proc.stdout
+    r = load_bench(out)
+    assert r.world_size == 2 and r.backend == "gloo" and r.dtype == "float32" and len(r.nodes) == 1
+    assert {(x.group, x.collective) for x in r.results} == {
+        ("world", "all_reduce"), ("world", "all_gather"), ("world", "reduce_scatter")}
+    assert r.env["GLOO_SOCKET_IFNAME"] == "lo" and r.env["NCCL_DEBUG"] == "WARN"
+    assert r.versions["torch"].startswith("2.")
+    assert [p.size_bytes for p in r.results[0].points] == [256 * 1024, 2**20]
+    assert all(p.iters == 3 for res in r.results for p in res.points)
+    check_consistent(r)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
+    """Two `llmctl bench-net --nnodes 2` commands (node names from LLMCTL_NODE_NAME): world, intra-node,
+    inter-node groups and the pairwise link test."""
+    out, port = tmp_path / "bench.json", free_port()
+    procs = [
+        subprocess.Popen(
+            [*LLMCTL, "bench-net", "--nnodes", "2", "--node-rank", str(i), "--master-addr", "127.0.0.1",
+             "--master-port", str(port), "--nproc-per-node", "2", "--sizes", "1M", "--iters", "3", "--warmup", "1",
+             "--collectives", "all_reduce,reduce_scatter", "--json", str(out), "--expect-gbps", "0.001",
+             "--timeout", "60", "--no-progress"],
+            env=run_env(tmp_path, LLMCTL_NODE_NAME=f"box{i}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        for i in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "PASS" in outs[0][0] and "node rank 1 done" in outs[1][0]
+    r = load_bench(out)
+    assert r.hosts == ["box0", "box1"] and r.ranks_per_node == 2 and r.world_size == 4
+    assert [n.ranks for n in r.nodes] == [[0, 1], [2, 3]]
+    groups = {(x.group, x.collective): x for x in r.results}
+    assert set(groups) == {(g, c) for g in ("world", "intra_node", "inter_node")
+                           for c in ("all_reduce", "reduce_scatter")}
+    inter = groups[("inter_node", "all_reduce")]
+    assert (inter.ranks_per_group, inter.concurrent_groups, inter.groups_per_node) == (2, 2, 2)
+    assert set(groups[("intra_node", "all_reduce")].per_group_busbw_gbytes_s) == {"box0", "box1"}
+    assert [(lk.a, lk.b) for lk in r.links] == [("box0", "box1")]
+    assert r.intra_node_busbw_gbytes_s() > 0 and r.inter_node_busbw_gbytes_s() > 0
+    check_consistent(r)
+
+
+def test_inside_torchrun_runs_in_process(tmp_path: Path) -> None:
+    """`torchrun ... -m llmctl.cli.main bench-net` (as under srun): every rank runs the worker itself."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+         "-m", "llmctl.cli.main", "bench-net", "--sizes", "512K", "--iters", "3", "--warmup", "1",
+         "--collectives", "all_gather", "--json", str(out), "--timeout", "60", "--no-progress"],
+        env=run_env(tmp_path), capture_output=True, text=True, timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    r = load_bench(out)
+    assert r.world_size == 4 and r.results[0].ranks_per_group == 4
+    check_consistent(r)
+
+
+def test_a_rank_that_never_joins_is_named(tmp_path: Path) -> None:
+    """World of 3, only ranks 0 and 1 started: both fail within the timeout and name rank 2."""
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = run_env(tmp_path, RANK=str(rank), WORLD_SIZE="3", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                      GROUP_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "llmctl.netbench.worker", "--json", str(tmp_path / "x.json"), "--timeout", "4",
+             "--sizes", "1M"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 1, err
+        assert "rank 2 (node rank 2) never joined within 4 s" in err and "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
