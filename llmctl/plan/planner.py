@@ -1,0 +1,442 @@
+"""The planner: enumerate setups, drop what does not fit, predict step time and tokens/s, rank, explain (torch-free).
+
+Search space (DESIGN part 4): strategy (full_shard, hybrid_shard, no_shard: what the engine runs) x nodes used
+(powers of two and divisors of the cluster's node count: on a slow network fewer nodes can win) x micro-batch
+(divisors of the per-GPU batch, up to memory.max_micro_batch) x gradient accumulation (the global batch is held
+fixed: micro_batch x accumulation x data-parallel ranks = global batch) x checkpointing x attention kernel x compile.
+
+Step time = compute (hardware FLOPs / (peak x achievable efficiency)) + exposed communication (comm.step_comm).
+Memory comes from llmctl.plan.memory only; this module never re-derives a byte.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from llmctl.errors import DoesNotFitError, InputError
+from llmctl.plan import comm as cm
+from llmctl.plan import flops as fl
+from llmctl.plan import memory as mem
+from llmctl.spec.hardware import GIB, GPUSpec
+from llmctl.spec.models import ModelSpec
+
+STRATEGIES = ("full_shard", "hybrid_shard", "no_shard")
+"""What llmctl's engine runs (plan file parallel.sharding: full, hybrid, no_shard)."""
+SHARDING_NAME = {"full_shard": "full", "hybrid_shard": "hybrid", "no_shard": "no_shard"}
+OBJECTIVES = ("throughput", "cost")
+# flash-attention 2 needs Ampere (sm80) or newer (Dao 2023, flash-attn README); ROCm builds cover MI200/MI300.
+NO_FLASH_GPUS = ("V100-16GB", "V100-32GB")
+
+# --- achievable efficiency: the fraction of dense peak a training step reaches, in hardware FLOPs ---------------
+# Per attention kernel, for large GEMMs (hidden >= 4096, >= 4k tokens per micro-batch), bf16 on A100/H100.
+# flash: the FSDP seed measured 16,000 tok/s for Llama-2-7B (s=1024, checkpointing) on 4 A100s = 0.70 of peak in
+#   hardware FLOPs; torchtitan reports ~0.55-0.60 MFU-equivalent for Llama-3-8B on H100. We take 0.72 before shape
+#   effects (~0.67 after them for Llama-2-7B at 32k tokens per micro-batch).
+# sdpa: torch's SDPA dispatches to a FlashAttention-2 kernel for bf16 on sm80+, but Hugging Face's sdpa path adds
+#   transposes/contiguous copies and a masked fallback: ~10% below flash (HF "GPU inference/training" docs).
+# eager: the seed's throughput before flash-attention was 8,000 tok/s (half of 16,000): s^2 softmax in fp32,
+#   memory-bound, so about half the flash efficiency at s=1024.
+KERNEL_EFFICIENCY = {"flash": 0.72, "sdpa": 0.65, "eager": 0.37}
+# GEMM shape: efficiency rises with the rows of each GEMM (tokens per micro-batch, m) and with the hidden size
+# (h): a saturating m/(m + TOKENS_HALF) x h/(h + HIDDEN_HALF) (NVIDIA "Matrix Multiplication Background" guide:
+# small M or K leave the tensor cores under-fed; arithmetic intensity grows with each dimension). TOKENS_HALF is
+# for the whole step, not one GEMM: launch overheads, norms and elementwise kernels also amortise over m
+# (mb=1 x 1024 tokens -> 0.8 of the large-batch rate, 4k tokens -> 0.94, 32k -> 0.99).
+TOKENS_HALF = 256
+HIDDEN_HALF = 256
+# Tensor cores need dims that are multiples of 64 on A100 (the FSDP seed: "our tensor shapes must be a multiple of
+# 64"); hidden or MLP sizes that are not run at a reduced rate. The engine pads the vocabulary itself.
+MISALIGNED_PENALTY = 0.85
+# torch.compile fuses norms, rotary and SwiGLU elementwise ops: torchtitan reports ~1.1x on Llama-3-8B.
+COMPILE_SPEEDUP = 1.10
+# Forward share of a step's hardware FLOPs: forward 2N, backward 4N (Kaplan et al. 2020); with full recompute the
+# backward window also runs the forward again (2N + 4N of 8N).
+FORWARD_SHARE = {"none": 1 / 3, "full": 1 / 4}
+DEFAULT_GLOBAL_BATCH_SEQS = 128
+"""Default global batch when none is given: max(128 sequences, one per GPU)."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The achievable-efficiency factors, all overridable; `calibration` multiplies them (--calibrate)."""
+
+    kernel: dict[str, float] = field(default_factory=lambda: dict(KERNEL_EFFICIENCY))
+    tokens_half: float = TOKENS_HALF
+    hidden_half: float = HIDDEN_HALF
+    misaligned_penalty: float = MISALIGNED_PENALTY
+    compile_speedup: float = COMPILE_SPEEDUP
+    calibration: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.calibration <= 0 or self.compile_speedup <= 0:
+            raise InputError("efficiency calibration and compile speedup must be positive")
+
+    def of(self, attention: str, tokens_per_micro_batch: int, spec: ModelSpec, compile_: bool) -> float:
+        """Fraction of peak (hardware FLOPs) one GPU reaches; never above 1."""
+        m, h = tokens_per_micro_batch, spec.hidden_size
+        e = self.kernel[attention] * m / (m + self.tokens_half) * h / (h + self.hidden_half)
+        if spec.hidden_size % 64 or spec.intermediate_size % 64:
+            e *= self.misaligned_penalty
+        if compile_:
+            e *= self.compile_speedup
+        return min(1.0, e * self.calibration)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything the planner needs; pins (strategy, micro_batch, ...) are None when free."""
+
+    spec: ModelSpec
+    gpu: GPUSpec
+    nodes: int
+    gpus_per_node: int
+    network: cm.Network
+    seq_len: int = 2048
+    global_batch_seqs: int | None = None
+    token_budget: int | None = None
+    price_per_gpu_hour: float | None = None
+    objective: str = "throughput"
+    precision: str = "bf16-mixed"
+    strategy: str | None = None
+    micro_batch: int | None = None
+    checkpointing: str | None = None
+    attention: str | None = None
+    compile: bool | None = None
+    overlap: float = cm.DEFAULT_OVERLAP
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    sync_every_micro_batch: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node", "seq_len"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
+        if self.global_batch_seqs is not None and self.global_batch_seqs < 1:
+            raise InputError(f"global batch must be >= 1 sequence, got {self.global_batch_seqs}")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise InputError(f"--micro-batch must be >= 1, got {self.micro_batch}")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise InputError(f"token budget must be >= 1, got {self.token_budget}")
+        if self.price_per_gpu_hour is not None and self.price_per_gpu_hour < 0:
+            raise InputError(f"price per GPU-hour must be >= 0, got {self.price_per_gpu_hour}")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"unknown objective {self.objective!r}", hint="throughput or cost")
+        if not 0 <= self.overlap <= 1:
+            raise InputError(f"--overlap must be in [0, 1], got {self.overlap}")
+        object.__setattr__(self, "precision", mem.canonical(self.precision, mem.PRECISIONS, "precision"))
+        if self.strategy is not None:
+            s = mem.canonical(self.strategy, mem.STRATEGIES, "strategy", mem.STRATEGY_ALIASES)
+            if s not in STRATEGIES:
+                raise InputError(f"strategy {s} is not run by llmctl's engine", hint="one of: " + ", ".join(STRATEGIES))
+            object.__setattr__(self, "strategy", s)
+        if self.checkpointing is not None:
+            object.__setattr__(self, "checkpointing",
+                               mem.canonical(self.checkpointing, mem.CHECKPOINTING, "checkpointing"))
+        if self.attention is not None:
+            object.__setattr__(self, "attention", mem.canonical(self.attention, mem.ATTENTIONS, "attention"))
+
+    @property
+    def global_batch(self) -> int:
+        return self.global_batch_seqs or max(DEFAULT_GLOBAL_BATCH_SEQS, self.nodes * self.gpus_per_node)
+
+    @property
+    def compute_dtype(self) -> str:
+        return {"bf16-mixed": "bf16", "bf16": "bf16", "fp16-mixed": "fp16"}.get(self.precision, "fp32")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    strategy: str
+    nodes: int
+    gpus_per_node: int
+    micro_batch: int
+    grad_accum: int
+    checkpointing: str
+    attention: str
+    compile: bool
+    efficiency: float
+    compute_s: float
+    comm_total_s: float
+    comm_exposed_s: float
+    step_time_s: float
+    tokens_per_step: int
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float
+    memory_per_gpu_bytes: int
+    bottleneck: str
+    comm_ops: list[cm.CommOp] = field(default_factory=list, compare=False, repr=False)
+    budget_time_s: float | None = None
+    budget_cost_usd: float | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def label(self) -> str:
+        return f"{self.strategy.upper()} over {self.nodes} node{'s' if self.nodes > 1 else ''}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "nodes": self.nodes, "gpus": self.gpus, "micro_batch": self.micro_batch,
+                "grad_accum": self.grad_accum, "checkpointing": self.checkpointing, "attention": self.attention,
+                "compile": self.compile, "tokens_per_s": self.tokens_per_s,
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
+                "memory_per_gpu_bytes": self.memory_per_gpu_bytes, "step_time_s": self.step_time_s,
+                "compute_s": self.compute_s, "comm_total_s": self.comm_total_s,
+                "comm_exposed_s": self.comm_exposed_s, "efficiency": self.efficiency,
+                "bottleneck": self.bottleneck, "budget_time_s": self.budget_time_s,
+                "budget_cost_usd": self.budget_cost_usd}
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    request: PlanRequest
+    chosen: Candidate
+    candidates: list[Candidate]
+    """Ranked best first; one per (strategy, nodes, checkpointing, attention, compile) at its best micro-batch."""
+    why_lost: dict[int, str]
+    """Index into candidates -> one sentence."""
+    rejected: list[str]
+    """Why whole families were dropped (does not fit, pins, batch does not split)."""
+    evaluated: int
+
+
+# --- enumeration helpers ---------------------------------------------------------------------------------------
+def node_counts(total: int) -> list[int]:
+    """Nodes to try: powers of two up to the cluster, the whole cluster, and every divisor for small clusters."""
+    out = {total}
+    p = 1
+    while p <= total:
+        out.add(p)
+        p *= 2
+    if total <= 64:
+        out.update(d for d in range(1, total + 1) if total % d == 0)
+    return sorted(out)
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def compute_times(req: PlanRequest, mb: int, ckpt: str, attention: str, compile_: bool) -> tuple[float, float, float]:
+    """(efficiency, forward s, backward s) of one micro-batch on one GPU."""
+    eff = req.efficiency.of(attention, mb * req.seq_len, req.spec, compile_)
+    hw_flops = fl.hardware_flops_per_token(req.spec, req.seq_len, ckpt)  # 6N + attention, x4/3 with recompute
+    t = mb * req.seq_len * hw_flops / (req.gpu.peak_tflops(req.compute_dtype) * 1e12 * eff)
+    fwd = t * FORWARD_SHARE[ckpt]
+    return eff, fwd, t - fwd
+
+
+def evaluate(req: PlanRequest, strategy: str, nodes: int, mb: int, accum: int, ckpt: str, attention: str,
+             compile_: bool, memory_bytes: int = 0) -> Candidate:
+    """Predict one setup (no fit check: the caller decides what fits)."""
+    g = req.gpus_per_node
+    eff, fwd, bwd = compute_times(req, mb, ckpt, attention, compile_)
+    shape = cm.CommShape(params=req.spec.params, num_layers=req.spec.num_layers,
+                         param_bytes=2 if req.compute_dtype != "fp32" else 4,
+                         grad_bytes=2 if req.precision == "bf16" else 4)
+    c = cm.step_comm(strategy, shape, nodes, g, accum, fwd, bwd, req.network, req.overlap,
+                     req.sync_every_micro_batch)
+    compute = accum * (fwd + bwd)
+    step = compute + c.exposed_s
+    gpus = nodes * g
+    tokens_step = mb * accum * gpus * req.seq_len
+    tps = tokens_step / step
+    per_gpu = tps / gpus
+    mfu = fl.mfu(req.spec, req.seq_len, per_gpu, req.gpu.peak_tflops(req.compute_dtype))
+    budget_t = req.token_budget / tps if req.token_budget else None
+    cost = (budget_t / 3600 * gpus * req.price_per_gpu_hour
+            if budget_t is not None and req.price_per_gpu_hour is not None else None)
+    return Candidate(strategy, nodes, g, mb, accum, ckpt, attention, compile_, eff, compute, c.total_s, c.exposed_s,
+                     step, tokens_step, tps, per_gpu, mfu, memory_bytes, c.bottleneck, c.ops, budget_t, cost)
+
+
+def _setup(req: PlanRequest, strategy: str, nodes: int, mb: int, ckpt: str, attention: str) -> mem.TrainSetup:
+    return mem.TrainSetup(precision=req.precision, optimizer="adamw", strategy=strategy, engine="fsdp2", nodes=nodes,
+                          gpus_per_node=req.gpus_per_node, micro_batch_size=mb, seq_len=req.seq_len,
+                          checkpointing=ckpt, attention=attention)
+
+
+def _sort_key(req: PlanRequest, c: Candidate) -> tuple[float, float]:
+    if req.objective == "cost":
+        return (-c.tokens_per_s_per_gpu, -c.tokens_per_s)  # cost per token = GPUs x price / tokens/s
+    return (-c.tokens_per_s, -c.tokens_per_s_per_gpu)
+
+
+def plan(req: PlanRequest) -> PlanResult:
+    """Enumerate, filter by memory, predict, rank. Raises DoesNotFitError with the reasons when nothing is left."""
+    spec, gpu, g, G = req.spec, req.gpu, req.gpus_per_node, req.global_batch
+    cap = gpu.memory_bytes
+    gpu.peak_tflops(req.compute_dtype)  # no native dtype (bf16 on V100): one clear error now
+    strategies = [req.strategy] if req.strategy else list(STRATEGIES)
+    ckpts = [req.checkpointing] if req.checkpointing else list(mem.CHECKPOINTING)
+    attns = [req.attention] if req.attention else list(mem.ATTENTIONS)
+    compiles = [req.compile] if req.compile is not None else [True, False]
+    rejected: list[str] = []
+    if req.compute_dtype == "fp32" or gpu.name in NO_FLASH_GPUS:
+        why = "fp32 has no flash kernel" if req.compute_dtype == "fp32" else f"{gpu.name} predates flash-attention 2"
+        if req.attention == "flash":
+            rejected.append(f"--attention flash: {why}")
+        attns = [a for a in attns if a != "flash"]
+    if req.strategy == "hybrid_shard" and req.nodes < 2:
+        rejected.append("--strategy hybrid_shard: needs at least 2 nodes (on one node it is full_shard)")
+
+    usable_nodes = [n for n in node_counts(req.nodes) if G % (n * g) == 0]
+    if not usable_nodes:
+        raise InputError(f"global batch {G} sequences does not split evenly over {g} GPUs per node on any node count",
+                         hint=f"use a multiple of {g} (e.g. --global-batch {g * max(1, round(G / g))})")
+    for n in node_counts(req.nodes):
+        if n not in usable_nodes and n == req.nodes:
+            rejected.append(f"{n} nodes: global batch {G} is not a multiple of {n * g} GPUs")
+
+    best: dict[tuple, Candidate] = {}
+    evaluated = 0
+    max_mb_cache: dict[tuple, int] = {}
+    for strategy in strategies:
+        for n in usable_nodes:
+            if strategy == "hybrid_shard" and n < 2:
+                continue
+            per_gpu = G // (n * g)
+            for ckpt in ckpts:
+                for attn in attns:
+                    # Memory depends on the shard degree, not on nodes, for hybrid and no_shard: share the search.
+                    mkey = (strategy, n if strategy == "full_shard" else min(n, 2), ckpt, attn, per_gpu)
+                    if mkey not in max_mb_cache:
+                        max_mb_cache[mkey] = mem.max_micro_batch(spec, _setup(req, strategy, n, 1, ckpt, attn), cap,
+                                                                 limit=per_gpu)
+                    max_mb = max_mb_cache[mkey]
+                    where = f"{strategy} on {n} node{'s' if n > 1 else ''}, checkpointing {ckpt}, {attn}"
+                    if max_mb == 0:
+                        need = mem.estimate(spec, _setup(req, strategy, n, 1, ckpt, attn)).device_bytes
+                        rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > "
+                                        f"{cap / GIB:.1f} GiB")
+                        continue
+                    if req.micro_batch is not None:
+                        if per_gpu % req.micro_batch:
+                            rejected.append(f"{where}: micro-batch {req.micro_batch} does not divide the {per_gpu} "
+                                            f"sequences per GPU (global batch {G} over {n * g} GPUs)")
+                            continue
+                        if req.micro_batch > max_mb:
+                            need = mem.estimate(spec, _setup(req, strategy, n, req.micro_batch, ckpt, attn))
+                            rejected.append(f"{where}: micro-batch {req.micro_batch} needs "
+                                            f"{need.device_bytes / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
+                            continue
+                        mbs = [req.micro_batch]
+                    else:
+                        mbs = [d for d in divisors(per_gpu) if d <= max_mb]
+                    for comp in compiles:
+                        for mb in mbs:
+                            c = evaluate(req, strategy, n, mb, per_gpu // mb, ckpt, attn, comp)
+                            evaluated += 1
+                            key = (strategy, n, ckpt, attn, comp)
+                            if key not in best or _sort_key(req, c) < _sort_key(req, best[key]):
+                                best[key] = c
+    if not best:
+        _nothing_fits(req, rejected)
+    ranked = sorted(best.values(), key=lambda c: _sort_key(req, c))
+    mem_cache: dict[tuple, int] = {}
+    filled = []
+    for c in ranked:
+        k = (c.strategy, c.nodes, c.micro_batch, c.checkpointing, c.attention)
+        if k not in mem_cache:
+            mem_cache[k] = mem.estimate(spec, _setup(req, c.strategy, c.nodes, c.micro_batch, c.checkpointing,
+                                                     c.attention)).device_bytes
+        filled.append(replace(c, memory_per_gpu_bytes=mem_cache[k]))
+    why = {i: why_lost(c, filled[0], req) for i, c in enumerate(filled) if i > 0}
+    return PlanResult(req, filled[0], filled, why, rejected, evaluated)
+
+
+def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
+    pinned = [f"--{k.replace('_', '-')} {v}" for k, v in (("strategy", req.strategy), ("micro_batch", req.micro_batch),
+              ("checkpointing", req.checkpointing), ("attention", req.attention)) if v is not None]
+    if req.compile is not None:
+        pinned.append("--compile" if req.compile else "--no-compile")
+    reasons = "; ".join(dict.fromkeys(rejected)) or "no candidate"
+    if pinned:
+        raise DoesNotFitError(f"no setup satisfies {' '.join(pinned)}: {reasons}",
+                              hint="drop a pin to let the planner choose")
+    best_attn = "sdpa" if req.compute_dtype == "fp32" or req.gpu.name in NO_FLASH_GPUS else "flash"
+    setup = _setup(req, "full_shard", 1, 1, "full", best_attn)
+    m = mem.min_gpus(req.spec, setup, req.gpu.memory_bytes, "full_shard")
+    where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
+    if m.gpus is None:
+        raise DoesNotFitError(f"{req.spec.name} does not fit on {where} in any setup, nor on any number of "
+                              f"{req.gpu.name} ({m.note})", hint="use a GPU with more memory or tensor parallelism")
+    shape = f"{m.nodes} node{'s' if (m.nodes or 0) > 1 else ''} x {req.gpus_per_node}" if (m.nodes or 0) > 1 \
+        else f"{m.gpus} GPUs on one node"
+    raise DoesNotFitError(f"{req.spec.name} does not fit on {where} in any setup; the smallest cluster of "
+                          f"{req.gpu.name} that fits is {shape} ({m.gpus} GPUs) with full_shard, checkpointing, "
+                          f"{best_attn} attention, micro-batch 1 ({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
+                          hint=f"pass --nodes {m.nodes} or more")
+
+
+# --- explanations ------------------------------------------------------------------------------------------------
+def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
+    """One sentence: the biggest reason `c` predicts fewer tokens/s (or a higher cost) than `best`."""
+    name = f"{c.label} ({c.checkpointing} ckpt, {c.attention}{', compiled' if c.compile else ''}, mb {c.micro_batch})"
+    ratio = c.tokens_per_s / best.tokens_per_s if best.tokens_per_s else 0.0
+    if req.objective == "cost":
+        ratio = c.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu if best.tokens_per_s_per_gpu else 0.0
+    pct = f"{(1 - ratio) * 100:.0f}% {'fewer tokens/s' if req.objective == 'throughput' else 'more cost per token'}"
+    # Compare per-GPU seconds per token, split into compute and exposed comm.
+    tok_c, tok_b = c.tokens_per_step / c.gpus, best.tokens_per_step / best.gpus
+    comp_d = c.compute_s / tok_c - best.compute_s / tok_b
+    comm_d = c.comm_exposed_s / tok_c - best.comm_exposed_s / tok_b
+    if req.objective == "throughput" and c.gpus < best.gpus and c.tokens_per_s_per_gpu >= best.tokens_per_s_per_gpu:
+        return f"{name}: uses {c.gpus} of {best.gpus} GPUs; {pct} even with less exposed communication"
+    if comm_d >= comp_d and c.comm_exposed_s > 0:
+        return (f"{name}: {c.comm_exposed_s:.2f} s/step exposed communication ({c.bottleneck}) vs "
+                f"{best.comm_exposed_s:.2f} s; {pct}")
+    causes = []
+    if c.checkpointing == "full" and best.checkpointing == "none":
+        causes.append("recompute adds 1/3 more FLOPs")
+    if c.attention != best.attention:
+        causes.append(f"{c.attention} attention runs at {req.efficiency.kernel[c.attention]:.0%} of peak vs "
+                      f"{req.efficiency.kernel[best.attention]:.0%} for {best.attention}")
+    if best.compile and not c.compile:
+        causes.append("no torch.compile")
+    if c.gpus < best.gpus:
+        causes.append(f"uses {c.gpus} of {best.gpus} GPUs")
+    if not causes and c.micro_batch < best.micro_batch:
+        causes.append(f"smaller micro-batch ({c.micro_batch} vs {best.micro_batch})")
+    detail = ", ".join(causes) or "slower compute"
+    return f"{name}: compute {c.compute_s:.2f} s/step vs {best.compute_s:.2f} s ({detail}); {pct}"
+
+
+# --- calibration -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Calibration:
+    factor: float
+    """Multiplies every compute efficiency."""
+    steps: int
+    measured_tokens_per_s: float
+    predicted_tokens_per_s: float | None
+    method: str
+
+
+def calibrate(records: list[dict[str, Any]], source: str = "metrics") -> Calibration:
+    """Fit the efficiency multiplier to an engine run's step records (llmctl.engine.metrics field names).
+
+    With the plan's predictions in the records (tokens_per_s_predicted, written by the engine next to each
+    measurement), factor = median measured / median predicted tokens/s: exact when communication is hidden, an
+    approximation when it is exposed (one run cannot separate compute from communication). The first step is left
+    out (warm-up, compile). Without predictions, MFU-free records cannot be fitted: InputError.
+    """
+    steps = [r for r in records if r.get("event") == "step" and isinstance(r.get("tokens_per_s"), (int, float))]
+    if len(steps) > 1:
+        steps = steps[1:]
+    if not steps:
+        raise InputError(f"{source}: no step records with tokens_per_s",
+                         hint="pass the metrics.jsonl an engine run wrote")
+    measured = statistics.median(float(r["tokens_per_s"]) for r in steps)
+    preds = [float(r["tokens_per_s_predicted"]) for r in steps
+             if isinstance(r.get("tokens_per_s_predicted"), (int, float)) and r["tokens_per_s_predicted"] > 0]
+    if preds:
+        predicted = statistics.median(preds)
+        return Calibration(measured / predicted, len(steps), measured, predicted, "measured / predicted tokens/s")
+    raise InputError(f"{source}: the step records carry no tokens_per_s_predicted",
+                     hint="calibrate with a run of a plan written by `llmctl plan` (it records the predictions)")
