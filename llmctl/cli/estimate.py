@@ -123,7 +123,8 @@ def _render(result: dict[str, Any]) -> None:
     t = render.table(f"Per GPU (peak phase: {est.peak_phase})",
                      [("component", "left"), ("GiB", "right"), ("live in", "left")])
     for comp in est.components:
-        t.add_row(comp.name, render.gib(comp.bytes, 3), ", ".join(comp.phases))
+        if comp.bytes:
+            t.add_row(comp.name, render.gib(comp.bytes, 3), ", ".join(comp.phases))
     for ph, b in est.phase_bytes.items():
         t.add_row(f"[bold]= {ph} phase total[/bold]", render.gib(b, 3), "peak" if ph == est.peak_phase else "")
     t.add_row(f"allocator headroom ({s.headroom_fraction:.0%})", render.gib(est.headroom_bytes, 3), "reserved")
@@ -207,6 +208,10 @@ def estimate_memory(
     engine: EngineOpt = "fsdp2",
     tp: TpOpt = 1,
     pp: PpOpt = 1,
+    headroom: Annotated[float, typer.Option(
+        "--headroom", help="Allocator fragmentation headroom, a fraction of peak allocated.")] = mem.DEFAULT_HEADROOM_FRACTION,
+    cuda_context_gib: Annotated[float, typer.Option(
+        "--cuda-context-gib", help="CUDA context + NCCL buffers outside the allocator, GiB.")] = 1.0,
     json_out: JsonOpt = False,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG of per-component bars per strategy.")]
     = None,
@@ -228,7 +233,8 @@ def estimate_memory(
         raise InputError("hybrid_shard needs --nodes N --gpus-per-node G")
     setup = mem.TrainSetup(precision=precision, optimizer=optimizer, strategy=strategy, engine=engine,
                            nodes=n_nodes, gpus_per_node=gpn, tp=tp, pp=pp, micro_batch_size=micro_batch,
-                           seq_len=seq_len, checkpointing=checkpointing, attention=attention)
+                           seq_len=seq_len, checkpointing=checkpointing, attention=attention,
+                           headroom_fraction=headroom, cuda_context_bytes=int(cuda_context_gib * render.GIB))
     if setup.precision in ("bf16", "bf16-mixed") and gpu_spec is not None:
         gpu_spec.peak_tflops("bf16")  # V100 has no bf16: say so rather than estimate a setup that cannot run
     result = run_estimate(spec, setup, gpu_spec)
