@@ -81,7 +81,9 @@ def render(report: BenchReport, console: Console | None = None) -> None:
     for v in report.node_verdicts:
         if v.slow:
             console.print(f"[bold red]slow node: {escape(v.name)}[/]: {escape(v.reason or '')}")
-    if len(report.nodes) > 1 and not report.slow_nodes:
+    if len(report.nodes) == 2:
+        console.print("slow-node check: needs 3 nodes or more (with 2 there is no majority); see the link above")
+    elif len(report.nodes) > 2 and not report.slow_nodes:
         console.print(f"no slow node (threshold {report.config.slow_fraction:g} x median)")
 
 

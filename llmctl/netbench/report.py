@@ -352,8 +352,9 @@ def dump_bench(report: BenchReport, path: str | Path) -> None:
 
 
 def below_median(values: dict[str, float], fraction: float) -> list[str]:
-    """Keys whose value is below `fraction` x the median of all values."""
-    if not values:
+    """Keys whose value is below `fraction` x the median of all values. Needs 3 values or more: with two there
+    is no majority to tell which one is off (the median is their mean), so nothing is flagged."""
+    if len(values) < 3:
         return []
     ref = statistics.median(values.values())
     return [k for k, v in values.items() if v < fraction * ref]
@@ -371,7 +372,7 @@ def judge_nodes(
     (so with 3 nodes the median *link* is already a bad one), but a healthy node has at least one good link.
     A node is slow if that score is below `fraction` x the median node score, or if its intra-node busbw is
     below `fraction` x the median intra-node busbw; a link is slow if it is below `fraction` x the median node
-    score.
+    score. Two nodes are never flagged (see `below_median`): compare them with --expect-gbps instead.
     """
     names = list(node_names)
     best: dict[str, float] = {}
@@ -381,7 +382,8 @@ def judge_nodes(
     ref = statistics.median(best.values()) if best else 0.0
     slow_by_link = set(below_median(best, fraction))
     slow_by_intra = set(below_median(intra_busbw, fraction))
-    judged_links = [lk.model_copy(update={"slow": lk.busbw_gbytes_s < fraction * ref}) for lk in links]
+    judged_links = [lk.model_copy(update={"slow": len(best) >= 3 and lk.busbw_gbytes_s < fraction * ref})
+                    for lk in links]
     verdicts = []
     for n in names:
         reasons = []

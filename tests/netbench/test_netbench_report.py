@@ -266,3 +266,9 @@ def test_render_and_plot(tmp_path: Path) -> None:
     assert not render.check_expectation(r, 1.0)[0]
     render.plot(r, tmp_path / "bw.png")
     assert (tmp_path / "bw.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_two_nodes_are_never_flagged() -> None:
+    links = [rp.LinkResult(a="a", b="b", size_bytes=MiB, busbw_gbytes_s=0.01)]
+    judged, verdicts = rp.judge_nodes(["a", "b"], links, {"a": 5.0, "b": 0.5}, 0.7)
+    assert not any(v.slow for v in verdicts) and not judged[0].slow
