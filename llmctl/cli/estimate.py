@@ -106,7 +106,7 @@ def _render(result: dict[str, Any]) -> None:
     par = "".join(f", {k}={v}" for k, v in (("tp", s.tp), ("pp", s.pp)) if v > 1)
     c.print(f"{s.precision} {s.optimizer}, {s.strategy} over {world}{par} (shard degree {s.shard_degree}), "
             f"engine {s.engine}; micro-batch {s.micro_batch_size} x {s.seq_len} tokens, {s.attention} attention, "
-            f"checkpointing {s.checkpointing}\n")
+            f"checkpointing {s.checkpointing}\n", soft_wrap=True)
 
     t = render.table(f"Model states: {result['bytes_per_param']:g} bytes/param classic budget, "
                      f"{result['engine_bytes_per_param']:g} kept by {s.engine}",
@@ -132,7 +132,8 @@ def _render(result: dict[str, Any]) -> None:
     t.add_row("[bold]total per GPU[/bold]", f"[bold]{render.gib(est.device_bytes, 3)}[/bold]", "")
     c.print(t)
     c.print(f"peak allocated {render.gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
-            f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB")
+            f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB",
+            soft_wrap=True)
 
     if "gpu" in result:
         ok = "[green]fits[/green]" if result["fits"] else "[red]does NOT fit[/red]"
