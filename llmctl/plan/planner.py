@@ -196,9 +196,12 @@ class PlanResult:
     request: PlanRequest
     chosen: Candidate
     candidates: list[Candidate]
-    """Ranked best first; one per (strategy, nodes, checkpointing, attention, compile) at its best micro-batch."""
+    """Ranked best first; the best setup of each (strategy, nodes used, checkpointing) family: the alternatives a
+    person weighs (kernel and compile variants of one family differ by a fixed factor, see `variants`)."""
     why_lost: dict[int, str]
     """Index into candidates -> one sentence."""
+    variants: list[Candidate]
+    """Every (strategy, nodes, checkpointing, attention, compile) at its best micro-batch, ranked."""
     rejected: list[str]
     """Why whole families were dropped (does not fit, pins, batch does not split)."""
     evaluated: int
@@ -346,8 +349,12 @@ def plan(req: PlanRequest) -> PlanResult:
             mem_cache[k] = mem.estimate(spec, _setup(req, c.strategy, c.nodes, c.micro_batch, c.checkpointing,
                                                      c.attention)).device_bytes
         filled.append(replace(c, memory_per_gpu_bytes=mem_cache[k]))
-    why = {i: why_lost(c, filled[0], req) for i, c in enumerate(filled) if i > 0}
-    return PlanResult(req, filled[0], filled, why, rejected, evaluated)
+    families: dict[tuple, Candidate] = {}
+    for c in filled:
+        families.setdefault((c.strategy, c.nodes, c.checkpointing), c)
+    fam = list(families.values())
+    why = {i: why_lost(c, fam[0], req) for i, c in enumerate(fam) if i > 0}
+    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated)
 
 
 def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
@@ -377,7 +384,8 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
 # --- explanations ------------------------------------------------------------------------------------------------
 def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
     """One sentence: the biggest reason `c` predicts fewer tokens/s (or a higher cost) than `best`."""
-    name = f"{c.label} ({c.checkpointing} ckpt, {c.attention}{', compiled' if c.compile else ''}, mb {c.micro_batch})"
+    ckpt = "checkpointing" if c.checkpointing == "full" else "no checkpointing"
+    name = f"{c.label} ({ckpt}, {c.attention}{', compiled' if c.compile else ''}, mb {c.micro_batch} x {c.grad_accum})"
     ratio = c.tokens_per_s / best.tokens_per_s if best.tokens_per_s else 0.0
     if req.objective == "cost":
         ratio = c.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu if best.tokens_per_s_per_gpu else 0.0
