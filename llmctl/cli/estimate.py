@@ -71,6 +71,8 @@ def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GP
                     "sharded_from_zero_stage": line.sharded_from_stage, "note": line.note} for line in est.ledger],
         "engine_bytes_per_param": sum(line.bytes_per_param for line in est.ledger),
         "per_gpu_bytes": est.per_component(),
+        "components": [{"name": comp.name, "bytes": comp.bytes, "phases": list(comp.phases)}
+                       for comp in est.components],
         "phase_bytes": est.phase_bytes,
         "peak_phase": est.peak_phase,
         "peak_allocated_bytes": est.peak_allocated_bytes,
@@ -158,17 +160,17 @@ def _plot(spec: models.ModelSpec, setup: mem.TrainSetup, path: str) -> None:
     names: list[str] = []
     for e in ests:
         names += [k for k in e.per_component() if k not in names]
-    fig, ax = plt.subplots(figsize=(9, 5.5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
     bottoms = [0.0] * len(ests)
     cmap = plt.get_cmap("tab20")
     for j, name in enumerate(names):
         vals = [e.per_component().get(name, 0) / render.GIB for e in ests]
         ax.bar(strategies, vals, bottom=bottoms, label=name, color=cmap(j % 20))
         bottoms = [b + v for b, v in zip(bottoms, vals)]
-    ax.set_ylabel("GiB per GPU")
+    ax.set_ylabel("GiB per GPU (components live at each strategy's peak phase)")
     ax.set_title(f"{spec.name}: {setup.precision} {setup.optimizer}, {setup.world_size} GPUs, "
                  f"mb {setup.micro_batch_size} x {setup.seq_len}")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(p, dpi=110)
     plt.close(fig)

@@ -308,7 +308,8 @@ class MemoryEstimate:
         return sum(c.bytes for c in self.components if c.bytes_per_param is not None)
 
     def per_component(self) -> dict[str, int]:
-        out = {c.name: c.bytes for c in self.components}
+        """Bytes per component live at the peak phase, plus headroom and context: sums to device_bytes."""
+        out = {c.name: c.bytes for c in self.components if self.peak_phase in c.phases}
         out["allocator headroom"] = self.headroom_bytes
         out["CUDA context + NCCL"] = self.setup.cuda_context_bytes
         return out

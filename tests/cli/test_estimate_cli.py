@@ -30,6 +30,8 @@ def test_json_contract():
     assert d["params"] == 6_738_415_616
     assert d["bytes_per_param"] == 18
     assert d["per_gpu_total_bytes"] == d["peak_reserved_bytes"] + d["per_gpu_bytes"]["CUDA context + NCCL"]
+    # per_gpu_bytes lists what is live at the peak phase: it sums to the total.
+    assert sum(d["per_gpu_bytes"].values()) == d["per_gpu_total_bytes"]
     assert d["fits"] is True and d["max_micro_batch"] >= 1
     assert d["min_gpus"] == d["min_gpus_by_strategy"]["full_shard"]["gpus"]
 
