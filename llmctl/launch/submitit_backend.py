@@ -111,7 +111,9 @@ def submit(
         import submitit
     except ImportError:
         raise InputError("--executor submitit needs submitit", hint="pip install 'llmctl[slurm]'") from None
-    if submitit.SlurmJobEnvironment.USR_SIG != PREEMPT_SIGNAL:
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    if SlurmJobEnvironment.USR_SIG != PREEMPT_SIGNAL:
         raise RuntimeFailure("submitit was imported before llmctl could set its preemption signal to USR1")
     additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
     for arg in extra_sbatch_args:

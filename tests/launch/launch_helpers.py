@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -27,7 +28,7 @@ def pwned(*roots: Path) -> list[Path]:
 
 def minimal_plan_yaml(name: str = "tiny", nodes: int = 1, nproc: int = 2) -> str:
     return (
-        f"version: 1\nname: {name!r}\nmodel:\n  preset: llama-tiny\n"
+        f"version: 1\nname: {json.dumps(name)}\nmodel:\n  preset: llama-tiny\n"
         f"hardware:\n  nodes: {nodes}\n  nproc_per_node: {nproc}\n"
         "training:\n  max_steps: 3\n  precision: fp32\n  seq_len: 32\n"
     )
