@@ -208,6 +208,13 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         c.print("\n[bold]why the others lost[/bold]:")
         for i in range(1, min(top, len(result.candidates))):
             c.print(f"  {i + 1}. {result.why_lost[i]}")
+    dropped = list(dict.fromkeys(result.rejected))
+    if dropped:
+        c.print(f"\n[bold]dropped[/bold] ({len(dropped)} setup families):")
+        for line in dropped[:4]:
+            c.print(f"  {line}")
+        if len(dropped) > 4:
+            c.print(f"  ... and {len(dropped) - 4} more (see --json)")
     if out.get("plan_path"):
         c.print(f"\nplan written to {out['plan_path']}")
     elif out.get("plan_note"):
