@@ -3,7 +3,8 @@
 Torch-free, pure functions. Conventions are nccl-tests' (NVIDIA/nccl-tests doc/PERFORMANCE.md):
 - algbw = S / t, busbw = algbw x factor, factor (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce.
   S is the all-gather *output*, the reduce-scatter *input* and the all-reduce buffer. busbw is what a link sustains,
-  so a collective over n ranks takes  t = alpha x steps + S x factor / busbw  (ring: n-1 steps, all-reduce 2(n-1)).
+  so a collective over n ranks takes  t = alpha x steps + S x factor / busbw  (ring: n-1 steps; all-reduce: the
+  fewer of a ring's 2(n-1) and a tree's 2 log2 n).
 - A ring that spans nodes crosses each node's NICs once per direction, so its busbw is bounded by the slowest link
   on the ring: min(intra-node busbw, the node's aggregate inter-node bandwidth). The node's GPUs share that NIC
   bandwidth; nccl-tests shows exactly this (a 2-node all-gather's busbw is about the node's NIC rate).
@@ -25,6 +26,7 @@ backward-phase ones behind backward compute only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -57,8 +59,14 @@ def bus_factor(collective: str, n_ranks: int) -> float:
 
 
 def ring_steps(collective: str, n_ranks: int) -> int:
-    """Latency terms of a ring: n-1 steps for all-gather/reduce-scatter, 2(n-1) for all-reduce (Thakur et al. 2005)."""
-    return (2 if collective == "all_reduce" else 1) * max(0, n_ranks - 1)
+    """Latency terms: a ring all-gather/reduce-scatter takes n-1 steps (Thakur et al. 2005); an all-reduce takes
+    2(n-1) on a ring, and NCCL switches to its double binary tree at scale (2 log2 n hops, NCCL 2.4 release notes),
+    so the smaller of the two."""
+    if n_ranks <= 1:
+        return 0
+    if collective == "all_reduce":
+        return min(2 * (n_ranks - 1), 2 * math.ceil(math.log2(n_ranks)))
+    return n_ranks - 1
 
 
 def collective_time_s(collective: str, n_ranks: int, size_bytes: float, busbw_gbytes_s: float,

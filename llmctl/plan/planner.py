@@ -395,7 +395,7 @@ def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
     comp_d = c.compute_s / tok_c - best.compute_s / tok_b
     comm_d = c.comm_exposed_s / tok_c - best.comm_exposed_s / tok_b
     if req.objective == "throughput" and c.gpus < best.gpus and c.tokens_per_s_per_gpu >= best.tokens_per_s_per_gpu:
-        return f"{name}: uses {c.gpus} of {best.gpus} GPUs; {pct} even with less exposed communication"
+        return f"{name}: uses {c.gpus} GPUs vs {best.gpus}; {pct} even with less exposed communication"
     if comm_d >= comp_d and c.comm_exposed_s > 0:
         return (f"{name}: {c.comm_exposed_s:.2f} s/step exposed communication ({c.bottleneck}) vs "
                 f"{best.comm_exposed_s:.2f} s; {pct}")
@@ -408,7 +408,7 @@ def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
     if best.compile and not c.compile:
         causes.append("no torch.compile")
     if c.gpus < best.gpus:
-        causes.append(f"uses {c.gpus} of {best.gpus} GPUs")
+        causes.append(f"uses {c.gpus} GPUs vs {best.gpus}")
     if not causes and c.micro_batch < best.micro_batch:
         causes.append(f"smaller micro-batch ({c.micro_batch} vs {best.micro_batch})")
     detail = ", ".join(causes) or "slower compute"

@@ -24,8 +24,10 @@ def test_bus_factors_are_nccl_tests() -> None:
 def test_collective_time_alpha_beta() -> None:
     # 1 GB all-gathered over 4 ranks at 100 GB/s busbw: 0.75 GB / 100 GB/s = 7.5 ms, + 3 ring steps x 10 us.
     assert cm.collective_time_s("all_gather", 4, 1e9, 100.0, 10e-6) == pytest.approx(7.5e-3 + 30e-6)
-    # all-reduce: 2(n-1)/n and 2(n-1) latency steps
-    assert cm.collective_time_s("all_reduce", 4, 1e9, 100.0, 10e-6) == pytest.approx(15e-3 + 60e-6)
+    # all-reduce: 2(n-1)/n; latency min(ring 2(n-1), tree 2 log2 n) steps
+    assert cm.collective_time_s("all_reduce", 4, 1e9, 100.0, 10e-6) == pytest.approx(15e-3 + 40e-6)
+    assert cm.ring_steps("all_reduce", 2) == 2 and cm.ring_steps("all_reduce", 1024) == 20
+    assert cm.ring_steps("all_gather", 1024) == 1023
     assert cm.collective_time_s("all_reduce", 1, 1e9, 100.0) == 0.0
 
 
