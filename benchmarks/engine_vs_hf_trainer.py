@@ -1,0 +1,210 @@
+"""The engine vs transformers' Trainer vs the naive loop, side by side, on the CPU.
+
+Same model (the `llama-tiny` preset: 4 layers, hidden 256, 3.07M parameters, byte vocab padded to 320), same
+data (the shipped corpus, packed into the same blocks in the same order), same micro-batch, sequence length,
+optimizer settings (AdamW, lr 3e-3, warm-up + cosine, clip 1.0) and number of steps, fp32, one process each.
+Each variant runs in its own fresh subprocess (same threads, no shared warm caches) and reports the step times
+it measured; tokens/s is taken over the steps after the warm-up. Nothing is hard-coded.
+
+    python benchmarks/engine_vs_hf_trainer.py [--steps 40] [--warmup 5] [--batch 8] [--seq-len 128]
+
+(a) engine:  `python -m llmctl.engine PLAN.yaml` (one plain process), step times from its metrics.jsonl.
+(b) Trainer: transformers.Trainer with the same hyper-parameters; step times from a TrainerCallback.
+(c) naive:   the first loop of shared/seeds/optimising-the-training-loop.md (forward, loss, backward,
+             print(loss.item()), step, zero_grad) over a DataLoader; step times around each iteration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "examples" / "corpus"
+PRESET = "llama-tiny"
+LR, WD, WARMUP_LR_STEPS, CLIP, SEED = 3e-3, 0.1, 5, 1.0, 0
+
+
+def blocks(seq_len: int, n: int) -> Any:
+    """The first n samples of the engine's own block order: (n, seq_len + 1) int64 tensor."""
+    import torch
+
+    from llmctl.engine.data import build_source
+
+    src, _ = build_source("text", [str(CORPUS)], None, "text", seq_len, SEED, 320)
+    return torch.from_numpy(src.samples(0, n))
+
+
+def hf_model() -> Any:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from llmctl.spec.models import from_preset
+
+    cfg = dict(from_preset(PRESET).hf_config)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    model.config.use_cache = False
+    return model
+
+
+def tokens_per_s(step_times: list[float], warmup: int, tokens_per_step: int) -> tuple[float, float]:
+    timed = step_times[warmup:]
+    mean = statistics.fmean(timed)
+    return tokens_per_step / mean, mean
+
+
+# --- the three variants, each run in its own subprocess --------------------------------------------------------
+def run_engine(a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import yaml
+
+    plan = {"name": "bench-engine", "model": {"preset": PRESET},
+            "data": {"kind": "text", "paths": [str(CORPUS)]},
+            "hardware": {"nodes": 1, "nproc_per_node": 1}, "parallel": {"sharding": "full"},
+            "training": {"precision": "fp32", "micro_batch_size": a.batch, "grad_accum_steps": 1,
+                         "seq_len": a.seq_len, "max_steps": a.warmup + a.steps, "seed": SEED, "grad_clip": CLIP,
+                         "attention": "sdpa"},
+            "optimizer": {"lr": LR, "weight_decay": WD, "warmup_steps": WARMUP_LR_STEPS, "min_lr_ratio": 0.0},
+            "logging": {"dir": str(work / "engine-logs"), "interval_steps": 1}}
+    path = work / "engine-plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    proc = subprocess.run([sys.executable, "-m", "llmctl.engine", str(path)], cwd=REPO, capture_output=True,
+                          text=True)
+    if proc.returncode:
+        raise SystemExit(f"engine failed:\n{proc.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (work / "engine-logs" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if r["event"] == "step"]
+    return {"step_times": [r["step_time_s"] for r in steps], "final_loss": steps[-1]["loss"]}
+
+
+def run_trainer(a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import torch
+    from transformers import PrinterCallback, Trainer, TrainerCallback, TrainingArguments
+
+    data = blocks(a.seq_len, a.batch * (a.warmup + a.steps))
+    # The same seq_len inputs as the others (same forward/backward compute); HF shifts the labels inside the
+    # model, so it scores seq_len - 1 of them.
+    rows = [{"input_ids": r[:-1], "labels": r[:-1]} for r in data]
+    times: list[float] = []
+    losses: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+            if not times:
+                self.t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+            now = time.perf_counter()
+            times.append(now - self.t)
+            self.t = now
+
+        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
+            if logs and "loss" in logs:
+                losses.append(float(logs["loss"]))
+
+    args = TrainingArguments(
+        output_dir=str(work / "trainer"), per_device_train_batch_size=a.batch, max_steps=a.warmup + a.steps,
+        learning_rate=LR, weight_decay=WD, adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8,
+        lr_scheduler_type="cosine", warmup_steps=WARMUP_LR_STEPS, max_grad_norm=CLIP, logging_steps=1,
+        save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, seed=SEED,
+        optim="adamw_torch", log_level="error")
+    trainer = Trainer(model=hf_model(), args=args, train_dataset=rows, callbacks=[Clock()],
+                      data_collator=lambda rs: {k: torch.stack([r[k] for r in rs]) for k in rs[0]})
+    trainer.remove_callback(PrinterCallback)  # disable_tqdm prints every log dict; the others print nothing
+    trainer.train()
+    return {"step_times": times, "final_loss": losses[-1] if losses else None}
+
+
+def run_naive(a: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import io
+
+    import torch
+    import torch.nn.functional as F
+
+    data = blocks(a.seq_len, a.batch * (a.warmup + a.steps))
+    loader = torch.utils.data.DataLoader(data, batch_size=a.batch, shuffle=False)
+    device = "cpu"
+    model = hf_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD, betas=(0.9, 0.95))
+    sink = io.StringIO()  # the seed prints every loss; keep the .item() sync, not the terminal spam
+    times: list[float] = []
+    t = time.perf_counter()
+    loss = None
+    for batch in loader:
+        inputs, targets = batch[:, :-1].to(device), batch[:, 1:].to(device)
+        preds = model(inputs).logits
+        loss = F.cross_entropy(preds.view(-1, preds.size(-1)), targets.reshape(-1), reduction="mean")
+        loss.backward()
+        print(f"Loss: {loss.item()}", file=sink)
+        optimizer.step()
+        optimizer.zero_grad()
+        now = time.perf_counter()
+        times.append(now - t)
+        t = now
+    return {"step_times": times, "final_loss": float(loss.detach()) if loss is not None else None}
+
+
+VARIANTS = {"engine": run_engine, "trainer": run_trainer, "naive": run_naive}
+LABELS = {"engine": "llmctl engine", "trainer": "HF Trainer", "naive": "naive loop (seed)"}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=40, help="timed steps (after the warm-up)")
+    ap.add_argument("--warmup", type=int, default=5, help="untimed first steps")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--only", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    a = ap.parse_args()
+    if a.only:  # child: run one variant, write its measurements
+        with tempfile.TemporaryDirectory() as d:
+            res = VARIANTS[a.only](a, Path(d))
+        Path(a.out).write_text(json.dumps(res))
+        return 0
+
+    tokens_per_step = a.batch * a.seq_len
+    threads = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count())
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, OMP_NUM_THREADS=threads, TMPDIR=d, TORCHINDUCTOR_CACHE_DIR=str(Path(d) / "ind"))
+        for name in VARIANTS:
+            out = Path(d) / f"{name}.json"
+            cmd = [sys.executable, __file__, "--only", name, "--out", str(out), "--steps", str(a.steps),
+                   "--warmup", str(a.warmup), "--batch", str(a.batch), "--seq-len", str(a.seq_len)]
+            subprocess.run(cmd, check=True, env=env, cwd=REPO)
+            res = json.loads(out.read_text())
+            tps, mean = tokens_per_s(res["step_times"], a.warmup, tokens_per_step)
+            results[name] = {"tokens_per_s": tps, "step_time_s": mean, "final_loss": res["final_loss"],
+                             "steps": len(res["step_times"])}
+    for r in results.values():
+        r["vs_trainer"] = r["tokens_per_s"] / results["trainer"]["tokens_per_s"]
+        r["vs_naive"] = r["tokens_per_s"] / results["naive"]["tokens_per_s"]
+    if a.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(f"{PRESET}, batch {a.batch} x seq {a.seq_len} = {tokens_per_step} tokens/step, fp32, CPU, "
+              f"{threads} threads, {a.steps} timed steps after {a.warmup} warm-up")
+        print(f"{'variant':<20}{'tokens/s':>10}{'ms/step':>10}{'final loss':>12}{'vs Trainer':>12}{'vs naive':>10}")
+        for name, r in results.items():
+            loss = f"{r['final_loss']:.3f}" if r["final_loss"] is not None else "-"
+            print(f"{LABELS[name]:<20}{r['tokens_per_s']:>10,.0f}{r['step_time_s'] * 1e3:>10.1f}{loss:>12}"
+                  f"{r['vs_trainer']:>11.2f}x{r['vs_naive']:>9.2f}x")
+    ok = results["engine"]["vs_trainer"] >= 1.0
+    print(f"engine / Trainer = {results['engine']['vs_trainer']:.2f}x: "
+          + ("the engine is not slower than Trainer" if ok else "the engine is SLOWER than Trainer"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
