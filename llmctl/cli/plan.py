@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from rich.markup import escape
 
 from llmctl.cli import render
 from llmctl.cli.options import JsonOpt, ModelArg, NodesOpt, ParamsOpt, SeqLenOpt
@@ -164,12 +165,12 @@ def _duration(s: float | None) -> str:
 def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     req, c = result.request, render.console
     spec = req.spec
-    c.print(f"[bold]{spec.name}[/bold]: {spec.params:,} parameters on {req.nodes} x {req.gpus_per_node} {req.gpu.name}; "
+    c.print(f"[bold]{escape(spec.name)}[/bold]: {spec.params:,} parameters on {req.nodes} x {req.gpus_per_node} {req.gpu.name}; "
             f"seq {req.seq_len}, global batch {req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), "
             f"{req.precision}")
     net = req.network
     inter = "-" if net.inter_node_gbytes_s is None else f"{net.inter_node_gbytes_s:.3g} GB/s per node"
-    c.print(f"network ({net.source}): intra-node busbw {net.intra_gbytes_s:.3g} GB/s per GPU, inter-node {inter}; "
+    c.print(f"network ({escape(net.source)}): intra-node busbw {net.intra_gbytes_s:.3g} GB/s per GPU, inter-node {inter}; "
             f"overlap {req.overlap:g}; efficiency x{req.efficiency.calibration:.3g}; {result.evaluated} setups "
             f"evaluated\n")
     cols = [("#", "right"), ("strategy", "left"), ("nodes", "right"), ("mb x acc", "right"), ("ckpt", "left"),
@@ -207,16 +208,16 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     if len(result.candidates) > 1:
         c.print("\n[bold]why the others lost[/bold]:")
         for i in range(1, min(top, len(result.candidates))):
-            c.print(f"  {i + 1}. {result.why_lost[i]}")
+            c.print(f"  {i + 1}. {escape(result.why_lost[i])}")
     dropped = list(dict.fromkeys(result.rejected))
     if dropped:
         c.print(f"\n[bold]dropped[/bold] ({len(dropped)} setup families):")
         for line in dropped[:4]:
-            c.print(f"  {line}")
+            c.print(f"  {escape(line)}")
         if len(dropped) > 4:
             c.print(f"  ... and {len(dropped) - 4} more (see --json)")
     if out.get("plan_path"):
-        c.print(f"\nplan written to {out['plan_path']}")
+        c.print(f"\nplan written to {escape(out['plan_path'])}")
     elif out.get("plan_note"):
         c.print(f"\n{out['plan_note']}")
 

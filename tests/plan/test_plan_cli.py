@@ -216,3 +216,16 @@ def test_plan_for_1024_nodes_is_torch_free_and_fast() -> None:
     data = json.loads(r.stdout)
     assert data["chosen"]["tokens_per_s"] > 0
     assert wall < 5  # the strict < 1 s check lives in benchmarks/plan_speed.py
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("gpu: A100-80GB\nnodes: 0\ngpus_per_node: 4\n", "nodes: Input should be greater than or equal to 1"),
+    ("gpu: A100-80GB\nnodes: 2\ngpus_per_node: 4\nnics: 8\n", "nics: unknown key"),
+    ("- a\n- b\n", "must be a YAML mapping"),
+    ("gpu: [unclosed\n", "not valid YAML"),
+])
+def test_malformed_cluster_file_is_one_line(tmp_path: Path, content: str, message: str) -> None:
+    p = tmp_path / "cluster.yaml"
+    p.write_text(content)
+    r = invoke(["plan", "llama-2-7b", "--cluster", str(p), "--no-write"])
+    assert r.exit_code == 2 and message in r.output and r.output.strip().count("\n") == 0, r.output
