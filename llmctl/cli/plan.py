@@ -329,7 +329,7 @@ def plan_command(
         "network": {"source": network.source, "intra_busbw_gbytes_s": network.intra_gbytes_s,
                     "inter_node_gbytes_s": network.inter_node_gbytes_s},
         "overlap": overlap,
-        "efficiency": {"kernel": eff.kernel, "tokens_half": eff.tokens_half, "hidden_half": eff.hidden_half,
+        "efficiency": {"kernel": eff.kernel, "gpu": eff.gpu.get(gpu_spec.name, 1.0), "tokens_half": eff.tokens_half, "hidden_half": eff.hidden_half,
                        "compile_speedup": eff.compile_speedup, "calibration": eff.calibration},
         "calibration": None if cal is None else {"factor": cal.factor, "steps": cal.steps,
                                                  "measured_tokens_per_s": cal.measured_tokens_per_s,

@@ -50,6 +50,12 @@ HIDDEN_HALF = 256
 # Tensor cores need dims that are multiples of 64 on A100 (the FSDP seed: "our tensor shapes must be a multiple of
 # 64"); hidden or MLP sizes that are not run at a reduced rate. The engine pads the vocabulary itself.
 MISALIGNED_PENALTY = 0.85
+# Per GPU kind, relative to A100 (where the kernel factors come from): H100/H200 reach a smaller fraction of their
+# 3.2x higher dense peak because HBM bandwidth grew only 1.6x (2.0 -> 3.35 TB/s), so the memory-bound parts (norms,
+# elementwise, softmax, optimizer) weigh more: torchtitan's Llama-3-8B runs report ~40% MFU on H100 against the
+# seed's ~53% on A100 -> 0.75. B200 takes the same ratio again for its 2.3x peak over H100 with 2.4x bandwidth
+# (0.75); MI300X's ROCm stack reaches less of its 1307 TFLOP/s in published training runs (~0.6). Others: 1.0.
+GPU_EFFICIENCY = {"H100-SXM": 0.75, "H100-PCIe": 0.75, "H200": 0.75, "B200": 0.75, "MI300X": 0.6}
 # torch.compile fuses norms, rotary and SwiGLU elementwise ops: torchtitan reports ~1.1x on Llama-3-8B.
 COMPILE_SPEEDUP = 1.10
 # Forward share of a step's hardware FLOPs: forward 2N, backward 4N (Kaplan et al. 2020); with full recompute the
@@ -64,6 +70,7 @@ class Efficiency:
     """The achievable-efficiency factors, all overridable; `calibration` multiplies them (--calibrate)."""
 
     kernel: dict[str, float] = field(default_factory=lambda: dict(KERNEL_EFFICIENCY))
+    gpu: dict[str, float] = field(default_factory=lambda: dict(GPU_EFFICIENCY))
     tokens_half: float = TOKENS_HALF
     hidden_half: float = HIDDEN_HALF
     misaligned_penalty: float = MISALIGNED_PENALTY
@@ -74,10 +81,12 @@ class Efficiency:
         if self.calibration <= 0 or self.compile_speedup <= 0:
             raise InputError("efficiency calibration and compile speedup must be positive")
 
-    def of(self, attention: str, tokens_per_micro_batch: int, spec: ModelSpec, compile_: bool) -> float:
+    def of(self, attention: str, tokens_per_micro_batch: int, spec: ModelSpec, compile_: bool,
+           gpu_name: str = "A100-80GB") -> float:
         """Fraction of peak (hardware FLOPs) one GPU reaches; never above 1."""
         m, h = tokens_per_micro_batch, spec.hidden_size
         e = self.kernel[attention] * m / (m + self.tokens_half) * h / (h + self.hidden_half)
+        e *= self.gpu.get(gpu_name, 1.0)
         if spec.hidden_size % 64 or spec.intermediate_size % 64:
             e *= self.misaligned_penalty
         if compile_:
@@ -227,7 +236,7 @@ def divisors(n: int) -> list[int]:
 
 def compute_times(req: PlanRequest, mb: int, ckpt: str, attention: str, compile_: bool) -> tuple[float, float, float]:
     """(efficiency, forward s, backward s) of one micro-batch on one GPU."""
-    eff = req.efficiency.of(attention, mb * req.seq_len, req.spec, compile_)
+    eff = req.efficiency.of(attention, mb * req.seq_len, req.spec, compile_, req.gpu.name)
     hw_flops = fl.hardware_flops_per_token(req.spec, req.seq_len, ckpt)  # 6N + attention, x4/3 with recompute
     t = mb * req.seq_len * hw_flops / (req.gpu.peak_tflops(req.compute_dtype) * 1e12 * eff)
     fwd = t * FORWARD_SHARE[ckpt]
