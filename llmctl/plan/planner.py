@@ -329,8 +329,9 @@ def plan(req: PlanRequest) -> PlanResult:
                         continue
                     if req.micro_batch is not None:
                         if per_gpu % req.micro_batch:
-                            rejected.append(f"{where}: micro-batch {req.micro_batch} does not divide the {per_gpu} "
-                                            f"sequences per GPU (global batch {G} over {n * g} GPUs)")
+                            rejected.append(f"{strategy} on {n} node{'s' if n > 1 else ''}: micro-batch "
+                                            f"{req.micro_batch} does not divide the {per_gpu} sequences per GPU "
+                                            f"(global batch {G} over {n * g} GPUs)")
                             continue
                         if req.micro_batch > max_mb:
                             need = mem.estimate(spec, _setup(req, strategy, n, req.micro_batch, ckpt, attn))
@@ -371,7 +372,8 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
               ("checkpointing", req.checkpointing), ("attention", req.attention)) if v is not None]
     if req.compile is not None:
         pinned.append("--compile" if req.compile else "--no-compile")
-    reasons = "; ".join(dict.fromkeys(rejected)) or "no candidate"
+    unique = list(dict.fromkeys(rejected))
+    reasons = "; ".join(unique[:3]) + (f" (+{len(unique) - 3} more)" if len(unique) > 3 else "") or "no candidate"
     if pinned:
         raise DoesNotFitError(f"no setup satisfies {' '.join(pinned)}: {reasons}",
                               hint="drop a pin to let the planner choose")
