@@ -9,6 +9,7 @@ command -v slurmctld >/dev/null 2>&1 || need+=(slurmctld)
 command -v slurmd >/dev/null 2>&1 || need+=(slurmd)
 command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
 command -v munged >/dev/null 2>&1 || need+=(munge)
+command -v shellcheck >/dev/null 2>&1 || need+=(shellcheck)  # the launch tests lint rendered sbatch scripts
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   echo "system-deps: not root or no apt-get: SLURM/namespace tests will skip (missing: ${need[*]})"
