@@ -76,6 +76,9 @@ def bench_network(path: str, gpus_per_node: int, nodes: int, intra_gbps: float |
         raise SpecError(f"{path} measured {rep.ranks_per_node} GPUs per node but the cluster has {gpus_per_node}",
                         hint="run bench-net on this cluster's nodes, or fix --gpus-per-node")
     multi = len(rep.nodes) > 1
+    if multi and inter_gbps is not None:
+        raise InputError(f"--inter-gbps conflicts with the inter-node bandwidth measured in {path}",
+                         hint="give one of --net and --inter-gbps")
     if nodes > 1 and not multi and inter_gbps is None:
         raise SpecError(f"{path} was measured on one node; the plan spans {nodes} nodes",
                         hint="run bench-net across nodes, or add --inter-gbps X")

@@ -120,6 +120,32 @@ def test_net_bench_json_drives_the_plan(tmp_path: Path) -> None:
     assert full2 and full2[0]["tokens_per_s"] >= 0.9 * data["chosen"]["tokens_per_s"]
 
 
+def test_net_and_inter_gbps_conflict_and_single_node_bench_needs_inter(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    rp.dump_bench(bench_report(), path)
+    r = invoke([*SEED, "--net", str(path), "--no-write"])  # SEED carries --inter-gbps 50
+    assert r.exit_code == 2 and "conflicts with the inter-node bandwidth measured" in r.output
+    rp.dump_bench(bench_report(nodes=1), path)
+    base = ["plan", "llama-2-7b", "--gpu", "A100-80GB", "--nodes", "2", "--gpus-per-node", "4", "--net", str(path),
+            "--seq-len", "1024", "--no-write"]
+    r = invoke(base)
+    assert r.exit_code == 2 and "measured on one node" in r.output
+    r = invoke([*base, "--inter-gbps", "50", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["network"]["inter_node_gbytes_s"] == pytest.approx(6.25)
+
+
+def test_global_batch_in_tokens(tmp_path: Path) -> None:
+    r = invoke([*SEED[:-2], "--global-batch-tokens", str(256 * 1024), "--json", "--no-write"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["global_batch_seqs"] == 256
+    c = data["chosen"]
+    assert c["micro_batch"] * c["grad_accum"] * c["gpus"] == 256
+    r = invoke([*SEED, "--global-batch-tokens", "1024", "--no-write"])
+    assert r.exit_code == 2 and "not both" in r.output
+
+
 @pytest.mark.parametrize(("content", "message"), [
     ("{not json", "is not valid JSON"),
     ('{"schema": "other"}', "is not a bench-net report"),
