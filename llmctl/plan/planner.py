@@ -27,6 +27,7 @@ STRATEGIES = ("full_shard", "hybrid_shard", "no_shard")
 """What llmctl's engine runs (plan file parallel.sharding: full, hybrid, no_shard)."""
 SHARDING_NAME = {"full_shard": "full", "hybrid_shard": "hybrid", "no_shard": "no_shard"}
 OBJECTIVES = ("throughput", "cost")
+ENGINE_PRECISIONS = ("bf16-mixed", "bf16", "fp32")
 # flash-attention 2 needs Ampere (sm80) or newer (Dao 2023, flash-attn README); ROCm builds cover MI200/MI300.
 NO_FLASH_GPUS = ("V100-16GB", "V100-32GB")
 
@@ -135,6 +136,9 @@ class PlanRequest:
         if not 0 <= self.overlap <= 1:
             raise InputError(f"--overlap must be in [0, 1], got {self.overlap}")
         object.__setattr__(self, "precision", mem.canonical(self.precision, mem.PRECISIONS, "precision"))
+        if self.precision not in ENGINE_PRECISIONS:
+            raise InputError(f"precision {self.precision} is not run by llmctl's engine (it needs loss scaling)",
+                             hint="one of: " + ", ".join(ENGINE_PRECISIONS))
         if self.strategy is not None:
             s = mem.canonical(self.strategy, mem.STRATEGIES, "strategy", mem.STRATEGY_ALIASES)
             if s not in STRATEGIES:
