@@ -1,0 +1,57 @@
+"""The real-setup example plans validate with the plan schema and render into valid sbatch scripts."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from launch_helpers import REPO
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.errors import InputError
+from llmctl.launch import shell
+from llmctl.spec.planfile import load_plan
+
+EXAMPLES = {
+    "llama-2-7b-2x4-a100": (2, 4, "A100-80GB"),
+    "llama-3.1-8b-1x8-h100": (1, 8, "H100-SXM"),
+    "llama-3.1-70b-8x8-h100": (8, 8, "H100-SXM"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_plan_validates_and_renders(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = REPO / "examples" / "clusters" / name
+    plan = load_plan(folder / "plan.yaml")
+    assert (plan.hardware.nodes, plan.hardware.nproc_per_node, plan.hardware.gpu) == EXAMPLES[name]
+    assert plan.checkpoint.dir and plan.predicted.tokens_per_s
+    assert (folder / "README.md").is_file()
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["launch", str(folder / "plan.yaml"), "--slurm", "-p", "gpu", "-t", "2-0",
+                                      "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert f"#SBATCH --nodes={plan.hardware.nodes}" in result.output
+    assert f"#SBATCH --gpus-per-node={plan.hardware.nproc_per_node}" in result.output
+    subprocess.run(["bash", "-n"], input=result.output, text=True, check=True)
+
+
+@given(st.lists(st.text(), max_size=4))
+def test_join_round_trips_any_argv(argv: list[str]) -> None:
+    import shlex
+
+    argv = [a.replace("\0", "") for a in argv]
+    assert shlex.split(shell.join(argv)) == argv
+
+
+@given(st.text(min_size=1))
+def test_directive_values_are_one_plain_line(value: str) -> None:
+    for option in ("partition", "account", "qos", "constraint", "exclude", "time"):
+        try:
+            ok = shell.check_directive(option, value)
+        except InputError:
+            continue
+        assert ok.isprintable() and not any(c in ok for c in " \t\n\r'\"$`;\\")
