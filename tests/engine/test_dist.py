@@ -137,3 +137,14 @@ def test_sigkill_in_the_middle_of_a_save(tmp_path: Path, reference_run: Path) ->
     ref = losses(reference_run)
     assert sorted(after) == list(range(6, 31))
     assert all(after[s] == ref[s] for s in after)
+
+
+def test_no_shard_equals_full_shard(tmp_path: Path, reference_run: Path) -> None:
+    """no_shard is a (world, 1) HSDP mesh (DDP semantics): same math as FULL, same losses within fp32 noise."""
+    plan = write_plan(tmp_path, {"parallel": {"sharding": "no_shard"}})
+    check_ok(run_engine(plan, 2, tmp_path))
+    start = records(plan, "start")[0]
+    assert start["mesh"] == [2, 1] and start["mesh_dims"] == ["replicate", "shard"]
+    ref, got = losses(reference_run), losses(plan)
+    for s in (1, 2, 3, 10, 30):
+        assert got[s] == pytest.approx(ref[s], abs=1e-4), (s, got[s], ref[s])

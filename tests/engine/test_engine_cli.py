@@ -61,7 +61,9 @@ def test_one_plain_process_with_checkpointing_compile_and_bf16(tmp_path: Path) -
     per-layer torch.compile, synthetic data; runs and writes finite losses."""
     import json
 
+    # One layer: compile cost is per distinct layer graph, and this test is the slowest of the folder.
     plan = write_plan(tmp_path, {"hardware": {"nproc_per_node": 1}, "data": {"kind": "synthetic", "paths": []},
+                                 "model": {"overrides": {"num_hidden_layers": 1}},
                                  "training": {"max_steps": 3, "precision": "bf16-mixed", "compile": True,
                                               "activation_checkpointing": "full", "micro_batch_size": 2}})
     proc = engine([str(plan)], tmp_path)
