@@ -169,12 +169,13 @@ def _launch_slurm(plan_path, plan, nproc, nodes, job_env, jobs_dir, dry_run, *, 
     effective = plan.model_copy(deep=True)
     effective.hardware.nodes, effective.hardware.nproc_per_node = n_nodes, nproc
     if executor == "submitit":
+        from llmctl.launch import submitit_backend
+
+        submitit_backend.check_folder(root)
         if dry_run:
             typer.echo(f"would submit through submitit: {n_nodes} nodes x {nproc} tasks, job name "
                        f"{params.job_name}, signal USR1@{signal_lead}, folder {root}/<new job folder>/submitit")
             return
-        from llmctl.launch import submitit_backend
-
         folder = jobs.new_folder(root, plan.name)
         save_plan(effective, folder / "plan.yaml")
         job_id, logs = submitit_backend.submit(

@@ -86,6 +86,18 @@ class EngineTask:
         return submitit.helpers.DelayedSubmission(EngineTask(self.plan_path, self.workdir, self.env))
 
 
+def check_folder(folder: Path) -> None:
+    """submitit writes the folder into `#SBATCH --output=...` lines (quoted, but a line break still ends the
+    comment and would start a command), and reads `%j` in it as the job id: refuse such paths before anything
+    is created."""
+    text = str(folder)
+    if any(c in text for c in "\n\r\0%") or not text.isprintable():
+        raise InputError(
+            f"--jobs-dir {text!r}: submitit cannot use a folder path with line breaks, control characters or %",
+            hint="pass a plain --jobs-dir, or use --executor sbatch",
+        )
+
+
 def submit(
     *,
     folder: Path,
@@ -113,8 +125,8 @@ def submit(
         raise InputError("--executor submitit needs submitit", hint="pip install 'llmctl[slurm]'") from None
     from submitit.slurm.slurm import SlurmJobEnvironment
 
-    if SlurmJobEnvironment.USR_SIG != PREEMPT_SIGNAL:
-        raise RuntimeFailure("submitit was imported before llmctl could set its preemption signal to USR1")
+    # Read at import: set it on the class too, in case submitit was imported before (the #SBATCH --signal line).
+    SlurmJobEnvironment.USR_SIG = PREEMPT_SIGNAL
     additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
     for arg in extra_sbatch_args:
         key, _, value = arg.lstrip("-").partition("=")

@@ -211,3 +211,26 @@ def test_local_launch_runs_the_engine(workdir: Path, monkeypatch: pytest.MonkeyP
     assert run.returncode == 0, run.stderr[-3000:]
     assert "--standalone" in run.stderr and "step 4/4" in run.stdout + run.stderr
     assert (workdir / "run" / "metrics.jsonl").is_file()
+
+
+def test_submitit_hostile_paths(workdir: Path, fake_slurm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """submitit quotes #SBATCH values, but a line break would still escape the comment: such a jobs dir is
+    refused; other hostile characters go through, and running submitit's script executes nothing extra."""
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")  # restored after the test
+    write_stub(fake_slurm, "sbatch", 'echo "Submitted batch job 123"')
+    write_stub(fake_slurm, "srun", "exit 0")
+    plan = plan_file(workdir, nodes=2)
+    code, out = invoke("launch", str(plan), "--executor", "submitit", "--jobs-dir", str(workdir / "a\nb"))
+    assert code == 2 and "line breaks" in out and not (workdir / "a\nb").exists()
+    code, out = invoke("launch", str(plan), "--executor", "submitit", "--jobs-dir", str(workdir / "jobs-%j"))
+    assert code == 2 and "%" in out
+    hostile = HOSTILE.replace("\n", " ").replace("%", "")
+    code, out = invoke("launch", str(plan), "--executor", "submitit", "--jobs-dir", str(workdir / hostile))
+    assert code == 0, out
+    assert "submitted job 123 (submitit, 2 nodes x 2 processes)" in out
+    script = next((workdir / hostile).glob("*/submitit/*_submission.sh"))
+    text = script.read_text()
+    assert "#SBATCH --signal=USR1@300" in text and "#SBATCH --ntasks-per-node=2" in text
+    subprocess.run(["bash", str(script)], cwd=workdir, env={**os.environ, "SLURM_JOB_ID": "123"}, check=True,
+                   capture_output=True)
+    assert not pwned(workdir)
