@@ -116,6 +116,16 @@ def launch(
                   constraint=constraint, exclude=exclude, sbatch_arg=sbatch_arg or [], signal_lead=signal_lead)
 
 
+def _resized(plan, nodes: int, nproc: int):  # noqa: ANN001, ANN202
+    """The plan with the node and process counts that will really run, validated again as a whole (a HYBRID
+    shard size must still divide the new world size)."""
+    from llmctl.spec.planfile import plan_from_dict
+
+    data = plan.model_dump(mode="json")
+    data["hardware"].update(nodes=nodes, nproc_per_node=nproc)
+    return plan_from_dict(data, source=f"the plan with {nodes} nodes x {nproc} processes")
+
+
 def _launch_local(plan_path, plan, nproc, nodes, job_env, jobs_dir, dry_run) -> None:  # noqa: ANN001
     from llmctl.launch import jobs, local, shell
     from llmctl.spec.planfile import save_plan
@@ -129,8 +139,7 @@ def _launch_local(plan_path, plan, nproc, nodes, job_env, jobs_dir, dry_run) -> 
     run_plan = Path(plan_path)
     if nproc != plan.hardware.nproc_per_node or plan.hardware.nodes != 1:
         # The engine reads the world size from the plan too: run a copy that says what will really run.
-        effective = plan.model_copy(deep=True)
-        effective.hardware.nodes, effective.hardware.nproc_per_node = 1, nproc
+        effective = _resized(plan, 1, nproc)
         if dry_run:
             run_plan = jobs.jobs_root(jobs_dir) / "<new job folder>" / "plan.yaml"
         else:
@@ -166,25 +175,24 @@ def _launch_slurm(plan_path, plan, nproc, nodes, job_env, jobs_dir, dry_run, *, 
         constraint=constraint, exclude=exclude, extra_sbatch_args=sbatch_arg, env=job_env,
         signal_lead_s=signal_lead,
     )
-    effective = plan.model_copy(deep=True)
-    effective.hardware.nodes, effective.hardware.nproc_per_node = n_nodes, nproc
+    effective = _resized(plan, n_nodes, nproc)
     if executor == "submitit":
         from llmctl.launch import submitit_backend
 
         submitit_backend.check_folder(root)
-        if dry_run:
-            typer.echo(f"would submit through submitit: {n_nodes} nodes x {nproc} tasks, job name "
-                       f"{params.job_name}, signal USR1@{signal_lead}, folder {root}/<new job folder>/submitit")
-            return
-        folder = jobs.new_folder(root, plan.name)
-        save_plan(effective, folder / "plan.yaml")
-        job_id, logs = submitit_backend.submit(
-            folder=folder, plan_path=str(folder / "plan.yaml"), workdir=str(Path.cwd()),
+        sparams = submitit_backend.executor_parameters(
             job_name=params.job_name, nodes=n_nodes, nproc_per_node=nproc, gpus_per_node=gpus,
             time_s=slurm.parse_time_s(time_limit) if time_limit else None, partition=partition,
             account=account, qos=qos, constraint=constraint, exclude=exclude,
-            extra_sbatch_args=params.extra_sbatch_args, env=job_env, signal_lead_s=signal_lead,
+            extra_sbatch_args=params.extra_sbatch_args, signal_lead_s=signal_lead,
         )
+        if dry_run:
+            typer.echo(submitit_backend.render(root / "<new job folder>", sparams), nl=False)
+            return
+        folder = jobs.new_folder(root, plan.name)
+        save_plan(effective, folder / "plan.yaml")
+        task = submitit_backend.EngineTask(str(folder / "plan.yaml"), str(Path.cwd()), job_env)
+        job_id, logs = submitit_backend.submit(folder, sparams, task)
         command = ["submitit", "SlurmExecutor"]
     else:
         if dry_run:

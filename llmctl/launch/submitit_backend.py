@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.errors import InputError, RuntimeFailure
+from llmctl.launch import shell
 from llmctl.launch.local import ENGINE_MODULE
 
 PREEMPT_SIGNAL = "USR1"
@@ -98,11 +99,8 @@ def check_folder(folder: Path) -> None:
         )
 
 
-def submit(
+def executor_parameters(
     *,
-    folder: Path,
-    plan_path: str,
-    workdir: str,
     job_name: str,
     nodes: int,
     nproc_per_node: int,
@@ -114,10 +112,30 @@ def submit(
     constraint: str | None,
     exclude: str | None,
     extra_sbatch_args: tuple[str, ...],
-    env: dict[str, str],
     signal_lead_s: int,
-) -> tuple[str, list[Path]]:
-    """Submit through submitit; return the job id and the task-0 log paths."""
+) -> dict[str, Any]:
+    """submitit.SlurmExecutor parameters for the job (values already validated by slurm.make_params)."""
+    additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
+    for arg in extra_sbatch_args:
+        key, _, value = arg.lstrip("-").partition("=")
+        additional[key] = value if value else True
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "nodes": nodes,
+        "ntasks_per_node": nproc_per_node,
+        # submitit always writes --time; without --time we ask for a day (the partition may cap it).
+        "time": max(1, -(-(time_s or 24 * 3600) // 60)),
+        "signal_delay_s": signal_lead_s,
+        "additional_parameters": additional,
+    }
+    for key, value in (("partition", partition), ("account", account), ("qos", qos),
+                       ("constraint", constraint), ("exclude", exclude), ("gpus_per_node", gpus_per_node)):
+        if value is not None:
+            params[key] = value
+    return params
+
+
+def _import_submitit() -> Any:
     os.environ["SUBMITIT_PREEMPT_SIGNAL"] = PREEMPT_SIGNAL  # read by submitit here and, exported, in the job
     try:
         import submitit
@@ -127,26 +145,26 @@ def submit(
 
     # Read at import: set it on the class too, in case submitit was imported before (the #SBATCH --signal line).
     SlurmJobEnvironment.USR_SIG = PREEMPT_SIGNAL
-    additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
-    for arg in extra_sbatch_args:
-        key, _, value = arg.lstrip("-").partition("=")
-        additional[key] = value if value else True
-    params: dict[str, Any] = {
-        "job_name": job_name,
-        "nodes": nodes,
-        "ntasks_per_node": nproc_per_node,
-        "time": max(1, -(-(time_s or 24 * 3600) // 60)),
-        "signal_delay_s": signal_lead_s,
-        "additional_parameters": additional,
-    }
-    for key, value in (("partition", partition), ("account", account), ("qos", qos),
-                       ("constraint", constraint), ("exclude", exclude), ("gpus_per_node", gpus_per_node)):
-        if value is not None:
-            params[key] = value
+    return submitit
+
+
+def render(folder: Path, params: dict[str, Any]) -> str:
+    """The sbatch script submitit would submit (for --dry-run), from submitit's own renderer."""
+    _import_submitit()
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    submitit_folder = folder / "submitit"
+    command = " ".join([shell.quote(sys.executable), "-u -m submitit.core._submit", shell.quote(submitit_folder)])
+    return _make_sbatch_string(command=command, folder=submitit_folder, **params)
+
+
+def submit(folder: Path, params: dict[str, Any], task: EngineTask) -> tuple[str, list[Path]]:
+    """Submit through submitit; return the job id and the task-0 log paths."""
+    submitit = _import_submitit()
     executor = submitit.SlurmExecutor(folder=folder / "submitit", max_num_timeout=20)
     executor.update_parameters(**params)
     try:
-        job = executor.submit(EngineTask(plan_path, workdir, env))
+        job = executor.submit(task)
     except Exception as e:  # submitit raises its own types and subprocess errors for a failed sbatch
         raise RuntimeFailure(f"submitit could not submit: {str(e).strip().splitlines()[-1]}") from None
     return str(job.job_id), [Path(job.paths.stdout), Path(job.paths.stderr)]

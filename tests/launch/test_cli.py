@@ -234,3 +234,22 @@ def test_submitit_hostile_paths(workdir: Path, fake_slurm: Path, monkeypatch: py
     subprocess.run(["bash", str(script)], cwd=workdir, env={**os.environ, "SLURM_JOB_ID": "123"}, check=True,
                    capture_output=True)
     assert not pwned(workdir)
+
+
+def test_resize_that_breaks_the_plan_is_refused(workdir: Path) -> None:
+    plan = workdir / "hybrid.yaml"
+    plan.write_text(minimal_plan_yaml(nodes=2, nproc=4) + "parallel:\n  sharding: hybrid\n  shard_size: 4\n")
+    code, out = invoke("launch", str(plan), "--slurm", "--nproc-per-node", "3", "--dry-run")
+    assert code == 2 and "shard_size 4 does not divide the world size 6" in out, out
+
+
+def test_submitit_dry_run_prints_submitits_script(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
+    code, out = invoke("launch", str(plan_file(workdir, nodes=2)), "--executor", "submitit", "-t", "1:00:00",
+                       "--dry-run")
+    assert code == 0, out
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --signal=USR1@300",
+                 "#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --time=60"):
+        assert line in out.splitlines(), line
+    subprocess.run(["bash", "-n"], input=out, text=True, check=True)
+    assert not (workdir / "llmctl-jobs").exists()
