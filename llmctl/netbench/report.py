@@ -124,13 +124,17 @@ class SizePoint(_Model):
     """From the slowest iteration."""
     busbw_gbytes_s_max: float = Field(ge=0)
     """From the fastest iteration."""
+    calls_per_iter: int = Field(default=1, ge=1)
+    """Back-to-back calls timed together in each iteration; times are per call."""
 
     @classmethod
-    def measured(cls, collective: str, n_ranks: int, size_bytes: int, times_s: Sequence[float]) -> SizePoint:
+    def measured(cls, collective: str, n_ranks: int, size_bytes: int, times_s: Sequence[float],
+                 calls_per_iter: int = 1) -> SizePoint:
         stats = TimeStats.of(times_s)
         return cls(
             size_bytes=size_bytes,
             iters=len(times_s),
+            calls_per_iter=calls_per_iter,
             time_s=stats,
             algbw_gbytes_s=algbw_gbytes_s(size_bytes, stats.median),
             busbw_gbytes_s=busbw_gbytes_s(collective, n_ranks, size_bytes, stats.median),

@@ -5,13 +5,15 @@
 
 Phases: check-in through the TCP store (a rank that never joins is named, not waited on), a tiny all-reduce
 (the data path), then the sweeps (world, intra-node, inter-node; each collective, each size) and the pairwise
-inter-node test. Each iteration is: world barrier, device sync, timed collective, device sync; its time is the
-slowest rank's. Rank 0 gathers every rank's times and writes the JSON (`llmctl.netbench.report`).
+inter-node test. Per size: one untimed call whose result is checked, then warm-up and timed iterations, each
+a device sync, a world barrier, up to 10 back-to-back calls (fewer for big messages), a device sync; its time
+is the slowest rank's. Rank 0 gathers every rank's times and writes the JSON (`llmctl.netbench.report`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -42,6 +44,7 @@ from llmctl.netbench.report import (
     round_robin_pairs,
 )
 
+_RUN_COUNTER = itertools.count()
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # torch 2.13 deprecates the *_into_tensor/_tensor names for *_single; keep older torch working too.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -63,7 +66,7 @@ class Layout:
         return len({len(n.ranks) for n in self.nodes}) == 1
 
 
-def _make_store(env: opts.DistEnv, timeout_s: float) -> dist.Store:
+def _make_store(env: opts.DistEnv, timeout_s: float, prefix: str) -> dist.Store:
     timeout = timedelta(seconds=timeout_s)
     if env.agent_store:  # torchrun's agent on node 0 already serves the store at MASTER_ADDR:MASTER_PORT
         store = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timeout)
@@ -71,7 +74,7 @@ def _make_store(env: opts.DistEnv, timeout_s: float) -> dist.Store:
         # wait_for_workers=False: rank 0 must not block in the constructor, or it could not name who is missing.
         store = dist.TCPStore(env.master_addr, env.master_port, world_size=env.world_size,
                               is_master=env.rank == 0, timeout=timeout, wait_for_workers=False)
-    return dist.PrefixStore("llmctl-netbench", store)
+    return dist.PrefixStore(prefix, store)
 
 
 def check_in(store: dist.Store, env: opts.DistEnv, timeout_s: float) -> Layout:
@@ -181,8 +184,8 @@ def _collective_fn(collective: str, numel: int, n: int, group: dist.ProcessGroup
         def check() -> bool:
             return torch.allclose(buf, torch.full_like(buf, n), rtol=1e-2)
 
-        def reset() -> None:  # in-place sums grow by n each call: refill (untimed) so nothing overflows
-            buf.fill_(1)
+        def reset() -> None:  # after the check: sums of zeros stay zero, however many calls follow
+            buf.zero_()
 
         return run, check, reset
     chunk = numel // n
@@ -213,25 +216,42 @@ class Timer:
             torch.cuda.synchronize(self.device)
 
     def measure(self, iters: int, warmup: int, run: Callable[[], None] | None,
-                check: Callable[[], bool], reset: Callable[[], None]) -> tuple[list[float], bool]:
-        """Per-iteration wall times of this rank (warm-up dropped) and whether the first result was right.
-        A rank outside every group of this phase (`run` None) still joins the barriers and reports 0."""
-        times, ok = [], True
-        for it in range(warmup + iters):
-            if run is not None and it > 0:
-                reset()
+                check: Callable[[], bool], reset: Callable[[], None], calls: int = 1) -> tuple[list[float], bool]:
+        """Per-iteration time of one call on this rank (warm-up dropped), and whether the result was right.
+
+        First one untimed call whose result is checked. Then each iteration: device sync, world barrier (all
+        concurrent groups start together: they share the nodes' links), `calls` back-to-back calls, device
+        sync; the wall time / calls. Several calls per iteration amortise the ranks leaving the barrier at
+        slightly different times, as nccl-tests and all_reduce_bench do. A rank outside every group of this
+        phase (`run` None) still joins the barriers and reports 0."""
+        ok = True
+        self.sync()
+        dist.barrier()
+        if run is not None:
+            run()
             self.sync()
-            dist.barrier()  # all concurrent groups start together: they share the nodes' links
+            ok = bool(check())
+            reset()
+        times = []
+        for it in range(warmup + iters):
+            self.sync()
+            dist.barrier()
             t0 = time.perf_counter()
             if run is not None:
-                run()
+                for _ in range(calls):
+                    run()
             self.sync()
-            dt = time.perf_counter() - t0
-            if it == 0 and run is not None:
-                ok = bool(check())
+            dt = (time.perf_counter() - t0) / calls
             if it >= warmup:
                 times.append(dt if run is not None else 0.0)
         return times, ok
+
+
+def calls_per_iter(size_bytes: int, on_gpu: bool) -> int:
+    """Up to 10 calls per timed iteration, fewer for big messages (all_reduce_bench: 1 from 1 GiB up on GPUs).
+    CPUs (gloo over sockets) move ~100x less per second, so their budget is 64 MiB per iteration."""
+    budget = 2**30 if on_gpu else 64 * 2**20
+    return max(1, min(10, budget // size_bytes))
 
 
 def _gather_times(times: list[float], ok: bool, world_size: int) -> list[list[float]]:
@@ -240,6 +260,22 @@ def _gather_times(times: list[float], ok: bool, world_size: int) -> list[list[fl
     out = [torch.empty_like(t) for _ in range(world_size)]
     dist.all_gather(out, t)
     return [o.tolist() for o in out]
+
+
+def time_collective(collective: str, size_bytes: int, iters: int, warmup: int = 0,
+                    dtype: torch.dtype = torch.float32, calls: int | None = None) -> list[float]:
+    """The sweep's measurement for one point on the default (world) group, for callers that already run a
+    process group (benchmarks): each timed iteration's slowest-rank time, seconds. Same code path as `run`."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    size_b = aligned_size(size_bytes, world, dtype.itemsize)
+    fns = _collective_fn(collective, size_b // dtype.itemsize, world, dist.group.WORLD, dtype, device, rank)
+    calls = calls or calls_per_iter(size_b, device.type == "cuda")
+    times, ok = Timer(device).measure(iters, warmup, *fns, calls=calls)
+    all_times = _gather_times(times, ok, world)
+    if any(t[-1] != 1.0 for t in all_times):
+        raise RuntimeFailure(f"{collective} {size_b} bytes: wrong result")
+    return [max(all_times[r][i] for r in range(world)) for i in range(iters)]
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -297,22 +333,31 @@ def run(cfg: opts.WorkerConfig, env: opts.DistEnv | None = None) -> BenchReport 
     collectives = opts.parse_collectives(cfg.collectives)
     pair_size = opts.parse_size(cfg.pair_size) if cfg.pair_size else min(max(sizes), 64 * 2**20)
 
+    # A fresh key space per call: run() may be called several times in one job (benchmarks), and every rank
+    # calls it the same number of times, so the counters agree without talking.
+    prefix = f"llmctl-netbench/{next(_RUN_COUNTER)}"
+    owns_pg = not dist.is_initialized()
     try:
         # The store waits longer than the check-in, so rank 0 always gets to publish who is missing.
-        store = _make_store(env, 2 * cfg.timeout_s + 10)
+        if owns_pg:
+            store = _make_store(env, 2 * cfg.timeout_s + 10, prefix)
+        else:  # embedded in a job that already has its process group: reuse its store and group
+            store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
     except Exception as e:  # DistStoreError / RuntimeError: rank 0 (or torchrun's agent) never came up
         raise RuntimeFailure(f"rank {env.rank} cannot reach the rendezvous store at {env.master_addr}:"
                              f"{env.master_port} ({str(e).strip().splitlines()[0][:160] if str(e) else e!r})",
                              hint="is rank 0 running, and MASTER_ADDR reachable from this node?") from None
     layout = check_in(store, env, cfg.timeout_s)
-    dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
-                            world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s),
-                            device_id=device if on_gpu else None)
+    if owns_pg:
+        dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
+                                world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s),
+                                device_id=device if on_gpu else None)
     try:
         return _run(cfg, env, layout, store, device, backend, dtype, dtype_name, sizes, iters, warmup,
                     collectives, pair_size)
     finally:
-        dist.destroy_process_group()
+        if owns_pg:
+            dist.destroy_process_group()
 
 
 def _run(cfg: opts.WorkerConfig, env: opts.DistEnv, layout: Layout, store: dist.Store, device: torch.device,
@@ -357,14 +402,15 @@ def _run(cfg: opts.WorkerConfig, env: opts.DistEnv, layout: Layout, store: dist.
                     with phases.phase(label):
                         run_fn, check, reset = _collective_fn(coll, size_b // dtype.itemsize, n, handle, dtype,
                                                               device, group_rank)
-                        times, ok = timer.measure(iters, warmup, run_fn, check, reset)
+                        calls = calls_per_iter(size_b, device.type == "cuda")
+                        times, ok = timer.measure(iters, warmup, run_fn, check, reset, calls)
                         all_times = _gather_times(times, ok, world)
                     bad = [r for r, t in enumerate(all_times) if t[-1] != 1.0]
                     if bad:
                         raise RuntimeFailure(f"{label}: wrong result on rank(s) {bad} "
                                              f"({', '.join(layout.rank_node[r] for r in bad)})")
                     slowest = [max(all_times[r][i] for r in range(world)) for i in range(iters)]
-                    points.append(SizePoint.measured(coll, n, size_b, slowest))
+                    points.append(SizePoint.measured(coll, n, size_b, slowest, calls))
                     for lab, members in zip(grp.labels, grp.members):
                         t_med = sorted(max(all_times[r][i] for r in members) for i in range(iters))[iters // 2]
                         per_group[lab].append(busbw_gbytes_s(coll, len(members), size_b, t_med))
@@ -411,6 +457,7 @@ def _pairwise(pair_groups: list[list[Groups]], rounds: list[list[tuple[int, int]
     """Local rank 0 of two nodes all-reduce; the disjoint pairs of one round run at the same time."""
     links = []
     size_b = aligned_size(size, 2, dtype.itemsize)
+    calls = calls_per_iter(size_b, device.type == "cuda")
     for rnd, groups in zip(rounds, pair_groups):
         label = "pairs " + ", ".join(f"{nodes[a].name}-{nodes[b].name}" for a, b in rnd)
         progress.step(label[:40])
@@ -419,9 +466,9 @@ def _pairwise(pair_groups: list[list[Groups]], rounds: list[list[tuple[int, int]
             if mine is not None:
                 fns = _collective_fn("all_reduce", size_b // dtype.itemsize, 2, mine[0], dtype, device,
                                      mine[1].index(rank))
-                times, ok = timer.measure(iters, warmup, *fns)
+                times, ok = timer.measure(iters, warmup, *fns, calls=calls)
             else:
-                times, ok = timer.measure(iters, warmup, None, lambda: True, lambda: None)
+                times, ok = timer.measure(iters, warmup, None, lambda: True, lambda: None, calls=calls)
             all_times = _gather_times(times, ok, world)
         for (a, b), grp in zip(rnd, groups):
             ra, rb = grp.members[0]
