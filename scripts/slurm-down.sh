@@ -11,10 +11,20 @@ log() { echo "slurm-down: $*"; }
 CONF=$DIR/etc/slurm.conf
 export SLURM_CONF=$CONF
 
-descendants() {  # all descendants of pid $1, deepest last
-  local kids
-  kids=$(ps -o pid= --ppid "$1" 2>/dev/null || true)
-  for k in $kids; do echo "$k"; descendants "$k"; done
+# Process tree from /proc (no procps needed): "pid ppid" per line.
+ptable() {
+  local f line ppid
+  for f in /proc/[0-9]*/stat; do
+    read -r line <"$f" 2>/dev/null || continue
+    read -r _ ppid _ <<<"${line##*) }"   # after "pid (comm) ": "state ppid ..."
+    echo "${f//[^0-9]/} $ppid"
+  done
+}
+descendants() {  # all descendants of pid $1, from the table taken before anything was killed
+  local k
+  while read -r k; do
+    [ -n "$k" ] && { echo "$k"; descendants "$k"; }
+  done < <(awk -v p="$1" '$2 == p {print $1}' <<<"$TABLE")
 }
 
 pids=()
@@ -34,13 +44,16 @@ if [ -f "$CONF" ] && command -v scancel >/dev/null 2>&1 && [ ${#pids[@]} -gt 0 ]
   fi
 fi
 
+TABLE=$(ptable)
 all=()
 for p in "${pids[@]}"; do
   all+=("$p")
   while read -r d; do [ -n "$d" ] && all+=("$d"); done < <(descendants "$p")
 done
 # Job step daemons may already have been re-parented to init; find them by their spool folder use.
-for s in $(pgrep -x slurmstepd 2>/dev/null || true); do
+for comm in /proc/[0-9]*/comm; do
+  [ "$(cat "$comm" 2>/dev/null)" = slurmstepd ] || continue
+  s=${comm#/proc/}; s=${s%/comm}
   cwd=$(readlink "/proc/$s/cwd" 2>/dev/null || true)
   if [[ "$cwd" == "$DIR"/* ]]; then
     all+=("$s")
