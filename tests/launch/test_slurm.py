@@ -158,6 +158,7 @@ def test_sbatch_requeue_resumes_from_checkpoint(job_env: Path) -> None:
     assert lines[0].startswith("requeued ") and lines[-1].startswith("exit 0 ") and "restart 1" in lines[-1]
     log = (folder / f"slurm-{job_id}.out").read_text()
     assert "SIGUSR1" in log and f"resuming at step {k}/30" in log  # one log across both runs (open-mode append)
+    assert log.count("closing signal SIGUSR1") == 2  # each node's torchrun forwarded it (not killed by it)
     assert "COMPLETED" in cli("status", job_id)
     assert_no_secrets(folder)
 
