@@ -115,6 +115,7 @@ def plot(report: BenchReport, path: str | Path) -> None:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         raise InputError("--plot needs matplotlib", hint="pip install 'llmctl[plot]'") from None
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
@@ -122,6 +123,7 @@ def plot(report: BenchReport, path: str | Path) -> None:
         xs = [p.size_bytes / 2**20 for p in r.points]
         ax.plot(xs, [p.busbw_gbytes_s for p in r.points], marker="o", label=f"{r.group} {r.collective}")
     ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
     ax.set_xlabel("message size (MiB)")
     ax.set_ylabel("busbw (GB/s)")
     hosts = ", ".join(report.hosts)

@@ -60,7 +60,7 @@ def test_two_nodes_shaped_link_inter_node_busbw_matches_link_rate(netns_cluster,
 def test_three_nodes_one_slow_link_is_flagged_by_name(netns_cluster, tmp_path: Path) -> None:  # noqa: ANN001
     cluster = netns_cluster([1000, 1000, 250])
     r = run_nodes(cluster, tmp_path, nproc=1,
-                  args=["--sizes", "1M", "--pair-size", "8M", "--iters", "4", "--warmup", "1",
+                  args=["--sizes", "1M", "--pair-size", "8M", "--iters", "3", "--warmup", "0",
                         "--collectives", "all_reduce", "--slow-fraction", "0.6"])
     links = {(lk.a, lk.b): lk for lk in r.links}
     print({k: round(gbit_s(v.busbw_gbytes_s), 3) for k, v in links.items()})
