@@ -63,7 +63,7 @@ def summary_table(report: BenchReport) -> Table:
 
 def render(report: BenchReport, console: Console | None = None) -> None:
     console = console or Console()
-    hosts = ", ".join(f"{n.name} ({len(n.ranks)} ranks)" for n in report.nodes)
+    hosts = ", ".join(f"{n.name} ({len(n.ranks)} rank{'s' if len(n.ranks) > 1 else ''})" for n in report.nodes)
     console.print(escape(f"bench-net: {report.world_size} ranks on {len(report.nodes)} node(s): {hosts}; "
                          f"backend {report.backend}, {report.dtype}, {report.device}"))
     for r in report.results:
