@@ -4,9 +4,11 @@ Same model (the `llama-tiny` preset: 4 layers, hidden 256, 3.07M parameters, byt
 data (the shipped corpus, packed into the same blocks in the same order), same micro-batch, sequence length,
 optimizer settings (AdamW, lr 3e-3, warm-up + cosine, clip 1.0) and number of steps, fp32, one process each.
 Each variant runs in its own fresh subprocess (same threads, no shared warm caches) and reports the step times
-it measured; tokens/s is taken over the steps after the warm-up. Nothing is hard-coded.
+it measured; tokens/s is taken over the steps after the warm-up. The three run in rounds, in a rotated order,
+and the median round is reported (the machine may be shared: load that comes and goes then hits all three
+alike). Nothing is hard-coded.
 
-    python benchmarks/engine_vs_hf_trainer.py [--steps 40] [--warmup 5] [--batch 8] [--seq-len 128]
+    python benchmarks/engine_vs_hf_trainer.py [--rounds 3] [--steps 20] [--warmup 3] [--batch 8] [--seq-len 128]
 
 (a) engine:  `python -m llmctl.engine PLAN.yaml` (one plain process), step times from its metrics.jsonl.
 (b) Trainer: transformers.Trainer with the same hyper-parameters; step times from a TrainerCallback.
@@ -159,8 +161,9 @@ LABELS = {"engine": "llmctl engine", "trainer": "HF Trainer", "naive": "naive lo
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=40, help="timed steps (after the warm-up)")
-    ap.add_argument("--warmup", type=int, default=5, help="untimed first steps")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per round (after the warm-up)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of all three variants; the median is reported")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed first steps of each run")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--only", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
@@ -175,18 +178,26 @@ def main() -> int:
 
     tokens_per_step = a.batch * a.seq_len
     threads = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count())
-    results: dict[str, dict[str, Any]] = {}
+    names = list(VARIANTS)
+    per_round: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as d:
         env = dict(os.environ, OMP_NUM_THREADS=threads, TMPDIR=d, TORCHINDUCTOR_CACHE_DIR=str(Path(d) / "ind"))
-        for name in VARIANTS:
-            out = Path(d) / f"{name}.json"
-            cmd = [sys.executable, __file__, "--only", name, "--out", str(out), "--steps", str(a.steps),
-                   "--warmup", str(a.warmup), "--batch", str(a.batch), "--seq-len", str(a.seq_len)]
-            subprocess.run(cmd, check=True, env=env, cwd=REPO)
-            res = json.loads(out.read_text())
-            tps, mean = tokens_per_s(res["step_times"], a.warmup, tokens_per_step)
-            results[name] = {"tokens_per_s": tps, "step_time_s": mean, "final_loss": res["final_loss"],
-                             "steps": len(res["step_times"])}
+        for rnd in range(a.rounds):
+            # Rotate the order each round so a change in the machine's load hits every variant alike.
+            for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+                out = Path(d) / f"{name}-{rnd}.json"
+                cmd = [sys.executable, __file__, "--only", name, "--out", str(out), "--steps", str(a.steps),
+                       "--warmup", str(a.warmup), "--batch", str(a.batch), "--seq-len", str(a.seq_len)]
+                subprocess.run(cmd, check=True, env=env, cwd=REPO)
+                res = json.loads(out.read_text())
+                tps, mean = tokens_per_s(res["step_times"], a.warmup, tokens_per_step)
+                per_round[name].append({"tokens_per_s": tps, "step_time_s": mean, "final_loss": res["final_loss"]})
+    results: dict[str, dict[str, Any]] = {}
+    for name, rounds in per_round.items():
+        tps = statistics.median(r["tokens_per_s"] for r in rounds)
+        results[name] = {"tokens_per_s": tps, "step_time_s": tokens_per_step / tps,
+                         "final_loss": rounds[-1]["final_loss"],
+                         "tokens_per_s_rounds": [round(r["tokens_per_s"], 1) for r in rounds]}
     for r in results.values():
         r["vs_trainer"] = r["tokens_per_s"] / results["trainer"]["tokens_per_s"]
         r["vs_naive"] = r["tokens_per_s"] / results["naive"]["tokens_per_s"]
@@ -194,12 +205,13 @@ def main() -> int:
         print(json.dumps(results, indent=2))
     else:
         print(f"{PRESET}, batch {a.batch} x seq {a.seq_len} = {tokens_per_step} tokens/step, fp32, CPU, "
-              f"{threads} threads, {a.steps} timed steps after {a.warmup} warm-up")
+              f"{threads} threads, median of {a.rounds} rounds of {a.steps} timed steps after {a.warmup} warm-up")
         print(f"{'variant':<20}{'tokens/s':>10}{'ms/step':>10}{'final loss':>12}{'vs Trainer':>12}{'vs naive':>10}")
         for name, r in results.items():
             loss = f"{r['final_loss']:.3f}" if r["final_loss"] is not None else "-"
             print(f"{LABELS[name]:<20}{r['tokens_per_s']:>10,.0f}{r['step_time_s'] * 1e3:>10.1f}{loss:>12}"
-                  f"{r['vs_trainer']:>11.2f}x{r['vs_naive']:>9.2f}x")
+                  f"{r['vs_trainer']:>11.2f}x{r['vs_naive']:>9.2f}x   rounds: "
+                  + ", ".join(f"{x:,.0f}" for x in r["tokens_per_s_rounds"]))
     ok = results["engine"]["vs_trainer"] >= 1.0
     print(f"engine / Trainer = {results['engine']['vs_trainer']:.2f}x: "
           + ("the engine is not slower than Trainer" if ok else "the engine is SLOWER than Trainer"))

@@ -123,6 +123,9 @@ def run(plan: Plan) -> dict[str, Any]:
     import torch.nn.functional as F
 
     env = RankEnv.from_environ()
+    # Installed first: a preemption signal during start-up then stops the run at its first step boundary.
+    stop = StopSignal()
+    stop.install()
     choice = select_device(torch.cuda.is_available(), env.local_rank)
     device = torch.device(choice.device)
     if device.type == "cuda":
@@ -139,7 +142,7 @@ def run(plan: Plan) -> dict[str, Any]:
         blocks, data_desc = build_source(plan.data.kind, plan.data.paths, plan.data.tokenizer,
                                          plan.data.jsonl_field, t.seq_len, t.seed, spec.vocab_size)
         model = build_model(plan, attn_impl, device)
-        parallelize(model, plan, mesh)
+        fsdp = parallelize(model, plan, mesh)
         optimizer = build_optimizer(model, plan.optimizer, device.type == "cuda")
         total = plan.total_steps
         o = plan.optimizer
@@ -176,16 +179,16 @@ def run(plan: Plan) -> dict[str, Any]:
                 metrics.event(record)
 
         emit({"event": "start", "step": start, "total_steps": total, "world_size": env.world_size,
-              "mesh": list(mesh.shape), "mesh_dims": list(mesh.mesh_dim_names or ()), "device": str(device),
+              "mesh": list(mesh.shape), "mesh_dims": list(mesh.mesh_dim_names or ()), "fsdp2": fsdp,
+              "device": str(device),
               "backend": choice.backend, "attention": attn_impl, "precision": t.precision,
               "params": spec.params, "vocab_size": spec.vocab_size, "tokens_per_step": plan.tokens_per_step,
               "model_flops_per_token": tput.model_flops_per_token, "peak_tflops": peak, "data": data_desc,
               "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
                          f"attention {attn_impl} ({attn_why}), mesh {tuple(mesh.shape)} "
-                         f"{mesh.mesh_dim_names}, {choice.backend}, {data_desc}"})
+                         f"{mesh.mesh_dim_names}{'' if fsdp else ' (one rank: no FSDP)'}, {choice.backend}, "
+                         f"{data_desc}"})
 
-        stop = StopSignal()
-        stop.install()
         acc = t.grad_accum_steps
         vocab = spec.vocab_size
         micro = (b for s in range(start, total) for b in data.micro_batches(s))
@@ -197,7 +200,7 @@ def run(plan: Plan) -> dict[str, Any]:
         while step < total:
             loss_sum = torch.zeros((), device=device)
             for m in range(acc):
-                if acc > 1:
+                if acc > 1 and fsdp:
                     model.set_requires_gradient_sync(m == acc - 1)
                 b = next(batches)
                 logits = model(input_ids=b.inputs).logits

@@ -102,3 +102,22 @@ def test_mixed_precision_policy() -> None:
     assert mixed_precision("fp32") is None
     with pytest.raises(InputError, match="fp16-mixed"):
         mixed_precision("fp16-mixed")
+
+
+def test_prefetcher_keeps_order_and_stays_on_cpu() -> None:
+    import torch
+
+    from llmctl.engine.data import Batch
+    from llmctl.engine.loop import DevicePrefetcher
+
+    src = [Batch(inputs=torch.full((1, 4), i), targets=torch.full((1, 4), i + 1)) for i in range(3)]
+    got = list(DevicePrefetcher(iter(src), torch.device("cpu")))
+    assert [int(b.inputs[0, 0]) for b in got] == [0, 1, 2]
+    assert got[0].inputs is src[0].inputs  # no copy on a CPU device
+
+
+def test_fsdp_only_where_it_does_something() -> None:
+    from llmctl.engine.parallelize import needs_fsdp
+
+    assert needs_fsdp(2, "fp32") and needs_fsdp(1, "bf16-mixed")
+    assert not needs_fsdp(1, "fp32") and not needs_fsdp(1, "bf16")
