@@ -87,13 +87,13 @@ def rank_main(args: argparse.Namespace) -> int:
     print(f"\nall-reduce busbw (GB/s), {n} ranks, {report.backend}, fp32, {args.trials} alternating trials per size")
     print(f"| {'size':>7} | {'reference':>9} | {'(ref mean)':>10} | {'llmctl':>8} | {'llmctl/ref':>10} |"
           f" {'llmctl sweep':>12} |")
-    print(f"| {'-' * 6}:| {'-' * 9}:| {'-' * 10}:| {'-' * 8}:| {'-' * 10}:| {'-' * 12}:|")
+    print(f"| {'-' * 7}:| {'-' * 9}:| {'-' * 10}:| {'-' * 8}:| {'-' * 10}:| {'-' * 12}:|")
     worst = 1.0
     for s in sizes:
         r, o = statistics.median(ref[s]), statistics.median(ours[s])
         ratio = o / r
         worst = ratio if abs(ratio - 1) > abs(worst - 1) else worst
-        print(f"| {s / 2**20:>4g}Mi | {r:>9.3f} | {statistics.mean(ref[s]):>10.3f} | {o:>8.3f} | {ratio:>10.3f} |"
+        print(f"| {f'{s / 2**20:g} MiB':>7} | {r:>9.3f} | {statistics.mean(ref[s]):>10.3f} | {o:>8.3f} | {ratio:>10.3f} |"
               f" {sweep[s]:>12.3f} |")
     ok = abs(worst - 1) <= args.tolerance
     print(f"{'PASS' if ok else 'FAIL'}: worst llmctl/reference ratio {worst:.3f} (must be within "
