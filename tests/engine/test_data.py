@@ -106,3 +106,21 @@ def test_bad_jsonl(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="x.jsonl:1: no string field 'text'"):
         build_source("text", [str(f)], None, "text", 4, 0, 320)
     assert build_main(["build", "--out", str(tmp_path / "o.bin"), str(f)]) == 2
+
+
+def test_local_hf_tokenizer_folder(tmp_path: Path) -> None:
+    """A tokenizer from a local folder (built here from the corpus: nothing is downloaded)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    tok.train([str(CORPUS / "stdlib-docstrings.txt")],
+              trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]))
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(tmp_path / "tok")
+    blocks, desc = build_source("text", [str(CORPUS)], str(tmp_path / "tok"), "text", 32, 0, 320)
+    assert "tok" in desc and blocks.samples(0, 2).max() < 300
+    assert int(blocks.tokens[0]) == 1  # <s> opens the first document
+    with pytest.raises(InputError, match="data.tokenizer"):
+        build_source("text", [str(CORPUS)], str(tmp_path / "nothing-here"), "text", 32, 0, 320)
