@@ -77,27 +77,40 @@ def rank_main(args: argparse.Namespace) -> int:
             ours[s].append(busbw_gbytes_s("all_reduce", n, s, t))
         del tensor
     with tempfile.TemporaryDirectory() as tmp:  # the whole worker, end to end, on the same process group
-        cfg = WorkerConfig(json_path=f"{tmp}/bench.json", sizes=args.sizes, iters=args.trials // 2,
-                           warmup=args.warmup, collectives="all_reduce", progress=False, dtype="fp32")
+        cfg = WorkerConfig(
+            json_path=f"{tmp}/bench.json",
+            sizes=args.sizes,
+            iters=args.trials // 2,
+            warmup=args.warmup,
+            collectives="all_reduce",
+            progress=False,
+            dtype="fp32",
+        )
         report = worker.run(cfg)
     dist.destroy_process_group()
     if report is None:
         return 0
     sweep = {p.size_bytes: p.busbw_gbytes_s for p in report.result("world", "all_reduce").points}
     print(f"\nall-reduce busbw (GB/s), {n} ranks, {report.backend}, fp32, {args.trials} alternating trials per size")
-    print(f"| {'size':>7} | {'reference':>9} | {'(ref mean)':>10} | {'llmctl':>8} | {'llmctl/ref':>10} |"
-          f" {'llmctl sweep':>12} |")
+    print(
+        f"| {'size':>7} | {'reference':>9} | {'(ref mean)':>10} | {'llmctl':>8} | {'llmctl/ref':>10} |"
+        f" {'llmctl sweep':>12} |"
+    )
     print(f"| {'-' * 7}:| {'-' * 9}:| {'-' * 10}:| {'-' * 8}:| {'-' * 10}:| {'-' * 12}:|")
     worst = 1.0
     for s in sizes:
         r, o = statistics.median(ref[s]), statistics.median(ours[s])
         ratio = o / r
         worst = ratio if abs(ratio - 1) > abs(worst - 1) else worst
-        print(f"| {f'{s / 2**20:g} MiB':>7} | {r:>9.3f} | {statistics.mean(ref[s]):>10.3f} | {o:>8.3f} | {ratio:>10.3f} |"
-              f" {sweep[s]:>12.3f} |")
+        print(
+            f"| {f'{s / 2**20:g} MiB':>7} | {r:>9.3f} | {statistics.mean(ref[s]):>10.3f} | {o:>8.3f} | {ratio:>10.3f} |"
+            f" {sweep[s]:>12.3f} |"
+        )
     ok = abs(worst - 1) <= args.tolerance
-    print(f"{'PASS' if ok else 'FAIL'}: worst llmctl/reference ratio {worst:.3f} (must be within "
-          f"{args.tolerance:.0%} of 1)")
+    print(
+        f"{'PASS' if ok else 'FAIL'}: worst llmctl/reference ratio {worst:.3f} (must be within "
+        f"{args.tolerance:.0%} of 1)"
+    )
     return 0 if ok else 1
 
 
@@ -114,8 +127,16 @@ def main() -> int:
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     with tempfile.TemporaryDirectory() as tmp:
         env.setdefault("TMPDIR", tmp)
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc),
-               __file__, *sys.argv[1:]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(args.nproc),
+            __file__,
+            *sys.argv[1:],
+        ]
         rc = subprocess.run(cmd, env=env, stderr=subprocess.PIPE, text=True)
     if rc.returncode != 0:
         # torchrun's failure report is long; a FAIL line above already says why when the ranks got that far

@@ -25,35 +25,71 @@ from llmctl.errors import InputError, RuntimeFailure
 from llmctl.netbench import options as opts
 
 NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per node (GPUs per node; CPU processes).")]
-SizesOpt = Annotated[Optional[str], typer.Option(
-    "--sizes", help="Message sizes: A..B (x2 steps), A..B:F, or a list 1M,16M. "
-    f"Default {opts.DEFAULT_SIZES_GPU} on GPUs, {opts.DEFAULT_SIZES_CPU} on CPUs.", show_default=False)]
-DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="bf16 | fp16 | fp32. Default bf16 on GPUs, "
-                                                 "fp32 on CPUs.", show_default=False)]
-ItersOpt = Annotated[Optional[int], typer.Option("--iters", help="Timed iterations per size (20 GPU, 10 CPU).",
-                                                 show_default=False)]
-WarmupOpt = Annotated[Optional[int], typer.Option("--warmup", help="Warm-up iterations per size (5 GPU, 2 CPU).",
-                                                  show_default=False)]
-CollectivesOpt = Annotated[str, typer.Option("--collectives", help="Comma list of all_reduce, all_gather, "
-                                             "reduce_scatter.")]
-JsonFileOpt = Annotated[Optional[Path], typer.Option("--json", help="Write the versioned JSON report here "
-                                                     "(what `llmctl plan --net` reads).", show_default=False)]
-PlotOpt = Annotated[Optional[Path], typer.Option("--plot", help="Write a PNG of busbw against message size.",
-                                                 show_default=False)]
-ExpectOpt = Annotated[Optional[float], typer.Option(
-    "--expect-gbps", help="Pass/fail: the inter-node all-reduce peak busbw per node (single node: all-reduce "
-    "busbw) must reach this many Gbit/s and no node may be slow; exit 1 otherwise.", show_default=False)]
-SlowOpt = Annotated[float, typer.Option("--slow-fraction", help="Flag a node or link below this fraction of "
-                                        "the median.")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to wait for every rank to join, and for "
-                                           "any one collective.")]
+SizesOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--sizes",
+        help="Message sizes: A..B (x2 steps), A..B:F, or a list 1M,16M. "
+        f"Default {opts.DEFAULT_SIZES_GPU} on GPUs, {opts.DEFAULT_SIZES_CPU} on CPUs.",
+        show_default=False,
+    ),
+]
+DtypeOpt = Annotated[
+    Optional[str],
+    typer.Option("--dtype", help="bf16 | fp16 | fp32. Default bf16 on GPUs, fp32 on CPUs.", show_default=False),
+]
+ItersOpt = Annotated[
+    Optional[int], typer.Option("--iters", help="Timed iterations per size (20 GPU, 10 CPU).", show_default=False)
+]
+WarmupOpt = Annotated[
+    Optional[int], typer.Option("--warmup", help="Warm-up iterations per size (5 GPU, 2 CPU).", show_default=False)
+]
+CollectivesOpt = Annotated[
+    str, typer.Option("--collectives", help="Comma list of all_reduce, all_gather, reduce_scatter.")
+]
+JsonFileOpt = Annotated[
+    Optional[Path],
+    typer.Option(
+        "--json", help="Write the versioned JSON report here (what `llmctl plan --net` reads).", show_default=False
+    ),
+]
+PlotOpt = Annotated[
+    Optional[Path], typer.Option("--plot", help="Write a PNG of busbw against message size.", show_default=False)
+]
+ExpectOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--expect-gbps",
+        help="Pass/fail: the inter-node all-reduce peak busbw per node (single node: all-reduce "
+        "busbw) must reach this many Gbit/s and no node may be slow; exit 1 otherwise.",
+        show_default=False,
+    ),
+]
+SlowOpt = Annotated[
+    float, typer.Option("--slow-fraction", help="Flag a node or link below this fraction of the median.")
+]
+TimeoutOpt = Annotated[
+    float, typer.Option("--timeout", help="Seconds to wait for every rank to join, and for any one collective.")
+]
 NnodesOpt = Annotated[int, typer.Option("--nnodes", help="Nodes (run this command once on each).")]
 NodeRankOpt = Annotated[int, typer.Option("--node-rank", help="This node's rank (0 writes the report).")]
 MasterAddrOpt = Annotated[str, typer.Option("--master-addr", help="Address of node rank 0, reachable by all.")]
 MasterPortOpt = Annotated[int, typer.Option("--master-port", help="TCP port on node rank 0.")]
-PairSizeOpt = Annotated[Optional[str], typer.Option(
-    "--pair-size", help="Message size of the pairwise inter-node test (default: the largest size, <= 64 MiB).",
-    show_default=False)]
+PairSizeOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--pair-size",
+        help="Message size of the pairwise inter-node test (default: the largest size, <= 64 MiB).",
+        show_default=False,
+    ),
+]
+PairRoundsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-pair-rounds",
+        help="Rounds of the pairwise test (each round: disjoint pairs at once); fewer than nodes-1 samples the pairs.",
+    ),
+]
 ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")]
 
 # torchrun's own failure report (a traceback of the agent) is noise once the worker said what went wrong.
@@ -63,8 +99,7 @@ _HARMLESS = re.compile(r"^\[W\d{4} .*hostname of the client socket cannot be ret
 
 
 def register(app: typer.Typer) -> None:
-    app.command("bench-net", help="Measure collective bandwidth inside and across nodes; find a slow node.")(
-        bench_net)
+    app.command("bench-net", help="Measure collective bandwidth inside and across nodes; find a slow node.")(bench_net)
 
 
 def bench_net(
@@ -84,6 +119,7 @@ def bench_net(
     master_addr: MasterAddrOpt = "127.0.0.1",
     master_port: MasterPortOpt = 29511,
     pair_size: PairSizeOpt = None,
+    max_pair_rounds: PairRoundsOpt = 8,
     progress: ProgressOpt = True,
 ) -> None:
     """Sweep message sizes for each collective on the world, inside each node and across nodes."""
@@ -101,9 +137,17 @@ def bench_net(
 
     with tempfile.TemporaryDirectory(prefix="llmctl-bench-net-") as tmp:
         cfg = opts.WorkerConfig(
-            json_path=str(json_path or Path(tmp) / "bench-net.json"), sizes=sizes, dtype=dtype, iters=iters,
-            warmup=warmup, collectives=collectives, slow_fraction=slow_fraction, timeout_s=timeout,
-            pair_size=pair_size, progress=progress,
+            json_path=str(json_path or Path(tmp) / "bench-net.json"),
+            sizes=sizes,
+            dtype=dtype,
+            iters=iters,
+            warmup=warmup,
+            collectives=collectives,
+            slow_fraction=slow_fraction,
+            timeout_s=timeout,
+            pair_size=pair_size,
+            max_pair_rounds=max_pair_rounds,
+            progress=progress,
         )
         cfg.validate()
         if opts.inside_launcher():
@@ -122,25 +166,54 @@ def bench_net(
             report = load_bench(cfg.json_path)
         from llmctl.netbench.render import finish
 
-        finish(report, plot_path=str(plot) if plot else None, expect_gbps=expect_gbps,
-               json_path=str(json_path) if json_path else None)
+        finish(
+            report,
+            plot_path=str(plot) if plot else None,
+            expect_gbps=expect_gbps,
+            json_path=str(json_path) if json_path else None,
+        )
 
 
-def torchrun_argv(cfg: opts.WorkerConfig, nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str,
-                  master_port: int) -> list[str]:
+def torchrun_argv(
+    cfg: opts.WorkerConfig, nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str, master_port: int
+) -> list[str]:
     """The torchrun command line (static rendezvous across nodes: node rank 0 hosts the store)."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node),
-            "--max-restarts", "0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--max-restarts",
+        "0",
+    ]
     if nnodes == 1:
         argv += ["--standalone"]
     else:
-        argv += ["--nnodes", str(nnodes), "--node-rank", str(node_rank), "--master-addr", master_addr,
-                 "--master-port", str(master_port), "--rdzv-conf", f"timeout={int(cfg.timeout_s)}"]
+        argv += [
+            "--nnodes",
+            str(nnodes),
+            "--node-rank",
+            str(node_rank),
+            "--master-addr",
+            master_addr,
+            "--master-port",
+            str(master_port),
+            "--rdzv-conf",
+            f"timeout={int(cfg.timeout_s)}",
+        ]
     return [*argv, "-m", "llmctl.netbench.worker", *cfg.to_argv(), "--no-render"]
 
 
-def _run_torchrun(cfg: opts.WorkerConfig, nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str,
-                  master_port: int, tmp: Path) -> None:
+def _run_torchrun(
+    cfg: opts.WorkerConfig,
+    nproc_per_node: int,
+    nnodes: int,
+    node_rank: int,
+    master_addr: str,
+    master_port: int,
+    tmp: Path,
+) -> None:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks, without its warning
     env.setdefault("TMPDIR", str(tmp))  # torchrun leaves torchelastic_* folders in TMPDIR
@@ -149,8 +222,12 @@ def _run_torchrun(cfg: opts.WorkerConfig, nproc_per_node: int, nnodes: int, node
     log_path = tmp / "torchrun.log"
     worker_errors: list[str] = []
     try:
-        proc = subprocess.Popen(torchrun_argv(cfg, nproc_per_node, nnodes, node_rank, master_addr, master_port),
-                                env=env, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            torchrun_argv(cfg, nproc_per_node, nnodes, node_rank, master_addr, master_port),
+            env=env,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
     except OSError as e:
         raise RuntimeFailure(f"cannot start torchrun: {e}") from None
     pump = threading.Thread(target=_filter_stderr, args=(proc.stderr, log_path, worker_errors), daemon=True)

@@ -17,12 +17,26 @@ from llmctl.netbench.report import COLLECTIVES
 DEFAULT_SIZES_GPU = "1MiB..1GiB"
 DEFAULT_SIZES_CPU = "1MiB..64MiB"
 DTYPES = {
-    "fp32": "float32", "float32": "float32",
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16",
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "float16": "float16",
 }
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kib": 2**10, "kb": 2**10, "m": 2**20, "mib": 2**20, "mb": 2**20,
-          "g": 2**30, "gib": 2**30, "gb": 2**30}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 2**10,
+    "kib": 2**10,
+    "kb": 2**10,
+    "m": 2**20,
+    "mib": 2**20,
+    "mb": 2**20,
+    "g": 2**30,
+    "gib": 2**30,
+    "gb": 2**30,
+}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -77,7 +91,9 @@ def parse_collectives(text: str) -> list[str]:
     names = [aliases.get(n, n) for n in names]
     bad = [n for n in names if n not in COLLECTIVES]
     if bad or not names:
-        raise InputError(f"unknown collective {', '.join(bad) or '(none)'}", hint=f"choose from {', '.join(COLLECTIVES)}")
+        raise InputError(
+            f"unknown collective {', '.join(bad) or '(none)'}", hint=f"choose from {', '.join(COLLECTIVES)}"
+        )
     return [c for c in COLLECTIVES if c in names]
 
 
@@ -187,11 +203,14 @@ def _first_slurm_host(env: dict[str, str]) -> str:
     if not nodelist:
         raise InputError("inside srun but SLURM_JOB_NODELIST is not set", hint="export MASTER_ADDR")
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                             timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=True
+        ).stdout
     except (OSError, subprocess.SubprocessError):
-        raise InputError("cannot resolve the first node of the allocation with scontrol",
-                         hint="export MASTER_ADDR=<address of the first node>") from None
+        raise InputError(
+            "cannot resolve the first node of the allocation with scontrol",
+            hint="export MASTER_ADDR=<address of the first node>",
+        ) from None
     return out.split()[0]
 
 
@@ -224,8 +243,10 @@ def dist_env(env: dict[str, str] | None = None) -> DistEnv:
             launcher="srun",
             agent_store=False,
         )
-    raise InputError("not inside torchrun or srun (no RANK/WORLD_SIZE/LOCAL_RANK or SLURM_PROCID)",
-                     hint="run `llmctl bench-net --nproc-per-node K`, which starts torchrun")
+    raise InputError(
+        "not inside torchrun or srun (no RANK/WORLD_SIZE/LOCAL_RANK or SLURM_PROCID)",
+        hint="run `llmctl bench-net --nproc-per-node K`, which starts torchrun",
+    )
 
 
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH", re.IGNORECASE)

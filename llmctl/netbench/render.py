@@ -24,8 +24,9 @@ def fmt_size(b: int) -> str:
 
 
 def result_table(r: CollectiveResult) -> Table:
-    title = (f"{r.group} {r.collective}: {r.concurrent_groups} group(s) x {r.ranks_per_group} ranks"
-             + (f", {r.groups_per_node} concurrent per node" if r.groups_per_node > 1 else ""))
+    title = f"{r.group} {r.collective}: {r.concurrent_groups} group(s) x {r.ranks_per_group} ranks" + (
+        f", {r.groups_per_node} concurrent per node" if r.groups_per_node > 1 else ""
+    )
     t = Table(title=title, title_justify="left")
     for col in ("size", "time median (ms)", "time p10-p90 (ms)", "algbw GB/s", "busbw GB/s", "busbw min-max"):
         t.add_column(col, justify="right")
@@ -43,8 +44,16 @@ def result_table(r: CollectiveResult) -> Table:
 
 def summary_table(report: BenchReport) -> Table:
     t = Table(title="summary (busbw, nccl-tests definition)", title_justify="left")
-    cols = ("group", "collective", "peak GB/s", "peak Gbit/s", "per node Gbit/s", "at size", "16-64 MiB GB/s",
-            "80% of peak from")
+    cols = (
+        "group",
+        "collective",
+        "peak GB/s",
+        "peak Gbit/s",
+        "per node Gbit/s",
+        "at size",
+        "16-64 MiB GB/s",
+        "80% of peak from",
+    )
     for col in cols:
         t.add_column(col, justify="right" if col not in ("group", "collective") else "left")
     for r in report.results:
@@ -52,8 +61,11 @@ def summary_table(report: BenchReport) -> Table:
         # inter_node: each node carries groups_per_node such groups at once; their sum is the node's rate
         per_node = f"{gbit_s(s.peak_busbw_gbytes_s) * r.groups_per_node:.2f}" if r.group == "inter_node" else ""
         t.add_row(
-            r.group, r.collective,
-            f"{s.peak_busbw_gbytes_s:.3f}", f"{gbit_s(s.peak_busbw_gbytes_s):.2f}", per_node,
+            r.group,
+            r.collective,
+            f"{s.peak_busbw_gbytes_s:.3f}",
+            f"{gbit_s(s.peak_busbw_gbytes_s):.2f}",
+            per_node,
             fmt_size(s.peak_size_bytes),
             "-" if s.bucket_busbw_gbytes_s is None else f"{s.bucket_busbw_gbytes_s:.3f}",
             fmt_size(s.size_for_80pct_peak_bytes),
@@ -64,8 +76,12 @@ def summary_table(report: BenchReport) -> Table:
 def render(report: BenchReport, console: Console | None = None) -> None:
     console = console or Console()
     hosts = ", ".join(f"{n.name} ({len(n.ranks)} rank{'s' if len(n.ranks) > 1 else ''})" for n in report.nodes)
-    console.print(escape(f"bench-net: {report.world_size} ranks on {len(report.nodes)} node(s): {hosts}; "
-                         f"backend {report.backend}, {report.dtype}, {report.device}"))
+    console.print(
+        escape(
+            f"bench-net: {report.world_size} ranks on {len(report.nodes)} node(s): {hosts}; "
+            f"backend {report.backend}, {report.dtype}, {report.device}"
+        )
+    )
     for r in report.results:
         console.print(result_table(r))
     if report.results:
@@ -75,8 +91,13 @@ def render(report: BenchReport, console: Console | None = None) -> None:
         for col in ("link", "size", "busbw GB/s", "Gbit/s", "verdict"):
             t.add_column(col, justify="left" if col in ("link", "verdict") else "right")
         for lk in report.links:
-            t.add_row(f"{lk.a} - {lk.b}", fmt_size(lk.size_bytes), f"{lk.busbw_gbytes_s:.3f}",
-                      f"{gbit_s(lk.busbw_gbytes_s):.2f}", "SLOW" if lk.slow else "ok")
+            t.add_row(
+                f"{lk.a} - {lk.b}",
+                fmt_size(lk.size_bytes),
+                f"{lk.busbw_gbytes_s:.3f}",
+                f"{gbit_s(lk.busbw_gbytes_s):.2f}",
+                "SLOW" if lk.slow else "ok",
+            )
         console.print(t)
     for v in report.node_verdicts:
         if v.slow:
@@ -139,8 +160,13 @@ def plot(report: BenchReport, path: str | Path) -> None:
         plt.close(fig)
 
 
-def finish(report: BenchReport, plot_path: str | None = None, expect_gbps: float | None = None,
-           console: Console | None = None, json_path: str | None = None) -> None:
+def finish(
+    report: BenchReport,
+    plot_path: str | None = None,
+    expect_gbps: float | None = None,
+    console: Console | None = None,
+    json_path: str | None = None,
+) -> None:
     """Tables, optional plot, optional pass/fail (RuntimeFailure, exit 1, when the expectation is not met)."""
     # Tables are 7 columns wide: give them room when the output is a file or a pipe (rich then assumes 80).
     console = console or (Console() if sys.stdout.isatty() else Console(width=120))

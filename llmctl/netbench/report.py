@@ -128,8 +128,9 @@ class SizePoint(_Model):
     """Back-to-back calls timed together in each iteration; times are per call."""
 
     @classmethod
-    def measured(cls, collective: str, n_ranks: int, size_bytes: int, times_s: Sequence[float],
-                 calls_per_iter: int = 1) -> SizePoint:
+    def measured(
+        cls, collective: str, n_ranks: int, size_bytes: int, times_s: Sequence[float], calls_per_iter: int = 1
+    ) -> SizePoint:
         stats = TimeStats.of(times_s)
         return cls(
             size_bytes=size_bytes,
@@ -264,8 +265,9 @@ class BenchReport(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> BenchReport:
         if sum(len(n.ranks) for n in self.nodes) != self.world_size:
-            raise ValueError(f"nodes list {sum(len(n.ranks) for n in self.nodes)} ranks, world_size says "
-                             f"{self.world_size}")
+            raise ValueError(
+                f"nodes list {sum(len(n.ranks) for n in self.nodes)} ranks, world_size says {self.world_size}"
+            )
         return self
 
     # ---- what the planner asks
@@ -330,11 +332,15 @@ def load_bench(path: str | Path) -> BenchReport:
     if not isinstance(data, dict):
         raise SpecError(f"{p} is not a bench-net report (expected a JSON object)")
     if data.get("schema") != SCHEMA_NAME:
-        raise SpecError(f"{p} is not a bench-net report (schema is {data.get('schema')!r}, "
-                        f"expected {SCHEMA_NAME!r})", hint="write one with `llmctl bench-net --json FILE`")
+        raise SpecError(
+            f"{p} is not a bench-net report (schema is {data.get('schema')!r}, expected {SCHEMA_NAME!r})",
+            hint="write one with `llmctl bench-net --json FILE`",
+        )
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise SpecError(f"{p} has bench-net schema_version {data.get('schema_version')!r}; this llmctl reads "
-                        f"version {SCHEMA_VERSION}")
+        raise SpecError(
+            f"{p} has bench-net schema_version {data.get('schema_version')!r}; this llmctl reads "
+            f"version {SCHEMA_VERSION}"
+        )
     try:
         return BenchReport.model_validate(data)
     except ValidationError as e:
@@ -386,15 +392,14 @@ def judge_nodes(
     ref = statistics.median(best.values()) if best else 0.0
     slow_by_link = set(below_median(best, fraction))
     slow_by_intra = set(below_median(intra_busbw, fraction))
-    judged_links = [lk.model_copy(update={"slow": len(best) >= 3 and lk.busbw_gbytes_s < fraction * ref})
-                    for lk in links]
+    judged_links = [
+        lk.model_copy(update={"slow": len(best) >= 3 and lk.busbw_gbytes_s < fraction * ref}) for lk in links
+    ]
     verdicts = []
     for n in names:
         reasons = []
         if n in slow_by_link:
-            reasons.append(
-                f"best inter-node link {best[n]:.3g} GB/s < {fraction:g} x median {ref:.3g} GB/s"
-            )
+            reasons.append(f"best inter-node link {best[n]:.3g} GB/s < {fraction:g} x median {ref:.3g} GB/s")
         if n in slow_by_intra:
             med = statistics.median(intra_busbw.values())
             reasons.append(f"intra-node busbw {intra_busbw[n]:.3g} GB/s < {fraction:g} x median {med:.3g} GB/s")

@@ -72,8 +72,14 @@ def _make_store(env: opts.DistEnv, timeout_s: float, prefix: str) -> dist.Store:
         store = dist.TCPStore(env.master_addr, env.master_port, is_master=False, timeout=timeout)
     else:
         # wait_for_workers=False: rank 0 must not block in the constructor, or it could not name who is missing.
-        store = dist.TCPStore(env.master_addr, env.master_port, world_size=env.world_size,
-                              is_master=env.rank == 0, timeout=timeout, wait_for_workers=False)
+        store = dist.TCPStore(
+            env.master_addr,
+            env.master_port,
+            world_size=env.world_size,
+            is_master=env.rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
     return dist.PrefixStore(prefix, store)
 
 
@@ -100,11 +106,14 @@ def check_in(store: dist.Store, env: opts.DistEnv, timeout_s: float) -> Layout:
     try:
         verdict = json.loads(store.get("verdict"))  # blocks up to the store timeout
     except Exception:
-        raise RuntimeFailure(f"rank {env.rank}: rank 0 never published the check-in result",
-                             hint="rank 0 died or cannot be reached") from None
+        raise RuntimeFailure(
+            f"rank {env.rank}: rank 0 never published the check-in result", hint="rank 0 died or cannot be reached"
+        ) from None
     if "error" in verdict:
-        raise RuntimeFailure(f"connectivity check failed: {verdict['error']}",
-                             hint="check that every node started and can reach MASTER_ADDR")
+        raise RuntimeFailure(
+            f"connectivity check failed: {verdict['error']}",
+            hint="check that every node started and can reach MASTER_ADDR",
+        )
     by_node: dict[int, tuple[str, list[int]]] = {}
     for r_s, info in verdict["ranks"].items():
         name, ranks = by_node.setdefault(int(info["node_rank"]), (info["name"], []))
@@ -162,17 +171,24 @@ class Groups:
         return None, 0
 
 
-def _new_groups(kind: str, members: list[list[int]], labels: list[str], groups_per_node: int,
-                backend: str) -> Groups:
+def _new_groups(kind: str, members: list[list[int]], labels: list[str], groups_per_node: int, backend: str) -> Groups:
     # Every rank must create every group, in the same order (torch.distributed.new_group's contract).
-    handles = [dist.new_group(ranks, backend=backend) if len(ranks) < dist.get_world_size() else dist.group.WORLD
-               for ranks in members]
+    handles = [
+        dist.new_group(ranks, backend=backend) if len(ranks) < dist.get_world_size() else dist.group.WORLD
+        for ranks in members
+    ]
     return Groups(kind, members, labels, handles, groups_per_node)
 
 
-def _collective_fn(collective: str, numel: int, n: int, group: dist.ProcessGroup, dtype: torch.dtype,
-                   device: torch.device, group_rank: int) -> tuple[Callable[[], None], Callable[[], bool],
-                                                                   Callable[[], None]]:
+def _collective_fn(
+    collective: str,
+    numel: int,
+    n: int,
+    group: dist.ProcessGroup,
+    dtype: torch.dtype,
+    device: torch.device,
+    group_rank: int,
+) -> tuple[Callable[[], None], Callable[[], bool], Callable[[], None]]:
     """(run once, check the result of the first run, reset before a run). numel is the nccl-tests size in
     elements: the all-reduce buffer, the all-gather output, the reduce-scatter input."""
     if collective == "all_reduce":
@@ -215,8 +231,15 @@ class Timer:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def measure(self, iters: int, warmup: int, run: Callable[[], None] | None,
-                check: Callable[[], bool], reset: Callable[[], None], calls: int = 1) -> tuple[list[float], bool]:
+    def measure(
+        self,
+        iters: int,
+        warmup: int,
+        run: Callable[[], None] | None,
+        check: Callable[[], bool],
+        reset: Callable[[], None],
+        calls: int = 1,
+    ) -> tuple[list[float], bool]:
         """Per-iteration time of one call on this rank (warm-up dropped), and whether the result was right.
 
         First one untimed call whose result is checked. Then each iteration: device sync, world barrier (all
@@ -262,8 +285,14 @@ def _gather_times(times: list[float], ok: bool, world_size: int) -> list[list[fl
     return [o.tolist() for o in out]
 
 
-def time_collective(collective: str, size_bytes: int, iters: int, warmup: int = 0,
-                    dtype: torch.dtype = torch.float32, calls: int | None = None) -> list[float]:
+def time_collective(
+    collective: str,
+    size_bytes: int,
+    iters: int,
+    warmup: int = 0,
+    dtype: torch.dtype = torch.float32,
+    calls: int | None = None,
+) -> list[float]:
     """The sweep's measurement for one point on the default (world) group, for callers that already run a
     process group (benchmarks): each timed iteration's slowest-rank time, seconds. Same code path as `run`."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -289,9 +318,14 @@ class _Progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
             force = os.environ.get("LLMCTL_FORCE_TTY") == "1" or None
-            self.bar = Progress(TextColumn("{task.description:<40}"), BarColumn(), MofNCompleteColumn(),
-                                TimeElapsedColumn(), console=Console(stderr=True, force_terminal=force),
-                                transient=False)
+            self.bar = Progress(
+                TextColumn("{task.description:<40}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True, force_terminal=force),
+                transient=False,
+            )
             self.task = self.bar.add_task("bench-net", total=total)
             self.bar.start()
 
@@ -344,25 +378,45 @@ def run(cfg: opts.WorkerConfig, env: opts.DistEnv | None = None) -> BenchReport 
         else:  # embedded in a job that already has its process group: reuse its store and group
             store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
     except Exception as e:  # DistStoreError / RuntimeError: rank 0 (or torchrun's agent) never came up
-        raise RuntimeFailure(f"rank {env.rank} cannot reach the rendezvous store at {env.master_addr}:"
-                             f"{env.master_port} ({str(e).strip().splitlines()[0][:160] if str(e) else e!r})",
-                             hint="is rank 0 running, and MASTER_ADDR reachable from this node?") from None
+        raise RuntimeFailure(
+            f"rank {env.rank} cannot reach the rendezvous store at {env.master_addr}:"
+            f"{env.master_port} ({str(e).strip().splitlines()[0][:160] if str(e) else e!r})",
+            hint="is rank 0 running, and MASTER_ADDR reachable from this node?",
+        ) from None
     layout = check_in(store, env, cfg.timeout_s)
     if owns_pg:
-        dist.init_process_group(backend, store=dist.PrefixStore("pg", store), rank=env.rank,
-                                world_size=env.world_size, timeout=timedelta(seconds=cfg.timeout_s),
-                                device_id=device if on_gpu else None)
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore("pg", store),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=cfg.timeout_s),
+            device_id=device if on_gpu else None,
+        )
     try:
-        return _run(cfg, env, layout, store, device, backend, dtype, dtype_name, sizes, iters, warmup,
-                    collectives, pair_size)
+        return _run(
+            cfg, env, layout, store, device, backend, dtype, dtype_name, sizes, iters, warmup, collectives, pair_size
+        )
     finally:
         if owns_pg:
             dist.destroy_process_group()
 
 
-def _run(cfg: opts.WorkerConfig, env: opts.DistEnv, layout: Layout, store: dist.Store, device: torch.device,
-         backend: str, dtype: torch.dtype, dtype_name: str, sizes: list[int], iters: int, warmup: int,
-         collectives: list[str], pair_size: int) -> BenchReport | None:
+def _run(
+    cfg: opts.WorkerConfig,
+    env: opts.DistEnv,
+    layout: Layout,
+    store: dist.Store,
+    device: torch.device,
+    backend: str,
+    dtype: torch.dtype,
+    dtype_name: str,
+    sizes: list[int],
+    iters: int,
+    warmup: int,
+    collectives: list[str],
+    pair_size: int,
+) -> BenchReport | None:
     rank, world = env.rank, env.world_size
     phases = Phases(store, rank, world, layout)
     timer = Timer(device)
@@ -383,8 +437,10 @@ def _run(cfg: opts.WorkerConfig, env: opts.DistEnv, layout: Layout, store: dist.
             inter = [[n.ranks[i] for n in nodes] for i in range(g)]
             kinds.append(_new_groups("inter_node", inter, [f"local{i}" for i in range(g)], g, backend))
         rounds = round_robin_pairs(k)[: cfg.max_pair_rounds] if k >= 2 else []
-        pair_groups = [[_new_groups("pair", [[nodes[a].ranks[0], nodes[b].ranks[0]]], [f"{a}-{b}"], 1, backend)
-                        for a, b in rnd] for rnd in rounds]
+        pair_groups = [
+            [_new_groups("pair", [[nodes[a].ranks[0], nodes[b].ranks[0]]], [f"{a}-{b}"], 1, backend) for a, b in rnd]
+            for rnd in rounds
+        ]
 
     total = sum(len(sizes) * len(collectives) for _ in kinds) + len(pair_groups)
     progress = _Progress(cfg.progress and rank == 0, total)
@@ -400,15 +456,17 @@ def _run(cfg: opts.WorkerConfig, env: opts.DistEnv, layout: Layout, store: dist.
                     label = f"{grp.kind} {coll} {_fmt_size(size_b)}"
                     progress.step(label)
                     with phases.phase(label):
-                        run_fn, check, reset = _collective_fn(coll, size_b // dtype.itemsize, n, handle, dtype,
-                                                              device, group_rank)
+                        run_fn, check, reset = _collective_fn(
+                            coll, size_b // dtype.itemsize, n, handle, dtype, device, group_rank
+                        )
                         calls = calls_per_iter(size_b, device.type == "cuda")
                         times, ok = timer.measure(iters, warmup, run_fn, check, reset, calls)
                         all_times = _gather_times(times, ok, world)
                     bad = [r for r, t in enumerate(all_times) if t[-1] != 1.0]
                     if bad:
-                        raise RuntimeFailure(f"{label}: wrong result on rank(s) {bad} "
-                                             f"({', '.join(layout.rank_node[r] for r in bad)})")
+                        raise RuntimeFailure(
+                            f"{label}: wrong result on rank(s) {bad} ({', '.join(layout.rank_node[r] for r in bad)})"
+                        )
                     slowest = [max(all_times[r][i] for r in range(world)) for i in range(iters)]
                     points.append(SizePoint.measured(coll, n, size_b, slowest, calls))
                     for lab, members in zip(grp.labels, grp.members):
@@ -416,33 +474,48 @@ def _run(cfg: opts.WorkerConfig, env: opts.DistEnv, layout: Layout, store: dist.
                         per_group[lab].append(busbw_gbytes_s(coll, len(members), size_b, t_med))
                     del run_fn, check, reset
                     progress.advance()
-                results.append(CollectiveResult(
-                    group=grp.kind, collective=coll, ranks_per_group=n, concurrent_groups=len(grp.members),
-                    groups_per_node=grp.groups_per_node, points=points,
-                    per_group_busbw_gbytes_s=per_group if len(grp.members) > 1 else {}))
+                results.append(
+                    CollectiveResult(
+                        group=grp.kind,
+                        collective=coll,
+                        ranks_per_group=n,
+                        concurrent_groups=len(grp.members),
+                        groups_per_node=grp.groups_per_node,
+                        points=points,
+                        per_group_busbw_gbytes_s=per_group if len(grp.members) > 1 else {},
+                    )
+                )
 
-        links = _pairwise(pair_groups, rounds, nodes, rank, world, pair_size, dtype, device, iters, warmup,
-                          timer, phases, progress)
+        links = _pairwise(
+            pair_groups, rounds, nodes, rank, world, pair_size, dtype, device, iters, warmup, timer, phases, progress
+        )
     finally:
         progress.close()
 
     if rank != 0:
         return None
-    intra = {lab: bws[-1] for r in results if r.group == "intra_node" and r.collective == "all_reduce"
-             for lab, bws in r.per_group_busbw_gbytes_s.items()}
+    intra = {
+        lab: bws[-1]
+        for r in results
+        if r.group == "intra_node" and r.collective == "all_reduce"
+        for lab, bws in r.per_group_busbw_gbytes_s.items()
+    }
     links, verdicts = judge_nodes([n.name for n in nodes], links, intra, cfg.slow_fraction)
     report = BenchReport(
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         backend=backend,
-        device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        device=torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({platform.processor() or platform.machine()})",
         dtype=dtype_name,
         world_size=world,
         ranks_per_node=g if layout.uniform else max(len(n.ranks) for n in nodes),
         nodes=nodes,
         versions=_versions(),
         env=opts.recorded_env(),
-        config=BenchConfig(sizes_bytes=sizes, iters=iters, warmup=warmup, collectives=collectives,
-                           slow_fraction=cfg.slow_fraction),
+        config=BenchConfig(
+            sizes_bytes=sizes, iters=iters, warmup=warmup, collectives=collectives, slow_fraction=cfg.slow_fraction
+        ),
         results=results,
         links=links,
         node_verdicts=verdicts,
@@ -451,9 +524,21 @@ def _run(cfg: opts.WorkerConfig, env: opts.DistEnv, layout: Layout, store: dist.
     return report
 
 
-def _pairwise(pair_groups: list[list[Groups]], rounds: list[list[tuple[int, int]]], nodes: list[NodeInfo],
-              rank: int, world: int, size: int, dtype: torch.dtype, device: torch.device, iters: int,
-              warmup: int, timer: Timer, phases: Phases, progress: _Progress) -> list[LinkResult]:
+def _pairwise(
+    pair_groups: list[list[Groups]],
+    rounds: list[list[tuple[int, int]]],
+    nodes: list[NodeInfo],
+    rank: int,
+    world: int,
+    size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    iters: int,
+    warmup: int,
+    timer: Timer,
+    phases: Phases,
+    progress: _Progress,
+) -> list[LinkResult]:
     """Local rank 0 of two nodes all-reduce; the disjoint pairs of one round run at the same time."""
     links = []
     size_b = aligned_size(size, 2, dtype.itemsize)
@@ -464,8 +549,9 @@ def _pairwise(pair_groups: list[list[Groups]], rounds: list[list[tuple[int, int]
         mine = next(((grp.handles[0], grp.members[0]) for grp in groups if rank in grp.members[0]), None)
         with phases.phase(label):
             if mine is not None:
-                fns = _collective_fn("all_reduce", size_b // dtype.itemsize, 2, mine[0], dtype, device,
-                                     mine[1].index(rank))
+                fns = _collective_fn(
+                    "all_reduce", size_b // dtype.itemsize, 2, mine[0], dtype, device, mine[1].index(rank)
+                )
                 times, ok = timer.measure(iters, warmup, *fns, calls=calls)
             else:
                 times, ok = timer.measure(iters, warmup, None, lambda: True, lambda: None, calls=calls)
@@ -475,8 +561,14 @@ def _pairwise(pair_groups: list[list[Groups]], rounds: list[list[tuple[int, int]
             if all_times[ra][-1] != 1.0 or all_times[rb][-1] != 1.0:
                 raise RuntimeFailure(f"pair {nodes[a].name}-{nodes[b].name}: wrong all-reduce result")
             t_med = sorted(max(all_times[ra][i], all_times[rb][i]) for i in range(iters))[iters // 2]
-            links.append(LinkResult(a=nodes[a].name, b=nodes[b].name, size_bytes=size_b,
-                                    busbw_gbytes_s=busbw_gbytes_s("all_reduce", 2, size_b, t_med)))
+            links.append(
+                LinkResult(
+                    a=nodes[a].name,
+                    b=nodes[b].name,
+                    size_bytes=size_b,
+                    busbw_gbytes_s=busbw_gbytes_s("all_reduce", 2, size_b, t_med),
+                )
+            )
         progress.advance()
     return links
 

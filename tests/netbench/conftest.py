@@ -63,8 +63,14 @@ def netns_cluster(request: pytest.FixtureRequest) -> Iterator[Callable[[list[int
     made: list[NetnsCluster] = []
 
     def make(rates_mbit: list[int | str]) -> NetnsCluster:
-        subprocess.run(["bash", str(NETNS_SH), "up", *map(str, rates_mbit)], env=env, check=True,
-                       capture_output=True, text=True, timeout=60)
+        subprocess.run(
+            ["bash", str(NETNS_SH), "up", *map(str, rates_mbit)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         c = NetnsCluster(prefix, subnet, [f"{prefix}{i}" for i in range(len(rates_mbit))])
         made.append(c)
         return c

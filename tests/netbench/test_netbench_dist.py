@@ -28,9 +28,29 @@ def check_consistent(r: BenchReport) -> None:
 def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Path) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run(
-        [*LLMCTL, "bench-net", "--nproc-per-node", "2", "--sizes", "256K,1M", "--iters", "3", "--warmup", "1",
-         "--json", str(out), "--plot", str(png), "--expect-gbps", "100000", "--timeout", "60"],
-        env=run_env(tmp_path, GLOO_SOCKET_IFNAME="lo", NCCL_DEBUG="WARN"), capture_output=True, text=True,
+        [
+            *LLMCTL,
+            "bench-net",
+            "--nproc-per-node",
+            "2",
+            "--sizes",
+            "256K,1M",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--expect-gbps",
+            "100000",
+            "--timeout",
+            "60",
+        ],
+        env=run_env(tmp_path, GLOO_SOCKET_IFNAME="lo", NCCL_DEBUG="WARN"),
+        capture_output=True,
+        text=True,
         timeout=180,
     )
     # the sweep ran and was written; then --expect-gbps turned the summary into a failure: exit 1, one line
@@ -41,7 +61,10 @@ def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Pa
     r = load_bench(out)
     assert r.world_size == 2 and r.backend == "gloo" and r.dtype == "float32" and len(r.nodes) == 1
     assert {(x.group, x.collective) for x in r.results} == {
-        ("world", "all_reduce"), ("world", "all_gather"), ("world", "reduce_scatter")}
+        ("world", "all_reduce"),
+        ("world", "all_gather"),
+        ("world", "reduce_scatter"),
+    }
     assert r.env["GLOO_SOCKET_IFNAME"] == "lo" and r.env["NCCL_DEBUG"] == "WARN"
     assert r.versions["torch"].startswith("2.")
     assert [p.size_bytes for p in r.results[0].points] == [256 * 1024, 2**20]
@@ -56,12 +79,40 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
     out, port = tmp_path / "bench.json", free_port()
     procs = [
         subprocess.Popen(
-            [*LLMCTL, "bench-net", "--nnodes", "2", "--node-rank", str(i), "--master-addr", "127.0.0.1",
-             "--master-port", str(port), "--nproc-per-node", "2", "--sizes", "1M", "--iters", "3", "--warmup", "1",
-             "--collectives", "all_reduce,reduce_scatter", "--json", str(out), "--expect-gbps", "0.001",
-             "--timeout", "60", "--no-progress"],
-            env=run_env(tmp_path, LLMCTL_NODE_NAME=f"box{i}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            [
+                *LLMCTL,
+                "bench-net",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(i),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "--nproc-per-node",
+                "2",
+                "--sizes",
+                "1M",
+                "--iters",
+                "3",
+                "--warmup",
+                "1",
+                "--collectives",
+                "all_reduce,reduce_scatter",
+                "--json",
+                str(out),
+                "--expect-gbps",
+                "0.001",
+                "--timeout",
+                "60",
+                "--no-progress",
+            ],
+            env=run_env(tmp_path, LLMCTL_NODE_NAME=f"box{i}"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for i in range(2)
     ]
     try:
@@ -76,8 +127,9 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
     assert r.hosts == ["box0", "box1"] and r.ranks_per_node == 2 and r.world_size == 4
     assert [n.ranks for n in r.nodes] == [[0, 1], [2, 3]]
     groups = {(x.group, x.collective): x for x in r.results}
-    assert set(groups) == {(g, c) for g in ("world", "intra_node", "inter_node")
-                           for c in ("all_reduce", "reduce_scatter")}
+    assert set(groups) == {
+        (g, c) for g in ("world", "intra_node", "inter_node") for c in ("all_reduce", "reduce_scatter")
+    }
     inter = groups[("inter_node", "all_reduce")]
     assert (inter.ranks_per_group, inter.concurrent_groups, inter.groups_per_node) == (2, 2, 2)
     assert set(groups[("intra_node", "all_reduce")].per_group_busbw_gbytes_s) == {"box0", "box1"}
@@ -90,10 +142,34 @@ def test_inside_torchrun_runs_in_process(tmp_path: Path) -> None:
     """`torchrun ... -m llmctl.cli.main bench-net` (as under srun): every rank runs the worker itself."""
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-         "-m", "llmctl.cli.main", "bench-net", "--sizes", "512K", "--iters", "3", "--warmup", "1",
-         "--collectives", "all_gather", "--json", str(out), "--timeout", "60", "--no-progress"],
-        env=run_env(tmp_path), capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "4",
+            "-m",
+            "llmctl.cli.main",
+            "bench-net",
+            "--sizes",
+            "512K",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--collectives",
+            "all_gather",
+            "--json",
+            str(out),
+            "--timeout",
+            "60",
+            "--no-progress",
+        ],
+        env=run_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr
     r = load_bench(out)
@@ -106,12 +182,36 @@ def test_a_rank_that_never_joins_is_named(tmp_path: Path) -> None:
     port = free_port()
     procs = []
     for rank in (0, 1):
-        env = run_env(tmp_path, RANK=str(rank), WORLD_SIZE="3", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                      GROUP_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env = run_env(
+            tmp_path,
+            RANK=str(rank),
+            WORLD_SIZE="3",
+            LOCAL_RANK="0",
+            LOCAL_WORLD_SIZE="1",
+            GROUP_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
         env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "llmctl.netbench.worker", "--json", str(tmp_path / "x.json"), "--timeout", "4",
-             "--sizes", "1M"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "llmctl.netbench.worker",
+                    "--json",
+                    str(tmp_path / "x.json"),
+                    "--timeout",
+                    "4",
+                    "--sizes",
+                    "1M",
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     try:
         outs = [p.communicate(timeout=90) for p in procs]
     finally:

@@ -23,12 +23,32 @@ def run_nodes(cluster, tmp_path: Path, nproc: int, args: list[str], timeout_s: f
     procs = []
     try:
         for i in range(n):
-            argv = [*LLMCTL, "bench-net", "--nnodes", str(n), "--node-rank", str(i), "--master-addr",
-                    cluster.addr(0), "--master-port", str(port), "--nproc-per-node", str(nproc), "--json",
-                    str(out), "--timeout", "90", "--no-progress", *args]
+            argv = [
+                *LLMCTL,
+                "bench-net",
+                "--nnodes",
+                str(n),
+                "--node-rank",
+                str(i),
+                "--master-addr",
+                cluster.addr(0),
+                "--master-port",
+                str(port),
+                "--nproc-per-node",
+                str(nproc),
+                "--json",
+                str(out),
+                "--timeout",
+                "90",
+                "--no-progress",
+                *args,
+            ]
             env = run_env(tmp_path, LLMCTL_NODE_NAME=f"node{i}", GLOO_SOCKET_IFNAME="fab0")
-            procs.append(subprocess.Popen(cluster.exec_argv(i, argv), env=env, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True))
+            procs.append(
+                subprocess.Popen(
+                    cluster.exec_argv(i, argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                )
+            )
         outs = [p.communicate(timeout=timeout_s) for p in procs]
     finally:
         for p in procs:  # our own children only, by handle; the fixture's teardown kills what is left inside
@@ -42,8 +62,12 @@ def run_nodes(cluster, tmp_path: Path, nproc: int, args: list[str], timeout_s: f
 def test_two_nodes_shaped_link_inter_node_busbw_matches_link_rate(netns_cluster, tmp_path: Path) -> None:  # noqa: ANN001
     link_gbit_s = 1.0
     cluster = netns_cluster([1000, 1000])
-    r = run_nodes(cluster, tmp_path, nproc=2,
-                  args=["--sizes", "4M,16M", "--iters", "5", "--warmup", "1", "--collectives", "all_reduce"])
+    r = run_nodes(
+        cluster,
+        tmp_path,
+        nproc=2,
+        args=["--sizes", "4M,16M", "--iters", "5", "--warmup", "1", "--collectives", "all_reduce"],
+    )
     assert r.hosts == ["node0", "node1"] and r.env["GLOO_SOCKET_IFNAME"] == "fab0"
     inter_per_node = gbit_s(r.inter_node_busbw_gbytes_s(16 * 2**20, per_node=True))
     link = gbit_s(r.links[0].busbw_gbytes_s)
@@ -59,9 +83,25 @@ def test_two_nodes_shaped_link_inter_node_busbw_matches_link_rate(netns_cluster,
 
 def test_three_nodes_one_slow_link_is_flagged_by_name(netns_cluster, tmp_path: Path) -> None:  # noqa: ANN001
     cluster = netns_cluster([1000, 1000, 250])
-    r = run_nodes(cluster, tmp_path, nproc=1,
-                  args=["--sizes", "1M", "--pair-size", "8M", "--iters", "3", "--warmup", "0",
-                        "--collectives", "all_reduce", "--slow-fraction", "0.6"])
+    r = run_nodes(
+        cluster,
+        tmp_path,
+        nproc=1,
+        args=[
+            "--sizes",
+            "1M",
+            "--pair-size",
+            "8M",
+            "--iters",
+            "3",
+            "--warmup",
+            "0",
+            "--collectives",
+            "all_reduce",
+            "--slow-fraction",
+            "0.6",
+        ],
+    )
     links = {(lk.a, lk.b): lk for lk in r.links}
     print({k: round(gbit_s(v.busbw_gbytes_s), 3) for k, v in links.items()})
     assert set(links) == {("node0", "node1"), ("node0", "node2"), ("node1", "node2")}

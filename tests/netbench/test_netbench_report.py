@@ -67,8 +67,9 @@ def test_size_point_uses_median_time_not_mean_of_bandwidths() -> None:
 
 def _points(busbw_by_mib: dict[int, float]) -> list[rp.SizePoint]:
     # time chosen so that busbw (2 ranks, all-reduce: factor 1) equals the given value
-    return [rp.SizePoint.measured("all_reduce", 2, m * MiB, [m * MiB / (bw * 1e9)] * 3)
-            for m, bw in busbw_by_mib.items()]
+    return [
+        rp.SizePoint.measured("all_reduce", 2, m * MiB, [m * MiB / (bw * 1e9)] * 3) for m, bw in busbw_by_mib.items()
+    ]
 
 
 def test_summary() -> None:
@@ -90,9 +91,11 @@ def test_round_robin_pairs_cover_every_pair_once() -> None:
 
 
 def test_judge_nodes_names_the_node_behind_the_slow_links() -> None:
-    links = [rp.LinkResult(a="n0", b="n1", size_bytes=MiB, busbw_gbytes_s=0.12),
-             rp.LinkResult(a="n0", b="n2", size_bytes=MiB, busbw_gbytes_s=0.03),
-             rp.LinkResult(a="n1", b="n2", size_bytes=MiB, busbw_gbytes_s=0.031)]
+    links = [
+        rp.LinkResult(a="n0", b="n1", size_bytes=MiB, busbw_gbytes_s=0.12),
+        rp.LinkResult(a="n0", b="n2", size_bytes=MiB, busbw_gbytes_s=0.03),
+        rp.LinkResult(a="n1", b="n2", size_bytes=MiB, busbw_gbytes_s=0.031),
+    ]
     judged, verdicts = rp.judge_nodes(["n0", "n1", "n2"], links, {}, 0.7)
     assert [v.name for v in verdicts if v.slow] == ["n2"]
     assert [(lk.a, lk.b) for lk in judged if lk.slow] == [("n0", "n2"), ("n1", "n2")]
@@ -108,22 +111,48 @@ def test_judge_nodes_names_the_node_behind_the_slow_links() -> None:
 def make_report(nodes: int = 2, g: int = 2) -> rp.BenchReport:
     pts_fast = _points({4: 2.0, 16: 4.0, 64: 4.0})
     pts_slow = _points({4: 0.05, 16: 0.06, 64: 0.06})
-    results = [rp.CollectiveResult(group="world", collective="all_reduce", ranks_per_group=nodes * g,
-                                   concurrent_groups=1, groups_per_node=1, points=pts_slow)]
+    results = [
+        rp.CollectiveResult(
+            group="world",
+            collective="all_reduce",
+            ranks_per_group=nodes * g,
+            concurrent_groups=1,
+            groups_per_node=1,
+            points=pts_slow,
+        )
+    ]
     if nodes > 1:
         results += [
-            rp.CollectiveResult(group="intra_node", collective="all_reduce", ranks_per_group=g,
-                                concurrent_groups=nodes, groups_per_node=1, points=pts_fast),
-            rp.CollectiveResult(group="inter_node", collective="all_reduce", ranks_per_group=nodes,
-                                concurrent_groups=g, groups_per_node=g, points=pts_slow),
+            rp.CollectiveResult(
+                group="intra_node",
+                collective="all_reduce",
+                ranks_per_group=g,
+                concurrent_groups=nodes,
+                groups_per_node=1,
+                points=pts_fast,
+            ),
+            rp.CollectiveResult(
+                group="inter_node",
+                collective="all_reduce",
+                ranks_per_group=nodes,
+                concurrent_groups=g,
+                groups_per_node=g,
+                points=pts_slow,
+            ),
         ]
     return rp.BenchReport(
-        created_utc="2026-11-22T05:00:00+00:00", backend="gloo", device="cpu", dtype="float32",
-        world_size=nodes * g, ranks_per_node=g,
+        created_utc="2026-11-22T05:00:00+00:00",
+        backend="gloo",
+        device="cpu",
+        dtype="float32",
+        world_size=nodes * g,
+        ranks_per_node=g,
         nodes=[rp.NodeInfo(name=f"node{i}", node_rank=i, ranks=list(range(i * g, (i + 1) * g))) for i in range(nodes)],
-        versions={"torch": "2.13.0"}, env={"GLOO_SOCKET_IFNAME": "fab0"},
-        config=rp.BenchConfig(sizes_bytes=[4 * MiB, 16 * MiB, 64 * MiB], iters=3, warmup=1,
-                              collectives=["all_reduce"], slow_fraction=0.7),
+        versions={"torch": "2.13.0"},
+        env={"GLOO_SOCKET_IFNAME": "fab0"},
+        config=rp.BenchConfig(
+            sizes_bytes=[4 * MiB, 16 * MiB, 64 * MiB], iters=3, warmup=1, collectives=["all_reduce"], slow_fraction=0.7
+        ),
         results=results,
     )
 
@@ -203,12 +232,30 @@ def test_parse_dtype_and_collectives() -> None:
 
 
 def test_dist_env_from_torchrun_and_srun() -> None:
-    e = opts.dist_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-                       "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
-                       "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    e = opts.dist_env(
+        {
+            "RANK": "3",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": "1",
+            "MASTER_ADDR": "10.0.0.1",
+            "MASTER_PORT": "29500",
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+        }
+    )
     assert (e.rank, e.node_rank, e.local_world_size, e.agent_store, e.launcher) == (3, 1, 2, True, "torchrun")
-    s = opts.dist_env({"SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
-                       "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "4(x2)", "MASTER_ADDR": "n1"})
+    s = opts.dist_env(
+        {
+            "SLURM_STEP_ID": "0",
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "8",
+            "SLURM_LOCALID": "1",
+            "SLURM_NODEID": "1",
+            "SLURM_TASKS_PER_NODE": "4(x2)",
+            "MASTER_ADDR": "n1",
+        }
+    )
     assert (s.rank, s.world_size, s.local_world_size, s.node_rank, s.master_addr) == (5, 8, 4, 1, "n1")
     assert opts.inside_launcher({}) is None
     with pytest.raises(InputError, match="not inside torchrun or srun"):
@@ -243,11 +290,13 @@ def test_cli_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None
 
 def test_cli_and_report_stay_torch_free() -> None:
     # (the help's exit code is main.py's business; here only: help shows our options, nothing imported torch)
-    code = ("import sys, llmctl.cli.main, llmctl.netbench.report, llmctl.netbench.render; "
-            "from typer.testing import CliRunner; run = CliRunner().invoke; app = llmctl.cli.main.app; "
-            "r = run(app, ['bench-net', '--help']); assert '--nproc-per-node' in r.output, r.output; "
-            "r = run(app, ['bench-net', '--sizes', '0']); assert r.exit_code == 2, r.output; "
-            "assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys, llmctl.cli.main, llmctl.netbench.report, llmctl.netbench.render; "
+        "from typer.testing import CliRunner; run = CliRunner().invoke; app = llmctl.cli.main.app; "
+        "r = run(app, ['bench-net', '--help']); assert '--nproc-per-node' in r.output, r.output; "
+        "r = run(app, ['bench-net', '--sizes', '0']); assert r.exit_code == 2, r.output; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
