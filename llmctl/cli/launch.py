@@ -24,6 +24,7 @@ class RunFailed(RuntimeFailure):
         super().__init__(f"the run exited with code {code}")
         self.exit_code = code
 
+
 PlanArg = Annotated[Path, typer.Argument(help="Plan file (YAML), as written by `llmctl plan`.", show_default=False)]
 SlurmOpt = Annotated[bool, typer.Option("--slurm", help="Submit to SLURM instead of running here.")]
 ExecutorOpt = Annotated[
@@ -44,8 +45,10 @@ SignalLeadOpt = Annotated[
 ]
 NprocOpt = Annotated[
     str | None,
-    typer.Option("--nproc-per-node", help="Processes per node: a number, or 'auto' (the GPUs present). "
-                 "Default: the plan's hardware.nproc_per_node."),
+    typer.Option(
+        "--nproc-per-node",
+        help="Processes per node: a number, or 'auto' (the GPUs present). Default: the plan's hardware.nproc_per_node.",
+    ),
 ]
 EnvOpt = Annotated[
     list[str] | None, typer.Option("--env", help="NAME=VALUE for the job (repeatable; secrets are refused).")
@@ -104,16 +107,38 @@ def launch(
     nproc = local.resolve_nproc(nproc_per_node, loaded.hardware.nproc_per_node)
     job_env = _job_env(env, socket_ifname, nccl_debug)
     if not slurm:
-        slurm_only = {"--partition": partition, "--account": account, "--time": time_limit, "--qos": qos,
-                      "--constraint": constraint, "--exclude": exclude, "--sbatch-arg": sbatch_arg}
+        slurm_only = {
+            "--partition": partition,
+            "--account": account,
+            "--time": time_limit,
+            "--qos": qos,
+            "--constraint": constraint,
+            "--exclude": exclude,
+            "--sbatch-arg": sbatch_arg,
+        }
         given = [k for k, v in slurm_only.items() if v]
         if given:
             raise InputError(f"{', '.join(given)} only apply with --slurm")
         _launch_local(plan, loaded, nproc, nodes, job_env, jobs_dir, dry_run)
         return
-    _launch_slurm(plan, loaded, nproc, nodes, job_env, jobs_dir, dry_run, executor=executor,
-                  partition=partition, account=account, time_limit=time_limit, qos=qos,
-                  constraint=constraint, exclude=exclude, sbatch_arg=sbatch_arg or [], signal_lead=signal_lead)
+    _launch_slurm(
+        plan,
+        loaded,
+        nproc,
+        nodes,
+        job_env,
+        jobs_dir,
+        dry_run,
+        executor=executor,
+        partition=partition,
+        account=account,
+        time_limit=time_limit,
+        qos=qos,
+        constraint=constraint,
+        exclude=exclude,
+        sbatch_arg=sbatch_arg or [],
+        signal_lead=signal_lead,
+    )
 
 
 def _resized(plan, nodes: int, nproc: int):  # noqa: ANN001, ANN202
@@ -157,8 +182,25 @@ def _launch_local(plan_path, plan, nproc, nodes, job_env, jobs_dir, dry_run) -> 
         raise RunFailed(code)
 
 
-def _launch_slurm(plan_path, plan, nproc, nodes, job_env, jobs_dir, dry_run, *, executor, partition,  # noqa: ANN001
-                  account, time_limit, qos, constraint, exclude, sbatch_arg, signal_lead) -> None:
+def _launch_slurm(
+    plan_path,
+    plan,
+    nproc,
+    nodes,
+    job_env,
+    jobs_dir,
+    dry_run,
+    *,
+    executor,
+    partition,  # noqa: ANN001
+    account,
+    time_limit,
+    qos,
+    constraint,
+    exclude,
+    sbatch_arg,
+    signal_lead,
+) -> None:
     from llmctl.launch import jobs, local, shell, slurm
     from llmctl.spec.planfile import save_plan
 
@@ -168,11 +210,22 @@ def _launch_slurm(plan_path, plan, nproc, nodes, job_env, jobs_dir, dry_run, *, 
     folder = root / "<new job folder>" if dry_run else None
     # Validate everything before creating anything on disk.
     params = slurm.make_params(
-        job_name=plan.name, nodes=n_nodes, nproc_per_node=nproc, workdir=str(Path.cwd()),
-        job_dir=str(folder or root / "_"), plan_path=str((folder or root / "_") / "plan.yaml"),
+        job_name=plan.name,
+        nodes=n_nodes,
+        nproc_per_node=nproc,
+        workdir=str(Path.cwd()),
+        job_dir=str(folder or root / "_"),
+        plan_path=str((folder or root / "_") / "plan.yaml"),
         torchrun=local.torchrun_command()[0] if len(local.torchrun_command()) == 1 else "torchrun",
-        gpus_per_node=gpus, time=time_limit, partition=partition, account=account, qos=qos,
-        constraint=constraint, exclude=exclude, extra_sbatch_args=sbatch_arg, env=job_env,
+        gpus_per_node=gpus,
+        time=time_limit,
+        partition=partition,
+        account=account,
+        qos=qos,
+        constraint=constraint,
+        exclude=exclude,
+        extra_sbatch_args=sbatch_arg,
+        env=job_env,
         signal_lead_s=signal_lead,
     )
     effective = _resized(plan, n_nodes, nproc)
@@ -181,10 +234,18 @@ def _launch_slurm(plan_path, plan, nproc, nodes, job_env, jobs_dir, dry_run, *, 
 
         submitit_backend.check_folder(root)
         sparams = submitit_backend.executor_parameters(
-            job_name=params.job_name, nodes=n_nodes, nproc_per_node=nproc, gpus_per_node=gpus,
-            time_s=slurm.parse_time_s(time_limit) if time_limit else None, partition=partition,
-            account=account, qos=qos, constraint=constraint, exclude=exclude,
-            extra_sbatch_args=params.extra_sbatch_args, signal_lead_s=signal_lead,
+            job_name=params.job_name,
+            nodes=n_nodes,
+            nproc_per_node=nproc,
+            gpus_per_node=gpus,
+            time_s=slurm.parse_time_s(time_limit) if time_limit else None,
+            partition=partition,
+            account=account,
+            qos=qos,
+            constraint=constraint,
+            exclude=exclude,
+            extra_sbatch_args=params.extra_sbatch_args,
+            signal_lead_s=signal_lead,
         )
         if dry_run:
             typer.echo(submitit_backend.render(root / "<new job folder>", sparams), nl=False)
@@ -210,9 +271,15 @@ def _launch_slurm(plan_path, plan, nproc, nodes, job_env, jobs_dir, dry_run, *, 
         logs = [folder / f"slurm-{job_id}.out"]
         command = ["sbatch", "--parsable", script.name]
     record = jobs.JobRecord(
-        job_id=job_id, backend=executor, folder=str(folder), plan_name=plan.name, nodes=n_nodes,
-        nproc_per_node=nproc, submitted_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        logs=[str(p) for p in logs], command=command,
+        job_id=job_id,
+        backend=executor,
+        folder=str(folder),
+        plan_name=plan.name,
+        nodes=n_nodes,
+        nproc_per_node=nproc,
+        submitted_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        logs=[str(p) for p in logs],
+        command=command,
     )
     record.save()
     typer.echo(f"submitted job {job_id} ({executor}, {n_nodes} nodes x {nproc} processes)")
@@ -244,8 +311,15 @@ def status(
     for col in ("job", "backend", "plan", "nodes", "state", "submitted", "folder"):
         table.add_column(col)
     for r in records:
-        table.add_row(r.job_id, r.backend, r.plan_name, f"{r.nodes}x{r.nproc_per_node}", jobs.state(r),
-                      r.submitted_at, Path(r.folder).name)
+        table.add_row(
+            r.job_id,
+            r.backend,
+            r.plan_name,
+            f"{r.nodes}x{r.nproc_per_node}",
+            jobs.state(r),
+            r.submitted_at,
+            Path(r.folder).name,
+        )
     Console(width=200).print(table)
 
 

@@ -129,5 +129,16 @@ def state(record: JobRecord) -> str:
     return slurm_state(record.job_id) or folder_state(record)
 
 
-ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-          "SUSPENDED", "RESIZING", "SIGNALING", "STAGE_OUT"}
+ACTIVE = {
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "SUSPENDED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+}

@@ -57,8 +57,11 @@ class EngineTask:
         env = {**os.environ, **self.env}
         if addr:
             env["MASTER_ADDR"] = addr
-        print(f"llmctl: task {dist.rank}/{dist.world_size} (restart {os.environ.get('SLURM_RESTART_COUNT', 0)})"
-              f" master {env['MASTER_ADDR']}:{dist.master_port}", flush=True)
+        print(
+            f"llmctl: task {dist.rank}/{dist.world_size} (restart {os.environ.get('SLURM_RESTART_COUNT', 0)})"
+            f" master {env['MASTER_ADDR']}:{dist.master_port}",
+            flush=True,
+        )
         proc = subprocess.Popen([sys.executable, "-m", ENGINE_MODULE, self.plan_path], cwd=self.workdir, env=env)
         self._pid = proc.pid
         # Poll instead of wait(): submitit's signal handler runs on this thread and reaps the child itself.
@@ -128,8 +131,14 @@ def executor_parameters(
         "signal_delay_s": signal_lead_s,
         "additional_parameters": additional,
     }
-    for key, value in (("partition", partition), ("account", account), ("qos", qos),
-                       ("constraint", constraint), ("exclude", exclude), ("gpus_per_node", gpus_per_node)):
+    for key, value in (
+        ("partition", partition),
+        ("account", account),
+        ("qos", qos),
+        ("constraint", constraint),
+        ("exclude", exclude),
+        ("gpus_per_node", gpus_per_node),
+    ):
         if value is not None:
             params[key] = value
     return params

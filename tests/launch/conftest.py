@@ -39,16 +39,16 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
     env = {**os.environ, "LLMCTL_SLURM_DIR": SLURM_DIR, "LLMCTL_SLURM_PORT": SLURM_PORT}
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "LLMCTL_SLURM_DIR")}
     try:
-        up = subprocess.run(["bash", str(REPO / "scripts" / "slurm-up.sh")], env=env, capture_output=True,
-                            text=True, timeout=300)
+        up = subprocess.run(
+            ["bash", str(REPO / "scripts" / "slurm-up.sh")], env=env, capture_output=True, text=True, timeout=300
+        )
         if up.returncode != 0:
             _unavailable(f"scripts/slurm-up.sh failed: {(up.stderr or up.stdout).strip().splitlines()[-1:]}")
         os.environ["SLURM_CONF"] = f"{SLURM_DIR}/etc/slurm.conf"
         os.environ["LLMCTL_SLURM_DIR"] = SLURM_DIR
         yield {"SLURM_CONF": os.environ["SLURM_CONF"], "dir": SLURM_DIR}
     finally:
-        subprocess.run(["bash", str(REPO / "scripts" / "slurm-down.sh")], env=env, capture_output=True,
-                       timeout=120)
+        subprocess.run(["bash", str(REPO / "scripts" / "slurm-down.sh")], env=env, capture_output=True, timeout=120)
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 TINY_PLAN = REPO / "examples" / "tiny-cpu.yaml"
 
 # Names and paths that try every way out of a shell word: quotes, ;, $(), backticks, newlines.
-HOSTILE = "it's \"x\"; $(touch PWNED1) `touch PWNED2`\n touch PWNED3 & echo \\ $HOME %j"
+HOSTILE = 'it\'s "x"; $(touch PWNED1) `touch PWNED2`\n touch PWNED3 & echo \\ $HOME %j'
 
 
 def write_stub(folder: Path, name: str, body: str) -> Path:

@@ -16,8 +16,12 @@ from typer.testing import CliRunner
 from llmctl.cli.main import app
 from llmctl.launch import local
 
-SECRETS = {"HF_TOKEN": "hf_s3cr3t_value_1", "WANDB_API_KEY": "wandb_s3cr3t_2", "DB_PASSWORD": "pw_s3cr3t_3",
-           "MY_SERVICE_SECRET": "svc_s3cr3t_4"}
+SECRETS = {
+    "HF_TOKEN": "hf_s3cr3t_value_1",
+    "WANDB_API_KEY": "wandb_s3cr3t_2",
+    "DB_PASSWORD": "pw_s3cr3t_3",
+    "MY_SERVICE_SECRET": "svc_s3cr3t_4",
+}
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -106,8 +110,10 @@ def test_multi_node_plan_needs_slurm_locally(workdir: Path) -> None:
     assert code == 2 and "add --slurm" in out
 
 
-@pytest.mark.parametrize("content, message", [(None, "no such plan file"), ("model: [", "not valid YAML"),
-                                               ("version: 1\nmodel: {preset: x}\n", "training")])
+@pytest.mark.parametrize(
+    "content, message",
+    [(None, "no such plan file"), ("model: [", "not valid YAML"), ("version: 1\nmodel: {preset: x}\n", "training")],
+)
 def test_bad_plan_one_line(workdir: Path, content: str | None, message: str) -> None:
     p = workdir / "bad.yaml"
     if content is not None:
@@ -117,8 +123,16 @@ def test_bad_plan_one_line(workdir: Path, content: str | None, message: str) -> 
 
 
 def test_slurm_dry_run_prints_valid_script_without_secrets(workdir: Path) -> None:
-    code, out = invoke("launch", str(plan_file(workdir, nodes=2)), "--slurm", "--partition", "debug",
-                       "--nccl-debug", "INFO", "--dry-run")
+    code, out = invoke(
+        "launch",
+        str(plan_file(workdir, nodes=2)),
+        "--slurm",
+        "--partition",
+        "debug",
+        "--nccl-debug",
+        "INFO",
+        "--dry-run",
+    )
     assert code == 0, out
     assert "#SBATCH --nodes=2" in out and "#SBATCH --partition=debug" in out and "export NCCL_DEBUG=INFO" in out
     assert "GLOO_SOCKET_IFNAME" not in out  # network settings only when asked
@@ -175,9 +189,10 @@ def test_sbatch_failure_is_one_line(workdir: Path, fake_slurm: Path) -> None:
     write_stub(fake_slurm, "sbatch", 'echo "sbatch: error: invalid partition specified: nope" >&2; exit 1')
     code, out = invoke("launch", str(plan_file(workdir)), "--slurm", "-p", "nope")
     assert code == 1
-    assert out.strip().splitlines() == [
-        out.strip().splitlines()[0]
-    ] and "sbatch failed: sbatch: error: invalid partition specified: nope" in out
+    assert (
+        out.strip().splitlines() == [out.strip().splitlines()[0]]
+        and "sbatch failed: sbatch: error: invalid partition specified: nope" in out
+    )
 
 
 def test_status_unknown_job(workdir: Path) -> None:
@@ -206,8 +221,14 @@ def test_local_launch_runs_the_engine(workdir: Path, monkeypatch: pytest.MonkeyP
     plan["logging"] = {"dir": str(workdir / "run"), "interval_steps": 2}
     (workdir / "plan.yaml").write_text(yaml.safe_dump(plan))
     env = {k: v for k, v in os.environ.items() if k not in SECRETS}
-    run = subprocess.run([sys.executable, "-m", "llmctl", "launch", "plan.yaml"], cwd=workdir, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "llmctl", "launch", "plan.yaml"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "--standalone" in run.stderr and "step 4/4" in run.stdout + run.stderr
     assert (workdir / "run" / "metrics.jsonl").is_file()
@@ -231,8 +252,9 @@ def test_submitit_hostile_paths(workdir: Path, fake_slurm: Path, monkeypatch: py
     script = next((workdir / hostile).glob("*/submitit/*_submission.sh"))
     text = script.read_text()
     assert "#SBATCH --signal=USR1@300" in text and "#SBATCH --ntasks-per-node=2" in text
-    subprocess.run(["bash", str(script)], cwd=workdir, env={**os.environ, "SLURM_JOB_ID": "123"}, check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["bash", str(script)], cwd=workdir, env={**os.environ, "SLURM_JOB_ID": "123"}, check=True, capture_output=True
+    )
     assert not pwned(workdir)
 
 
@@ -245,11 +267,18 @@ def test_resize_that_breaks_the_plan_is_refused(workdir: Path) -> None:
 
 def test_submitit_dry_run_prints_submitits_script(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SUBMITIT_PREEMPT_SIGNAL", "USR1")
-    code, out = invoke("launch", str(plan_file(workdir, nodes=2)), "--executor", "submitit", "-t", "1:00:00",
-                       "--dry-run")
+    code, out = invoke(
+        "launch", str(plan_file(workdir, nodes=2)), "--executor", "submitit", "-t", "1:00:00", "--dry-run"
+    )
     assert code == 0, out
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --signal=USR1@300",
-                 "#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --time=60"):
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=2",
+        "#SBATCH --signal=USR1@300",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --time=60",
+    ):
         assert line in out.splitlines(), line
     subprocess.run(["bash", "-n"], input=out, text=True, check=True)
     assert not (workdir / "llmctl-jobs").exists()

@@ -31,8 +31,9 @@ def test_example_plan_validates_and_renders(name: str, tmp_path: Path, monkeypat
     assert plan.checkpoint.dir and plan.predicted.tokens_per_s
     assert (folder / "README.md").is_file()
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["launch", str(folder / "plan.yaml"), "--slurm", "-p", "gpu", "-t", "2-0",
-                                      "--dry-run"])
+    result = CliRunner().invoke(
+        app, ["launch", str(folder / "plan.yaml"), "--slurm", "-p", "gpu", "-t", "2-0", "--dry-run"]
+    )
     assert result.exit_code == 0, result.output
     assert f"#SBATCH --nodes={plan.hardware.nodes}" in result.output
     assert f"#SBATCH --gpus-per-node={plan.hardware.nproc_per_node}" in result.output

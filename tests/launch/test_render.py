@@ -53,8 +53,15 @@ def test_render_matches_golden() -> None:
 
 
 def test_render_minimal_matches_golden() -> None:
-    params = slurm.make_params(job_name="tiny-cpu", nodes=2, nproc_per_node=1, workdir="/w", job_dir="/w/j",
-                               plan_path="/w/j/plan.yaml", torchrun="torchrun")
+    params = slurm.make_params(
+        job_name="tiny-cpu",
+        nodes=2,
+        nproc_per_node=1,
+        workdir="/w",
+        job_dir="/w/j",
+        plan_path="/w/j/plan.yaml",
+        torchrun="torchrun",
+    )
     check_golden("slurm-minimal.sbatch", slurm.render(params))
 
 
@@ -75,8 +82,13 @@ def hostile_script(tmp_path: Path) -> tuple[str, Path]:
     job_dir = workdir / ("job " + HOSTILE)
     job_dir.mkdir()
     params = slurm.make_params(
-        job_name=HOSTILE, nodes=1, nproc_per_node=1, workdir=str(workdir), job_dir=str(job_dir),
-        plan_path=str(job_dir / ("plan " + HOSTILE + ".yaml")), torchrun=str(tmp_path / "bin" / "torchrun"),
+        job_name=HOSTILE,
+        nodes=1,
+        nproc_per_node=1,
+        workdir=str(workdir),
+        job_dir=str(job_dir),
+        plan_path=str(job_dir / ("plan " + HOSTILE + ".yaml")),
+        torchrun=str(tmp_path / "bin" / "torchrun"),
         env={"LLMCTL_X": HOSTILE},
     )
     return slurm.render(params), workdir
@@ -112,18 +124,27 @@ def test_hostile_values_do_not_execute(tmp_path: Path) -> None:
     bindir = tmp_path / "bin"
     bindir.mkdir()
     record = tmp_path / "torchrun-args"
-    write_stub(bindir, "scontrol", """case "$1 $2" in
+    write_stub(
+        bindir,
+        "scontrol",
+        """case "$1 $2" in
   "show hostnames") echo node1 ;;
   "show node") echo "NodeName=$3 Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=vm" ;;
-esac""")
+esac""",
+    )
     # srun: run the command once, as node 0 of 1.
     write_stub(bindir, "srun", 'while [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=0 SLURMD_NODENAME=node1 "$@"')
     write_stub(bindir, "scancel", "exit 0")
     write_stub(bindir, "torchrun", f'printf "%s\\0" "$PWD" "$@" "$LLMCTL_X" > {str(record)!r}\nexit 7')
     script = tmp_path / "job.sbatch"
     script.write_text(text)
-    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "node1",
-           "SLURM_NNODES": "1", "HOME": str(tmp_path)}
+    env = {
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "41",
+        "SLURM_JOB_NODELIST": "node1",
+        "SLURM_NNODES": "1",
+        "HOME": str(tmp_path),
+    }
     run = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert run.returncode == 7, run.stdout + run.stderr  # the step's exit code is the job's
     assert not pwned(tmp_path), run.stdout + run.stderr
@@ -139,8 +160,15 @@ esac""")
 
 
 def test_hostile_job_name_is_sanitized() -> None:
-    params = slurm.make_params(job_name=HOSTILE, nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
-                               plan_path="/w/j/p.yaml", torchrun="torchrun")
+    params = slurm.make_params(
+        job_name=HOSTILE,
+        nodes=1,
+        nproc_per_node=1,
+        workdir="/w",
+        job_dir="/w/j",
+        plan_path="/w/j/p.yaml",
+        torchrun="torchrun",
+    )
     directive = [ln for ln in slurm.render(params).splitlines() if ln.startswith("#SBATCH --job-name=")]
     assert directive == [f"#SBATCH --job-name={params.job_name}"]
     assert set(params.job_name) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -148,26 +176,58 @@ def test_hostile_job_name_is_sanitized() -> None:
 
 @pytest.mark.parametrize(
     "option, value",
-    [("partition", "gpu\n#SBATCH --uid=0"), ("account", "a;b"), ("qos", "$(id)"), ("constraint", "a b"),
-     ("exclude", "n1`x`"), ("time", "1:00:00\n"), ("time", "forever")],
+    [
+        ("partition", "gpu\n#SBATCH --uid=0"),
+        ("account", "a;b"),
+        ("qos", "$(id)"),
+        ("constraint", "a b"),
+        ("exclude", "n1`x`"),
+        ("time", "1:00:00\n"),
+        ("time", "forever"),
+    ],
 )
 def test_bad_directive_values_rejected(option: str, value: str) -> None:
     with pytest.raises(InputError, match=f"--{option}"):
-        slurm.make_params(job_name="x", nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
-                          plan_path="/w/j/p.yaml", torchrun="torchrun", **{option: value})
+        slurm.make_params(
+            job_name="x",
+            nodes=1,
+            nproc_per_node=1,
+            workdir="/w",
+            job_dir="/w/j",
+            plan_path="/w/j/p.yaml",
+            torchrun="torchrun",
+            **{option: value},
+        )
 
 
 @pytest.mark.parametrize("arg", ["--mem=1G\ntouch PWNED", "mem=1G", "--signal=USR2@60", "--output=/tmp/x"])
 def test_bad_sbatch_args_rejected(arg: str) -> None:
     with pytest.raises(InputError, match="--sbatch-arg"):
-        slurm.make_params(job_name="x", nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
-                          plan_path="/w/j/p.yaml", torchrun="torchrun", extra_sbatch_args=[arg])
+        slurm.make_params(
+            job_name="x",
+            nodes=1,
+            nproc_per_node=1,
+            workdir="/w",
+            job_dir="/w/j",
+            plan_path="/w/j/p.yaml",
+            torchrun="torchrun",
+            extra_sbatch_args=[arg],
+        )
 
 
 def test_time_shorter_than_signal_lead_rejected() -> None:
     with pytest.raises(InputError, match="--time 4"):
-        slurm.make_params(job_name="x", nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
-                          plan_path="/w/j/p.yaml", torchrun="torchrun", time="4", signal_lead_s=300)
+        slurm.make_params(
+            job_name="x",
+            nodes=1,
+            nproc_per_node=1,
+            workdir="/w",
+            job_dir="/w/j",
+            plan_path="/w/j/p.yaml",
+            torchrun="torchrun",
+            time="4",
+            signal_lead_s=300,
+        )
 
 
 @pytest.mark.parametrize(
@@ -180,8 +240,16 @@ def test_parse_time(value: str, seconds: int) -> None:
 
 def test_secret_env_rejected() -> None:
     with pytest.raises(InputError, match="HF_TOKEN"):
-        slurm.make_params(job_name="x", nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j",
-                          plan_path="/w/j/p.yaml", torchrun="torchrun", env={"HF_TOKEN": "hf_x"})
+        slurm.make_params(
+            job_name="x",
+            nodes=1,
+            nproc_per_node=1,
+            workdir="/w",
+            job_dir="/w/j",
+            plan_path="/w/j/p.yaml",
+            torchrun="torchrun",
+            env={"HF_TOKEN": "hf_x"},
+        )
 
 
 def test_template_found() -> None:

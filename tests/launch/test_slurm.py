@@ -119,8 +119,13 @@ def interrupt_and_resume(job_id: str, run_dir: Path, signal_cmd: list[str], at_s
     would otherwise hold it ~2 min as BeginTime)."""
     wait_for(f"step {at_step}", lambda: len(steps_logged(run_dir)) >= at_step, 180)
     subprocess.run(signal_cmd, check=True)
-    wait_for("the requeue", lambda: squeue_state(job_id) == "PENDING"
-             or any(e["event"] == "start" and e["step"] > 0 for e in events(run_dir)), 120)
+    wait_for(
+        "the requeue",
+        lambda: (
+            squeue_state(job_id) == "PENDING" or any(e["event"] == "start" and e["step"] > 0 for e in events(run_dir))
+        ),
+        120,
+    )
     start_now(job_id)
 
 
@@ -143,8 +148,9 @@ def assert_resumed_exactly_once(run_dir: Path, total: int) -> int:
 def test_sbatch_two_node_job_finishes_with_metrics(job_env: Path) -> None:
     plan = make_plan(job_env, max_steps=10, log_every=5)
     before = plan.read_bytes()
-    job_id, folder = launch(str(plan), "--slurm", "--nodes", "2", "--nproc-per-node", "1", "--time", "10",
-                            "--signal-lead", "60")
+    job_id, folder = launch(
+        str(plan), "--slurm", "--nodes", "2", "--nproc-per-node", "1", "--time", "10", "--signal-lead", "60"
+    )
     wait_for("the job to end", lambda: not squeue_state(job_id), 240)
     ev = events(job_env / "run")
     start = next(e for e in ev if e["event"] == "start")
@@ -179,13 +185,16 @@ def test_submitit_two_node_job_requeue(job_env: Path) -> None:
     """The same job through submitit; preempted like submitit's own job._interrupt() (SIGTERM, then the
     preemption signal to every step): its Checkpointable hook waits for the engine's checkpoint, requeues."""
     plan = make_plan(job_env, max_steps=30)
-    job_id, folder = launch(str(plan), "--executor", "submitit", "--nodes", "2", "--nproc-per-node", "1",
-                            "--signal-lead", "60")
+    job_id, folder = launch(
+        str(plan), "--executor", "submitit", "--nodes", "2", "--nproc-per-node", "1", "--signal-lead", "60"
+    )
     sbatch_script = next((folder / "submitit").glob("*_submission.sh")).read_text()
     assert "#SBATCH --signal=USR1@60" in sbatch_script and "#SBATCH --ntasks-per-node=1" in sbatch_script
     interrupt_and_resume(
-        job_id, job_env / "run",
-        ["bash", "-c", f"scancel --signal=TERM {job_id} && scancel --signal=USR1 {job_id}"], at_step=5,
+        job_id,
+        job_env / "run",
+        ["bash", "-c", f"scancel --signal=TERM {job_id} && scancel --signal=USR1 {job_id}"],
+        at_step=5,
     )
     wait_for("the requeued job to end", lambda: not squeue_state(job_id), 240)
     assert_resumed_exactly_once(job_env / "run", 30)
@@ -201,16 +210,19 @@ def test_sbatch_time_limit_signal_requeues(job_env: Path) -> None:
     if os.environ.get("LLMCTL_SKIP_SLOW_SLURM") == "1":
         pytest.skip("LLMCTL_SKIP_SLOW_SLURM=1")
     plan = make_plan(job_env, max_steps=400, log_every=10)
-    job_id, folder = launch(str(plan), "--slurm", "--nodes", "2", "--nproc-per-node", "1", "--time", "3",
-                            "--signal-lead", "110")
+    job_id, folder = launch(
+        str(plan), "--slurm", "--nodes", "2", "--nproc-per-node", "1", "--time", "3", "--signal-lead", "110"
+    )
     # The signal comes 70-100 s after the start (the controller checks about every 30 s): well past the engine's
     # start-up even on a loaded machine (a rank that is signalled before it has installed its handler dies).
-    wait_for("the time-limit requeue", lambda: squeue_state(job_id) == "PENDING" and (folder / "events").is_file(),
-             240)
+    wait_for("the time-limit requeue", lambda: squeue_state(job_id) == "PENDING" and (folder / "events").is_file(), 240)
     scontrol("update", f"JobId={job_id}", "TimeLimit=15")
     start_now(job_id)
-    wait_for("the first resumed step", lambda: any(e["event"] == "start" and e["step"] > 0
-                                                   for e in events(job_env / "run")), 120)
+    wait_for(
+        "the first resumed step",
+        lambda: any(e["event"] == "start" and e["step"] > 0 for e in events(job_env / "run")),
+        120,
+    )
     # Enough: the rest is the same run; stop it here to keep the suite short.
     subprocess.run(["scancel", job_id], check=True)
     ev = events(job_env / "run")
