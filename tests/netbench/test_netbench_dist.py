@@ -222,3 +222,16 @@ def test_a_rank_that_never_joins_is_named(tmp_path: Path) -> None:
         assert p.returncode == 1, err
         assert "rank 2 (node rank 2) never joined within 4 s" in err and "Traceback" not in err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_sum_check_survives_16_bit_rounding() -> None:
+    import torch
+
+    from llmctl.netbench.worker import _sum_of_ones_ok, calls_per_iter
+
+    assert _sum_of_ones_ok(torch.full((8,), 4.0, dtype=torch.bfloat16), 4)
+    assert not _sum_of_ones_ok(torch.full((8,), 3.0, dtype=torch.bfloat16), 4)
+    stalled = torch.full((8,), 256.0, dtype=torch.bfloat16)  # 512 ones summed in bf16 by a ring
+    assert _sum_of_ones_ok(stalled, 512)
+    assert not _sum_of_ones_ok(torch.full((8,), 512.0), 513)  # fp32 is exact there
+    assert (calls_per_iter(2**20, False), calls_per_iter(2**26, False), calls_per_iter(2**30, True)) == (10, 1, 1)
