@@ -94,6 +94,7 @@ ProgressOpt = Annotated[bool, typer.Option("--progress/--no-progress", help="Sho
 
 # torchrun's own failure report (a traceback of the agent) is noise once the worker said what went wrong.
 _TORCHRUN_NOISE = re.compile(r"^(Traceback \(most recent call last\)|[EWI]\d{4} .*torch/distributed/elastic)")
+_JOINED = re.compile(r"waiting for clients\. (\d+)/(\d+) clients joined")
 # c10d warns on every connection when addresses do not resolve to names (namespaces, bare clusters): harmless.
 _HARMLESS = re.compile(r"^\[W\d{4} .*hostname of the client socket cannot be retrieved")
 
@@ -243,7 +244,15 @@ def _run_torchrun(
         if worker_errors:
             more = f" (+{len(worker_errors) - 1} more rank messages)" if len(worker_errors) > 1 else ""
             raise RuntimeFailure(worker_errors[0] + more)
-        tail = [ln for ln in log_path.read_text(errors="replace").splitlines() if ln.strip()][-1:] or ["?"]
+        log = log_path.read_text(errors="replace")
+        joined = _JOINED.search(log)
+        if joined:  # torchrun's static rendezvous: node rank 0's agent waited for the other nodes' agents
+            raise RuntimeFailure(
+                f"only {joined.group(1)} of {joined.group(2)} nodes joined the rendezvous at "
+                f"{master_addr}:{master_port} within {cfg.timeout_s:g} s",
+                hint="start `llmctl bench-net --nnodes N --node-rank I` on every node, same --master-addr/port",
+            )
+        tail = [ln for ln in log.splitlines() if ln.strip()][-1:] or ["?"]
         raise RuntimeFailure(f"torchrun exited with code {rc}: {tail[0].strip()[:300]}")
 
 

@@ -235,3 +235,35 @@ def test_sum_check_survives_16_bit_rounding() -> None:
     assert _sum_of_ones_ok(stalled, 512)
     assert not _sum_of_ones_ok(torch.full((8,), 512.0), 513)  # fp32 is exact there
     assert (calls_per_iter(2**20, False), calls_per_iter(2**26, False), calls_per_iter(2**30, True)) == (10, 1, 1)
+
+
+def test_a_node_that_never_joins_is_one_line(tmp_path: Path) -> None:
+    """Node rank 0 alone with --nnodes 2: torchrun's rendezvous times out; one line says so, no traceback."""
+    proc = subprocess.run(
+        [
+            *LLMCTL,
+            "bench-net",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--master-port",
+            str(free_port()),
+            "--nproc-per-node",
+            "1",
+            "--sizes",
+            "1M",
+            "--timeout",
+            "4",
+            "--no-progress",
+        ],
+        env=run_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert (
+        proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[0]]
+        and "only 1 of 2 nodes joined the rendezvous" in proc.stderr
+    )
