@@ -267,3 +267,59 @@ def test_a_node_that_never_joins_is_one_line(tmp_path: Path) -> None:
         proc.stderr.strip().splitlines() == [proc.stderr.strip().splitlines()[0]]
         and "only 1 of 2 nodes joined the rendezvous" in proc.stderr
     )
+
+
+def test_inside_srun_runs_in_process(tmp_path: Path) -> None:
+    """Two tasks with the variables srun sets (2 nodes x 1 task): each runs the worker, task 0 reports."""
+    out, port = tmp_path / "bench.json", free_port()
+    procs = []
+    for rank in (0, 1):
+        env = run_env(
+            tmp_path,
+            SLURM_STEP_ID="0",
+            SLURM_PROCID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_LOCALID="0",
+            SLURM_NODEID=str(rank),
+            SLURM_TASKS_PER_NODE="1(x2)",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            LLMCTL_NODE_NAME=f"slurmnode{rank}",
+        )
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_USE_AGENT_STORE"):
+            env.pop(k, None)
+        procs.append(
+            subprocess.Popen(
+                [
+                    *LLMCTL,
+                    "bench-net",
+                    "--sizes",
+                    "1M",
+                    "--iters",
+                    "2",
+                    "--warmup",
+                    "0",
+                    "--collectives",
+                    "all_reduce",
+                    "--json",
+                    str(out),
+                    "--timeout",
+                    "60",
+                    "--no-progress",
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "world all_reduce" in outs[0][0] and outs[1][0] == ""
+    r = load_bench(out)
+    assert r.hosts == ["slurmnode0", "slurmnode1"] and [lk.a for lk in r.links] == ["slurmnode0"]
