@@ -323,3 +323,63 @@ def test_inside_srun_runs_in_process(tmp_path: Path) -> None:
     assert "world all_reduce" in outs[0][0] and outs[1][0] == ""
     r = load_bench(out)
     assert r.hosts == ["slurmnode0", "slurmnode1"] and [lk.a for lk in r.links] == ["slurmnode0"]
+
+
+def test_a_rank_that_hangs_mid_sweep_is_named(tmp_path: Path) -> None:
+    """Rank 1 frozen (SIGSTOP) during the sweep: rank 0 gives up after --timeout and names rank 1 and its node."""
+    import signal
+    import time
+
+    port = free_port()
+    procs = []
+    try:
+        for rank in (0, 1):
+            env = run_env(
+                tmp_path,
+                RANK=str(rank),
+                WORLD_SIZE="2",
+                LOCAL_RANK="0",
+                LOCAL_WORLD_SIZE="1",
+                GROUP_RANK=str(rank),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                LLMCTL_NODE_NAME=f"host{rank}",
+            )
+            env.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "llmctl.netbench.worker",
+                        "--json",
+                        str(tmp_path / "x.json"),
+                        "--sizes",
+                        "1M..64M",
+                        "--iters",
+                        "50",
+                        "--timeout",
+                        "6",
+                        "--no-progress",
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        time.sleep(8)  # imports, check-in, the first sizes
+        procs[1].send_signal(signal.SIGSTOP)
+        start = time.monotonic()
+        _, err = procs[0].communicate(timeout=90)
+        waited = time.monotonic() - start
+    finally:
+        for p in procs:  # our own children, by handle
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[0].returncode == 1, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("llmctl: error:") and "rank 1" in line, err
+    assert "on host1 did not finish it" in line or "never joined" in line
+    assert waited < 6 + 30
