@@ -98,3 +98,10 @@ def test_debug_env_shows_traceback(monkeypatch):
     monkeypatch.setenv("LLMCTL_DEBUG", "1")
     r = run("estimate-memory", "nope-model")
     assert isinstance(r.exception, UnknownNameError)
+
+
+@pytest.mark.parametrize("cmd", [[], ["estimate-memory"], ["estimate"], ["plan"], ["launch"], ["bench-net"]])
+def test_help_exits_zero(cmd):
+    r = run(*cmd, "--help")
+    assert r.exit_code == 0, r.output
+    assert "Usage" in r.output and "internal error" not in r.output
