@@ -11,7 +11,10 @@ import socket
 from dataclasses import asdict, dataclass
 
 from llmctl.errors import InputError
-from llmctl.netbench.report import COLLECTIVES
+
+# The collectives the worker sweeps (names as in torch.distributed). Defined here, not in report.py, so that the
+# CLI can parse options without importing the pydantic schema (`llmctl --help` stays fast).
+COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 
 # nccl-tests' `-b 1M -e 1G -f 2` sweep on GPUs; on CPUs (gloo over sockets) 64 MiB already shows the plateau.
 DEFAULT_SIZES_GPU = "1MiB..1GiB"

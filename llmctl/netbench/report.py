@@ -19,13 +19,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmctl.errors import SpecError
+from llmctl.netbench.options import COLLECTIVES
 
 SCHEMA_NAME = "llmctl.bench-net"
 SCHEMA_VERSION = 1
 
 Collective = Literal["all_reduce", "all_gather", "reduce_scatter"]
 GroupKind = Literal["world", "intra_node", "inter_node"]
-COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
 GROUP_KINDS: tuple[str, ...] = ("world", "intra_node", "inter_node")
 
 # FSDP's default bucket sizes fall in this range; the planner's per-collective message sizes do too.
