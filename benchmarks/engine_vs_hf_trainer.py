@@ -66,14 +66,25 @@ def torch_threads() -> int:
 
 # --- the three variants, run in turns in this process --------------------------------------------------------
 def run_engine(a: argparse.Namespace, work: Path) -> dict[str, Any]:
-    plan = {"name": "bench-engine", "model": {"preset": PRESET},
-            "data": {"kind": "text", "paths": [str(CORPUS)]},
-            "hardware": {"nodes": 1, "nproc_per_node": 1}, "parallel": {"sharding": "full"},
-            "training": {"precision": "fp32", "micro_batch_size": a.batch, "grad_accum_steps": 1,
-                         "seq_len": a.seq_len, "max_steps": a.warmup + a.steps, "seed": SEED, "grad_clip": CLIP,
-                         "attention": "sdpa"},
-            "optimizer": {"lr": LR, "weight_decay": WD, "warmup_steps": WARMUP_LR_STEPS, "min_lr_ratio": 0.0},
-            "logging": {"dir": str(work / "engine-logs"), "interval_steps": 1}}
+    plan = {
+        "name": "bench-engine",
+        "model": {"preset": PRESET},
+        "data": {"kind": "text", "paths": [str(CORPUS)]},
+        "hardware": {"nodes": 1, "nproc_per_node": 1},
+        "parallel": {"sharding": "full"},
+        "training": {
+            "precision": "fp32",
+            "micro_batch_size": a.batch,
+            "grad_accum_steps": 1,
+            "seq_len": a.seq_len,
+            "max_steps": a.warmup + a.steps,
+            "seed": SEED,
+            "grad_clip": CLIP,
+            "attention": "sdpa",
+        },
+        "optimizer": {"lr": LR, "weight_decay": WD, "warmup_steps": WARMUP_LR_STEPS, "min_lr_ratio": 0.0},
+        "logging": {"dir": str(work / "engine-logs"), "interval_steps": 1},
+    }
     import contextlib
     import io
     import logging
@@ -115,13 +126,34 @@ def run_trainer(a: argparse.Namespace, work: Path) -> dict[str, Any]:
                 losses.append(float(logs["loss"]))
 
     args = TrainingArguments(
-        output_dir=str(work / "trainer"), per_device_train_batch_size=a.batch, max_steps=a.warmup + a.steps,
-        learning_rate=LR, weight_decay=WD, adam_beta1=0.9, adam_beta2=0.95, adam_epsilon=1e-8,
-        lr_scheduler_type="cosine", warmup_steps=WARMUP_LR_STEPS, max_grad_norm=CLIP, logging_steps=1,
-        save_strategy="no", report_to=[], use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, seed=SEED,
-        optim="adamw_torch", log_level="error")
-    trainer = Trainer(model=hf_model(), args=args, train_dataset=rows, callbacks=[Clock()],
-                      data_collator=lambda rs: {k: torch.stack([r[k] for r in rs]) for k in rs[0]})
+        output_dir=str(work / "trainer"),
+        per_device_train_batch_size=a.batch,
+        max_steps=a.warmup + a.steps,
+        learning_rate=LR,
+        weight_decay=WD,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_epsilon=1e-8,
+        lr_scheduler_type="cosine",
+        warmup_steps=WARMUP_LR_STEPS,
+        max_grad_norm=CLIP,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=SEED,
+        optim="adamw_torch",
+        log_level="error",
+    )
+    trainer = Trainer(
+        model=hf_model(),
+        args=args,
+        train_dataset=rows,
+        callbacks=[Clock()],
+        data_collator=lambda rs: {k: torch.stack([r[k] for r in rs]) for k in rs[0]},
+    )
     trainer.remove_callback(PrinterCallback)  # disable_tqdm prints every log dict; the others print nothing
     trainer.train()
     return {"step_times": times, "final_loss": losses[-1] if losses else None}
@@ -179,11 +211,11 @@ def main() -> int:
         for rnd in range(a.rounds):
             # Short runs in turns, the order rotated each round: load from other processes on a shared machine
             # then falls on all three alike instead of on whichever ran during a busy minute.
-            for name in names[rnd % len(names):] + names[:rnd % len(names)]:
+            for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
                 work = Path(d) / f"{name}-{rnd}"
                 work.mkdir()
                 res = VARIANTS[name](a, work)
-                per_round[name].append({**res, "step_times": res["step_times"][a.warmup:]})
+                per_round[name].append({**res, "step_times": res["step_times"][a.warmup :]})
     results: dict[str, dict[str, Any]] = {}
     for name, rounds in per_round.items():
         times = sorted(t for r in rounds for t in r["step_times"])
@@ -192,29 +224,42 @@ def main() -> int:
         # minimum keeps one odd sample from deciding. The mean over all steps is shown next to it.
         p10 = times[int(0.1 * (len(times) - 1))]
         mean = statistics.fmean(times)
-        results[name] = {"tokens_per_s": tokens_per_step / p10, "step_time_s": p10,
-                         "tokens_per_s_mean": tokens_per_step / mean, "final_loss": rounds[-1]["final_loss"],
-                         "tokens_per_s_rounds": [round(tokens_per_step / statistics.fmean(r["step_times"]), 1)
-                                                 for r in rounds]}
+        results[name] = {
+            "tokens_per_s": tokens_per_step / p10,
+            "step_time_s": p10,
+            "tokens_per_s_mean": tokens_per_step / mean,
+            "final_loss": rounds[-1]["final_loss"],
+            "tokens_per_s_rounds": [round(tokens_per_step / statistics.fmean(r["step_times"]), 1) for r in rounds],
+        }
     for r in results.values():
         r["vs_trainer"] = r["tokens_per_s"] / results["trainer"]["tokens_per_s"]
         r["vs_naive"] = r["tokens_per_s"] / results["naive"]["tokens_per_s"]
     if a.json:
         print(json.dumps(results, indent=2))
     else:
-        print(f"{PRESET}, batch {a.batch} x seq {a.seq_len} = {tokens_per_step} tokens/step, fp32, CPU, "
-              f"{threads} threads, {a.rounds} rounds x {a.steps} timed steps after {a.warmup} warm-up")
-        print("tokens/s and ms/step at the 10th-percentile step time over all rounds (the machine's own speed: "
-              "other load only slows steps down); 'mean' is over every step")
-        print(f"{'variant':<20}{'tokens/s':>10}{'ms/step':>10}{'vs Trainer':>12}{'vs naive':>10}{'mean tok/s':>12}"
-              f"{'final loss':>12}")
+        print(
+            f"{PRESET}, batch {a.batch} x seq {a.seq_len} = {tokens_per_step} tokens/step, fp32, CPU, "
+            f"{threads} threads, {a.rounds} rounds x {a.steps} timed steps after {a.warmup} warm-up"
+        )
+        print(
+            "tokens/s and ms/step at the 10th-percentile step time over all rounds (the machine's own speed: "
+            "other load only slows steps down); 'mean' is over every step"
+        )
+        print(
+            f"{'variant':<20}{'tokens/s':>10}{'ms/step':>10}{'vs Trainer':>12}{'vs naive':>10}{'mean tok/s':>12}"
+            f"{'final loss':>12}"
+        )
         for name, r in results.items():
             loss = f"{r['final_loss']:.3f}" if r["final_loss"] is not None else "-"
-            print(f"{LABELS[name]:<20}{r['tokens_per_s']:>10,.0f}{r['step_time_s'] * 1e3:>10.1f}"
-                  f"{r['vs_trainer']:>11.2f}x{r['vs_naive']:>9.2f}x{r['tokens_per_s_mean']:>12,.0f}{loss:>12}")
+            print(
+                f"{LABELS[name]:<20}{r['tokens_per_s']:>10,.0f}{r['step_time_s'] * 1e3:>10.1f}"
+                f"{r['vs_trainer']:>11.2f}x{r['vs_naive']:>9.2f}x{r['tokens_per_s_mean']:>12,.0f}{loss:>12}"
+            )
     ok = results["engine"]["vs_trainer"] >= 1.0
-    print(f"engine / Trainer = {results['engine']['vs_trainer']:.2f}x: "
-          + ("the engine is not slower than Trainer" if ok else "the engine is SLOWER than Trainer"))
+    print(
+        f"engine / Trainer = {results['engine']['vs_trainer']:.2f}x: "
+        + ("the engine is not slower than Trainer" if ok else "the engine is SLOWER than Trainer")
+    )
     return 0
 
 

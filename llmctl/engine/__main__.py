@@ -25,8 +25,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    logging.basicConfig(level=logging.INFO if _rank() == 0 else logging.WARNING,
-                        format=f"[llmctl.engine rank{_rank()}] %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if _rank() == 0 else logging.WARNING,
+        format=f"[llmctl.engine rank{_rank()}] %(message)s",
+        stream=sys.stderr,
+    )
     try:
         if len(args) != 1:
             raise InputError(f"expected one plan file, got {len(args)} arguments", hint=USAGE)
@@ -52,8 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # or a hardware fault, and its traceback (recorded by torchrun too) is what one needs to fix it.
         if type(e).__name__ != "OutOfMemoryError" or os.environ.get("LLMCTL_DEBUG") == "1":
             raise
-        print(f"llmctl: error: [rank {_rank()}] out of memory: {str(e).splitlines()[0]} (lower "
-              "training.micro_batch_size, or set training.activation_checkpointing: full)", file=sys.stderr)
+        print(
+            f"llmctl: error: [rank {_rank()}] out of memory: {str(e).splitlines()[0]} (lower "
+            "training.micro_batch_size, or set training.activation_checkpointing: full)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -68,8 +68,11 @@ def rng_state() -> dict[str, Any]:
     import numpy as np
     import torch
 
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                             "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -102,8 +105,14 @@ class Checkpointer:
                     log.warning("removing incomplete checkpoint %s (a save was interrupted)", p)
                     shutil.rmtree(p, ignore_errors=True)
 
-    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: Any, trainer_state: dict[str, Any]) -> Path:
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        trainer_state: dict[str, Any],
+    ) -> Path:
         import torch
         import torch.distributed as dist
         import torch.distributed.checkpoint as dcp
@@ -133,13 +142,14 @@ class Checkpointer:
             shutil.rmtree(final, ignore_errors=True)  # a re-save of the same step (e.g. after a resume)
             os.replace(tmp, final)
             _fsync_dir(self.root)
-            for _, old in complete_checkpoints(self.root)[:-self.keep_last]:
+            for _, old in complete_checkpoints(self.root)[: -self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         dist.barrier()
         return final
 
-    def load(self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-             scheduler: Any) -> dict[str, Any]:
+    def load(
+        self, path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    ) -> dict[str, Any]:
         """Restore model, optimizer, scheduler and this rank's RNG; returns the trainer state (step, data)."""
         import torch
         import torch.distributed.checkpoint as dcp
@@ -151,8 +161,10 @@ class Checkpointer:
             dcp.load(state, checkpoint_id=str(path))
             trainer = torch.load(path / "trainer.pt", weights_only=False)
         except Exception as e:  # DCP raises several types for a mismatched or corrupt checkpoint
-            raise RuntimeFailure(f"cannot load checkpoint {path}: {type(e).__name__}: {str(e)[:300]}",
-                                 hint="move it aside to start from the previous one") from None
+            raise RuntimeFailure(
+                f"cannot load checkpoint {path}: {type(e).__name__}: {str(e)[:300]}",
+                hint="move it aside to start from the previous one",
+            ) from None
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         scheduler.load_state_dict(trainer.pop("scheduler"))
         rng = path / f"rng-rank{self.rank}.pt"

@@ -66,8 +66,9 @@ class HFTokenizer:
         try:
             self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as e:
-            raise InputError(f"data.tokenizer: cannot load a tokenizer from {path!r}: "
-                             f"{str(e).splitlines()[0]}") from None
+            raise InputError(
+                f"data.tokenizer: cannot load a tokenizer from {path!r}: {str(e).splitlines()[0]}"
+            ) from None
         self.name = str(path)
         self.vocab_size = len(self._tok)
         self.bos_id = self._tok.bos_token_id
@@ -109,8 +110,7 @@ def iter_documents(files: Iterable[Path], jsonl_field: str = "text") -> Iterable
                     except json.JSONDecodeError as e:
                         raise InputError(f"{f}:{n}: not valid JSON ({e.msg})") from None
                     if not isinstance(row, dict) or not isinstance(row.get(jsonl_field), str):
-                        raise InputError(f"{f}:{n}: no string field {jsonl_field!r}",
-                                         hint="set data.jsonl_field")
+                        raise InputError(f"{f}:{n}: no string field {jsonl_field!r}", hint="set data.jsonl_field")
                     yield row[jsonl_field]
             else:
                 yield f.read_text(encoding="utf-8", errors="replace")
@@ -141,8 +141,16 @@ def write_token_file(out: str | Path, tokens: np.ndarray, tok: Tokenizer) -> dic
     tmp = out.with_name(out.name + ".tmp")
     tokens.astype(tokens.dtype.newbyteorder("<")).tofile(tmp)
     tmp.replace(out)
-    meta = {"format": "llmctl-tokens", "version": 1, "dtype": tokens.dtype.name, "num_tokens": int(tokens.size),
-            "vocab_size": tok.vocab_size, "tokenizer": tok.name, "bos_id": tok.bos_id, "eos_id": tok.eos_id}
+    meta = {
+        "format": "llmctl-tokens",
+        "version": 1,
+        "dtype": tokens.dtype.name,
+        "num_tokens": int(tokens.size),
+        "vocab_size": tok.vocab_size,
+        "tokenizer": tok.name,
+        "bos_id": tok.bos_id,
+        "eos_id": tok.eos_id,
+    }
     Path(str(out) + ".json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
@@ -151,8 +159,10 @@ def open_token_file(path: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
     path = Path(path)
     meta_path = Path(str(path) + ".json")
     if not path.is_file() or not meta_path.is_file():
-        raise InputError(f"data.paths: {str(path)!r} is not a token file (needs {path.name} and {meta_path.name})",
-                         hint="build one with `python -m llmctl.engine.data build --out FILE.bin TEXT...`")
+        raise InputError(
+            f"data.paths: {str(path)!r} is not a token file (needs {path.name} and {meta_path.name})",
+            hint="build one with `python -m llmctl.engine.data build --out FILE.bin TEXT...`",
+        )
     try:
         meta = json.loads(meta_path.read_text())
         dtype = np.dtype(meta["dtype"]).newbyteorder("<")
@@ -160,8 +170,9 @@ def open_token_file(path: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise InputError(f"{meta_path}: malformed token metadata ({e})") from None
     if path.stat().st_size != n * dtype.itemsize:
-        raise InputError(f"{path}: size does not match its metadata ({n} tokens of {dtype.name})",
-                         hint="rebuild the token file")
+        raise InputError(
+            f"{path}: size does not match its metadata ({n} tokens of {dtype.name})", hint="rebuild the token file"
+        )
     return np.memmap(path, dtype=dtype, mode="r", shape=(n,)), meta
 
 
@@ -181,8 +192,10 @@ class PackedBlocks:
         self.seed = seed
         self.num_blocks = (len(tokens) - 1) // seq_len
         if self.num_blocks < 1:
-            raise InputError(f"data: {len(tokens)} tokens is less than one block of training.seq_len {seq_len}",
-                             hint="use more text or a shorter seq_len")
+            raise InputError(
+                f"data: {len(tokens)} tokens is less than one block of training.seq_len {seq_len}",
+                hint="use more text or a shorter seq_len",
+            )
         self._perm: tuple[int, np.ndarray] | None = None
 
     def block_of(self, sample: int) -> int:
@@ -194,7 +207,7 @@ class PackedBlocks:
     def samples(self, start: int, count: int) -> np.ndarray:
         """(count, seq_len + 1) int64 array of global samples start .. start + count - 1."""
         s = self.seq_len
-        rows = [np.asarray(self.tokens[b * s: b * s + s + 1]) for b in map(self.block_of, range(start, start + count))]
+        rows = [np.asarray(self.tokens[b * s : b * s + s + 1]) for b in map(self.block_of, range(start, start + count))]
         return np.stack(rows).astype(np.int64)
 
 
@@ -206,15 +219,25 @@ class SyntheticBlocks:
         self.num_blocks = 2**62
 
     def samples(self, start: int, count: int) -> np.ndarray:
-        return np.stack([np.random.default_rng([self.seed, g]).integers(0, self.vocab_size, self.seq_len + 1)
-                         for g in range(start, start + count)]).astype(np.int64)
+        return np.stack(
+            [
+                np.random.default_rng([self.seed, g]).integers(0, self.vocab_size, self.seq_len + 1)
+                for g in range(start, start + count)
+            ]
+        ).astype(np.int64)
 
 
 class RankData:
     """The micro-batches one data-parallel rank trains on at a given optimizer step."""
 
-    def __init__(self, blocks: PackedBlocks | SyntheticBlocks, micro_batch_size: int, grad_accum_steps: int,
-                 rank: int, world_size: int) -> None:
+    def __init__(
+        self,
+        blocks: PackedBlocks | SyntheticBlocks,
+        micro_batch_size: int,
+        grad_accum_steps: int,
+        rank: int,
+        world_size: int,
+    ) -> None:
         self.blocks = blocks
         self.mbs, self.acc, self.rank, self.world = micro_batch_size, grad_accum_steps, rank, world_size
 
@@ -234,8 +257,9 @@ class RankData:
         return [Batch(inputs=a[:, :-1], targets=a[:, 1:]) for a in arr.split(self.mbs)]
 
 
-def build_source(kind: str, paths: Sequence[str], tokenizer: str | None, jsonl_field: str, seq_len: int,
-                 seed: int, model_vocab: int) -> tuple[PackedBlocks | SyntheticBlocks, str]:
+def build_source(
+    kind: str, paths: Sequence[str], tokenizer: str | None, jsonl_field: str, seq_len: int, seed: int, model_vocab: int
+) -> tuple[PackedBlocks | SyntheticBlocks, str]:
     """The plan's data section -> blocks, and one line describing them for the log."""
     if kind == "synthetic":
         return SyntheticBlocks(model_vocab, seq_len, seed), f"synthetic tokens, vocab {model_vocab}"
@@ -250,16 +274,20 @@ def build_source(kind: str, paths: Sequence[str], tokenizer: str | None, jsonl_f
         tokens = tokenize(iter_documents(files, jsonl_field), tok)
         vocab, what = tok.vocab_size, f"{len(files)} text files, tokenizer {tok.name}"
     if vocab > model_vocab:
-        raise InputError(f"data: the tokenizer has {vocab} tokens but the model's vocabulary is {model_vocab}",
-                         hint="set model.overrides.vocab_size or use a matching tokenizer")
+        raise InputError(
+            f"data: the tokenizer has {vocab} tokens but the model's vocabulary is {model_vocab}",
+            hint="set model.overrides.vocab_size or use a matching tokenizer",
+        )
     blocks = PackedBlocks(tokens, seq_len, seed)
     return blocks, f"{what}: {len(tokens):,} tokens, {blocks.num_blocks:,} blocks of {seq_len}"
 
 
 # --- `python -m llmctl.engine.data build` ------------------------------------------------------------------------
 def build_main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llmctl.engine.data",
-                                 description="Build a memory-mapped token file (data.kind: tokens) from text.")
+    ap = argparse.ArgumentParser(
+        prog="python -m llmctl.engine.data",
+        description="Build a memory-mapped token file (data.kind: tokens) from text.",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="tokenize .txt/.jsonl files (or folders) into OUT (+ OUT.json)")
     b.add_argument("inputs", nargs="+", help="text files or folders (.txt, .md, .rst, .jsonl)")
@@ -275,8 +303,10 @@ def build_main(argv: Sequence[str] | None = None) -> int:
     except LlmctlError as e:
         print(f"llmctl: error: {e}", file=sys.stderr)
         return e.exit_code
-    print(f"wrote {args.out}: {meta['num_tokens']:,} tokens ({meta['dtype']}) from {len(files)} files, "
-          f"tokenizer {tok.name}, vocab {tok.vocab_size}")
+    print(
+        f"wrote {args.out}: {meta['num_tokens']:,} tokens ({meta['dtype']}) from {len(files)} files, "
+        f"tokenizer {tok.name}, vocab {tok.vocab_size}"
+    )
     return 0
 
 

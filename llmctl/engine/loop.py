@@ -57,8 +57,10 @@ def build_optimizer(model: torch.nn.Module, opt: OptimizerSection, device_type: 
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": opt.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": opt.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
     common = {"lr": opt.lr, "betas": opt.betas, "eps": opt.eps}
     if device_type in ("cuda", "cpu"):
         try:
@@ -84,8 +86,10 @@ class DevicePrefetcher:
         b = next(self._src, None)
         if b is None or not self._cuda:
             return b
-        return Batch(inputs=b.inputs.pin_memory().to(self._device, non_blocking=True),
-                     targets=b.targets.pin_memory().to(self._device, non_blocking=True))
+        return Batch(
+            inputs=b.inputs.pin_memory().to(self._device, non_blocking=True),
+            targets=b.targets.pin_memory().to(self._device, non_blocking=True),
+        )
 
     def __iter__(self) -> DevicePrefetcher:
         return self
@@ -120,8 +124,9 @@ def init_distributed(env: RankEnv, backend: str) -> None:
         # On CUDA also a gloo backend for CPU tensors (the stop-flag agreement must not sync the GPU).
         dist.init_process_group(backend="cuda:nccl,cpu:gloo" if backend == "nccl" else "gloo")
     else:  # one plain process: a world of one, no rendezvous needed
-        dist.init_process_group(backend="cuda:nccl,cpu:gloo" if backend == "nccl" else "gloo",
-                                store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(
+            backend="cuda:nccl,cpu:gloo" if backend == "nccl" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+        )
 
 
 def run(plan: Plan) -> dict[str, Any]:
@@ -149,15 +154,23 @@ def run(plan: Plan) -> dict[str, Any]:
     try:
         mesh = build_mesh(plan, device.type, env.world_size)
         spec = model_spec_for(plan)
-        blocks, data_desc = build_source(plan.data.kind, plan.data.paths, plan.data.tokenizer,
-                                         plan.data.jsonl_field, t.seq_len, t.seed, spec.vocab_size)
+        blocks, data_desc = build_source(
+            plan.data.kind,
+            plan.data.paths,
+            plan.data.tokenizer,
+            plan.data.jsonl_field,
+            t.seq_len,
+            t.seed,
+            spec.vocab_size,
+        )
         model = build_model(plan, attn_impl, device)
         fsdp = parallelize(model, plan, mesh)
         optimizer = build_optimizer(model, plan.optimizer, device.type)
         total = plan.total_steps
         o = plan.optimizer
         scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_factor(s, total, o.warmup_steps, o.min_lr_ratio))
+            optimizer, lambda s: lr_factor(s, total, o.warmup_steps, o.min_lr_ratio)
+        )
         data = RankData(blocks, t.micro_batch_size, t.grad_accum_steps, env.rank, env.world_size)
 
         ckpt = None
@@ -171,33 +184,51 @@ def run(plan: Plan) -> dict[str, Any]:
                 state = ckpt.load(found[1], model, optimizer, scheduler)
                 start = int(state["step"])
                 if state.get("samples_consumed") != data.samples_consumed(start):
-                    raise SpecError(f"checkpoint {found[1]} was made with a different global batch "
-                                    f"(data position {state.get('samples_consumed')} at step {start})",
-                                    hint="resume with the plan it was saved with, or use a new checkpoint.dir")
+                    raise SpecError(
+                        f"checkpoint {found[1]} was made with a different global batch "
+                        f"(data position {state.get('samples_consumed')} at step {start})",
+                        hint="resume with the plan it was saved with, or use a new checkpoint.dir",
+                    )
 
         peak = None
         if device.type == "cuda" and plan.hardware.gpu:
             from llmctl.spec.hardware import resolve_gpu
 
             peak = resolve_gpu(plan.hardware.gpu).peak_tflops(param_dtype_name(t.precision))
-        tput = ThroughputModel.for_run(spec, t.seq_len, plan.tokens_per_step, env.world_size,
-                                       t.activation_checkpointing, peak)
+        tput = ThroughputModel.for_run(
+            spec, t.seq_len, plan.tokens_per_step, env.world_size, t.activation_checkpointing, peak
+        )
         metrics = MetricsLog(Path(plan.logging.dir) / "metrics.jsonl", total) if is_main else None
 
         def emit(record: dict[str, Any]) -> None:
             if metrics is not None:
                 metrics.event(record)
 
-        emit({"event": "start", "step": start, "total_steps": total, "world_size": env.world_size,
-              "mesh": list(mesh.shape), "mesh_dims": list(mesh.mesh_dim_names or ()), "fsdp2": fsdp,
-              "device": str(device),
-              "backend": choice.backend, "attention": attn_impl, "precision": t.precision,
-              "params": spec.params, "vocab_size": spec.vocab_size, "tokens_per_step": plan.tokens_per_step,
-              "model_flops_per_token": tput.model_flops_per_token, "peak_tflops": peak, "data": data_desc,
-              "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
-                         f"attention {attn_impl} ({attn_why}), mesh {tuple(mesh.shape)} "
-                         f"{mesh.mesh_dim_names}{'' if fsdp else ' (one rank: no FSDP)'}, {choice.backend}, "
-                         f"{data_desc}"})
+        emit(
+            {
+                "event": "start",
+                "step": start,
+                "total_steps": total,
+                "world_size": env.world_size,
+                "mesh": list(mesh.shape),
+                "mesh_dims": list(mesh.mesh_dim_names or ()),
+                "fsdp2": fsdp,
+                "device": str(device),
+                "backend": choice.backend,
+                "attention": attn_impl,
+                "precision": t.precision,
+                "params": spec.params,
+                "vocab_size": spec.vocab_size,
+                "tokens_per_step": plan.tokens_per_step,
+                "model_flops_per_token": tput.model_flops_per_token,
+                "peak_tflops": peak,
+                "data": data_desc,
+                "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
+                f"attention {attn_impl} ({attn_why}), mesh {tuple(mesh.shape)} "
+                f"{mesh.mesh_dim_names}{'' if fsdp else ' (one rank: no FSDP)'}, {choice.backend}, "
+                f"{data_desc}",
+            }
+        )
 
         acc = t.grad_accum_steps
         vocab = spec.vocab_size
@@ -232,27 +263,58 @@ def run(plan: Plan) -> dict[str, Any]:
                 gn = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
                 now = time.perf_counter()
                 losses[step] = loss_val
-                rec = {"event": "step", "step": step, "loss": loss_val, "lr": lr,
-                       "grad_norm": float(gn) if gn is not None else None,
-                       **tput.measure((now - last_t) / (step - last_step)), **peak_memory(device.type)}
+                rec = {
+                    "event": "step",
+                    "step": step,
+                    "loss": loss_val,
+                    "lr": lr,
+                    "grad_norm": float(gn) if gn is not None else None,
+                    **tput.measure((now - last_t) / (step - last_step)),
+                    **peak_memory(device.type),
+                }
                 emit(with_predictions(rec, plan.predicted))
                 last_t, last_step = now, step
 
             stopping = stop.agreed()
             if ckpt is not None and (stopping or step % plan.checkpoint.interval_steps == 0 or step == total):
                 t0 = time.perf_counter()
-                path = ckpt.save(step, model, optimizer, scheduler,
-                                 {"step": step, "samples_consumed": data.samples_consumed(step),
-                                  "world_size": env.world_size, "seed": t.seed})
-                emit({"event": "checkpoint", "step": step, "path": str(path),
-                      "seconds": time.perf_counter() - t0, "message": f"saved {path} at step {step}"})
+                path = ckpt.save(
+                    step,
+                    model,
+                    optimizer,
+                    scheduler,
+                    {
+                        "step": step,
+                        "samples_consumed": data.samples_consumed(step),
+                        "world_size": env.world_size,
+                        "seed": t.seed,
+                    },
+                )
+                emit(
+                    {
+                        "event": "checkpoint",
+                        "step": step,
+                        "path": str(path),
+                        "seconds": time.perf_counter() - t0,
+                        "message": f"saved {path} at step {step}",
+                    }
+                )
                 last_t = time.perf_counter()  # keep save time out of the next step-time measurement
             if stopping:
                 reason = "signal"
-                emit({"event": "stop", "step": step, "reason": "signal",
-                      "message": f"stopping at step {step} on a preemption signal"
-                                 + (" (checkpoint saved; start again to resume)" if ckpt else
-                                    " (no checkpoint.dir: progress is lost)")})
+                emit(
+                    {
+                        "event": "stop",
+                        "step": step,
+                        "reason": "signal",
+                        "message": f"stopping at step {step} on a preemption signal"
+                        + (
+                            " (checkpoint saved; start again to resume)"
+                            if ckpt
+                            else " (no checkpoint.dir: progress is lost)"
+                        ),
+                    }
+                )
                 break
         emit({"event": "end", "step": step, "reason": reason, "message": f"finished at step {step}/{total}"})
         if metrics is not None:

@@ -32,10 +32,22 @@ class ThroughputModel:
     peak_tflops: float | None
 
     @classmethod
-    def for_run(cls, spec: ModelSpec, seq_len: int, tokens_per_step: int, world_size: int, checkpointing: str,
-                peak_tflops: float | None) -> ThroughputModel:
-        return cls(tokens_per_step, world_size, model_flops_per_token(spec, seq_len),
-                   hardware_flops_per_token(spec, seq_len, checkpointing), peak_tflops)
+    def for_run(
+        cls,
+        spec: ModelSpec,
+        seq_len: int,
+        tokens_per_step: int,
+        world_size: int,
+        checkpointing: str,
+        peak_tflops: float | None,
+    ) -> ThroughputModel:
+        return cls(
+            tokens_per_step,
+            world_size,
+            model_flops_per_token(spec, seq_len),
+            hardware_flops_per_token(spec, seq_len, checkpointing),
+            peak_tflops,
+        )
 
     def measure(self, step_time_s: float) -> dict[str, float | None]:
         tps = self.tokens_per_step / step_time_s
@@ -56,18 +68,28 @@ def peak_memory(device_type: str) -> dict[str, int | None]:
     if device_type == "cuda":
         import torch
 
-        return {"peak_mem_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-                "peak_mem_reserved_bytes": int(torch.cuda.max_memory_reserved()), "peak_rss_bytes": None}
+        return {
+            "peak_mem_allocated_bytes": int(torch.cuda.max_memory_allocated()),
+            "peak_mem_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+            "peak_rss_bytes": None,
+        }
     # ru_maxrss is in KiB on Linux (getrusage(2)); bytes on macOS.
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"peak_mem_allocated_bytes": None, "peak_mem_reserved_bytes": None,
-            "peak_rss_bytes": int(rss if sys.platform == "darwin" else rss * 1024)}
+    return {
+        "peak_mem_allocated_bytes": None,
+        "peak_mem_reserved_bytes": None,
+        "peak_rss_bytes": int(rss if sys.platform == "darwin" else rss * 1024),
+    }
 
 
 def with_predictions(record: dict[str, Any], predicted: Predicted) -> dict[str, Any]:
     """Put each plan prediction right after the measured value it predicts."""
-    pairs = {"tokens_per_s": predicted.tokens_per_s, "tokens_per_s_per_device": predicted.tokens_per_s_per_gpu,
-             "mfu": predicted.mfu, "step_time_s": predicted.step_time_s}
+    pairs = {
+        "tokens_per_s": predicted.tokens_per_s,
+        "tokens_per_s_per_device": predicted.tokens_per_s_per_gpu,
+        "mfu": predicted.mfu,
+        "step_time_s": predicted.step_time_s,
+    }
     mem_key = "peak_mem_reserved_bytes" if record.get("peak_mem_reserved_bytes") is not None else "peak_rss_bytes"
     pairs[mem_key] = predicted.memory_per_gpu_bytes
     out: dict[str, Any] = {}
@@ -95,8 +117,14 @@ class MetricsLog:
         if self.stream.isatty():
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                                      TimeRemainingColumn(), TextColumn("{task.fields[info]}"), transient=False)
+            self._progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.fields[info]}"),
+                transient=False,
+            )
             self._task = self._progress.add_task("train", total=total_steps, info="")
             self._progress.start()
 
@@ -104,8 +132,10 @@ class MetricsLog:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
         if record.get("event") == "step":
-            info = (f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {record['tokens_per_s']:,.0f} tok/s  "
-                    f"{record['step_time_s'] * 1e3:.0f} ms/step")
+            info = (
+                f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {record['tokens_per_s']:,.0f} tok/s  "
+                f"{record['step_time_s'] * 1e3:.0f} ms/step"
+            )
             if self._progress is not None:
                 self._progress.update(self._task, completed=record["step"], info=info)
             else:

@@ -45,11 +45,15 @@ def select_attention(requested: str, cuda_available: bool, flash_available: bool
     """Plan attention -> (transformers attn_implementation, why). `flash` where it cannot run fails fast."""
     if requested == "flash":
         if not cuda_available:
-            raise InputError("training.attention: flash needs a CUDA GPU and this machine has none",
-                             hint="use attention: auto or sdpa")
+            raise InputError(
+                "training.attention: flash needs a CUDA GPU and this machine has none",
+                hint="use attention: auto or sdpa",
+            )
         if not flash_available:
-            raise InputError("training.attention: flash needs the flash-attn package, which is not installed",
-                             hint="pip install 'llmctl[flash]' or use attention: auto")
+            raise InputError(
+                "training.attention: flash needs the flash-attn package, which is not installed",
+                hint="pip install 'llmctl[flash]' or use attention: auto",
+            )
         return "flash_attention_2", "requested"
     if requested == "auto":
         if cuda_available and flash_available:
@@ -94,8 +98,9 @@ def build_model(plan: Plan, attn_impl: str, device: torch.device) -> torch.nn.Mo
     dtype = torch.bfloat16 if plan.training.precision == "bf16" else torch.float32
     if m.weights:
         try:
-            model = AutoModelForCausalLM.from_pretrained(m.weights, attn_implementation=attn_impl, dtype=dtype,
-                                                         local_files_only=True, **m.overrides)
+            model = AutoModelForCausalLM.from_pretrained(
+                m.weights, attn_implementation=attn_impl, dtype=dtype, local_files_only=True, **m.overrides
+            )
         except (OSError, ValueError) as e:
             raise SpecError(f"model.weights: cannot load {m.weights!r}: {str(e).splitlines()[0]}") from None
         vocab = model.get_input_embeddings().weight.shape[0]
@@ -131,5 +136,7 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
                 break
         if isinstance(obj, torch.nn.ModuleList):
             return obj
-    raise SpecError(f"{type(model).__name__}: cannot find the decoder layers to shard",
-                    hint="supported: Llama-style (model.layers) and GPT-2 (transformer.h)")
+    raise SpecError(
+        f"{type(model).__name__}: cannot find the decoder layers to shard",
+        hint="supported: Llama-style (model.layers) and GPT-2 (transformer.h)",
+    )

@@ -30,10 +30,12 @@ log = logging.getLogger("llmctl.engine")
 def mesh_dims(plan: Plan, world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """Mesh shape and dimension names for the plan's sharding (the plan's (replicate, shard) sizes)."""
     if plan.world_size != world_size:
-        raise InputError(f"the plan is for {plan.world_size} ranks (hardware.nodes x hardware.nproc_per_node) "
-                         f"but {world_size} were started",
-                         hint=f"start it with torchrun --nproc_per_node {plan.hardware.nproc_per_node}"
-                              f" --nnodes {plan.hardware.nodes}")
+        raise InputError(
+            f"the plan is for {plan.world_size} ranks (hardware.nodes x hardware.nproc_per_node) "
+            f"but {world_size} were started",
+            hint=f"start it with torchrun --nproc_per_node {plan.hardware.nproc_per_node}"
+            f" --nnodes {plan.hardware.nodes}",
+        )
     replicate, shard = plan.mesh_shape
     if plan.parallel.sharding == "full":
         return (shard,), ("shard",)
@@ -55,8 +57,10 @@ def mixed_precision(precision: str):  # -> MixedPrecisionPolicy | None
     if precision == "bf16-mixed":
         return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if precision == "fp16-mixed":
-        raise InputError("training.precision: fp16-mixed is not supported by the engine (it needs loss scaling)",
-                         hint="use bf16-mixed (or fp32 on CPUs and pre-Ampere GPUs)")
+        raise InputError(
+            "training.precision: fp16-mixed is not supported by the engine (it needs loss scaling)",
+            hint="use bf16-mixed (or fp32 on CPUs and pre-Ampere GPUs)",
+        )
     return None  # fp32, or pure bf16 (the model was built in bf16)
 
 
@@ -108,6 +112,13 @@ def parallelize(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh) -> bool:
     fsdp = needs_fsdp(mesh.size(), t.precision)
     if fsdp:
         apply_fsdp(model, mesh, t.precision)
-    log.info("parallelized: mesh %s %s, fsdp2 %s, checkpointing %s, compile %s, precision %s",
-             tuple(mesh.shape), mesh.mesh_dim_names, fsdp, t.activation_checkpointing, t.compile, t.precision)
+    log.info(
+        "parallelized: mesh %s %s, fsdp2 %s, checkpointing %s, compile %s, precision %s",
+        tuple(mesh.shape),
+        mesh.mesh_dim_names,
+        fsdp,
+        t.activation_checkpointing,
+        t.compile,
+        t.precision,
+    )
     return fsdp

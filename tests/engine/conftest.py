@@ -19,14 +19,28 @@ CORPUS = REPO / "examples" / "corpus"
 # A 2-layer Llama (hidden 64, GQA 4/2 heads) on the shipped corpus: a step takes tens of milliseconds on a CPU.
 TINY: dict[str, Any] = {
     "name": "engine-test",
-    "model": {"preset": "llama-tiny", "overrides": {"num_hidden_layers": 2, "hidden_size": 64,
-                                                     "intermediate_size": 172, "num_attention_heads": 4,
-                                                     "num_key_value_heads": 2}},
+    "model": {
+        "preset": "llama-tiny",
+        "overrides": {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "intermediate_size": 172,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+        },
+    },
     "data": {"kind": "text", "paths": [str(CORPUS)]},
     "hardware": {"nodes": 1, "nproc_per_node": 2},
     "parallel": {"sharding": "full"},
-    "training": {"precision": "fp32", "micro_batch_size": 4, "grad_accum_steps": 1, "seq_len": 64,
-                 "max_steps": 30, "seed": 0, "attention": "auto"},
+    "training": {
+        "precision": "fp32",
+        "micro_batch_size": 4,
+        "grad_accum_steps": 1,
+        "seq_len": 64,
+        "max_steps": 30,
+        "seed": 0,
+        "attention": "auto",
+    },
     "optimizer": {"lr": 3e-3, "warmup_steps": 3},
     "logging": {"interval_steps": 1},
 }
@@ -54,8 +68,13 @@ def write_plan(folder: Path, over: dict[str, Any] | None = None, ckpt: bool = Fa
 def engine_env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     scratch = tmp / "scratch"
     scratch.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, TMPDIR=str(scratch), TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        TMPDIR=str(scratch),
+        TORCHINDUCTOR_CACHE_DIR=str(scratch / "inductor"),
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+    )
     env.pop("LLMCTL_DEBUG", None)
     env.update(extra or {})
     return env
@@ -64,14 +83,29 @@ def engine_env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]
 def engine_cmd(plan: Path, nproc: int) -> list[str]:
     if nproc == 0:  # one plain process, no torchrun
         return [sys.executable, "-m", "llmctl.engine", str(plan)]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "llmctl.engine", str(plan)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "llmctl.engine",
+        str(plan),
+    ]
 
 
-def run_engine(plan: Path, nproc: int, tmp: Path, extra_env: dict[str, str] | None = None,
-               timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(engine_cmd(plan, nproc), cwd=REPO, env=engine_env(tmp, extra_env), capture_output=True,
-                          text=True, timeout=timeout)
+def run_engine(
+    plan: Path, nproc: int, tmp: Path, extra_env: dict[str, str] | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        engine_cmd(plan, nproc),
+        cwd=REPO,
+        env=engine_env(tmp, extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def records(plan: Path, event: str | None = None) -> list[dict[str, Any]]:

@@ -85,11 +85,14 @@ def test_text_source_matches_token_file(tmp_path: Path) -> None:
     assert (a.samples(0, 8) == b.samples(0, 8)).all()
 
 
-@pytest.mark.parametrize(("kind", "paths", "needle"), [
-    ("text", ["/no/such/file.txt"], "does not exist"),
-    ("tokens", ["/no/such.bin"], "not a token file"),
-    ("tokens", [], "exactly one"),
-])
+@pytest.mark.parametrize(
+    ("kind", "paths", "needle"),
+    [
+        ("text", ["/no/such/file.txt"], "does not exist"),
+        ("tokens", ["/no/such.bin"], "not a token file"),
+        ("tokens", [], "exactly one"),
+    ],
+)
 def test_bad_data_is_one_clear_line(kind: str, paths: list[str], needle: str) -> None:
     with pytest.raises(InputError, match=needle):
         build_source(kind, paths, None, "text", 64, 0, 320)
@@ -115,10 +118,13 @@ def test_local_hf_tokenizer_folder(tmp_path: Path) -> None:
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()
-    tok.train([str(CORPUS / "stdlib-docstrings.txt")],
-              trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]))
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(tmp_path / "tok")
+    tok.train(
+        [str(CORPUS / "stdlib-docstrings.txt")],
+        trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]),
+    )
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(
+        tmp_path / "tok"
+    )
     blocks, desc = build_source("text", [str(CORPUS)], str(tmp_path / "tok"), "text", 32, 0, 320)
     assert "tok" in desc and blocks.samples(0, 2).max() < 300
     assert int(blocks.tokens[0]) == 1  # <s> opens the first document

@@ -48,9 +48,14 @@ def test_full_shard_2_ranks_loss_falls(reference_run: Path) -> None:
 
 
 def test_hybrid_2x2_4_ranks_loss_falls(tmp_path: Path) -> None:
-    plan = write_plan(tmp_path, {"hardware": {"nodes": 2, "nproc_per_node": 2},
-                                 "parallel": {"sharding": "hybrid"},
-                                 "training": {"micro_batch_size": 2, "max_steps": 25}})
+    plan = write_plan(
+        tmp_path,
+        {
+            "hardware": {"nodes": 2, "nproc_per_node": 2},
+            "parallel": {"sharding": "hybrid"},
+            "training": {"micro_batch_size": 2, "max_steps": 25},
+        },
+    )
     check_ok(run_engine(plan, 4, tmp_path))
     start = records(plan, "start")[0]
     assert start["mesh"] == [2, 2] and start["mesh_dims"] == ["replicate", "shard"]
@@ -61,8 +66,9 @@ def test_grad_accumulation_equivalence(tmp_path: Path) -> None:
     """mbs 2 x acc 1 and mbs 1 x acc 2 see the same samples per step: same losses within 1e-5 (fp32)."""
     common = {"training": {"max_steps": 6}}
     a = write_plan(tmp_path / "mbs2", {**common, "training": {"max_steps": 6, "micro_batch_size": 2}})
-    b = write_plan(tmp_path / "acc2", {**common, "training": {"max_steps": 6, "micro_batch_size": 1,
-                                                              "grad_accum_steps": 2}})
+    b = write_plan(
+        tmp_path / "acc2", {**common, "training": {"max_steps": 6, "micro_batch_size": 1, "grad_accum_steps": 2}}
+    )
     check_ok(run_engine(a, 2, tmp_path))
     check_ok(run_engine(b, 2, tmp_path))
     la, lb = losses(a), losses(b)
@@ -87,8 +93,14 @@ def test_sigterm_then_restart_is_bit_exact(tmp_path: Path, reference_run: Path) 
     uninterrupted run's losses bit for bit."""
     plan = write_plan(tmp_path, {"checkpoint": {"interval_steps": 1000}}, ckpt=True)
     metrics = plan.parent / "logs" / "metrics.jsonl"
-    proc = subprocess.Popen(engine_cmd(plan, 2), cwd=REPO, env=engine_env(tmp_path), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        engine_cmd(plan, 2),
+        cwd=REPO,
+        env=engine_env(tmp_path),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.time() + 180
     sent = False
     while time.time() < deadline and proc.poll() is None:

@@ -12,8 +12,14 @@ from tests.engine.conftest import REPO, engine_env, write_plan
 
 
 def engine(args: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "llmctl.engine", *args], cwd=REPO, env=engine_env(tmp),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "llmctl.engine", *args],
+        cwd=REPO,
+        env=engine_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
@@ -25,14 +31,19 @@ def assert_one_line(proc: subprocess.CompletedProcess[str], code: int, *needles:
         assert n in lines[0], lines[0]
 
 
-@pytest.mark.parametrize(("text", "needles"), [
-    ("model: {preset: llama-tiny}\ntraining: {max_steps: 2, micro_batch: 4}\n",
-     ("training.micro_batch", "unknown key")),
-    ("model: {preset: llama-tiny}\ntraining: {max_steps: 0}\n", ("training.max_steps",)),
-    ("model: {preset: llama-tiny, config: x.json}\ntraining: {max_steps: 1}\n", ("exactly one of model.preset",)),
-    ("model: [oops\n", ("not valid YAML",)),
-    ("- just a list\n", ("a plan must be a YAML mapping",)),
-])
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        (
+            "model: {preset: llama-tiny}\ntraining: {max_steps: 2, micro_batch: 4}\n",
+            ("training.micro_batch", "unknown key"),
+        ),
+        ("model: {preset: llama-tiny}\ntraining: {max_steps: 0}\n", ("training.max_steps",)),
+        ("model: {preset: llama-tiny, config: x.json}\ntraining: {max_steps: 1}\n", ("exactly one of model.preset",)),
+        ("model: [oops\n", ("not valid YAML",)),
+        ("- just a list\n", ("a plan must be a YAML mapping",)),
+    ],
+)
 def test_bad_plan_file(tmp_path: Path, text: str, needles: tuple[str, ...]) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(text)
@@ -46,32 +57,48 @@ def test_missing_plan_and_no_arguments(tmp_path: Path) -> None:
 
 def test_inputs_found_bad_after_torch_starts(tmp_path: Path) -> None:
     """Errors found once torch is up (attention on this machine, rank count, data) are one line too."""
-    flash = write_plan(tmp_path / "flash", {"hardware": {"nproc_per_node": 1},
-                                            "training": {"attention": "flash", "precision": "bf16-mixed"}})
+    flash = write_plan(
+        tmp_path / "flash",
+        {"hardware": {"nproc_per_node": 1}, "training": {"attention": "flash", "precision": "bf16-mixed"}},
+    )
     assert_one_line(engine([str(flash)], tmp_path), 2, "attention: flash needs a CUDA GPU")
     ranks = write_plan(tmp_path / "ranks", {"hardware": {"nproc_per_node": 2}})
     assert_one_line(engine([str(ranks)], tmp_path), 2, "plan is for 2 ranks", "1 were started")
-    data = write_plan(tmp_path / "data", {"hardware": {"nproc_per_node": 1},
-                                          "data": {"paths": [str(tmp_path / "missing.txt")]}})
+    data = write_plan(
+        tmp_path / "data", {"hardware": {"nproc_per_node": 1}, "data": {"paths": [str(tmp_path / "missing.txt")]}}
+    )
     assert_one_line(engine([str(data)], tmp_path), 2, "data.paths", "does not exist")
 
 
+@pytest.mark.slow
 def test_one_plain_process_with_checkpointing_compile_and_bf16(tmp_path: Path) -> None:
     """The one test that compiles: one process (no torchrun), bf16 mixed precision, activation checkpointing,
     per-layer torch.compile, synthetic data; runs and writes finite losses."""
     import json
 
     # One layer: compile cost is per distinct layer graph, and this test is the slowest of the folder.
-    plan = write_plan(tmp_path, {"hardware": {"nproc_per_node": 1}, "data": {"kind": "synthetic", "paths": []},
-                                 "model": {"overrides": {"num_hidden_layers": 1}},
-                                 "training": {"max_steps": 3, "precision": "bf16-mixed", "compile": True,
-                                              "activation_checkpointing": "full", "micro_batch_size": 2}})
+    plan = write_plan(
+        tmp_path,
+        {
+            "hardware": {"nproc_per_node": 1},
+            "data": {"kind": "synthetic", "paths": []},
+            "model": {"overrides": {"num_hidden_layers": 1}},
+            "training": {
+                "max_steps": 3,
+                "precision": "bf16-mixed",
+                "compile": True,
+                "activation_checkpointing": "full",
+                "micro_batch_size": 2,
+            },
+        },
+    )
     proc = engine([str(plan)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-5000:]
     rows = [json.loads(x) for x in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["event"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(r["loss"] == r["loss"] and 4 < r["loss"] < 7 for r in steps)
-    assert steps[-1]["hardware_tflops_per_device"] == pytest.approx(steps[-1]["model_tflops_per_device"] * 4 / 3,
-                                                                     rel=1e-3)
+    assert steps[-1]["hardware_tflops_per_device"] == pytest.approx(
+        steps[-1]["model_tflops_per_device"] * 4 / 3, rel=1e-3
+    )
     assert rows[0]["mesh"] == [1] and rows[0]["precision"] == "bf16-mixed"

@@ -23,15 +23,18 @@ def test_device_follows_the_machine() -> None:
     assert select_device(False, 3).device == "cpu" and select_device(False, 3).backend == "gloo"
 
 
-@pytest.mark.parametrize(("requested", "cuda", "flash", "expected"), [
-    ("auto", True, True, "flash_attention_2"),
-    ("auto", True, False, "sdpa"),
-    ("auto", False, True, "sdpa"),
-    ("auto", False, False, "sdpa"),
-    ("flash", True, True, "flash_attention_2"),
-    ("sdpa", True, True, "sdpa"),
-    ("eager", False, False, "eager"),
-])
+@pytest.mark.parametrize(
+    ("requested", "cuda", "flash", "expected"),
+    [
+        ("auto", True, True, "flash_attention_2"),
+        ("auto", True, False, "sdpa"),
+        ("auto", False, True, "sdpa"),
+        ("auto", False, False, "sdpa"),
+        ("flash", True, True, "flash_attention_2"),
+        ("sdpa", True, True, "sdpa"),
+        ("eager", False, False, "eager"),
+    ],
+)
 def test_attention_selection(requested: str, cuda: bool, flash: bool, expected: str) -> None:
     impl, why = select_attention(requested, cuda, flash)
     assert impl == expected and why
@@ -49,8 +52,10 @@ def test_auto_logs_why() -> None:
     assert "flash-attn not installed" in select_attention("auto", True, False)[1]
 
 
-@pytest.mark.parametrize(("vocab", "multiple", "padded"), [(258, 64, 320), (320, 64, 320), (32000, 64, 32000),
-                                                           (50257, 64, 50304), (128256, 64, 128256), (7, 1, 7)])
+@pytest.mark.parametrize(
+    ("vocab", "multiple", "padded"),
+    [(258, 64, 320), (320, 64, 320), (32000, 64, 32000), (50257, 64, 50304), (128256, 64, 128256), (7, 1, 7)],
+)
 def test_vocab_padding(vocab: int, multiple: int, padded: int) -> None:
     assert padded_vocab_size(vocab, multiple) == padded
 
@@ -65,12 +70,15 @@ def test_precision_to_peak_dtype() -> None:
     assert param_dtype_name("bf16-mixed") == "bf16" and param_dtype_name("fp32") == "fp32"
 
 
-@pytest.mark.parametrize(("parallel", "hardware", "shape", "names"), [
-    ({"sharding": "full"}, {"nproc_per_node": 4}, (4,), ("shard",)),
-    ({"sharding": "hybrid"}, {"nodes": 2, "nproc_per_node": 2}, (2, 2), ("replicate", "shard")),
-    ({"sharding": "hybrid", "shard_size": 4}, {"nodes": 2, "nproc_per_node": 4}, (2, 4), ("replicate", "shard")),
-    ({"sharding": "no_shard"}, {"nproc_per_node": 4}, (4, 1), ("replicate", "shard")),
-])
+@pytest.mark.parametrize(
+    ("parallel", "hardware", "shape", "names"),
+    [
+        ({"sharding": "full"}, {"nproc_per_node": 4}, (4,), ("shard",)),
+        ({"sharding": "hybrid"}, {"nodes": 2, "nproc_per_node": 2}, (2, 2), ("replicate", "shard")),
+        ({"sharding": "hybrid", "shard_size": 4}, {"nodes": 2, "nproc_per_node": 4}, (2, 4), ("replicate", "shard")),
+        ({"sharding": "no_shard"}, {"nproc_per_node": 4}, (4, 1), ("replicate", "shard")),
+    ],
+)
 def test_mesh_per_strategy(parallel: dict, hardware: dict, shape: tuple, names: tuple) -> None:
     p = plan(parallel=parallel, hardware=hardware)
     assert mesh_dims(p, p.world_size) == (shape, names)
