@@ -19,7 +19,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmctl.errors import SpecError
-from llmctl.netbench.options import COLLECTIVES
+from llmctl.netbench.options import COLLECTIVES as COLLECTIVES  # re-exported
+
+# nccl-tests' busbw/algbw factor: one definition, shared with the planner's cost model.
+from llmctl.plan.comm import bus_factor as bus_factor  # re-exported
 
 SCHEMA_NAME = "llmctl.bench-net"
 SCHEMA_VERSION = 1
@@ -34,18 +37,6 @@ PEAK_FRACTION = 0.8
 
 
 # ---------------------------------------------------------------------------------------------- bandwidth math
-
-
-def bus_factor(collective: str, n_ranks: int) -> float:
-    """nccl-tests' busbw/algbw factor (NVIDIA/nccl-tests doc/PERFORMANCE.md): 2(n-1)/n for all-reduce,
-    (n-1)/n for all-gather and reduce-scatter. It makes busbw comparable to the link's speed for any n."""
-    if n_ranks < 1:
-        raise ValueError(f"n_ranks must be >= 1, got {n_ranks}")
-    if collective == "all_reduce":
-        return 2 * (n_ranks - 1) / n_ranks
-    if collective in ("all_gather", "reduce_scatter"):
-        return (n_ranks - 1) / n_ranks
-    raise ValueError(f"unknown collective {collective!r} (known: {', '.join(COLLECTIVES)})")
 
 
 def algbw_gbytes_s(size_bytes: int, time_s: float) -> float:

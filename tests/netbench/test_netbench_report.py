@@ -37,7 +37,7 @@ def test_busbw_golden_numbers() -> None:
 
 
 def test_bus_factor_rejects_nonsense() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InputError):
         rp.bus_factor("broadcast", 4)
     with pytest.raises(ValueError):
         rp.algbw_gbytes_s(1, 0.0)
