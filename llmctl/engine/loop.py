@@ -1,7 +1,8 @@
 """The training loop one rank runs: set up (process group, model, FSDP2, optimizer, data, resume), then step.
 
-Per optimizer step: `grad_accum_steps` micro-batches, gradient sync (reduce-scatter / all-reduce) only on the last
-one (`set_requires_gradient_sync`, FSDP2's no_sync), the loss kept on the device (no host sync in the micro-batch
+Per optimizer step: `grad_accum_steps` micro-batches; gradients are reduce-scattered inside the shard group every
+micro-batch (they stay sharded) and all-reduced across replicas (HYBRID, no_shard) only on the last one
+(`set_requires_all_reduce`); the loss kept on the device (no host sync in the micro-batch
 loop), gradient clipping, AdamW (fused kernel on CUDA and CPU), warm-up + cosine LR. Host syncs happen only at
 step boundaries: the stop-signal agreement (a CPU all-reduce) and, on logging steps, the loss.
 """
@@ -231,6 +232,7 @@ def run(plan: Plan) -> dict[str, Any]:
         )
 
         acc = t.grad_accum_steps
+        replicas = mesh.shape[0] if fsdp and mesh.ndim == 2 else 1
         vocab = spec.vocab_size
         micro = (b for s in range(start, total) for b in data.micro_batches(s))
         batches = DevicePrefetcher(micro, device)
@@ -241,8 +243,13 @@ def run(plan: Plan) -> dict[str, Any]:
         while step < total:
             loss_sum = torch.zeros((), device=device)
             for m in range(acc):
-                if acc > 1 and fsdp:
-                    model.set_requires_gradient_sync(m == acc - 1)
+                if acc > 1 and replicas > 1:
+                    # HSDP / no_shard: reduce-scatter inside the shard group every micro-batch (gradients stay
+                    # sharded), all-reduce across replicas only on the last one. FULL shard reduce-scatters every
+                    # micro-batch: FSDP2's no_sync (set_requires_gradient_sync(False)) would keep every layer's
+                    # unsharded gradients alive across micro-batches (+4 bytes/param per GPU, unsharded), which
+                    # neither the memory model nor the planner assumes.
+                    model.set_requires_all_reduce(m == acc - 1)
                 b = next(batches)
                 logits = model(input_ids=b.inputs).logits
                 loss = F.cross_entropy(logits.float().view(-1, vocab), b.targets.reshape(-1))

@@ -76,6 +76,17 @@ def test_grad_accumulation_equivalence(tmp_path: Path) -> None:
     for s in la:
         assert la[s] == pytest.approx(lb[s], abs=1e-5, rel=0), (s, la[s], lb[s])
     assert la[6] < la[1]  # the steps did update the model (a later loss differs)
+    # Accumulation on a replicated mesh (no_shard = (world, 1) HSDP): reduce-scatter every micro-batch, the
+    # cross-replica all-reduce skipped until the last one (set_requires_all_reduce). Same losses.
+    c = write_plan(
+        tmp_path / "noshard-acc2",
+        {"parallel": {"sharding": "no_shard"},
+         "training": {"max_steps": 6, "micro_batch_size": 1, "grad_accum_steps": 2}},
+    )
+    check_ok(run_engine(c, 2, tmp_path))
+    lc = losses(c)
+    for s in la:
+        assert lc[s] == pytest.approx(la[s], abs=1e-4, rel=0), (s, lc[s], la[s])
 
 
 def _worker(torchrun: subprocess.Popen[str], rank: int) -> psutil.Process | None:
