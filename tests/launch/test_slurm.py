@@ -60,10 +60,17 @@ def start_now(job_id: str, timeout_s: float = 150) -> None:
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl, read while the engine may be appending to it: a partial last line is not an event yet."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = []
+    for line in path.read_text().split("\n"):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # only the last line can be partial: complete lines end with a newline
+    return out
 
 
 def steps_logged(run_dir: Path) -> list[int]:
