@@ -71,7 +71,12 @@ _register()
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except BrokenPipeError:
+        # `llmctl ... | head`: the reader left. Silence the flush at exit and end like a finished command.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
 
 
 if __name__ == "__main__":
