@@ -30,7 +30,7 @@ class _Group(TyperGroup):
                 raise
             _fail(str(e), e.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit,
-                typer.Exit, typer.Abort):
+                typer.Exit, typer.Abort, BrokenPipeError):
             # typer >= 0.20 has its own Exit/Abort (not click's): --help and ctx.exit() raise them.
             raise
         except KeyboardInterrupt:
