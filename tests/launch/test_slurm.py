@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 SECRETS = {"HF_TOKEN": "hf_slurm_s3cr3t", "WANDB_API_KEY": "wandb_slurm_s3cr3t"}
 
@@ -139,6 +139,20 @@ def interrupt_and_resume(job_id: str, run_dir: Path, signal_cmd: list[str], at_s
     start_now(job_id)
 
 
+def wait_for_resumed_run(job_id: str, run_dir: Path, timeout_s: float = 300) -> None:
+    """The requeued run has finished: its `end ... done` event is logged and the job has left the queue. squeue
+    alone is not evidence (around a requeue it can briefly report nothing); a job still pending is released now."""
+
+    def finished() -> bool:
+        state = squeue_state(job_id)
+        if state == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+        done = any(e["event"] == "end" and e.get("reason") == "done" for e in events(run_dir))
+        return done and state == ""
+
+    wait_for("the requeued run to finish", finished, timeout_s, every_s=1)
+
+
 def assert_resumed_exactly_once(run_dir: Path, total: int) -> int:
     """One signal stop at step k with a checkpoint at k; the second start resumes at k; steps 1..total logged
     once each (none lost, none redone past the checkpoint); the run ends done at total. Returns k."""
@@ -180,7 +194,7 @@ def test_sbatch_requeue_resumes_from_checkpoint(job_env: Path) -> None:
     plan = make_plan(job_env, max_steps=30)
     job_id, folder = launch(str(plan), "--slurm", "--nodes", "2", "--nproc-per-node", "1", "--signal-lead", "60")
     interrupt_and_resume(job_id, job_env / "run", ["scancel", "--batch", "--signal=USR1", job_id], at_step=5)
-    wait_for("the requeued job to end", lambda: squeue_state(job_id) == "", 240)
+    wait_for_resumed_run(job_id, job_env / "run")
     k = assert_resumed_exactly_once(job_env / "run", 30)
     lines = (folder / "events").read_text().splitlines()
     assert lines[0].startswith("requeued ") and lines[-1].startswith("exit 0 ") and "restart 1" in lines[-1]
@@ -206,7 +220,7 @@ def test_submitit_two_node_job_requeue(job_env: Path) -> None:
         ["bash", "-c", f"scancel --signal=TERM {job_id} && scancel --signal=USR1 {job_id}"],
         at_step=5,
     )
-    wait_for("the requeued job to end", lambda: squeue_state(job_id) == "", 240)
+    wait_for_resumed_run(job_id, job_env / "run")
     assert_resumed_exactly_once(job_env / "run", 30)
     log = cli("logs", job_id)
     assert "Calling checkpoint method" in log and "Requeued job" in log and "Job completed successfully" in log
