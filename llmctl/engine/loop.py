@@ -152,6 +152,7 @@ def run(plan: Plan) -> dict[str, Any]:
         log.info("precision %s on a CPU works but is slower than fp32 without AMX", t.precision)
     init_distributed(env, choice.backend)
     is_main = env.rank == 0
+    finished = False
     try:
         mesh = build_mesh(plan, device.type, env.world_size)
         spec = model_spec_for(plan)
@@ -326,7 +327,13 @@ def run(plan: Plan) -> dict[str, Any]:
         emit({"event": "end", "step": step, "reason": reason, "message": f"finished at step {step}/{total}"})
         if metrics is not None:
             metrics.close()
+        finished = True
         return {"step": step, "losses": losses, "reason": reason}
     finally:
-        if dist.is_initialized():
+        if dist.is_initialized() and finished:
+            # All ranks leave together: tearing gloo down while a peer's last collective (or a sub-group of the
+            # 2-D mesh) is still in flight can abort a rank ("terminate called without an active exception",
+            # seen once on a 2x2 HYBRID run). On an error path neither barrier nor destroy: a peer may never
+            # arrive, and destroy can then deadlock (torchtitan#1342 does the same); the process exits anyway.
+            dist.barrier()
             dist.destroy_process_group()
