@@ -22,6 +22,7 @@ demo: install
 test: install
 	bash scripts/system-deps.sh
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/pytest -q
 
 lint: install

@@ -66,14 +66,34 @@ def main() -> None:
             for _ in range(args.repeat):
                 t, acc_out = timed([py, "-c", ACCELERATE, str(d)])
                 acc_t.append(t)
-                t, ll_out = timed([py, "-m", "llmctl", "estimate-memory", str(d), "--json", "--precision",
-                                   "bf16-mixed", "--strategy", "no_shard", "--engine", "zero", "--seq-len", "2048"])
+                t, ll_out = timed(
+                    [
+                        py,
+                        "-m",
+                        "llmctl",
+                        "estimate-memory",
+                        str(d),
+                        "--json",
+                        "--precision",
+                        "bf16-mixed",
+                        "--strategy",
+                        "no_shard",
+                        "--engine",
+                        "zero",
+                        "--seq-len",
+                        "2048",
+                    ]
+                )
                 ll_t.append(t)
             acc, ll = json.loads(acc_out), json.loads(ll_out)
             rows.append((name, statistics.median(acc_t), statistics.median(ll_t), acc, ll))
         # What the real accelerate CLI says about a local folder (the reason we time its internals above).
-        cli = subprocess.run([str(Path(py).with_name("accelerate")), "estimate-memory", str(Path(tmp) / "gpt2-xl")],
-                             capture_output=True, text=True, timeout=120)
+        cli = subprocess.run(
+            [str(Path(py).with_name("accelerate")), "estimate-memory", str(Path(tmp) / "gpt2-xl")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         cli_line = (cli.stderr.strip().splitlines() or cli.stdout.strip().splitlines() or ["(no output)"])[-1]
 
     print(f"wall time per question, fresh process, median of {args.repeat} (lower is better)")
@@ -81,16 +101,22 @@ def main() -> None:
     for name, ta, tl, _, _ in rows:
         print(f"{name:<16}{ta:>14.2f}{tl:>10.2f}{ta / tl:>9.1f}x")
     print("\nfigures (GiB, one GPU, no sharding)")
-    print(f"{'model':<16}{'acc fp32 size':>14}{'acc Adam fp32':>14}{'acc Adam bf16':>14}"
-          f"{'llmctl 18B/p':>13}{'llmctl peak':>12}  llmctl params")
+    print(
+        f"{'model':<16}{'acc fp32 size':>14}{'acc Adam fp32':>14}{'acc Adam bf16':>14}"
+        f"{'llmctl 18B/p':>13}{'llmctl peak':>12}  llmctl params"
+    )
     for name, _, _, acc, ll in rows:
         states = ll["bytes_per_param"] * ll["params"]
-        print(f"{name:<16}{acc['total_fp32'] / GIB:>14.1f}{acc['adam_fp32'] / GIB:>14.1f}"
-              f"{acc['adam_bf16'] / GIB:>14.1f}{states / GIB:>13.1f}{ll['per_gpu_total_bytes'] / GIB:>12.1f}"
-              f"  {ll['params']:,}")
-    print("\naccelerate's 'Training using Adam' is the max of its per-component entries (bf16: 8 bytes/param), "
-          "not their sum,\nand has no activations; llmctl's peak adds activations (mb 1 x 2048, sdpa), logits, "
-          "headroom and the CUDA context.")
+        print(
+            f"{name:<16}{acc['total_fp32'] / GIB:>14.1f}{acc['adam_fp32'] / GIB:>14.1f}"
+            f"{acc['adam_bf16'] / GIB:>14.1f}{states / GIB:>13.1f}{ll['per_gpu_total_bytes'] / GIB:>12.1f}"
+            f"  {ll['params']:,}"
+        )
+    print(
+        "\naccelerate's 'Training using Adam' is the max of its per-component entries (bf16: 8 bytes/param), "
+        "not their sum,\nand has no activations; llmctl's peak adds activations (mb 1 x 2048, sdpa), logits, "
+        "headroom and the CUDA context."
+    )
     print(f"`accelerate estimate-memory <local folder>` says: {cli_line[:200]}")
 
 

@@ -53,22 +53,28 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     failed = False
-    print(f"{'model':16s} {'cluster':>18s} {'setups':>7s} {'plan() s':>9s} {'CLI wall s':>10s} {'CLI cpu s':>9s}  chosen")
+    print(
+        f"{'model':16s} {'cluster':>18s} {'setups':>7s} {'plan() s':>9s} {'CLI wall s':>10s} {'CLI cpu s':>9s}  chosen"
+    )
     for model, gpu, nodes, g, gbps, seq in CASES:
         spec, gspec = resolve_model(model), resolve_gpu(gpu)
         net = cm.Network(gspec.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, gbps / 8)
         inproc, result = [], None
         for _ in range(args.repeat):
             t = time.perf_counter()
-            result = pl.plan(pl.PlanRequest(spec=spec, gpu=gspec, nodes=nodes, gpus_per_node=g, network=net,
-                                            seq_len=seq))
+            result = pl.plan(
+                pl.PlanRequest(spec=spec, gpu=gspec, nodes=nodes, gpus_per_node=g, network=net, seq_len=seq)
+            )
             inproc.append(time.perf_counter() - t)
         walls, cpus, torch_seen = [], [], False
         for _ in range(args.repeat):
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             t = time.perf_counter()
-            r = subprocess.run([sys.executable, "-c", CHILD.format(model=model, gpu=gpu, nodes=nodes, g=g, gbps=gbps,
-                                                                    seq=seq)], capture_output=True, text=True)
+            r = subprocess.run(
+                [sys.executable, "-c", CHILD.format(model=model, gpu=gpu, nodes=nodes, g=g, gbps=gbps, seq=seq)],
+                capture_output=True,
+                text=True,
+            )
             walls.append(time.perf_counter() - t)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
@@ -77,9 +83,11 @@ def main() -> int:
                 print(r.stderr[-1000:], file=sys.stderr)
         c = result.chosen
         cli = statistics.median(cpus)
-        print(f"{model:16s} {f'{nodes} x {g} {gpu}':>18s} {result.evaluated:7d} {statistics.median(inproc):9.3f} "
-              f"{statistics.median(walls):10.3f} {cli:9.3f}  {c.strategy} over {c.nodes} nodes, mb {c.micro_batch} x {c.grad_accum}, "
-              f"{c.checkpointing} ckpt, {c.attention}: {c.tokens_per_s:,.0f} tok/s")
+        print(
+            f"{model:16s} {f'{nodes} x {g} {gpu}':>18s} {result.evaluated:7d} {statistics.median(inproc):9.3f} "
+            f"{statistics.median(walls):10.3f} {cli:9.3f}  {c.strategy} over {c.nodes} nodes, mb {c.micro_batch} x {c.grad_accum}, "
+            f"{c.checkpointing} ckpt, {c.attention}: {c.tokens_per_s:,.0f} tok/s"
+        )
         if torch_seen or (nodes >= 1024 and cli >= 1.0):
             failed = True
     print("FAIL" if failed else "OK: every 1,024-node plan under 1 s of CPU end to end, torch never imported")

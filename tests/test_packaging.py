@@ -12,8 +12,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_wheel_contains_templates_and_presets(tmp_path):
     pytest.importorskip("hatchling", reason="building the wheel needs hatchling (pip install 'llmctl[dev]')")
-    r = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path),
-                        str(ROOT)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     wheel = next(tmp_path.glob("llmctl-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())

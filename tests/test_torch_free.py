@@ -20,12 +20,15 @@ print("HEAVY=" + ",".join(heavy), "CODE=" + str(code), file=sys.stderr)
 """
 
 
-@pytest.mark.parametrize("argv", [
-    ["llmctl", "--help"],
-    ["llmctl", "estimate-memory", "llama-3.1-70b", "--gpu", "H100-SXM", "--nodes", "4", "--gpus-per-node", "8"],
-    ["llmctl", "estimate", "gpt2", "--json"],
-    ["llmctl", "estimate-memory", "--list-models"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["llmctl", "--help"],
+        ["llmctl", "estimate-memory", "llama-3.1-70b", "--gpu", "H100-SXM", "--nodes", "4", "--gpus-per-node", "8"],
+        ["llmctl", "estimate", "gpt2", "--json"],
+        ["llmctl", "estimate-memory", "--list-models"],
+    ],
+)
 def test_no_torch_import(argv):
     r = subprocess.run([sys.executable, "-c", CHECK.format(argv=argv)], capture_output=True, text=True, timeout=60)
     last = r.stderr.strip().splitlines()[-1]

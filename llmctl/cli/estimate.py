@@ -45,8 +45,10 @@ def cluster_shape(gpus: int | None, nodes: int | None, gpus_per_node: int | None
         if gpus <= g:
             return 1, gpus
         if gpus % g:
-            raise InputError(f"--gpus {gpus} is not a whole number of nodes of {g} GPUs",
-                             hint="set --gpus-per-node, or use --nodes N --gpus-per-node G")
+            raise InputError(
+                f"--gpus {gpus} is not a whole number of nodes of {g} GPUs",
+                hint="set --gpus-per-node, or use --nodes N --gpus-per-node G",
+            )
         return gpus // g, g
     if nodes is not None:
         if nodes < 1:
@@ -63,23 +65,45 @@ def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GP
         "params": spec.params,
         "shape": spec.describe(),
         "assumed_shape": spec.source == "params",
-        "setup": {k: getattr(setup, k) for k in ("precision", "optimizer", "strategy", "engine", "nodes",
-                                                 "gpus_per_node", "tp", "pp", "micro_batch_size", "seq_len",
-                                                 "checkpointing", "attention")},
+        "setup": {
+            k: getattr(setup, k)
+            for k in (
+                "precision",
+                "optimizer",
+                "strategy",
+                "engine",
+                "nodes",
+                "gpus_per_node",
+                "tp",
+                "pp",
+                "micro_batch_size",
+                "seq_len",
+                "checkpointing",
+                "attention",
+            )
+        },
         "bytes_per_param": mem.classic_bytes_per_param(spec, setup),
-        "ledger": [{"name": line.name, "bytes_per_param": line.bytes_per_param,
-                    "sharded_from_zero_stage": line.sharded_from_stage, "note": line.note} for line in est.ledger],
+        "ledger": [
+            {
+                "name": line.name,
+                "bytes_per_param": line.bytes_per_param,
+                "sharded_from_zero_stage": line.sharded_from_stage,
+                "note": line.note,
+            }
+            for line in est.ledger
+        ],
         "engine_bytes_per_param": sum(line.bytes_per_param for line in est.ledger),
         "per_gpu_bytes": est.per_component(),
-        "components": [{"name": comp.name, "bytes": comp.bytes, "phases": list(comp.phases)}
-                       for comp in est.components],
+        "components": [
+            {"name": comp.name, "bytes": comp.bytes, "phases": list(comp.phases)} for comp in est.components
+        ],
         "phase_bytes": est.phase_bytes,
         "peak_phase": est.peak_phase,
         "peak_allocated_bytes": est.peak_allocated_bytes,
         "peak_reserved_bytes": est.peak_reserved_bytes,
         "per_gpu_total_bytes": est.device_bytes,
         "predicts": "peak allocated bytes (torch.cuda.max_memory_allocated); reserved adds allocator headroom; "
-                    "total adds the CUDA context",
+        "total adds the CUDA context",
         "world_size": setup.world_size,
     }
     if gpu is not None:
@@ -106,24 +130,40 @@ def _render(result: dict[str, Any]) -> None:
     if s.nodes > 1:
         world += f" ({s.nodes} nodes x {s.gpus_per_node})"
     par = "".join(f", {k}={v}" for k, v in (("tp", s.tp), ("pp", s.pp)) if v > 1)
-    c.print(f"{s.precision} {s.optimizer}, {s.strategy} over {world}{par} (shard degree {s.shard_degree}), "
-            f"engine {s.engine}; micro-batch {s.micro_batch_size} x {s.seq_len} tokens, {s.attention} attention, "
-            f"checkpointing {s.checkpointing}\n", soft_wrap=True)
+    c.print(
+        f"{s.precision} {s.optimizer}, {s.strategy} over {world}{par} (shard degree {s.shard_degree}), "
+        f"engine {s.engine}; micro-batch {s.micro_batch_size} x {s.seq_len} tokens, {s.attention} attention, "
+        f"checkpointing {s.checkpointing}\n",
+        soft_wrap=True,
+    )
 
-    t = render.table(f"Model states: {result['bytes_per_param']:g} bytes/param classic budget, "
-                     f"{result['engine_bytes_per_param']:g} kept by {s.engine}",
-                     [("component", "left"), ("bytes/param", "right"), ("sharded from", "left"),
-                      ("GiB per GPU", "right"), ("GiB all GPUs", "right")])
+    t = render.table(
+        f"Model states: {result['bytes_per_param']:g} bytes/param classic budget, "
+        f"{result['engine_bytes_per_param']:g} kept by {s.engine}",
+        [
+            ("component", "left"),
+            ("bytes/param", "right"),
+            ("sharded from", "left"),
+            ("GiB per GPU", "right"),
+            ("GiB all GPUs", "right"),
+        ],
+    )
     comp_by_name = {comp.name: comp for comp in est.components}
     for line in est.ledger:
         comp = comp_by_name[line.name]
         stage = {1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}.get(line.sharded_from_stage, "never")
-        t.add_row(line.name + (f"  [dim]({line.note})[/dim]" if line.note else ""), f"{line.bytes_per_param:.4g}",
-                  stage, render.gib(comp.bytes), render.gib(comp.bytes * s.world_size))
+        t.add_row(
+            line.name + (f"  [dim]({line.note})[/dim]" if line.note else ""),
+            f"{line.bytes_per_param:.4g}",
+            stage,
+            render.gib(comp.bytes),
+            render.gib(comp.bytes * s.world_size),
+        )
     c.print(t)
 
-    t = render.table(f"Per GPU (peak phase: {est.peak_phase})",
-                     [("component", "left"), ("GiB", "right"), ("live in", "left")])
+    t = render.table(
+        f"Per GPU (peak phase: {est.peak_phase})", [("component", "left"), ("GiB", "right"), ("live in", "left")]
+    )
     for comp in est.components:
         if comp.bytes:
             t.add_row(comp.name, render.gib(comp.bytes, 3), ", ".join(comp.phases))
@@ -133,29 +173,41 @@ def _render(result: dict[str, Any]) -> None:
     t.add_row("CUDA context + NCCL", render.gib(s.cuda_context_bytes, 3), "outside allocator")
     t.add_row("[bold]total per GPU[/bold]", f"[bold]{render.gib(est.device_bytes, 3)}[/bold]", "")
     c.print(t)
-    c.print(f"peak allocated {render.gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
-            f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB",
-            soft_wrap=True)
+    c.print(
+        f"peak allocated {render.gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
+        f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB",
+        soft_wrap=True,
+    )
 
     if "gpu" in result:
         ok = "[green]fits[/green]" if result["fits"] else "[red]does NOT fit[/red]"
-        c.print(f"\n{result['gpu']} ({render.gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
-                f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}")
-        t = render.table(f"Fewest {result['gpu']} GPUs that fit (micro-batch {s.micro_batch_size}, "
-                         f"{s.gpus_per_node} per node)",
-                         [("strategy", "left"), ("GPUs", "right"), ("nodes", "right"), ("GiB per GPU", "right"),
-                          ("note", "left")])
+        c.print(
+            f"\n{result['gpu']} ({render.gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
+            f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}"
+        )
+        t = render.table(
+            f"Fewest {result['gpu']} GPUs that fit (micro-batch {s.micro_batch_size}, {s.gpus_per_node} per node)",
+            [("strategy", "left"), ("GPUs", "right"), ("nodes", "right"), ("GiB per GPU", "right"), ("note", "left")],
+        )
         for strat, row in result["min_gpus_by_strategy"].items():
-            t.add_row(strat, str(row["gpus"] or "-"), str(row["nodes"] or "-"),
-                      render.gib(row["per_gpu_total_bytes"]), row["note"])
+            t.add_row(
+                strat,
+                str(row["gpus"] or "-"),
+                str(row["nodes"] or "-"),
+                render.gib(row["per_gpu_total_bytes"]),
+                row["note"],
+            )
         c.print(t)
 
 
 def _plot(spec: models.ModelSpec, setup: mem.TrainSetup, path: str) -> None:
     p = render.plot_path(path)
     plt = render.pyplot()
-    strategies = [st for st in mem.STRATEGIES if not (st == "zero1" and setup.engine == "fsdp2")
-                  and not (st == "hybrid_shard" and setup.nodes < 2)]
+    strategies = [
+        st
+        for st in mem.STRATEGIES
+        if not (st == "zero1" and setup.engine == "fsdp2") and not (st == "hybrid_shard" and setup.nodes < 2)
+    ]
     ests = [mem.estimate(spec, replace(setup, strategy=st)) for st in strategies]
     names: list[str] = []
     for e in ests:
@@ -168,8 +220,10 @@ def _plot(spec: models.ModelSpec, setup: mem.TrainSetup, path: str) -> None:
         ax.bar(strategies, vals, bottom=bottoms, label=name, color=cmap(j % 20))
         bottoms = [b + v for b, v in zip(bottoms, vals)]
     ax.set_ylabel("GiB per GPU (components live at each strategy's peak phase)")
-    ax.set_title(f"{spec.name}: {setup.precision} {setup.optimizer}, {setup.world_size} GPUs, "
-                 f"mb {setup.micro_batch_size} x {setup.seq_len}")
+    ax.set_title(
+        f"{spec.name}: {setup.precision} {setup.optimizer}, {setup.world_size} GPUs, "
+        f"mb {setup.micro_batch_size} x {setup.seq_len}"
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(p, dpi=110)
@@ -185,9 +239,19 @@ def _list_models() -> None:
 
 
 def _list_gpus() -> None:
-    t = render.table("GPU catalog (dense peak TFLOP/s)", [("name", "left"), ("memory GiB", "right"),
-                     ("bf16", "right"), ("fp16", "right"), ("tf32", "right"), ("fp32", "right"),
-                     ("link", "left"), ("GB/s", "right")])
+    t = render.table(
+        "GPU catalog (dense peak TFLOP/s)",
+        [
+            ("name", "left"),
+            ("memory GiB", "right"),
+            ("bf16", "right"),
+            ("fp16", "right"),
+            ("tf32", "right"),
+            ("fp32", "right"),
+            ("link", "left"),
+            ("GB/s", "right"),
+        ],
+    )
     for g in hardware.gpu_catalog().values():
         f = [("-" if g.tflops.get(k) is None else f"{g.tflops[k]:g}") for k in ("bf16", "fp16", "tf32", "fp32")]
         t.add_row(g.name, f"{g.memory_gib:.1f}", *f, g.link, f"{g.link_gbytes_s:g}")
@@ -211,13 +275,16 @@ def estimate_memory(
     engine: EngineOpt = "fsdp2",
     tp: TpOpt = 1,
     pp: PpOpt = 1,
-    headroom: Annotated[float, typer.Option(
-        "--headroom", help="Allocator fragmentation headroom, a fraction of peak allocated.")] = mem.DEFAULT_HEADROOM_FRACTION,
-    cuda_context_gib: Annotated[float, typer.Option(
-        "--cuda-context-gib", help="CUDA context + NCCL buffers outside the allocator, GiB.")] = 1.0,
+    headroom: Annotated[
+        float, typer.Option("--headroom", help="Allocator fragmentation headroom, a fraction of peak allocated.")
+    ] = mem.DEFAULT_HEADROOM_FRACTION,
+    cuda_context_gib: Annotated[
+        float, typer.Option("--cuda-context-gib", help="CUDA context + NCCL buffers outside the allocator, GiB.")
+    ] = 1.0,
     json_out: JsonOpt = False,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="Write a PNG of per-component bars per strategy.")]
-    = None,
+    plot: Annotated[
+        Optional[str], typer.Option("--plot", help="Write a PNG of per-component bars per strategy.")
+    ] = None,
     list_models: Annotated[bool, typer.Option("--list-models", help="List the model presets and exit.")] = False,
     list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List the GPU catalog and exit.")] = False,
 ) -> None:
@@ -231,13 +298,29 @@ def estimate_memory(
     spec = models.resolve_model(model, params)
     n_nodes, gpn = cluster_shape(gpus, nodes, gpus_per_node)
     gpu_spec = hardware.resolve_gpu(gpu) if gpu else None
-    if strategy.strip().lower().replace("-", "_") in ("hybrid_shard", "hybrid", "hsdp") and gpus_per_node is None \
-            and gpus is None and nodes is None:
+    if (
+        strategy.strip().lower().replace("-", "_") in ("hybrid_shard", "hybrid", "hsdp")
+        and gpus_per_node is None
+        and gpus is None
+        and nodes is None
+    ):
         raise InputError("hybrid_shard needs --nodes N --gpus-per-node G")
-    setup = mem.TrainSetup(precision=precision, optimizer=optimizer, strategy=strategy, engine=engine,
-                           nodes=n_nodes, gpus_per_node=gpn, tp=tp, pp=pp, micro_batch_size=micro_batch,
-                           seq_len=seq_len, checkpointing=checkpointing, attention=attention,
-                           headroom_fraction=headroom, cuda_context_bytes=int(cuda_context_gib * render.GIB))
+    setup = mem.TrainSetup(
+        precision=precision,
+        optimizer=optimizer,
+        strategy=strategy,
+        engine=engine,
+        nodes=n_nodes,
+        gpus_per_node=gpn,
+        tp=tp,
+        pp=pp,
+        micro_batch_size=micro_batch,
+        seq_len=seq_len,
+        checkpointing=checkpointing,
+        attention=attention,
+        headroom_fraction=headroom,
+        cuda_context_bytes=int(cuda_context_gib * render.GIB),
+    )
     if setup.precision in ("bf16", "bf16-mixed") and gpu_spec is not None:
         gpu_spec.peak_tflops("bf16")  # V100 has no bf16: say so rather than estimate a setup that cannot run
     result = run_estimate(spec, setup, gpu_spec)

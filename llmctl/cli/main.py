@@ -29,8 +29,15 @@ class _Group(TyperGroup):
             if os.environ.get("LLMCTL_DEBUG") == "1":
                 raise
             _fail(str(e), e.exit_code)
-        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException, SystemExit,
-                typer.Exit, typer.Abort, BrokenPipeError):
+        except (
+            click.exceptions.Exit,
+            click.exceptions.Abort,
+            click.ClickException,
+            SystemExit,
+            typer.Exit,
+            typer.Abort,
+            BrokenPipeError,
+        ):
             # typer >= 0.20 has its own Exit/Abort (not click's): --help and ctx.exit() raise them.
             raise
         except KeyboardInterrupt:

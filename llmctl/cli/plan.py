@@ -61,27 +61,36 @@ def load_cluster(path: str) -> ClusterFile:
 def _merge(flag: Any, file_value: Any, name: str, path: str | None) -> Any:
     """A flag and the cluster file may both give a number only if they agree."""
     if flag is not None and file_value is not None and flag != file_value:
-        raise SpecError(f"--{name.replace('_', '-')} {flag} disagrees with {path}: {name}: {file_value}",
-                        hint="drop the flag or fix the cluster file")
+        raise SpecError(
+            f"--{name.replace('_', '-')} {flag} disagrees with {path}: {name}: {file_value}",
+            hint="drop the flag or fix the cluster file",
+        )
     return flag if flag is not None else file_value
 
 
-def bench_network(path: str, gpus_per_node: int, nodes: int, intra_gbps: float | None,
-                  inter_gbps: float | None) -> cm.Network:
+def bench_network(
+    path: str, gpus_per_node: int, nodes: int, intra_gbps: float | None, inter_gbps: float | None
+) -> cm.Network:
     """A Network whose busbw comes from a bench-net report (llmctl.netbench.report.load_bench)."""
     from llmctl.netbench.report import load_bench
 
     rep = load_bench(path)
     if rep.ranks_per_node != gpus_per_node:
-        raise SpecError(f"{path} measured {rep.ranks_per_node} GPUs per node but the cluster has {gpus_per_node}",
-                        hint="run bench-net on this cluster's nodes, or fix --gpus-per-node")
+        raise SpecError(
+            f"{path} measured {rep.ranks_per_node} GPUs per node but the cluster has {gpus_per_node}",
+            hint="run bench-net on this cluster's nodes, or fix --gpus-per-node",
+        )
     multi = len(rep.nodes) > 1
     if multi and inter_gbps is not None:
-        raise InputError(f"--inter-gbps conflicts with the inter-node bandwidth measured in {path}",
-                         hint="give one of --net and --inter-gbps")
+        raise InputError(
+            f"--inter-gbps conflicts with the inter-node bandwidth measured in {path}",
+            hint="give one of --net and --inter-gbps",
+        )
     if nodes > 1 and not multi and inter_gbps is None:
-        raise SpecError(f"{path} was measured on one node; the plan spans {nodes} nodes",
-                        hint="run bench-net across nodes, or add --inter-gbps X")
+        raise SpecError(
+            f"{path} was measured on one node; the plan spans {nodes} nodes",
+            hint="run bench-net across nodes, or add --inter-gbps X",
+        )
     intra_fallback = intra_gbps / 8 if intra_gbps else None
 
     def intra(collective: str, size: float) -> float:
@@ -103,8 +112,11 @@ def bench_network(path: str, gpus_per_node: int, nodes: int, intra_gbps: float |
         return float(bw) if bw else 0.0
 
     intra_bw = intra("all_gather", DEFAULT_BENCH_SIZE_BYTES)
-    inter_node = (rep.inter_node_busbw_gbytes_s(DEFAULT_BENCH_SIZE_BYTES, "all_reduce", per_node=True) if multi
-                  else (cm.gbps_to_gbytes_s(inter_gbps) if inter_gbps else None))
+    inter_node = (
+        rep.inter_node_busbw_gbytes_s(DEFAULT_BENCH_SIZE_BYTES, "all_reduce", per_node=True)
+        if multi
+        else (cm.gbps_to_gbytes_s(inter_gbps) if inter_gbps else None)
+    )
     return cm.Network(intra_bw, inter_node, curve=curve, source=f"bench-net {path}")
 
 
@@ -141,18 +153,30 @@ def to_plan(result: pl.PlanResult, name: str | None = None) -> pf.Plan | None:
     else:
         return None
     training = pf.TrainingSection(
-        precision=req.precision, micro_batch_size=c.micro_batch, grad_accum_steps=c.grad_accum, seq_len=req.seq_len,
-        activation_checkpointing=c.checkpointing, attention=c.attention, compile=c.compile,
-        token_budget=req.token_budget, max_steps=None if req.token_budget else 1000)
+        precision=req.precision,
+        micro_batch_size=c.micro_batch,
+        grad_accum_steps=c.grad_accum,
+        seq_len=req.seq_len,
+        activation_checkpointing=c.checkpointing,
+        attention=c.attention,
+        compile=c.compile,
+        token_budget=req.token_budget,
+        max_steps=None if req.token_budget else 1000,
+    )
     return pf.Plan(
         name=name or f"{Path(spec.name).stem}-{pl.SHARDING_NAME[c.strategy]}-{c.nodes}x{c.gpus_per_node}",
         model=model,
         hardware=pf.HardwareSection(gpu=req.gpu.name, nodes=c.nodes, nproc_per_node=c.gpus_per_node),
         parallel=pf.ParallelSection(sharding=pl.SHARDING_NAME[c.strategy]),
         training=training,
-        predicted=pf.Predicted(tokens_per_s=round(c.tokens_per_s, 1), tokens_per_s_per_gpu=round(c.tokens_per_s_per_gpu, 1),
-                               mfu=round(c.mfu, 4), step_time_s=round(c.step_time_s, 4),
-                               memory_per_gpu_bytes=c.memory_per_gpu_bytes))
+        predicted=pf.Predicted(
+            tokens_per_s=round(c.tokens_per_s, 1),
+            tokens_per_s_per_gpu=round(c.tokens_per_s_per_gpu, 1),
+            mfu=round(c.mfu, 4),
+            step_time_s=round(c.step_time_s, 4),
+            memory_per_gpu_bytes=c.memory_per_gpu_bytes,
+        ),
+    )
 
 
 def _duration(s: float | None) -> str:
@@ -168,29 +192,59 @@ def _duration(s: float | None) -> str:
 def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     req, c = result.request, render.console
     spec = req.spec
-    c.print(f"[bold]{escape(spec.name)}[/bold]: {spec.params:,} parameters on {req.nodes} x {req.gpus_per_node} {req.gpu.name}; "
-            f"seq {req.seq_len}, global batch {req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), "
-            f"{req.precision}")
+    c.print(
+        f"[bold]{escape(spec.name)}[/bold]: {spec.params:,} parameters on {req.nodes} x {req.gpus_per_node} {req.gpu.name}; "
+        f"seq {req.seq_len}, global batch {req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), "
+        f"{req.precision}"
+    )
     net = req.network
     inter = "-" if net.inter_node_gbytes_s is None else f"{net.inter_node_gbytes_s:.3g} GB/s per node"
-    c.print(f"network ({escape(net.source)}): intra-node busbw {net.intra_gbytes_s:.3g} GB/s per GPU, inter-node {inter}; "
-            f"overlap {req.overlap:g}; efficiency x{req.efficiency.calibration:.3g}; {result.evaluated} setups "
-            f"evaluated\n")
-    cols = [("#", "right"), ("strategy", "left"), ("nodes", "right"), ("mb x acc", "right"), ("ckpt", "left"),
-            ("attn", "left"), ("compile", "left"), ("GiB", "right"), ("compute", "right"), ("comm", "right"),
-            ("tokens/s", "right"), ("per GPU", "right"), ("MFU", "right")]
+    c.print(
+        f"network ({escape(net.source)}): intra-node busbw {net.intra_gbytes_s:.3g} GB/s per GPU, inter-node {inter}; "
+        f"overlap {req.overlap:g}; efficiency x{req.efficiency.calibration:.3g}; {result.evaluated} setups "
+        f"evaluated\n"
+    )
+    cols = [
+        ("#", "right"),
+        ("strategy", "left"),
+        ("nodes", "right"),
+        ("mb x acc", "right"),
+        ("ckpt", "left"),
+        ("attn", "left"),
+        ("compile", "left"),
+        ("GiB", "right"),
+        ("compute", "right"),
+        ("comm", "right"),
+        ("tokens/s", "right"),
+        ("per GPU", "right"),
+        ("MFU", "right"),
+    ]
     if req.token_budget:
         cols.append(("time", "right"))
     if req.price_per_gpu_hour is not None and req.token_budget:
         cols.append(("cost", "right"))
     short = {"full_shard": "FULL", "hybrid_shard": "HYBRID", "no_shard": "NO_SHARD"}
-    t = render.table(f"Best setup per strategy x nodes x checkpointing (by "
-                     f"{'tokens/s' if req.objective == 'throughput' else 'cost per token'})", cols)
+    t = render.table(
+        f"Best setup per strategy x nodes x checkpointing (by "
+        f"{'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
+        cols,
+    )
     for i, cand in enumerate(result.candidates[:top]):
-        row = [str(i + 1), short[cand.strategy], str(cand.nodes), f"{cand.micro_batch}x{cand.grad_accum}",
-               cand.checkpointing, cand.attention, "yes" if cand.compile else "no",
-               render.gib(cand.memory_per_gpu_bytes, 1), f"{cand.compute_s:.2f}", f"{cand.comm_exposed_s:.2f}",
-               f"{cand.tokens_per_s:,.0f}", f"{cand.tokens_per_s_per_gpu:,.0f}", f"{cand.mfu:.1%}"]
+        row = [
+            str(i + 1),
+            short[cand.strategy],
+            str(cand.nodes),
+            f"{cand.micro_batch}x{cand.grad_accum}",
+            cand.checkpointing,
+            cand.attention,
+            "yes" if cand.compile else "no",
+            render.gib(cand.memory_per_gpu_bytes, 1),
+            f"{cand.compute_s:.2f}",
+            f"{cand.comm_exposed_s:.2f}",
+            f"{cand.tokens_per_s:,.0f}",
+            f"{cand.tokens_per_s_per_gpu:,.0f}",
+            f"{cand.mfu:.1%}",
+        ]
         if req.token_budget:
             row.append(_duration(cand.budget_time_s))
         if req.price_per_gpu_hour is not None and req.token_budget:
@@ -199,12 +253,14 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     c.print(t)
     c.print("[dim]compute and comm: seconds per optimizer step; comm is the communication compute does not hide[/dim]")
     ch = result.chosen
-    c.print(f"\n[bold]chosen[/bold]: {ch.label}, micro-batch {ch.micro_batch} x {ch.grad_accum} accumulation, "
-            f"checkpointing {ch.checkpointing}, {ch.attention} attention{', torch.compile' if ch.compile else ''}: "
-            f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%}), "
-            f"{render.gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
-            f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
-            f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})")
+    c.print(
+        f"\n[bold]chosen[/bold]: {ch.label}, micro-batch {ch.micro_batch} x {ch.grad_accum} accumulation, "
+        f"checkpointing {ch.checkpointing}, {ch.attention} attention{', torch.compile' if ch.compile else ''}: "
+        f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%}), "
+        f"{render.gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
+        f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
+        f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
+    )
     if req.token_budget:
         cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
         c.print(f"{req.token_budget:,} tokens: {_duration(ch.budget_time_s)} on {ch.gpus} GPUs{cost}")
@@ -231,40 +287,59 @@ def plan_command(
     gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU kind (see `llmctl estimate --list-gpus`).")] = None,
     nodes: NodesOpt = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node.")] = None,
-    cluster: Annotated[Optional[str], typer.Option(
-        "--cluster", help="Cluster YAML: gpu, nodes, gpus_per_node, inter_node_gbps, intra_node_gbps, "
-                          "price_per_gpu_hour.")] = None,
+    cluster: Annotated[
+        Optional[str],
+        typer.Option(
+            "--cluster",
+            help="Cluster YAML: gpu, nodes, gpus_per_node, inter_node_gbps, intra_node_gbps, price_per_gpu_hour.",
+        ),
+    ] = None,
     net: Annotated[Optional[str], typer.Option("--net", help="bench-net JSON (measured busbw).")] = None,
-    intra_gbps: Annotated[Optional[float], typer.Option(
-        "--intra-gbps", help="Per-GPU intra-node bus bandwidth, Gbit/s (default: catalog link x 0.8).")] = None,
-    inter_gbps: Annotated[Optional[float], typer.Option(
-        "--inter-gbps", help="Per-node inter-node bandwidth, Gbit/s, all NICs together (e.g. 50, or 3200 for "
-                             "8 x 400G).")] = None,
+    intra_gbps: Annotated[
+        Optional[float],
+        typer.Option("--intra-gbps", help="Per-GPU intra-node bus bandwidth, Gbit/s (default: catalog link x 0.8)."),
+    ] = None,
+    inter_gbps: Annotated[
+        Optional[float],
+        typer.Option(
+            "--inter-gbps",
+            help="Per-node inter-node bandwidth, Gbit/s, all NICs together (e.g. 50, or 3200 for 8 x 400G).",
+        ),
+    ] = None,
     seq_len: SeqLenOpt = 2048,
-    global_batch: Annotated[Optional[int], typer.Option(
-        "--global-batch", help="Global batch in sequences, held fixed (default: max(128, GPUs)).")] = None,
-    global_batch_tokens: Annotated[Optional[int], typer.Option(
-        "--global-batch-tokens", help="Global batch in tokens (rounded to whole sequences).")] = None,
-    tokens: Annotated[Optional[str], typer.Option(
-        "--tokens", help="Token budget for time and cost (e.g. 2B, 1.5e11).")] = None,
+    global_batch: Annotated[
+        Optional[int],
+        typer.Option("--global-batch", help="Global batch in sequences, held fixed (default: max(128, GPUs))."),
+    ] = None,
+    global_batch_tokens: Annotated[
+        Optional[int],
+        typer.Option("--global-batch-tokens", help="Global batch in tokens (rounded to whole sequences)."),
+    ] = None,
+    tokens: Annotated[
+        Optional[str], typer.Option("--tokens", help="Token budget for time and cost (e.g. 2B, 1.5e11).")
+    ] = None,
     price: Annotated[Optional[float], typer.Option("--price", help="USD per GPU-hour.")] = None,
-    objective: Annotated[str, typer.Option("--objective", help="throughput | cost (cost per token).")]
-    = "throughput",
+    objective: Annotated[str, typer.Option("--objective", help="throughput | cost (cost per token).")] = "throughput",
     precision: Annotated[str, typer.Option("--precision", help="bf16-mixed | bf16 | fp32.")] = "bf16-mixed",
-    strategy: Annotated[Optional[str], typer.Option(
-        "--strategy", help="Pin: full_shard | hybrid_shard | no_shard.")] = None,
+    strategy: Annotated[
+        Optional[str], typer.Option("--strategy", help="Pin: full_shard | hybrid_shard | no_shard.")
+    ] = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Pin the micro-batch.")] = None,
-    checkpointing: Annotated[Optional[str], typer.Option(
-        "--checkpointing", help="Pin: none | full.")] = None,
+    checkpointing: Annotated[Optional[str], typer.Option("--checkpointing", help="Pin: none | full.")] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Pin: eager | sdpa | flash.")] = None,
-    compile_: Annotated[Optional[bool], typer.Option(
-        "--compile/--no-compile", help="Pin torch.compile on or off (default: try both).", show_default=False)]
-    = None,
-    overlap: Annotated[float, typer.Option(
-        "--overlap", help="Fraction of overlappable communication hidden behind compute, 0..1.")]
-    = cm.DEFAULT_OVERLAP,
-    calibrate: Annotated[Optional[str], typer.Option(
-        "--calibrate", help="An engine run's metrics.jsonl: fit the efficiency to its measured tokens/s.")] = None,
+    compile_: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--compile/--no-compile", help="Pin torch.compile on or off (default: try both).", show_default=False
+        ),
+    ] = None,
+    overlap: Annotated[
+        float, typer.Option("--overlap", help="Fraction of overlappable communication hidden behind compute, 0..1.")
+    ] = cm.DEFAULT_OVERLAP,
+    calibrate: Annotated[
+        Optional[str],
+        typer.Option("--calibrate", help="An engine run's metrics.jsonl: fit the efficiency to its measured tokens/s."),
+    ] = None,
     top: Annotated[int, typer.Option("--top", help="Candidates to show.")] = 8,
     json_out: JsonOpt = False,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Where to write the plan.")] = None,
@@ -309,35 +384,73 @@ def plan_command(
     else:
         intra_bw = intra / 8 if intra else gpu_spec.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY
         if n_nodes > 1 and inter is None:
-            raise InputError(f"{n_nodes} nodes but no inter-node bandwidth",
-                             hint="pass --inter-gbps X (per node, Gbit/s) or --net bench.json")
-        network = cm.Network(intra_bw, cm.gbps_to_gbytes_s(inter) if inter else None,
-                             source="given" if intra or inter else "catalog")
+            raise InputError(
+                f"{n_nodes} nodes but no inter-node bandwidth",
+                hint="pass --inter-gbps X (per node, Gbit/s) or --net bench.json",
+            )
+        network = cm.Network(
+            intra_bw, cm.gbps_to_gbytes_s(inter) if inter else None, source="given" if intra or inter else "catalog"
+        )
 
     eff = pl.Efficiency()
     cal = None
     if calibrate:
         cal = pl.calibrate(read_metrics(calibrate), source=calibrate)
         eff = pl.Efficiency(calibration=cal.factor)
-    req = pl.PlanRequest(spec=spec, gpu=gpu_spec, nodes=n_nodes, gpus_per_node=gpn, network=network,
-                         seq_len=seq_len, global_batch_seqs=gb, token_budget=budget, price_per_gpu_hour=price_h,
-                         objective=objective.strip().lower(), precision=precision, strategy=strategy,
-                         micro_batch=micro_batch, checkpointing=checkpointing, attention=attention,
-                         compile=compile_, overlap=overlap, efficiency=eff)
+    req = pl.PlanRequest(
+        spec=spec,
+        gpu=gpu_spec,
+        nodes=n_nodes,
+        gpus_per_node=gpn,
+        network=network,
+        seq_len=seq_len,
+        global_batch_seqs=gb,
+        token_budget=budget,
+        price_per_gpu_hour=price_h,
+        objective=objective.strip().lower(),
+        precision=precision,
+        strategy=strategy,
+        micro_batch=micro_batch,
+        checkpointing=checkpointing,
+        attention=attention,
+        compile=compile_,
+        overlap=overlap,
+        efficiency=eff,
+    )
     result = pl.plan(req)
 
     out: dict[str, Any] = {
-        "model": spec.name, "params": spec.params, "gpu": gpu_spec.name, "nodes": n_nodes, "gpus_per_node": gpn,
-        "seq_len": seq_len, "global_batch_seqs": req.global_batch, "objective": req.objective,
-        "network": {"source": network.source, "intra_busbw_gbytes_s": network.intra_gbytes_s,
-                    "inter_node_gbytes_s": network.inter_node_gbytes_s},
+        "model": spec.name,
+        "params": spec.params,
+        "gpu": gpu_spec.name,
+        "nodes": n_nodes,
+        "gpus_per_node": gpn,
+        "seq_len": seq_len,
+        "global_batch_seqs": req.global_batch,
+        "objective": req.objective,
+        "network": {
+            "source": network.source,
+            "intra_busbw_gbytes_s": network.intra_gbytes_s,
+            "inter_node_gbytes_s": network.inter_node_gbytes_s,
+        },
         "overlap": overlap,
-        "efficiency": {"kernel": eff.kernel, "gpu": eff.gpu.get(gpu_spec.name, 1.0), "tokens_half": eff.tokens_half, "hidden_half": eff.hidden_half,
-                       "compile_speedup": eff.compile_speedup, "calibration": eff.calibration},
-        "calibration": None if cal is None else {"factor": cal.factor, "steps": cal.steps,
-                                                 "measured_tokens_per_s": cal.measured_tokens_per_s,
-                                                 "predicted_tokens_per_s": cal.predicted_tokens_per_s,
-                                                 "method": cal.method},
+        "efficiency": {
+            "kernel": eff.kernel,
+            "gpu": eff.gpu.get(gpu_spec.name, 1.0),
+            "tokens_half": eff.tokens_half,
+            "hidden_half": eff.hidden_half,
+            "compile_speedup": eff.compile_speedup,
+            "calibration": eff.calibration,
+        },
+        "calibration": None
+        if cal is None
+        else {
+            "factor": cal.factor,
+            "steps": cal.steps,
+            "measured_tokens_per_s": cal.measured_tokens_per_s,
+            "predicted_tokens_per_s": cal.predicted_tokens_per_s,
+            "method": cal.method,
+        },
         "evaluated": result.evaluated,
         "chosen": result.chosen.as_dict(),
         "candidates": [c.as_dict() for c in result.candidates[:top]],
@@ -353,8 +466,9 @@ def plan_command(
         else:
             path = Path(output or "plan.yaml")
             if path.exists() and not force:
-                raise InputError(f"{path} already exists; not overwriting it",
-                                 hint="pass --force, or -o another path, or --no-write")
+                raise InputError(
+                    f"{path} already exists; not overwriting it", hint="pass --force, or -o another path, or --no-write"
+                )
             pf.save_plan(plan_obj, path)
             out["plan_path"] = str(path)
     if json_out:

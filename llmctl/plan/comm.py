@@ -69,15 +69,17 @@ def ring_steps(collective: str, n_ranks: int) -> int:
     return n_ranks - 1
 
 
-def collective_time_s(collective: str, n_ranks: int, size_bytes: float, busbw_gbytes_s: float,
-                      alpha_s: float = 0.0) -> float:
+def collective_time_s(
+    collective: str, n_ranks: int, size_bytes: float, busbw_gbytes_s: float, alpha_s: float = 0.0
+) -> float:
     """alpha-beta time of one collective: alpha x ring steps + S x bus factor / busbw (nccl-tests definitions)."""
     if n_ranks <= 1 or size_bytes <= 0:
         return 0.0
     if busbw_gbytes_s <= 0:
         raise InputError(f"bus bandwidth must be positive, got {busbw_gbytes_s} GB/s")
     return alpha_s * ring_steps(collective, n_ranks) + size_bytes * bus_factor(collective, n_ranks) / (
-        busbw_gbytes_s * 1e9)
+        busbw_gbytes_s * 1e9
+    )
 
 
 # scope: "intra" (a ring inside one node), "cross" (one ring over all ranks of several nodes), "inter" (one of the
@@ -116,8 +118,10 @@ class Network:
         if scope == "intra":
             return self.intra_gbytes_s
         if self.inter_node_gbytes_s is None:
-            raise InputError("the plan spans several nodes but no inter-node bandwidth is known",
-                             hint="pass --inter-gbps X (per node) or --net bench.json")
+            raise InputError(
+                "the plan spans several nodes but no inter-node bandwidth is known",
+                hint="pass --inter-gbps X (per node) or --net bench.json",
+            )
         if scope == "cross":
             return min(self.intra_gbytes_s, self.inter_node_gbytes_s)  # the ring's slowest link
         return min(self.intra_gbytes_s, self.inter_node_gbytes_s / gpus_per_node)  # G rings share the NICs
@@ -129,9 +133,14 @@ class Network:
         """The same network with every bandwidth multiplied by `factor` (used by property tests)."""
         curve = self.curve
         scaled_curve = None if curve is None else (lambda c, s, b: factor * curve(c, s, b))
-        return Network(self.intra_gbytes_s * factor,
-                       None if self.inter_node_gbytes_s is None else self.inter_node_gbytes_s * factor,
-                       self.alpha_intra_s, self.alpha_inter_s, scaled_curve, self.source)
+        return Network(
+            self.intra_gbytes_s * factor,
+            None if self.inter_node_gbytes_s is None else self.inter_node_gbytes_s * factor,
+            self.alpha_intra_s,
+            self.alpha_inter_s,
+            scaled_curve,
+            self.source,
+        )
 
 
 def gbps_to_gbytes_s(gbps: float) -> float:
@@ -190,9 +199,18 @@ def _exposed(comm_s: float, window_s: float, overlap: float) -> float:
     return comm_s - overlap * min(comm_s, window_s)
 
 
-def step_comm(strategy: str, shape: CommShape, nodes: int, gpus_per_node: int, grad_accum: int,
-              fwd_s: float, bwd_s: float, net: Network, overlap: float = DEFAULT_OVERLAP,
-              sync_every_micro_batch: bool = True) -> StepComm:
+def step_comm(
+    strategy: str,
+    shape: CommShape,
+    nodes: int,
+    gpus_per_node: int,
+    grad_accum: int,
+    fwd_s: float,
+    bwd_s: float,
+    net: Network,
+    overlap: float = DEFAULT_OVERLAP,
+    sync_every_micro_batch: bool = True,
+) -> StepComm:
     """Communication per optimizer step for `strategy` on nodes x gpus_per_node ranks.
 
     fwd_s / bwd_s: compute time of ONE micro-batch's forward and backward (recompute included) on one GPU.
@@ -219,35 +237,72 @@ def step_comm(strategy: str, shape: CommShape, nodes: int, gpus_per_node: int, g
     rs_phase = "backward" if sync_every_micro_batch else "last_backward"
     if strategy == "full_shard":
         scope = "intra" if nodes == 1 else "cross"
-        op("all-gather (forward)", "all_gather", scope, n, layer_params * shape.param_bytes, L * grad_accum,
-           "forward")
-        op("all-gather (backward)", "all_gather", scope, n, layer_params * shape.param_bytes, L * grad_accum,
-           "backward")
+        op("all-gather (forward)", "all_gather", scope, n, layer_params * shape.param_bytes, L * grad_accum, "forward")
+        op(
+            "all-gather (backward)",
+            "all_gather",
+            scope,
+            n,
+            layer_params * shape.param_bytes,
+            L * grad_accum,
+            "backward",
+        )
         op("reduce-scatter", "reduce_scatter", scope, n, layer_params * shape.grad_bytes, rs_calls, rs_phase)
     elif strategy == "hybrid_shard":
         g = gpus_per_node
-        op("all-gather (forward, intra-node)", "all_gather", "intra", g, layer_params * shape.param_bytes,
-           L * grad_accum, "forward")
-        op("all-gather (backward, intra-node)", "all_gather", "intra", g, layer_params * shape.param_bytes,
-           L * grad_accum, "backward")
-        op("reduce-scatter (intra-node)", "reduce_scatter", "intra", g, layer_params * shape.grad_bytes, rs_calls,
-           rs_phase)
-        op("all-reduce of the shard (inter-node)", "all_reduce", "inter", nodes,
-           layer_params * shape.grad_bytes / g, L, "last_backward")
+        op(
+            "all-gather (forward, intra-node)",
+            "all_gather",
+            "intra",
+            g,
+            layer_params * shape.param_bytes,
+            L * grad_accum,
+            "forward",
+        )
+        op(
+            "all-gather (backward, intra-node)",
+            "all_gather",
+            "intra",
+            g,
+            layer_params * shape.param_bytes,
+            L * grad_accum,
+            "backward",
+        )
+        op(
+            "reduce-scatter (intra-node)",
+            "reduce_scatter",
+            "intra",
+            g,
+            layer_params * shape.grad_bytes,
+            rs_calls,
+            rs_phase,
+        )
+        op(
+            "all-reduce of the shard (inter-node)",
+            "all_reduce",
+            "inter",
+            nodes,
+            layer_params * shape.grad_bytes / g,
+            L,
+            "last_backward",
+        )
     elif strategy == "no_shard":
         scope = "intra" if nodes == 1 else "cross"
-        op("all-reduce of the gradients", "all_reduce", scope, n, layer_params * shape.grad_bytes, L,
-           "last_backward")
+        op("all-reduce of the gradients", "all_reduce", scope, n, layer_params * shape.grad_bytes, L, "last_backward")
     else:
-        raise InputError(f"no communication model for strategy {strategy!r}",
-                         hint="one of: full_shard, hybrid_shard, no_shard")
+        raise InputError(
+            f"no communication model for strategy {strategy!r}", hint="one of: full_shard, hybrid_shard, no_shard"
+        )
 
     fwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "forward")
     bwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "backward")
     last = sum(o.time_per_step_s for o in ops if o.phase == "last_backward")
     # Every micro-batch hides its own forward/backward collectives; the last one also carries the once-per-step ops.
-    exposed = (grad_accum * _exposed(fwd, fwd_s, overlap) + (grad_accum - 1) * _exposed(bwd, bwd_s, overlap)
-               + _exposed(bwd + last, bwd_s, overlap))
+    exposed = (
+        grad_accum * _exposed(fwd, fwd_s, overlap)
+        + (grad_accum - 1) * _exposed(bwd, bwd_s, overlap)
+        + _exposed(bwd + last, bwd_s, overlap)
+    )
     total = sum(o.time_per_step_s for o in ops)
     top = max(ops, key=lambda o: o.time_per_step_s, default=None)
     bottleneck = "" if top is None else f"{top.name} at {top.busbw_gbytes_s:.3g} GB/s"

@@ -30,8 +30,15 @@ from llmctl.spec.models import ModelSpec
 GIB = 1024**3
 
 STRATEGIES = ("no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard")
-STRATEGY_ALIASES = {"ddp": "no_shard", "zero2": "shard_grad_op", "zero3": "full_shard", "full": "full_shard",
-                    "hybrid": "hybrid_shard", "fsdp": "full_shard", "hsdp": "hybrid_shard"}
+STRATEGY_ALIASES = {
+    "ddp": "no_shard",
+    "zero2": "shard_grad_op",
+    "zero3": "full_shard",
+    "full": "full_shard",
+    "hybrid": "hybrid_shard",
+    "fsdp": "full_shard",
+    "hsdp": "hybrid_shard",
+}
 PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
 OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "lion", "sgd", "none")
 ENGINES = ("fsdp2", "zero")
@@ -81,8 +88,11 @@ class TrainSetup:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", canonical(self.precision, PRECISIONS, "precision"))
-        object.__setattr__(self, "optimizer", canonical(self.optimizer, OPTIMIZERS, "optimizer",
-                                                        {"adam": "adamw", "adamw8bit": "adamw-8bit"}))
+        object.__setattr__(
+            self,
+            "optimizer",
+            canonical(self.optimizer, OPTIMIZERS, "optimizer", {"adam": "adamw", "adamw8bit": "adamw-8bit"}),
+        )
         object.__setattr__(self, "strategy", canonical(self.strategy, STRATEGIES, "strategy", STRATEGY_ALIASES))
         object.__setattr__(self, "engine", canonical(self.engine, ENGINES, "engine"))
         object.__setattr__(self, "checkpointing", canonical(self.checkpointing, CHECKPOINTING, "checkpointing"))
@@ -96,8 +106,10 @@ class TrainSetup:
             raise InputError(f"{self.world_size} GPUs cannot be split into tp={self.tp} x pp={self.pp} groups")
         if self.strategy == "hybrid_shard":
             if self.nodes < 2:
-                raise InputError("hybrid_shard needs at least 2 nodes (on one node it is full_shard)",
-                                 hint="pass --nodes N --gpus-per-node G")
+                raise InputError(
+                    "hybrid_shard needs at least 2 nodes (on one node it is full_shard)",
+                    hint="pass --nodes N --gpus-per-node G",
+                )
             if self.gpus_per_node % self.tp:
                 raise InputError(f"hybrid_shard: tp={self.tp} does not divide {self.gpus_per_node} GPUs per node")
         if self.engine == "fsdp2" and self.strategy == "zero1":
@@ -156,8 +168,11 @@ def optimizer_bytes_per_param(spec: ModelSpec, optimizer: str, state_bytes: int)
         # Adafactor (Shazeer & Stern 2018) without momentum (transformers' default beta1=None): a factored second
         # moment, rows + cols per matrix (per expert for 3-D MoE weights), the full vector for 1-D tensors.
         total = 0
-        for tensors, count in ((spec.layer_tensors(), spec.num_layers), (spec.embedding_tensors(), 1),
-                               (spec.head_tensors(), 1)):
+        for tensors, count in (
+            (spec.layer_tensors(), spec.num_layers),
+            (spec.embedding_tensors(), 1),
+            (spec.head_tensors(), 1),
+        ):
             for _, shape in tensors:
                 lead = math.prod(shape[:-2]) if len(shape) > 2 else 1
                 n = shape[0] if len(shape) == 1 else lead * (shape[-2] + shape[-1])
@@ -171,20 +186,33 @@ def state_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
     if not setup.training:
         return [StateLine(f"weights ({'fp32' if p == 'fp32' else 'half'})", 4 if p == "fp32" else 2, 3)]
     if p == "fp32":
-        return [StateLine("parameters (fp32)", 4, 3), StateLine("gradients (fp32)", 4, 2),
-                StateLine(f"optimizer states ({opt})", optimizer_bytes_per_param(spec, opt, 4), 1)]
+        return [
+            StateLine("parameters (fp32)", 4, 3),
+            StateLine("gradients (fp32)", 4, 2),
+            StateLine(f"optimizer states ({opt})", optimizer_bytes_per_param(spec, opt, 4), 1),
+        ]
     if p == "bf16":
-        return [StateLine("parameters (bf16)", 2, 3), StateLine("gradients (bf16)", 2, 2),
-                StateLine(f"optimizer states ({opt}, bf16)", optimizer_bytes_per_param(spec, opt, 2), 1)]
+        return [
+            StateLine("parameters (bf16)", 2, 3),
+            StateLine("gradients (bf16)", 2, 2),
+            StateLine(f"optimizer states ({opt}, bf16)", optimizer_bytes_per_param(spec, opt, 2), 1),
+        ]
     half = p.split("-")[0]
     opt_line = StateLine(f"optimizer states ({opt})", optimizer_bytes_per_param(spec, opt, 4), 1)
     if setup.engine == "fsdp2":
-        return [StateLine("parameters (fp32 master, sharded)", 4, 3),
-                StateLine(f"{half} weights", 0, 3, note="FSDP2: transient only, see 'unsharded layers'"),
-                StateLine("gradients (fp32)", 4, 2), opt_line]
+        return [
+            StateLine("parameters (fp32 master, sharded)", 4, 3),
+            StateLine(f"{half} weights", 0, 3, note="FSDP2: transient only, see 'unsharded layers'"),
+            StateLine("gradients (fp32)", 4, 2),
+            opt_line,
+        ]
     # ZeRO keeps the fp32 master copy inside the optimizer partition (stage 1) and the half weights as the model.
-    return [StateLine("master weights (fp32)", 4, 1), StateLine(f"{half} weights", 2, 3),
-            StateLine("gradients (fp32)", 4, 2), opt_line]
+    return [
+        StateLine("master weights (fp32)", 4, 1),
+        StateLine(f"{half} weights", 2, 3),
+        StateLine("gradients (fp32)", 4, 2),
+        opt_line,
+    ]
 
 
 def classic_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
@@ -220,9 +248,11 @@ def layer_activation_terms(spec: ModelSpec, b: int, s: int, act_bytes: int, atte
     eager = attention == "eager"
     if spec.is_gpt2:
         norm = 2 * (ab * sb * h + 2 * ab * sb)  # ln_1, ln_2: input + mean + rstd
-        terms = {"norms": norm,
-                 "attention inputs/outputs": ab * sb * h * (1 + 3 + 1) + ab * sb * h,  # c_attn in, qkv, out, ln_2 out
-                 "mlp": 5 * ab * sb * i}
+        terms = {
+            "norms": norm,
+            "attention inputs/outputs": ab * sb * h * (1 + 3 + 1) + ab * sb * h,  # c_attn in, qkv, out, ln_2 out
+            "mlp": 5 * ab * sb * i,
+        }
         if eager:
             terms["attention scores (s^2)"] = (4 if ab == 4 else 2) * b * a * s * s
         else:
@@ -230,9 +260,11 @@ def layer_activation_terms(spec: ModelSpec, b: int, s: int, act_bytes: int, atte
         return terms
     norm_one = 4 * sb * h + 4 * sb + (ab * sb * h if ab != 4 else 4 * sb * h)
     kv_heads = a if eager else kv
-    terms = {"norms": 2 * norm_one,
-             "attention inputs/outputs": ab * sb * h + ab * sb * (a * d + 2 * kv_heads * d) + ab * sb * a * d,
-             "mlp": ab * sb * h + 4 * ab * sb * i}
+    terms = {
+        "norms": 2 * norm_one,
+        "attention inputs/outputs": ab * sb * h + ab * sb * (a * d + 2 * kv_heads * d) + ab * sb * a * d,
+        "mlp": ab * sb * h + 4 * ab * sb * i,
+    }
     if spec.num_experts:
         # MoE: each token goes through k experts; the router keeps its logits/probabilities (fp32, E per token).
         terms["mlp"] = ab * sb * h + 4 * ab * sb * i * spec.experts_per_token + 2 * 4 * sb * spec.num_experts
@@ -326,9 +358,15 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         if setup.engine == "fsdp2" and setup.strategy != "no_shard":
             sharded = True  # FSDP2 shards every state at rest (SHARD_GRAD_OP differs only while computing)
         deg = setup.shard_degree if sharded else 1
-        comps.append(Component(line.name, int(math.ceil(stage_params * line.bytes_per_param / deg)),
-                               ("forward", "backward", "optimizer"), bytes_per_param=line.bytes_per_param / deg,
-                               note=line.note))
+        comps.append(
+            Component(
+                line.name,
+                int(math.ceil(stage_params * line.bytes_per_param / deg)),
+                ("forward", "backward", "optimizer"),
+                bytes_per_param=line.bytes_per_param / deg,
+                note=line.note,
+            )
+        )
     b, s, cb = setup.micro_batch_size, setup.seq_len, setup.compute_bytes
     layer_params = spec.params_per_layer / setup.tp
     sharded_params = setup.strategy != "no_shard" and (setup.engine == "fsdp2" or stage == 3)
@@ -356,8 +394,11 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
             comps.append(Component("activations (block inputs, checkpointed)", saved, ("forward", "backward")))
             comps.append(Component("recomputed block (backward)", one_layer, ("backward",)))
         else:
-            comps.append(Component("activations (saved for backward)", stage_layers * in_flight * one_layer,
-                                   ("forward", "backward")))
+            comps.append(
+                Component(
+                    "activations (saved for backward)", stage_layers * in_flight * one_layer, ("forward", "backward")
+                )
+            )
         head = head_activation_bytes(spec, b, s, cb) // setup.tp
         logits = logits_bytes(spec, b, s, cb) // setup.tp
         comps.append(Component("final norm + LM-head input", head, ("forward", "backward")))
@@ -406,8 +447,9 @@ class MinGpus:
     note: str = ""
 
 
-def min_gpus(spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, strategy: str,
-             max_nodes: int = 4096) -> MinGpus:
+def min_gpus(
+    spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, strategy: str, max_nodes: int = 4096
+) -> MinGpus:
     """Fewest GPUs of this kind (whole nodes beyond one) on which `strategy` fits at the setup's micro-batch."""
     gpn = setup.gpus_per_node
     strategy = canonical(strategy, STRATEGIES, "strategy", STRATEGY_ALIASES)
@@ -438,8 +480,13 @@ def min_gpus(spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, strat
     # Whole nodes: memory is non-increasing in nodes for sharded strategies; binary search.
     if gpn % unit or not fits(est_at(max_nodes, gpn), device_memory_bytes):
         e = est_at(max_nodes, gpn) if gpn % unit == 0 else None
-        return MinGpus(strategy, None, None, e.device_bytes if e else None,
-                       f"does not fit even on {max_nodes} nodes" if e else "tp x pp does not divide GPUs per node")
+        return MinGpus(
+            strategy,
+            None,
+            None,
+            e.device_bytes if e else None,
+            f"does not fit even on {max_nodes} nodes" if e else "tp x pp does not divide GPUs per node",
+        )
     lo, hi = 1, max_nodes  # lo: does not fit (checked above with n = gpn), hi: fits
     while hi - lo > 1:
         mid = (lo + hi) // 2

@@ -82,8 +82,9 @@ class Efficiency:
         if self.calibration <= 0 or self.compile_speedup <= 0:
             raise InputError("efficiency calibration and compile speedup must be positive")
 
-    def of(self, attention: str, tokens_per_micro_batch: int, spec: ModelSpec, compile_: bool,
-           gpu_name: str = "A100-80GB") -> float:
+    def of(
+        self, attention: str, tokens_per_micro_batch: int, spec: ModelSpec, compile_: bool, gpu_name: str = "A100-80GB"
+    ) -> float:
         """Fraction of peak (hardware FLOPs) one GPU reaches; never above 1."""
         m, h = tokens_per_micro_batch, spec.hidden_size
         e = self.kernel[attention] * m / (m + self.tokens_half) * h / (h + self.hidden_half)
@@ -137,16 +138,19 @@ class PlanRequest:
             raise InputError(f"--overlap must be in [0, 1], got {self.overlap}")
         object.__setattr__(self, "precision", mem.canonical(self.precision, mem.PRECISIONS, "precision"))
         if self.precision not in ENGINE_PRECISIONS:
-            raise InputError(f"precision {self.precision} is not run by llmctl's engine (it needs loss scaling)",
-                             hint="one of: " + ", ".join(ENGINE_PRECISIONS))
+            raise InputError(
+                f"precision {self.precision} is not run by llmctl's engine (it needs loss scaling)",
+                hint="one of: " + ", ".join(ENGINE_PRECISIONS),
+            )
         if self.strategy is not None:
             s = mem.canonical(self.strategy, mem.STRATEGIES, "strategy", mem.STRATEGY_ALIASES)
             if s not in STRATEGIES:
                 raise InputError(f"strategy {s} is not run by llmctl's engine", hint="one of: " + ", ".join(STRATEGIES))
             object.__setattr__(self, "strategy", s)
         if self.checkpointing is not None:
-            object.__setattr__(self, "checkpointing",
-                               mem.canonical(self.checkpointing, mem.CHECKPOINTING, "checkpointing"))
+            object.__setattr__(
+                self, "checkpointing", mem.canonical(self.checkpointing, mem.CHECKPOINTING, "checkpointing")
+            )
         if self.attention is not None:
             object.__setattr__(self, "attention", mem.canonical(self.attention, mem.ATTENTIONS, "attention"))
 
@@ -193,15 +197,28 @@ class Candidate:
         return f"{self.strategy.upper()} over {self.nodes} node{'s' if self.nodes > 1 else ''}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"strategy": self.strategy, "nodes": self.nodes, "gpus": self.gpus, "micro_batch": self.micro_batch,
-                "grad_accum": self.grad_accum, "checkpointing": self.checkpointing, "attention": self.attention,
-                "compile": self.compile, "tokens_per_s": self.tokens_per_s,
-                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "mfu": self.mfu,
-                "memory_per_gpu_bytes": self.memory_per_gpu_bytes, "step_time_s": self.step_time_s,
-                "compute_s": self.compute_s, "comm_total_s": self.comm_total_s,
-                "comm_exposed_s": self.comm_exposed_s, "efficiency": self.efficiency,
-                "bottleneck": self.bottleneck, "budget_time_s": self.budget_time_s,
-                "budget_cost_usd": self.budget_cost_usd}
+        return {
+            "strategy": self.strategy,
+            "nodes": self.nodes,
+            "gpus": self.gpus,
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "checkpointing": self.checkpointing,
+            "attention": self.attention,
+            "compile": self.compile,
+            "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "mfu": self.mfu,
+            "memory_per_gpu_bytes": self.memory_per_gpu_bytes,
+            "step_time_s": self.step_time_s,
+            "compute_s": self.compute_s,
+            "comm_total_s": self.comm_total_s,
+            "comm_exposed_s": self.comm_exposed_s,
+            "efficiency": self.efficiency,
+            "bottleneck": self.bottleneck,
+            "budget_time_s": self.budget_time_s,
+            "budget_cost_usd": self.budget_cost_usd,
+        }
 
 
 @dataclass(frozen=True)
@@ -247,16 +264,27 @@ def compute_times(req: PlanRequest, mb: int, ckpt: str, attention: str, compile_
     return eff, fwd, t - fwd
 
 
-def evaluate(req: PlanRequest, strategy: str, nodes: int, mb: int, accum: int, ckpt: str, attention: str,
-             compile_: bool, memory_bytes: int = 0) -> Candidate:
+def evaluate(
+    req: PlanRequest,
+    strategy: str,
+    nodes: int,
+    mb: int,
+    accum: int,
+    ckpt: str,
+    attention: str,
+    compile_: bool,
+    memory_bytes: int = 0,
+) -> Candidate:
     """Predict one setup (no fit check: the caller decides what fits)."""
     g = req.gpus_per_node
     eff, fwd, bwd = compute_times(req, mb, ckpt, attention, compile_)
-    shape = cm.CommShape(params=req.spec.params, num_layers=req.spec.num_layers,
-                         param_bytes=2 if req.compute_dtype != "fp32" else 4,
-                         grad_bytes=2 if req.precision == "bf16" else 4)
-    c = cm.step_comm(strategy, shape, nodes, g, accum, fwd, bwd, req.network, req.overlap,
-                     req.sync_every_micro_batch)
+    shape = cm.CommShape(
+        params=req.spec.params,
+        num_layers=req.spec.num_layers,
+        param_bytes=2 if req.compute_dtype != "fp32" else 4,
+        grad_bytes=2 if req.precision == "bf16" else 4,
+    )
+    c = cm.step_comm(strategy, shape, nodes, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
     compute = accum * (fwd + bwd)
     step = compute + c.exposed_s
     gpus = nodes * g
@@ -265,16 +293,50 @@ def evaluate(req: PlanRequest, strategy: str, nodes: int, mb: int, accum: int, c
     per_gpu = tps / gpus
     mfu = fl.mfu(req.spec, req.seq_len, per_gpu, req.gpu.peak_tflops(req.compute_dtype))
     budget_t = req.token_budget / tps if req.token_budget else None
-    cost = (budget_t / 3600 * gpus * req.price_per_gpu_hour
-            if budget_t is not None and req.price_per_gpu_hour is not None else None)
-    return Candidate(strategy, nodes, g, mb, accum, ckpt, attention, compile_, eff, compute, c.total_s, c.exposed_s,
-                     step, tokens_step, tps, per_gpu, mfu, memory_bytes, c.bottleneck, c.ops, budget_t, cost)
+    cost = (
+        budget_t / 3600 * gpus * req.price_per_gpu_hour
+        if budget_t is not None and req.price_per_gpu_hour is not None
+        else None
+    )
+    return Candidate(
+        strategy,
+        nodes,
+        g,
+        mb,
+        accum,
+        ckpt,
+        attention,
+        compile_,
+        eff,
+        compute,
+        c.total_s,
+        c.exposed_s,
+        step,
+        tokens_step,
+        tps,
+        per_gpu,
+        mfu,
+        memory_bytes,
+        c.bottleneck,
+        c.ops,
+        budget_t,
+        cost,
+    )
 
 
 def _setup(req: PlanRequest, strategy: str, nodes: int, mb: int, ckpt: str, attention: str) -> mem.TrainSetup:
-    return mem.TrainSetup(precision=req.precision, optimizer="adamw", strategy=strategy, engine="fsdp2", nodes=nodes,
-                          gpus_per_node=req.gpus_per_node, micro_batch_size=mb, seq_len=req.seq_len,
-                          checkpointing=ckpt, attention=attention)
+    return mem.TrainSetup(
+        precision=req.precision,
+        optimizer="adamw",
+        strategy=strategy,
+        engine="fsdp2",
+        nodes=nodes,
+        gpus_per_node=req.gpus_per_node,
+        micro_batch_size=mb,
+        seq_len=req.seq_len,
+        checkpointing=ckpt,
+        attention=attention,
+    )
 
 
 def _sort_key(req: PlanRequest, c: Candidate) -> tuple[float, float]:
@@ -303,8 +365,10 @@ def plan(req: PlanRequest) -> PlanResult:
 
     usable_nodes = [n for n in node_counts(req.nodes) if G % (n * g) == 0]
     if not usable_nodes:
-        raise InputError(f"global batch {G} sequences does not split evenly over {g} GPUs per node on any node count",
-                         hint=f"use a multiple of {g} (e.g. --global-batch {g * max(1, round(G / g))})")
+        raise InputError(
+            f"global batch {G} sequences does not split evenly over {g} GPUs per node on any node count",
+            hint=f"use a multiple of {g} (e.g. --global-batch {g * max(1, round(G / g))})",
+        )
     for n in node_counts(req.nodes):
         if n not in usable_nodes and n == req.nodes:
             rejected.append(f"{n} nodes: global batch {G} is not a multiple of {n * g} GPUs")
@@ -322,25 +386,31 @@ def plan(req: PlanRequest) -> PlanResult:
                     # Memory depends on the shard degree, not on nodes, for hybrid and no_shard: share the search.
                     mkey = (strategy, n if strategy == "full_shard" else min(n, 2), ckpt, attn, per_gpu)
                     if mkey not in max_mb_cache:
-                        max_mb_cache[mkey] = mem.max_micro_batch(spec, _setup(req, strategy, n, 1, ckpt, attn), cap,
-                                                                 limit=per_gpu)
+                        max_mb_cache[mkey] = mem.max_micro_batch(
+                            spec, _setup(req, strategy, n, 1, ckpt, attn), cap, limit=per_gpu
+                        )
                     max_mb = max_mb_cache[mkey]
                     where = f"{strategy} on {n} node{'s' if n > 1 else ''}, checkpointing {ckpt}, {attn}"
                     if max_mb == 0:
                         need = mem.estimate(spec, _setup(req, strategy, n, 1, ckpt, attn)).device_bytes
-                        rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > "
-                                        f"{cap / GIB:.1f} GiB")
+                        rejected.append(
+                            f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB"
+                        )
                         continue
                     if req.micro_batch is not None:
                         if per_gpu % req.micro_batch:
-                            rejected.append(f"{strategy} on {n} node{'s' if n > 1 else ''}: micro-batch "
-                                            f"{req.micro_batch} does not divide the {per_gpu} sequences per GPU "
-                                            f"(global batch {G} over {n * g} GPUs)")
+                            rejected.append(
+                                f"{strategy} on {n} node{'s' if n > 1 else ''}: micro-batch "
+                                f"{req.micro_batch} does not divide the {per_gpu} sequences per GPU "
+                                f"(global batch {G} over {n * g} GPUs)"
+                            )
                             continue
                         if req.micro_batch > max_mb:
                             need = mem.estimate(spec, _setup(req, strategy, n, req.micro_batch, ckpt, attn))
-                            rejected.append(f"{where}: micro-batch {req.micro_batch} needs "
-                                            f"{need.device_bytes / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
+                            rejected.append(
+                                f"{where}: micro-batch {req.micro_batch} needs "
+                                f"{need.device_bytes / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB"
+                            )
                             continue
                         mbs = [req.micro_batch]
                     else:
@@ -360,8 +430,9 @@ def plan(req: PlanRequest) -> PlanResult:
     for c in ranked:
         k = (c.strategy, c.nodes, c.micro_batch, c.checkpointing, c.attention)
         if k not in mem_cache:
-            mem_cache[k] = mem.estimate(spec, _setup(req, c.strategy, c.nodes, c.micro_batch, c.checkpointing,
-                                                     c.attention)).device_bytes
+            mem_cache[k] = mem.estimate(
+                spec, _setup(req, c.strategy, c.nodes, c.micro_batch, c.checkpointing, c.attention)
+            ).device_bytes
         filled.append(replace(c, memory_per_gpu_bytes=mem_cache[k]))
     families: dict[tuple, Candidate] = {}
     for c in filled:
@@ -372,28 +443,44 @@ def plan(req: PlanRequest) -> PlanResult:
 
 
 def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
-    pinned = [f"--{k.replace('_', '-')} {v}" for k, v in (("strategy", req.strategy), ("micro_batch", req.micro_batch),
-              ("checkpointing", req.checkpointing), ("attention", req.attention)) if v is not None]
+    pinned = [
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in (
+            ("strategy", req.strategy),
+            ("micro_batch", req.micro_batch),
+            ("checkpointing", req.checkpointing),
+            ("attention", req.attention),
+        )
+        if v is not None
+    ]
     if req.compile is not None:
         pinned.append("--compile" if req.compile else "--no-compile")
     unique = list(dict.fromkeys(rejected))
     reasons = "; ".join(unique[:3]) + (f" (+{len(unique) - 3} more)" if len(unique) > 3 else "") or "no candidate"
     if pinned:
-        raise DoesNotFitError(f"no setup satisfies {' '.join(pinned)}: {reasons}",
-                              hint="drop a pin to let the planner choose")
+        raise DoesNotFitError(
+            f"no setup satisfies {' '.join(pinned)}: {reasons}", hint="drop a pin to let the planner choose"
+        )
     best_attn = "sdpa" if req.compute_dtype == "fp32" or req.gpu.name in NO_FLASH_GPUS else "flash"
     setup = _setup(req, "full_shard", 1, 1, "full", best_attn)
     m = mem.min_gpus(req.spec, setup, req.gpu.memory_bytes, "full_shard")
     where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
     if m.gpus is None:
-        raise DoesNotFitError(f"{req.spec.name} does not fit on {where} in any setup, nor on any number of "
-                              f"{req.gpu.name} ({m.note})", hint="use a GPU with more memory or tensor parallelism")
-    shape = f"{m.nodes} node{'s' if (m.nodes or 0) > 1 else ''} x {req.gpus_per_node}" if (m.nodes or 0) > 1 \
+        raise DoesNotFitError(
+            f"{req.spec.name} does not fit on {where} in any setup, nor on any number of {req.gpu.name} ({m.note})",
+            hint="use a GPU with more memory or tensor parallelism",
+        )
+    shape = (
+        f"{m.nodes} node{'s' if (m.nodes or 0) > 1 else ''} x {req.gpus_per_node}"
+        if (m.nodes or 0) > 1
         else f"{m.gpus} GPUs on one node"
-    raise DoesNotFitError(f"{req.spec.name} does not fit on {where} in any setup; the smallest cluster of "
-                          f"{req.gpu.name} that fits is {shape} ({m.gpus} GPUs) with full_shard, checkpointing, "
-                          f"{best_attn} attention, micro-batch 1 ({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
-                          hint=f"pass --nodes {m.nodes} or more")
+    )
+    raise DoesNotFitError(
+        f"{req.spec.name} does not fit on {where} in any setup; the smallest cluster of "
+        f"{req.gpu.name} that fits is {shape} ({m.gpus} GPUs) with full_shard, checkpointing, "
+        f"{best_attn} attention, micro-batch 1 ({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
+        hint=f"pass --nodes {m.nodes} or more",
+    )
 
 
 # --- explanations ------------------------------------------------------------------------------------------------
@@ -412,14 +499,18 @@ def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
     if req.objective == "throughput" and c.gpus < best.gpus and c.tokens_per_s_per_gpu >= best.tokens_per_s_per_gpu:
         return f"{name}: uses {c.gpus} GPUs vs {best.gpus}; {pct} even with less exposed communication"
     if comm_d >= comp_d and c.comm_exposed_s > 0:
-        return (f"{name}: {c.comm_exposed_s:.2f} s/step exposed communication ({c.bottleneck}) vs "
-                f"{best.comm_exposed_s:.2f} s; {pct}")
+        return (
+            f"{name}: {c.comm_exposed_s:.2f} s/step exposed communication ({c.bottleneck}) vs "
+            f"{best.comm_exposed_s:.2f} s; {pct}"
+        )
     causes = []
     if c.checkpointing == "full" and best.checkpointing == "none":
         causes.append("recompute adds 1/3 more FLOPs")
     if c.attention != best.attention:
-        causes.append(f"{c.attention} attention runs at {req.efficiency.kernel[c.attention]:.0%} of peak vs "
-                      f"{req.efficiency.kernel[best.attention]:.0%} for {best.attention}")
+        causes.append(
+            f"{c.attention} attention runs at {req.efficiency.kernel[c.attention]:.0%} of peak vs "
+            f"{req.efficiency.kernel[best.attention]:.0%} for {best.attention}"
+        )
     if best.compile and not c.compile:
         causes.append("no torch.compile")
     if c.gpus < best.gpus:
@@ -453,13 +544,19 @@ def calibrate(records: list[dict[str, Any]], source: str = "metrics") -> Calibra
     if len(steps) > 1:
         steps = steps[1:]
     if not steps:
-        raise InputError(f"{source}: no step records with tokens_per_s",
-                         hint="pass the metrics.jsonl an engine run wrote")
+        raise InputError(
+            f"{source}: no step records with tokens_per_s", hint="pass the metrics.jsonl an engine run wrote"
+        )
     measured = statistics.median(float(r["tokens_per_s"]) for r in steps)
-    preds = [float(r["tokens_per_s_predicted"]) for r in steps
-             if isinstance(r.get("tokens_per_s_predicted"), (int, float)) and r["tokens_per_s_predicted"] > 0]
+    preds = [
+        float(r["tokens_per_s_predicted"])
+        for r in steps
+        if isinstance(r.get("tokens_per_s_predicted"), (int, float)) and r["tokens_per_s_predicted"] > 0
+    ]
     if preds:
         predicted = statistics.median(preds)
         return Calibration(measured / predicted, len(steps), measured, predicted, "measured / predicted tokens/s")
-    raise InputError(f"{source}: the step records carry no tokens_per_s_predicted",
-                     hint="calibrate with a run of a plan written by `llmctl plan` (it records the predictions)")
+    raise InputError(
+        f"{source}: the step records carry no tokens_per_s_predicted",
+        hint="calibrate with a run of a plan written by `llmctl plan` (it records the predictions)",
+    )

@@ -14,9 +14,17 @@ GIB = 1024**3
 MIB = 1024**2
 
 # Short names people type, mapped to catalog entries.
-_ALIASES = {"h100": "H100-SXM", "h100-80gb": "H100-SXM", "h100-sxm5": "H100-SXM", "a100": "A100-80GB",
-            "a100-80g": "A100-80GB", "a100-40g": "A100-40GB", "v100": "V100-32GB", "h200-141gb": "H200",
-            "mi300": "MI300X"}
+_ALIASES = {
+    "h100": "H100-SXM",
+    "h100-80gb": "H100-SXM",
+    "h100-sxm5": "H100-SXM",
+    "a100": "A100-80GB",
+    "a100-80g": "A100-80GB",
+    "a100-40g": "A100-40GB",
+    "v100": "V100-32GB",
+    "h200-141gb": "H200",
+    "mi300": "MI300X",
+}
 
 
 @dataclass(frozen=True)
@@ -50,8 +58,16 @@ class GPUSpec:
 @lru_cache(maxsize=1)
 def gpu_catalog() -> dict[str, GPUSpec]:
     raw = yaml.safe_load(resources.files("llmctl.spec").joinpath("presets/gpus.yaml").read_text())
-    return {e["name"]: GPUSpec(name=e["name"], memory_bytes=int(e["memory_mib"]) * MIB, tflops=dict(e["tflops"]),
-                               link_gbytes_s=float(e["link_gbytes_s"]), link=e["link"]) for e in raw}
+    return {
+        e["name"]: GPUSpec(
+            name=e["name"],
+            memory_bytes=int(e["memory_mib"]) * MIB,
+            tflops=dict(e["tflops"]),
+            link_gbytes_s=float(e["link_gbytes_s"]),
+            link=e["link"],
+        )
+        for e in raw
+    }
 
 
 def resolve_gpu(name: str) -> GPUSpec:
@@ -63,8 +79,9 @@ def resolve_gpu(name: str) -> GPUSpec:
     alias = _ALIASES.get(key.lower())
     if alias:
         return cat[alias]
-    raise UnknownNameError(f"unknown GPU kind {name!r}",
-                           hint=suggest(key, list(cat)) or "see `llmctl estimate-memory --list-gpus`")
+    raise UnknownNameError(
+        f"unknown GPU kind {name!r}", hint=suggest(key, list(cat)) or "see `llmctl estimate-memory --list-gpus`"
+    )
 
 
 @dataclass(frozen=True)

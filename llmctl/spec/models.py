@@ -58,13 +58,22 @@ class ModelSpec:
     source: str = "preset"
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
-                     "vocab_size"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+        ):
             if getattr(self, name) <= 0:
                 raise SpecError(f"model {self.name!r}: {name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise SpecError(f"model {self.name!r}: num_attention_heads ({self.num_heads}) is not a multiple of "
-                            f"num_key_value_heads ({self.num_kv_heads})")
+            raise SpecError(
+                f"model {self.name!r}: num_attention_heads ({self.num_heads}) is not a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
 
     @property
     def is_gpt2(self) -> bool:
@@ -84,21 +93,34 @@ class ModelSpec:
         h, d, a, kv, i = self.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, self.intermediate_size
         if self.is_gpt2:
             # GPT2Block: Conv1D layers store (in, out) weights; every Conv1D and LayerNorm has a bias.
-            return [("ln_1.weight", (h,)), ("ln_1.bias", (h,)),
-                    ("attn.c_attn.weight", (h, 3 * h)), ("attn.c_attn.bias", (3 * h,)),
-                    ("attn.c_proj.weight", (h, h)), ("attn.c_proj.bias", (h,)),
-                    ("ln_2.weight", (h,)), ("ln_2.bias", (h,)),
-                    ("mlp.c_fc.weight", (h, i)), ("mlp.c_fc.bias", (i,)),
-                    ("mlp.c_proj.weight", (i, h)), ("mlp.c_proj.bias", (h,))]
-        t: list[Tensor] = [("input_layernorm.weight", (h,)),
-                           ("self_attn.q_proj.weight", (a * d, h)),
-                           ("self_attn.k_proj.weight", (kv * d, h)),
-                           ("self_attn.v_proj.weight", (kv * d, h)),
-                           ("self_attn.o_proj.weight", (h, a * d)),
-                           ("post_attention_layernorm.weight", (h,))]
+            return [
+                ("ln_1.weight", (h,)),
+                ("ln_1.bias", (h,)),
+                ("attn.c_attn.weight", (h, 3 * h)),
+                ("attn.c_attn.bias", (3 * h,)),
+                ("attn.c_proj.weight", (h, h)),
+                ("attn.c_proj.bias", (h,)),
+                ("ln_2.weight", (h,)),
+                ("ln_2.bias", (h,)),
+                ("mlp.c_fc.weight", (h, i)),
+                ("mlp.c_fc.bias", (i,)),
+                ("mlp.c_proj.weight", (i, h)),
+                ("mlp.c_proj.bias", (h,)),
+            ]
+        t: list[Tensor] = [
+            ("input_layernorm.weight", (h,)),
+            ("self_attn.q_proj.weight", (a * d, h)),
+            ("self_attn.k_proj.weight", (kv * d, h)),
+            ("self_attn.v_proj.weight", (kv * d, h)),
+            ("self_attn.o_proj.weight", (h, a * d)),
+            ("post_attention_layernorm.weight", (h,)),
+        ]
         if self.qkv_bias:  # Qwen2 keeps biases on q/k/v only
-            t += [("self_attn.q_proj.bias", (a * d,)), ("self_attn.k_proj.bias", (kv * d,)),
-                  ("self_attn.v_proj.bias", (kv * d,))]
+            t += [
+                ("self_attn.q_proj.bias", (a * d,)),
+                ("self_attn.k_proj.bias", (kv * d,)),
+                ("self_attn.v_proj.bias", (kv * d,)),
+            ]
         if self.num_experts:
             e = self.num_experts
             t.append(("mlp.gate.weight", (e, h)))  # router, no bias
@@ -156,9 +178,11 @@ class ModelSpec:
     def describe(self) -> str:
         gqa = f", {self.num_kv_heads} kv heads" if self.num_kv_heads != self.num_heads else ""
         moe = f", {self.num_experts} experts (top-{self.experts_per_token})" if self.num_experts else ""
-        return (f"{self.model_type}: {self.num_layers} layers, hidden {self.hidden_size}, {self.num_heads} heads"
-                f"{gqa}, {self.mlp_kind} MLP {self.intermediate_size}{moe}, vocab {self.vocab_size}"
-                f"{', tied embeddings' if self.tie_embeddings else ''}")
+        return (
+            f"{self.model_type}: {self.num_layers} layers, hidden {self.hidden_size}, {self.num_heads} heads"
+            f"{gqa}, {self.mlp_kind} MLP {self.intermediate_size}{moe}, vocab {self.vocab_size}"
+            f"{', tied embeddings' if self.tie_embeddings else ''}"
+        )
 
 
 # --- construction ----------------------------------------------------------------------------------------------
@@ -177,34 +201,49 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", source: str = "con
     if mt is None:
         raise SpecError(f"{name}: no 'model_type' field", hint="is this a Hugging Face config.json?")
     if mt not in SUPPORTED_MODEL_TYPES:
-        raise SpecError(f"{name}: model_type {mt!r} is not supported",
-                        hint="supported: " + ", ".join(SUPPORTED_MODEL_TYPES))
+        raise SpecError(
+            f"{name}: model_type {mt!r} is not supported", hint="supported: " + ", ".join(SUPPORTED_MODEL_TYPES)
+        )
     try:
         if mt in GPT2_STYLE:
             h = int(_get(cfg, "n_embd", "hidden_size"))
             heads = int(_get(cfg, "n_head", "num_attention_heads"))
             spec = ModelSpec(
-                name=name, model_type=mt, num_layers=int(_get(cfg, "n_layer", "num_hidden_layers")),
-                hidden_size=h, num_heads=heads, num_kv_heads=heads, head_dim=h // heads,
+                name=name,
+                model_type=mt,
+                num_layers=int(_get(cfg, "n_layer", "num_hidden_layers")),
+                hidden_size=h,
+                num_heads=heads,
+                num_kv_heads=heads,
+                head_dim=h // heads,
                 intermediate_size=int(_get(cfg, "n_inner", default=4 * h)),
                 vocab_size=int(cfg["vocab_size"]),
                 max_position_embeddings=int(_get(cfg, "n_positions", "max_position_embeddings", default=1024)),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                hf_config=dict(cfg), source=source)
+                hf_config=dict(cfg),
+                source=source,
+            )
         else:
             h = int(cfg["hidden_size"])
             heads = int(cfg["num_attention_heads"])
             spec = ModelSpec(
-                name=name, model_type=mt, num_layers=int(cfg["num_hidden_layers"]), hidden_size=h,
-                num_heads=heads, num_kv_heads=int(_get(cfg, "num_key_value_heads", default=heads)),
+                name=name,
+                model_type=mt,
+                num_layers=int(cfg["num_hidden_layers"]),
+                hidden_size=h,
+                num_heads=heads,
+                num_kv_heads=int(_get(cfg, "num_key_value_heads", default=heads)),
                 head_dim=int(_get(cfg, "head_dim", default=h // heads)),
-                intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
+                intermediate_size=int(cfg["intermediate_size"]),
+                vocab_size=int(cfg["vocab_size"]),
                 max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=4096)),
                 tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 qkv_bias=(mt == "qwen2") or bool(cfg.get("attention_bias", False)),
                 num_experts=int(_get(cfg, "num_local_experts", default=0)) if mt == "mixtral" else 0,
                 experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0)) if mt == "mixtral" else 0,
-                hf_config=dict(cfg), source=source)
+                hf_config=dict(cfg),
+                source=source,
+            )
     except KeyError as e:
         raise SpecError(f"{name}: missing field {e.args[0]!r} for model_type {mt!r}") from None
     except (TypeError, ValueError) as e:
@@ -228,8 +267,11 @@ def preset_entry(name: str) -> dict[str, Any]:
     for e in _preset_entries():
         if e["name"].lower() == name.lower() or e.get("hf_id", "").lower() == name.lower():
             return e
-    raise UnknownNameError(f"unknown model {name!r}", hint=suggest(name, preset_names())
-                           or "see `llmctl estimate-memory --list-models`, or pass a config.json path or --params")
+    raise UnknownNameError(
+        f"unknown model {name!r}",
+        hint=suggest(name, preset_names())
+        or "see `llmctl estimate-memory --list-models`, or pass a config.json path or --params",
+    )
 
 
 def from_preset(name: str) -> ModelSpec:
@@ -276,10 +318,21 @@ def from_param_count(count: int | str, vocab_size: int = 32000) -> ModelSpec:
     for layers in range(1, 257):
         h = 128 * layers
         i = 256 * math.ceil(8 * h / 3 / 256)
-        cand = ModelSpec(name=f"{n / 1e9:.3g}B (assumed shape)", model_type="llama", num_layers=layers,
-                         hidden_size=h, num_heads=h // 128, num_kv_heads=h // 128, head_dim=128,
-                         intermediate_size=i, vocab_size=vocab_size, max_position_embeddings=4096,
-                         tie_embeddings=False, params_override=n, source="params")
+        cand = ModelSpec(
+            name=f"{n / 1e9:.3g}B (assumed shape)",
+            model_type="llama",
+            num_layers=layers,
+            hidden_size=h,
+            num_heads=h // 128,
+            num_kv_heads=h // 128,
+            head_dim=128,
+            intermediate_size=i,
+            vocab_size=vocab_size,
+            max_position_embeddings=4096,
+            tie_embeddings=False,
+            params_override=n,
+            source="params",
+        )
         if best is None or abs(cand.shape_params - n) < abs(best.shape_params - n):
             best = cand
         if cand.shape_params > n:

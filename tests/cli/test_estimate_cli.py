@@ -17,8 +17,16 @@ def run(*args):
 def test_table_output_and_alias():
     r = run("estimate-memory", "llama-2-7b", "--gpu", "A100-80GB", "--gpus", "8", "--seq-len", "1024")
     assert r.exit_code == 0, r.output
-    for text in ("6,738,415,616 parameters", "18 bytes/param classic budget", "optimizer states (adamw)",
-                 "peak phase: backward", "A100-80GB", "largest micro-batch", "full_shard", "hybrid_shard"):
+    for text in (
+        "6,738,415,616 parameters",
+        "18 bytes/param classic budget",
+        "optimizer states (adamw)",
+        "peak phase: backward",
+        "A100-80GB",
+        "largest micro-batch",
+        "full_shard",
+        "hybrid_shard",
+    ):
         assert text in r.output
     assert run("estimate", "llama-2-7b").exit_code == 0
 
@@ -62,20 +70,23 @@ def test_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["llama2-7b"], "did you mean: llama-2-7b"),
-    (["gpt2", "--micro-batch", "0"], "micro batch size must be a positive integer"),
-    (["gpt2", "--seq-len", "-5"], "seq len must be a positive integer"),
-    (["gpt2", "--gpus", "12"], "not a whole number of nodes"),
-    (["gpt2", "--gpus", "6", "--tp", "4"], "cannot be split into tp=4"),
-    (["gpt2", "--strategy", "hybrid_shard", "--gpus", "8"], "hybrid_shard needs at least 2 nodes"),
-    (["gpt2", "--strategy", "zero9"], "unknown strategy"),
-    (["gpt2", "--gpu", "H1000"], "unknown GPU kind"),
-    (["gpt2", "--precision", "bf16", "--gpu", "V100-32GB"], "no native bf16"),
-    (["--params", "lots"], "cannot read parameter count"),
-    ([], "no model given"),
-    (["gpt2", "--plot", "out.jpg"], "must end in .png"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["llama2-7b"], "did you mean: llama-2-7b"),
+        (["gpt2", "--micro-batch", "0"], "micro batch size must be a positive integer"),
+        (["gpt2", "--seq-len", "-5"], "seq len must be a positive integer"),
+        (["gpt2", "--gpus", "12"], "not a whole number of nodes"),
+        (["gpt2", "--gpus", "6", "--tp", "4"], "cannot be split into tp=4"),
+        (["gpt2", "--strategy", "hybrid_shard", "--gpus", "8"], "hybrid_shard needs at least 2 nodes"),
+        (["gpt2", "--strategy", "zero9"], "unknown strategy"),
+        (["gpt2", "--gpu", "H1000"], "unknown GPU kind"),
+        (["gpt2", "--precision", "bf16", "--gpu", "V100-32GB"], "no native bf16"),
+        (["--params", "lots"], "cannot read parameter count"),
+        ([], "no model given"),
+        (["gpt2", "--plot", "out.jpg"], "must end in .png"),
+    ],
+)
 def test_bad_input_one_line_exit_2(args, needle):
     r = run("estimate-memory", *args)
     assert r.exit_code == 2, r.output

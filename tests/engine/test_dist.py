@@ -80,8 +80,10 @@ def test_grad_accumulation_equivalence(tmp_path: Path) -> None:
     # cross-replica all-reduce skipped until the last one (set_requires_all_reduce). Same losses.
     c = write_plan(
         tmp_path / "noshard-acc2",
-        {"parallel": {"sharding": "no_shard"},
-         "training": {"max_steps": 6, "micro_batch_size": 1, "grad_accum_steps": 2}},
+        {
+            "parallel": {"sharding": "no_shard"},
+            "training": {"max_steps": 6, "micro_batch_size": 1, "grad_accum_steps": 2},
+        },
     )
     check_ok(run_engine(c, 2, tmp_path))
     lc = losses(c)

@@ -22,8 +22,11 @@ def main(precision: str, out: str) -> None:
     config.use_cache = False
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-        if precision == "bf16-mixed" else MixedPrecisionPolicy()
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if precision == "bf16-mixed"
+        else MixedPrecisionPolicy()
+    )
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
@@ -33,13 +36,15 @@ def main(precision: str, out: str) -> None:
     opt.step()
     params = sum(local_bytes(p) for p in model.parameters())
     grads = sum(local_bytes(p.grad) for p in model.parameters() if p.grad is not None)
-    states = sum(local_bytes(v) for st in opt.state.values() for k, v in st.items()
-                 if torch.is_tensor(v) and k != "step")
+    states = sum(
+        local_bytes(v) for st in opt.state.values() for k, v in st.items() if torch.is_tensor(v) and k != "step"
+    )
     steps = sum(local_bytes(st["step"]) for st in opt.state.values())
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
     with open(f"{out}.{dist.get_rank()}", "w") as f:
-        json.dump({"params": params, "grads": grads, "optimizer": states, "step_scalars": steps,
-                   "param_dtypes": dtypes}, f)
+        json.dump(
+            {"params": params, "grads": grads, "optimizer": states, "step_scalars": steps, "param_dtypes": dtypes}, f
+        )
     dist.destroy_process_group()
 
 

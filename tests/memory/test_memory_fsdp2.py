@@ -13,9 +13,17 @@ from llmctl.spec import models
 
 pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 
-CFG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 352, "num_attention_heads": 4,
-       "num_key_value_heads": 2, "vocab_size": 320, "max_position_embeddings": 256, "num_hidden_layers": 2,
-       "tie_word_embeddings": False}
+CFG = {
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 352,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 320,
+    "max_position_embeddings": 256,
+    "num_hidden_layers": 2,
+    "tie_word_embeddings": False,
+}
 
 
 @pytest.mark.dist
@@ -24,13 +32,26 @@ def test_fsdp2_model_states_per_rank(precision, tmp_path):
     worker = Path(__file__).with_name("fsdp2_states_worker.py")
     env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1")
     out = tmp_path / "states"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(worker),
-           precision, str(out), json.dumps(CFG)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(worker),
+        precision,
+        str(out),
+        json.dumps(CFG),
+    ]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     spec = models.from_hf_config(CFG, name="tiny")
-    est = mem.estimate(spec, mem.TrainSetup(precision=precision, strategy="full_shard", engine="fsdp2",
-                                            gpus_per_node=2, seq_len=32, micro_batch_size=2))
+    est = mem.estimate(
+        spec,
+        mem.TrainSetup(
+            precision=precision, strategy="full_shard", engine="fsdp2", gpus_per_node=2, seq_len=32, micro_batch_size=2
+        ),
+    )
     predicted = est.model_state_bytes
     for rank in (0, 1):
         got = json.loads(Path(f"{out}.{rank}").read_text())

@@ -24,8 +24,16 @@ def test_llama2_7b_classic_18_bytes_on_one_gpu():
 
 def test_llama2_7b_fsdp2_full_shard_8_gpus():
     spec = models.from_preset("llama-2-7b")
-    setup = mem.TrainSetup(precision="bf16-mixed", strategy="full_shard", engine="fsdp2", nodes=1,
-                           gpus_per_node=8, micro_batch_size=1, seq_len=1024, attention="sdpa")
+    setup = mem.TrainSetup(
+        precision="bf16-mixed",
+        strategy="full_shard",
+        engine="fsdp2",
+        nodes=1,
+        gpus_per_node=8,
+        micro_batch_size=1,
+        seq_len=1024,
+        attention="sdpa",
+    )
     c = by_name(mem.estimate(spec, setup))
     # FSDP2 keeps fp32 params (4) + fp32 grads (4) + Adam (8) = 16 bytes/param, all sharded 8 ways.
     assert c["parameters (fp32 master, sharded)"] == 4 * N_7B // 8 == 3_369_207_808
@@ -49,8 +57,7 @@ def test_llama2_7b_fsdp2_full_shard_8_gpus():
 
 def test_gpt2_fp32_eager_single_gpu():
     spec = models.from_preset("gpt2")
-    setup = mem.TrainSetup(precision="fp32", strategy="no_shard", micro_batch_size=4, seq_len=1024,
-                           attention="eager")
+    setup = mem.TrainSetup(precision="fp32", strategy="no_shard", micro_batch_size=4, seq_len=1024, attention="eager")
     est = mem.estimate(spec, setup)
     c = by_name(est)
     assert est.model_state_bytes == 16 * 124_439_808 == 1_991_036_928  # 4 params + 4 grads + 8 Adam
@@ -121,8 +128,7 @@ def test_max_micro_batch_and_min_gpus():
     b = mem.max_micro_batch(spec, setup, gpu)
     assert b >= 1
     assert mem.fits(mem.estimate(spec, mem.TrainSetup(gpus_per_node=8, seq_len=1024, micro_batch_size=b)), gpu)
-    assert not mem.fits(mem.estimate(spec, mem.TrainSetup(gpus_per_node=8, seq_len=1024, micro_batch_size=b + 1)),
-                        gpu)
+    assert not mem.fits(mem.estimate(spec, mem.TrainSetup(gpus_per_node=8, seq_len=1024, micro_batch_size=b + 1)), gpu)
     m = mem.min_gpus(spec, setup, gpu, "full_shard")
     assert m.gpus == 2 and m.nodes == 1
     assert mem.min_gpus(spec, setup, gpu, "no_shard").gpus is None  # 18+ bytes/param replicated > 80 GB
@@ -133,9 +139,18 @@ def test_max_micro_batch_and_min_gpus():
     assert big.nodes is not None and big.nodes > 1 and big.gpus == 8 * big.nodes
 
 
-@pytest.mark.parametrize("kw", [dict(micro_batch_size=0), dict(seq_len=-1), dict(gpus_per_node=3, tp=2),
-                                dict(strategy="hybrid_shard"), dict(strategy="zero1"),
-                                dict(precision="fp8"), dict(attention="flash", precision="fp32")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(micro_batch_size=0),
+        dict(seq_len=-1),
+        dict(gpus_per_node=3, tp=2),
+        dict(strategy="hybrid_shard"),
+        dict(strategy="zero1"),
+        dict(precision="fp8"),
+        dict(attention="flash", precision="fp32"),
+    ],
+)
 def test_bad_setups_rejected(kw):
     with pytest.raises(InputError):
         mem.TrainSetup(**kw)

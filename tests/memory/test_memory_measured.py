@@ -8,11 +8,30 @@ from llmctl.spec import models
 torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
 
-LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_attention_heads": 8,
-         "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048, "num_hidden_layers": 2,
-         "tie_word_embeddings": False}
-GPT2 = {"model_type": "gpt2", "n_embd": 256, "n_head": 8, "n_layer": 2, "vocab_size": 512, "n_positions": 2048,
-        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "bos_token_id": 0, "eos_token_id": 0}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 2048,
+    "num_hidden_layers": 2,
+    "tie_word_embeddings": False,
+}
+GPT2 = {
+    "model_type": "gpt2",
+    "n_embd": 256,
+    "n_head": 8,
+    "n_layer": 2,
+    "vocab_size": 512,
+    "n_positions": 2048,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
 
 
 def saved_bytes(cfg: dict, b: int, s: int, dtype, attention: str, checkpointing: bool) -> int:
@@ -59,7 +78,7 @@ CASES = [
     # (config, b, s, dtype, attention, checkpointing)
     (LLAMA, 2, 128, torch.bfloat16, "sdpa", False),
     (LLAMA, 2, 128, torch.float32, "eager", False),
-    (LLAMA, 1, 512, torch.bfloat16, "eager", False),   # long sequence: the s^2 term dominates
+    (LLAMA, 1, 512, torch.bfloat16, "eager", False),  # long sequence: the s^2 term dominates
     (LLAMA, 2, 128, torch.bfloat16, "sdpa", True),
     (GPT2, 2, 128, torch.bfloat16, "eager", False),
     (GPT2, 2, 128, torch.float32, "sdpa", False),
@@ -68,9 +87,11 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("cfg,b,s,dtype,attention,ckpt", CASES,
-                         ids=[f"{c['model_type']}-b{b}-s{s}-{str(d)[6:]}-{a}{'-ckpt' if k else ''}"
-                              for c, b, s, d, a, k in CASES])
+@pytest.mark.parametrize(
+    "cfg,b,s,dtype,attention,ckpt",
+    CASES,
+    ids=[f"{c['model_type']}-b{b}-s{s}-{str(d)[6:]}-{a}{'-ckpt' if k else ''}" for c, b, s, d, a, k in CASES],
+)
 def test_activation_bytes_match_measurement(cfg, b, s, dtype, attention, ckpt):
     measured = saved_bytes(cfg, b, s, dtype, attention, ckpt)
     act_bytes = 4 if dtype == torch.float32 else 2

@@ -81,12 +81,21 @@ def test_multi_node_without_inter_node_bandwidth_is_one_clear_error() -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(strategy=st.sampled_from(["full_shard", "hybrid_shard", "no_shard"]), nodes=st.integers(2, 64),
-       g=st.sampled_from([1, 2, 4, 8]), accum=st.integers(1, 16), fwd=st.floats(0, 20), bwd=st.floats(0, 40),
-       intra=st.floats(1, 1000), inter=st.floats(0.1, 1000), factor=st.floats(1, 100),
-       overlap=st.floats(0, 1))
-def test_more_bandwidth_never_predicts_more_exposed_communication(strategy, nodes, g, accum, fwd, bwd, intra, inter,
-                                                                  factor, overlap) -> None:
+@given(
+    strategy=st.sampled_from(["full_shard", "hybrid_shard", "no_shard"]),
+    nodes=st.integers(2, 64),
+    g=st.sampled_from([1, 2, 4, 8]),
+    accum=st.integers(1, 16),
+    fwd=st.floats(0, 20),
+    bwd=st.floats(0, 40),
+    intra=st.floats(1, 1000),
+    inter=st.floats(0.1, 1000),
+    factor=st.floats(1, 100),
+    overlap=st.floats(0, 1),
+)
+def test_more_bandwidth_never_predicts_more_exposed_communication(
+    strategy, nodes, g, accum, fwd, bwd, intra, inter, factor, overlap
+) -> None:
     net = cm.Network(intra, inter)
     slow = cm.step_comm(strategy, SHAPE, nodes, g, accum, fwd, bwd, net, overlap)
     fast = cm.step_comm(strategy, SHAPE, nodes, g, accum, fwd, bwd, net.scaled(factor), overlap)

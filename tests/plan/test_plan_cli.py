@@ -16,10 +16,34 @@ from llmctl.netbench import report as rp
 from llmctl.spec.planfile import load_plan
 
 runner = CliRunner()
-SEED = ["plan", "llama-2-7b", "--gpu", "A100-80GB", "--nodes", "2", "--gpus-per-node", "4", "--inter-gbps", "50",
-        "--seq-len", "1024", "--global-batch", "128"]
-KEYS = {"strategy", "nodes", "micro_batch", "grad_accum", "checkpointing", "attention", "tokens_per_s",
-        "tokens_per_s_per_gpu", "mfu", "memory_per_gpu_bytes"}
+SEED = [
+    "plan",
+    "llama-2-7b",
+    "--gpu",
+    "A100-80GB",
+    "--nodes",
+    "2",
+    "--gpus-per-node",
+    "4",
+    "--inter-gbps",
+    "50",
+    "--seq-len",
+    "1024",
+    "--global-batch",
+    "128",
+]
+KEYS = {
+    "strategy",
+    "nodes",
+    "micro_batch",
+    "grad_accum",
+    "checkpointing",
+    "attention",
+    "tokens_per_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "memory_per_gpu_bytes",
+}
 MiB = 2**20
 
 
@@ -81,32 +105,83 @@ def test_examples_cluster_files_plan(tmp_path: Path) -> None:
         assert r.exit_code == 0, (f, r.output)
 
 
-def bench_report(nodes: int = 2, g: int = 4, intra: float = 240.0, world: float = 6.25,
-                 inter: float = 6.25 / 4) -> rp.BenchReport:
+def bench_report(
+    nodes: int = 2, g: int = 4, intra: float = 240.0, world: float = 6.25, inter: float = 6.25 / 4
+) -> rp.BenchReport:
     def pts(bw: float) -> list[rp.SizePoint]:
         return [rp.SizePoint.measured("all_reduce", 2, s * MiB, [s * MiB / (bw * 1e9)] * 3) for s in (16, 64, 256)]
 
-    results = [rp.CollectiveResult(group="world", collective="all_reduce", ranks_per_group=nodes * g,
-                                   concurrent_groups=1, groups_per_node=1, points=pts(world if nodes > 1 else intra))]
+    results = [
+        rp.CollectiveResult(
+            group="world",
+            collective="all_reduce",
+            ranks_per_group=nodes * g,
+            concurrent_groups=1,
+            groups_per_node=1,
+            points=pts(world if nodes > 1 else intra),
+        )
+    ]
     if nodes > 1:
-        results += [rp.CollectiveResult(group="intra_node", collective="all_reduce", ranks_per_group=g,
-                                        concurrent_groups=nodes, groups_per_node=1, points=pts(intra)),
-                    rp.CollectiveResult(group="inter_node", collective="all_reduce", ranks_per_group=nodes,
-                                        concurrent_groups=g, groups_per_node=g, points=pts(inter))]
+        results += [
+            rp.CollectiveResult(
+                group="intra_node",
+                collective="all_reduce",
+                ranks_per_group=g,
+                concurrent_groups=nodes,
+                groups_per_node=1,
+                points=pts(intra),
+            ),
+            rp.CollectiveResult(
+                group="inter_node",
+                collective="all_reduce",
+                ranks_per_group=nodes,
+                concurrent_groups=g,
+                groups_per_node=g,
+                points=pts(inter),
+            ),
+        ]
     return rp.BenchReport(
-        created_utc="2026-11-22T05:00:00+00:00", backend="nccl", device="cuda", dtype="bfloat16",
-        world_size=nodes * g, ranks_per_node=g,
+        created_utc="2026-11-22T05:00:00+00:00",
+        backend="nccl",
+        device="cuda",
+        dtype="bfloat16",
+        world_size=nodes * g,
+        ranks_per_node=g,
         nodes=[rp.NodeInfo(name=f"n{i}", node_rank=i, ranks=list(range(i * g, (i + 1) * g))) for i in range(nodes)],
-        versions={}, env={}, config=rp.BenchConfig(sizes_bytes=[16 * MiB, 64 * MiB, 256 * MiB], iters=3, warmup=1,
-                                                  collectives=["all_reduce"], slow_fraction=0.7),
-        results=results)
+        versions={},
+        env={},
+        config=rp.BenchConfig(
+            sizes_bytes=[16 * MiB, 64 * MiB, 256 * MiB],
+            iters=3,
+            warmup=1,
+            collectives=["all_reduce"],
+            slow_fraction=0.7,
+        ),
+        results=results,
+    )
 
 
 def test_net_bench_json_drives_the_plan(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
     rp.dump_bench(bench_report(), path)
-    args = ["plan", "llama-2-7b", "--gpu", "A100-80GB", "--nodes", "2", "--gpus-per-node", "4", "--net", str(path),
-            "--seq-len", "1024", "--global-batch", "128", "--json", "--no-write"]
+    args = [
+        "plan",
+        "llama-2-7b",
+        "--gpu",
+        "A100-80GB",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--net",
+        str(path),
+        "--seq-len",
+        "1024",
+        "--global-batch",
+        "128",
+        "--json",
+        "--no-write",
+    ]
     r = invoke(args)
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
@@ -126,8 +201,21 @@ def test_net_and_inter_gbps_conflict_and_single_node_bench_needs_inter(tmp_path:
     r = invoke([*SEED, "--net", str(path), "--no-write"])  # SEED carries --inter-gbps 50
     assert r.exit_code == 2 and "conflicts with the inter-node bandwidth measured" in r.output
     rp.dump_bench(bench_report(nodes=1), path)
-    base = ["plan", "llama-2-7b", "--gpu", "A100-80GB", "--nodes", "2", "--gpus-per-node", "4", "--net", str(path),
-            "--seq-len", "1024", "--no-write"]
+    base = [
+        "plan",
+        "llama-2-7b",
+        "--gpu",
+        "A100-80GB",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "4",
+        "--net",
+        str(path),
+        "--seq-len",
+        "1024",
+        "--no-write",
+    ]
     r = invoke(base)
     assert r.exit_code == 2 and "measured on one node" in r.output
     r = invoke([*base, "--inter-gbps", "50", "--json"])
@@ -146,11 +234,14 @@ def test_global_batch_in_tokens(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "not both" in r.output
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("{not json", "is not valid JSON"),
-    ('{"schema": "other"}', "is not a bench-net report"),
-    ('{"schema": "llmctl.bench-net", "schema_version": 1}', "invalid bench-net report"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"schema": "other"}', "is not a bench-net report"),
+        ('{"schema": "llmctl.bench-net", "schema_version": 1}', "invalid bench-net report"),
+    ],
+)
 def test_malformed_bench_json_is_one_line(tmp_path: Path, content: str, message: str) -> None:
     p = tmp_path / "bench.json"
     p.write_text(content)
@@ -170,8 +261,16 @@ def test_bench_with_other_gpus_per_node_is_inconsistent(tmp_path: Path) -> None:
 def test_calibrate_from_engine_metrics(tmp_path: Path) -> None:
     m = tmp_path / "metrics.jsonl"
     lines = [{"event": "start", "step": 0}] + [
-        {"event": "step", "step": i, "tokens_per_s": 15000.0, "tokens_per_s_predicted": 20000.0, "mfu": 0.3,
-         "mfu_predicted": 0.4} for i in range(1, 5)]
+        {
+            "event": "step",
+            "step": i,
+            "tokens_per_s": 15000.0,
+            "tokens_per_s_predicted": 20000.0,
+            "mfu": 0.3,
+            "mfu_predicted": 0.4,
+        }
+        for i in range(1, 5)
+    ]
     m.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     r = invoke([*SEED, "--calibrate", str(m), "--json", "--no-write"])
     assert r.exit_code == 0, r.output
@@ -183,22 +282,30 @@ def test_calibrate_from_engine_metrics(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "line 2: not valid JSON" in r.output
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["plan", "llama-2-7b", "--nodes", "2"], "no GPU kind given"),
-    (["plan", "llama-2-7b", "--gpu", "Z9000"], "unknown GPU kind"),
-    (["plan", "llama-2-7b", "--gpu", "A100-80GB", "--nodes", "0"], "--nodes must be a positive integer"),
-    (["plan", "llama-2-7b", "--gpu", "A100-80GB", "--nodes", "2", "--gpus-per-node", "4"], "no inter-node bandwidth"),
-    ([*SEED, "--strategy", "hybrid_shard", "--nodes", "1"], None),
-    ([*SEED, "--global-batch", "5"], "does not split evenly"),
-    ([*SEED, "--overlap", "2"], "--overlap must be in [0, 1]"),
-    ([*SEED, "--objective", "speed"], "unknown objective"),
-    ([*SEED, "--micro-batch", "128"], "no setup satisfies --micro-batch 128"),
-    ([*SEED, "--strategy", "zero1"], "not run by llmctl's engine"),
-    ([*SEED, "--precision", "fp16-mixed"], "precision fp16-mixed is not run by llmctl's engine"),
-    (["plan", "llama-2-7b", "--gpu", "V100-32GB", "--gpus-per-node", "8"], "no native bf16"),
-    (["plan", "llama-3.1-405b", "--gpu", "H100", "--nodes", "2", "--gpus-per-node", "8", "--inter-gbps", "3200"],
-     "the smallest cluster of H100-SXM that fits is"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plan", "llama-2-7b", "--nodes", "2"], "no GPU kind given"),
+        (["plan", "llama-2-7b", "--gpu", "Z9000"], "unknown GPU kind"),
+        (["plan", "llama-2-7b", "--gpu", "A100-80GB", "--nodes", "0"], "--nodes must be a positive integer"),
+        (
+            ["plan", "llama-2-7b", "--gpu", "A100-80GB", "--nodes", "2", "--gpus-per-node", "4"],
+            "no inter-node bandwidth",
+        ),
+        ([*SEED, "--strategy", "hybrid_shard", "--nodes", "1"], None),
+        ([*SEED, "--global-batch", "5"], "does not split evenly"),
+        ([*SEED, "--overlap", "2"], "--overlap must be in [0, 1]"),
+        ([*SEED, "--objective", "speed"], "unknown objective"),
+        ([*SEED, "--micro-batch", "128"], "no setup satisfies --micro-batch 128"),
+        ([*SEED, "--strategy", "zero1"], "not run by llmctl's engine"),
+        ([*SEED, "--precision", "fp16-mixed"], "precision fp16-mixed is not run by llmctl's engine"),
+        (["plan", "llama-2-7b", "--gpu", "V100-32GB", "--gpus-per-node", "8"], "no native bf16"),
+        (
+            ["plan", "llama-3.1-405b", "--gpu", "H100", "--nodes", "2", "--gpus-per-node", "8", "--inter-gbps", "3200"],
+            "the smallest cluster of H100-SXM that fits is",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_nonzero(args: list[str], message: str | None, tmp_path: Path) -> None:
     r = invoke([*args, "-o", str(tmp_path / "p.yaml")])
     assert r.exit_code != 0
@@ -210,8 +317,20 @@ def test_bad_input_is_one_line_and_nonzero(args: list[str], message: str | None,
 
 
 def test_params_model_plans_but_writes_no_plan(tmp_path: Path) -> None:
-    r = invoke(["plan", "--params", "7B", "--gpu", "A100-80GB", "--gpus-per-node", "8", "--json",
-                "-o", str(tmp_path / "p.yaml")])
+    r = invoke(
+        [
+            "plan",
+            "--params",
+            "7B",
+            "--gpu",
+            "A100-80GB",
+            "--gpus-per-node",
+            "8",
+            "--json",
+            "-o",
+            str(tmp_path / "p.yaml"),
+        ]
+    )
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["plan_path"] is None and "--params" in data["plan_note"]
@@ -246,12 +365,15 @@ def test_plan_for_1024_nodes_is_torch_free_and_fast() -> None:
     assert wall < 5  # the strict < 1 s check lives in benchmarks/plan_speed.py
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("gpu: A100-80GB\nnodes: 0\ngpus_per_node: 4\n", "nodes: Input should be greater than or equal to 1"),
-    ("gpu: A100-80GB\nnodes: 2\ngpus_per_node: 4\nnics: 8\n", "nics: unknown key"),
-    ("- a\n- b\n", "must be a YAML mapping"),
-    ("gpu: [unclosed\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("gpu: A100-80GB\nnodes: 0\ngpus_per_node: 4\n", "nodes: Input should be greater than or equal to 1"),
+        ("gpu: A100-80GB\nnodes: 2\ngpus_per_node: 4\nnics: 8\n", "nics: unknown key"),
+        ("- a\n- b\n", "must be a YAML mapping"),
+        ("gpu: [unclosed\n", "not valid YAML"),
+    ],
+)
 def test_malformed_cluster_file_is_one_line(tmp_path: Path, content: str, message: str) -> None:
     p = tmp_path / "cluster.yaml"
     p.write_text(content)

@@ -40,8 +40,12 @@ def test_seed_story_full_shard_slowest_one_node_beats_it_hybrid_wins() -> None:
     one = best(r, nodes=1)
     hybrid = best(r, strategy="hybrid_shard", checkpointing="full", attention="flash")
     # HYBRID over both nodes with checkpointing and flash-attention is chosen and is the fastest
-    assert (r.chosen.strategy, r.chosen.nodes, r.chosen.checkpointing, r.chosen.attention) == \
-        ("hybrid_shard", 2, "full", "flash")
+    assert (r.chosen.strategy, r.chosen.nodes, r.chosen.checkpointing, r.chosen.attention) == (
+        "hybrid_shard",
+        2,
+        "full",
+        "flash",
+    )
     assert r.chosen == hybrid == r.variants[0]
     # one node with checkpointing + flash beats FULL_SHARD over both nodes; FULL_SHARD over 2 nodes is the slowest
     assert one_ckpt_flash.tokens_per_s > full2.tokens_per_s
@@ -57,8 +61,9 @@ def test_seed_story_full_shard_slowest_one_node_beats_it_hybrid_wins() -> None:
 
 def test_seed_naive_full_shard_is_about_the_seeds_1500_tokens_per_s() -> None:
     """The seed's starting point: FULL_SHARD over 8 GPUs, mixed precision only (eager, no checkpointing, mb 1)."""
-    r = pl.plan(seed_request(strategy="full_shard", checkpointing="none", attention="eager", compile=False,
-                             micro_batch=1))
+    r = pl.plan(
+        seed_request(strategy="full_shard", checkpointing="none", attention="eager", compile=False, micro_batch=1)
+    )
     naive = best(r, nodes=2)
     assert 800 < naive.tokens_per_s < 2500
     assert naive.comm_exposed_s > 10 * naive.compute_s
@@ -76,8 +81,11 @@ def test_fast_network_makes_full_shard_competitive() -> None:
 @pytest.mark.parametrize("model", ["llama-2-70b", "llama-3.1-70b"])
 def test_fast_network_chooses_full_shard_when_hybrid_cannot_fit(model: str) -> None:
     spec = resolve_model(model)
-    r = pl.plan(pl.PlanRequest(spec=spec, gpu=A100, nodes=4, gpus_per_node=8, network=FAST_NET, seq_len=4096,
-                               global_batch_seqs=128))
+    r = pl.plan(
+        pl.PlanRequest(
+            spec=spec, gpu=A100, nodes=4, gpus_per_node=8, network=FAST_NET, seq_len=4096, global_batch_seqs=128
+        )
+    )
     assert r.chosen.strategy == "full_shard" and r.chosen.nodes == 4
     assert not any(c.strategy == "hybrid_shard" for c in r.variants)
     assert any(x.startswith("hybrid_shard") and "GiB per GPU" in x for x in r.rejected)
@@ -105,13 +113,16 @@ def test_objective_cost_prefers_per_gpu_throughput() -> None:
     assert r.chosen.budget_cost_usd == pytest.approx(1e9 / r.chosen.tokens_per_s / 3600 * r.chosen.gpus * 2.0)
 
 
-PINS = st.fixed_dictionaries({}, optional={
-    "strategy": st.sampled_from(["full_shard", "hybrid_shard", "no_shard"]),
-    "micro_batch": st.sampled_from([1, 2, 3, 4, 8, 16, 32, 64, 128]),
-    "checkpointing": st.sampled_from(["none", "full"]),
-    "attention": st.sampled_from(["eager", "sdpa", "flash"]),
-    "compile": st.booleans(),
-})
+PINS = st.fixed_dictionaries(
+    {},
+    optional={
+        "strategy": st.sampled_from(["full_shard", "hybrid_shard", "no_shard"]),
+        "micro_batch": st.sampled_from([1, 2, 3, 4, 8, 16, 32, 64, 128]),
+        "checkpointing": st.sampled_from(["none", "full"]),
+        "attention": st.sampled_from(["eager", "sdpa", "flash"]),
+        "compile": st.booleans(),
+    },
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -134,8 +145,12 @@ def test_a_pinned_choice_is_respected_or_rejected_with_the_reason(pins: dict, no
 
 
 @settings(max_examples=60, deadline=None)
-@given(model=st.sampled_from(["llama-2-7b", "llama-2-13b", "gpt2-xl", "mistral-7b"]),
-       g=st.sampled_from([1, 2, 4, 8]), n1=st.integers(1, 64), n2=st.integers(1, 64))
+@given(
+    model=st.sampled_from(["llama-2-7b", "llama-2-13b", "gpt2-xl", "mistral-7b"]),
+    g=st.sampled_from([1, 2, 4, 8]),
+    n1=st.integers(1, 64),
+    n2=st.integers(1, 64),
+)
 def test_more_gpus_never_raise_per_gpu_model_state_memory_under_full_shard(model, g, n1, n2) -> None:
     spec = resolve_model(model)
     lo, hi = sorted((n1, n2))
@@ -146,14 +161,21 @@ def test_more_gpus_never_raise_per_gpu_model_state_memory_under_full_shard(model
 
 
 @settings(max_examples=60, deadline=None)
-@given(strategy=st.sampled_from(["full_shard", "hybrid_shard"]), mb=st.sampled_from([1, 2, 4, 8, 16]),
-       ckpt=st.sampled_from(["none", "full"]), attn=st.sampled_from(["sdpa", "flash", "eager"]),
-       inter=st.floats(1, 2000), factor=st.floats(1, 50), overlap=st.floats(0, 1))
+@given(
+    strategy=st.sampled_from(["full_shard", "hybrid_shard"]),
+    mb=st.sampled_from([1, 2, 4, 8, 16]),
+    ckpt=st.sampled_from(["none", "full"]),
+    attn=st.sampled_from(["sdpa", "flash", "eager"]),
+    inter=st.floats(1, 2000),
+    factor=st.floats(1, 50),
+    overlap=st.floats(0, 1),
+)
 def test_more_bandwidth_never_predicts_a_slower_step(strategy, mb, ckpt, attn, inter, factor, overlap) -> None:
     net = cm.Network(240.0, inter / 8)
     slow = pl.evaluate(seed_request(network=net, overlap=overlap), strategy, 2, mb, 16 // mb, ckpt, attn, False)
-    fast = pl.evaluate(seed_request(network=net.scaled(factor), overlap=overlap), strategy, 2, mb, 16 // mb, ckpt,
-                       attn, False)
+    fast = pl.evaluate(
+        seed_request(network=net.scaled(factor), overlap=overlap), strategy, 2, mb, 16 // mb, ckpt, attn, False
+    )
     assert fast.step_time_s <= slow.step_time_s * (1 + 1e-9)
     assert fast.tokens_per_s >= slow.tokens_per_s * (1 - 1e-9)
 
@@ -168,8 +190,10 @@ def test_whole_plan_never_gets_slower_with_more_bandwidth() -> None:
 
 def test_calibration_scales_efficiency_to_the_measured_run() -> None:
     records = [{"event": "start", "world_size": 8}]
-    records += [{"event": "step", "step": i, "tokens_per_s": 10_000.0 if i > 1 else 1.0,
-                 "tokens_per_s_predicted": 20_000.0} for i in range(1, 6)]
+    records += [
+        {"event": "step", "step": i, "tokens_per_s": 10_000.0 if i > 1 else 1.0, "tokens_per_s_predicted": 20_000.0}
+        for i in range(1, 6)
+    ]
     cal = pl.calibrate(records)
     assert cal.factor == pytest.approx(0.5) and cal.steps == 4  # the first (warm-up) step is left out
     base = pl.plan(seed_request(network=FAST_NET))
@@ -184,7 +208,10 @@ def test_calibration_scales_efficiency_to_the_measured_run() -> None:
 def test_efficiency_factors_are_stated_and_bounded() -> None:
     e = pl.Efficiency()
     assert e.kernel == pl.KERNEL_EFFICIENCY
-    assert e.of("flash", 1024 * 32, L7B, False) > e.of("sdpa", 1024 * 32, L7B, False) > e.of("eager", 1024 * 32,
-                                                                                               L7B, False)
+    assert (
+        e.of("flash", 1024 * 32, L7B, False)
+        > e.of("sdpa", 1024 * 32, L7B, False)
+        > e.of("eager", 1024 * 32, L7B, False)
+    )
     assert e.of("flash", 1024, L7B, False) < e.of("flash", 1024 * 16, L7B, False)  # small GEMMs are slower
     assert replace(e, calibration=10.0).of("flash", 4096, L7B, True) == 1.0

@@ -32,7 +32,8 @@ def test_param_count_equals_transformers(name):
     layer = dict(model.model.layers[0].named_parameters()) if hasattr(model, "model") else None
     if layer is not None:
         assert sorted(math.prod(p.shape) for p in layer.values()) == sorted(
-            math.prod(s) for _, s in spec.layer_tensors())
+            math.prod(s) for _, s in spec.layer_tensors()
+        )
 
 
 def test_local_config_json_file_and_folder(tmp_path):
