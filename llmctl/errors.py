@@ -1,9 +1,27 @@
-"""One exception hierarchy. The library raises these; `llmctl.cli.main` turns them into one line + exit code.
+"""One exception hierarchy and one error path.
 
-Exit codes: 2 for bad input (the user can fix the command or file), 1 for runtime failures.
+The library raises `LlmctlError` subclasses; every entry point (the CLI, the engine, the bench-net worker, the
+token-file builder) turns an exception into one line and an exit code with `report`, the only place that reads
+`LLMCTL_DEBUG`. Exit codes: 2 for bad input (the user can fix the command or file), 1 for runtime failures,
+130 for an interrupt.
+
+Processes that llmctl starts (torchrun ranks, srun tasks) also append their failure as one JSON object per line to
+the file named by `$LLMCTL_ERROR_FILE` when it is set (`read_reports`), so the parent learns what failed from a
+structured record rather than by scraping their stderr.
 """
 
 from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+DEBUG_ENV = "LLMCTL_DEBUG"
+ERROR_FILE_ENV = "LLMCTL_ERROR_FILE"
+PREFIX = "llmctl: error: "
 
 
 class LlmctlError(Exception):
@@ -53,3 +71,92 @@ def suggest(name: str, known: list[str], n: int = 3) -> str | None:
     # Substring matches catch "llama-2" -> every llama-2 preset, which difflib alone misses.
     close += [k for k in lowered if name.lower() in k and k not in close][: max(0, n - len(close))]
     return ("did you mean: " + ", ".join(lowered[c] for c in close) + "?") if close else None
+
+
+# --- the one error path ------------------------------------------------------------------------------------------
+OOM_HINT = "lower training.micro_batch_size, or set training.activation_checkpointing: full"
+
+
+def debug() -> bool:
+    """`LLMCTL_DEBUG=1`: re-raise instead of printing one line (tracebacks for bug reports)."""
+    return os.environ.get(DEBUG_ENV) == "1"
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """torch.OutOfMemoryError (CUDA) without importing torch: a planning problem, not a bug."""
+    return type(e).__name__ == "OutOfMemoryError"
+
+
+def describe(e: BaseException) -> tuple[str, int]:
+    """(one-line message, exit code) for any exception."""
+    if isinstance(e, LlmctlError):
+        return str(e), e.exit_code
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", 130
+    first = (str(e).strip().splitlines() or [""])[0]
+    if is_out_of_memory(e):
+        return f"out of memory: {first} ({OOM_HINT})", 1
+    return f"internal error: {type(e).__name__}: {first} (set {DEBUG_ENV}=1 for the traceback)", 1
+
+
+@dataclass(frozen=True)
+class ErrorReport:
+    """What a failed process tells its parent through $LLMCTL_ERROR_FILE."""
+
+    message: str
+    exit_code: int
+    kind: str
+    """The exception's class name (InputError, RuntimeFailure, OutOfMemoryError, ...)."""
+    rank: int | None = None
+
+
+def report(
+    e: BaseException,
+    *,
+    rank: int | None = None,
+    say: bool = True,
+    stream: TextIO | None = None,
+    reraise_bugs: bool = False,
+) -> int:
+    """Turn an exception into one line on stderr (`llmctl: error: [rank R] message`) and return the exit code.
+
+    Re-raises when LLMCTL_DEBUG=1, and with `reraise_bugs` for anything that is neither an LlmctlError, an
+    interrupt nor an out-of-memory error (the engine: a bug's traceback, which torchrun records, is what one needs).
+    `say=False` records the failure without printing (the engine's bad-input errors are said by rank 0 only).
+    Must be called from an `except` block when it may re-raise.
+    """
+    known = isinstance(e, (LlmctlError, KeyboardInterrupt)) or is_out_of_memory(e)
+    if debug() or (reraise_bugs and not known):
+        raise e
+    message, code = describe(e)
+    where = f"[rank {rank}] " if rank else ""
+    if say:
+        print(f"{PREFIX}{where}{message}", file=stream or sys.stderr, flush=True)
+    path = os.environ.get(ERROR_FILE_ENV)
+    if path:
+        record = {"message": message, "exit_code": code, "kind": type(e).__name__, "rank": rank}
+        try:
+            with open(path, "a") as f:  # one short write per line: lines from several ranks do not interleave
+                f.write(json.dumps(record) + "\n")
+        except OSError:
+            pass  # the line on stderr is still there
+    return code
+
+
+def read_reports(path: str | os.PathLike[str]) -> list[ErrorReport]:
+    """The failures child processes recorded in an error file, first first, one per distinct message."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out: list[ErrorReport] = []
+    seen: set[str] = set()
+    for line in p.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+            r = ErrorReport(str(rec["message"]), int(rec["exit_code"]), str(rec["kind"]), rec.get("rank"))
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a crash mid-write
+        if r.message not in seen:
+            seen.add(r.message)
+            out.append(r)
+    return out

@@ -21,7 +21,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from llmctl.errors import InputError, RuntimeFailure
+from llmctl.errors import ERROR_FILE_ENV, PREFIX, InputError, RuntimeFailure, read_reports
 from llmctl.netbench import options as opts
 
 NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per node (GPUs per node; CPU processes).")]
@@ -221,7 +221,9 @@ def _run_torchrun(
     if sys.stderr.isatty():
         env["LLMCTL_FORCE_TTY"] = "1"  # the worker's stderr is a pipe through us; keep the live progress bar
     log_path = tmp / "torchrun.log"
-    worker_errors: list[str] = []
+    # The workers record their failures here (llmctl.errors.report); their stderr lines are only shown.
+    error_file = tmp / "errors.jsonl"
+    env[ERROR_FILE_ENV] = str(error_file)
     try:
         proc = subprocess.Popen(
             torchrun_argv(cfg, nproc_per_node, nnodes, node_rank, master_addr, master_port),
@@ -231,7 +233,7 @@ def _run_torchrun(
         )
     except OSError as e:
         raise RuntimeFailure(f"cannot start torchrun: {e}") from None
-    pump = threading.Thread(target=_filter_stderr, args=(proc.stderr, log_path, worker_errors), daemon=True)
+    pump = threading.Thread(target=_filter_stderr, args=(proc.stderr, log_path), daemon=True)
     pump.start()
     try:
         rc = proc.wait()
@@ -241,9 +243,12 @@ def _run_torchrun(
         raise
     pump.join(timeout=10)
     if rc != 0:
-        if worker_errors:
-            more = f" (+{len(worker_errors) - 1} more rank messages)" if len(worker_errors) > 1 else ""
-            raise RuntimeFailure(worker_errors[0] + more)
+        failures = read_reports(error_file)
+        if failures:
+            more = f" (+{len(failures) - 1} more rank messages)" if len(failures) > 1 else ""
+            first = failures[0]
+            cls = InputError if first.exit_code == InputError.exit_code else RuntimeFailure
+            raise cls(first.message + more)
         log = log_path.read_text(errors="replace")
         joined = _JOINED.search(log)
         if joined:  # torchrun's static rendezvous: node rank 0's agent waited for the other nodes' agents
@@ -256,18 +261,15 @@ def _run_torchrun(
         raise RuntimeFailure(f"torchrun exited with code {rc}: {tail[0].strip()[:300]}")
 
 
-def _filter_stderr(stream, log_path: Path, worker_errors: list[str]) -> None:  # noqa: ANN001 - a binary pipe
+def _filter_stderr(stream, log_path: Path) -> None:  # noqa: ANN001 - a binary pipe
     """Pass the workers' stderr (progress bar) through; keep the workers' error lines and torchrun's own
-    failure report out of the terminal (the report goes to a log; the first error becomes our one line)."""
+    failure report out of the terminal (they go to a log; the error file gives our one line)."""
     muted = False
     with open(log_path, "wb") as log:
         for raw in iter(stream.readline, b""):
             log.write(raw)
             line = raw.decode(errors="replace")
-            if line.startswith("llmctl: error: "):
-                msg = line.removeprefix("llmctl: error: ").strip()
-                if msg not in worker_errors:
-                    worker_errors.append(msg)
+            if line.startswith(PREFIX):
                 continue
             muted = muted or bool(_TORCHRUN_NOISE.match(line))
             if not muted and not _HARMLESS.match(line):

@@ -1,51 +1,64 @@
 """The `llmctl` app: registers one command per module and maps LlmctlError to one line + an exit code.
 
-The mapping lives in `_Group.invoke`, so it holds for the console script, `python -m llmctl` and
-`typer.testing.CliRunner` alike. `LLMCTL_DEBUG=1` re-raises with the traceback.
+The mapping lives in `_Group.invoke` (through `llmctl.errors.report`, the one error path), so it holds for the
+console script, `python -m llmctl` and `typer.testing.CliRunner` alike. Debug mode (errors.debug) re-raises.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import NoReturn
 
 import click
 import typer
 from typer.core import TyperGroup
+from typer.exceptions import TyperException
 
-from llmctl.errors import LlmctlError
+from llmctl.errors import PREFIX, report
 
 
-def _fail(message: str, code: int) -> None:
-    click.echo(f"llmctl: error: {message}", err=True)
-    sys.exit(code)
+def _usage_error(e: BaseException) -> NoReturn:
+    """A usage error (unknown command or option, a malformed value): click's own message, with the close matches
+    it suggests, as one line like every other bad input, and its exit code (2)."""
+    hint = ""
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None:
+        hint = f" (see '{ctx.command_path} --help')"
+    click.echo(f"{PREFIX}{e.format_message()}{hint}", err=True)  # type: ignore[attr-defined]
+    sys.exit(getattr(e, "exit_code", 2))
+
+
+def _is_usage_error(e: BaseException) -> bool:
+    # typer >= 0.20 vendors click (typer._click): its exceptions derive from TyperException, not click's.
+    # No arguments at all (no_args_is_help) raises one with an empty message after printing the help: keep it.
+    return (
+        isinstance(e, (click.ClickException, TyperException))
+        and hasattr(e, "format_message")
+        and bool(e.format_message())
+    )
 
 
 class _Group(TyperGroup):
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:  # type: ignore[override]
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as e:
+            if _is_usage_error(e):
+                _usage_error(e)
+            raise
+
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except LlmctlError as e:
-            if os.environ.get("LLMCTL_DEBUG") == "1":
+        except (click.exceptions.Exit, click.exceptions.Abort, typer.Exit, typer.Abort, SystemExit, BrokenPipeError):
+            raise  # --help and ctx.exit() end through Exit (typer >= 0.20 has its own, not click's)
+        except (Exception, KeyboardInterrupt) as e:
+            if _is_usage_error(e):
+                _usage_error(e)
+            if isinstance(e, TyperException):
                 raise
-            _fail(str(e), e.exit_code)
-        except (
-            click.exceptions.Exit,
-            click.exceptions.Abort,
-            click.ClickException,
-            SystemExit,
-            typer.Exit,
-            typer.Abort,
-            BrokenPipeError,
-        ):
-            # typer >= 0.20 has its own Exit/Abort (not click's): --help and ctx.exit() raise them.
-            raise
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
-        except Exception as e:  # a bug: still one line, the traceback on request
-            if os.environ.get("LLMCTL_DEBUG") == "1":
-                raise
-            _fail(f"internal error: {type(e).__name__}: {e} (set LLMCTL_DEBUG=1 for the traceback)", 1)
+            sys.exit(report(e))  # LlmctlError: one line; anything else is a bug: one line too
 
 
 app = typer.Typer(
@@ -65,13 +78,8 @@ def _register() -> None:
 
     estimate.register(app)
     for mod in ("bench_net", "plan", "launch"):
-        try:
-            module = __import__(f"llmctl.cli.{mod}", fromlist=["register"])
-        except ModuleNotFoundError as e:
-            if e.name != f"llmctl.cli.{mod}":
-                raise
-            continue
-        module.register(app)
+        # A command module that fails to import is a broken install: fail loudly, never drop the command.
+        __import__(f"llmctl.cli.{mod}", fromlist=["register"]).register(app)
 
 
 _register()

@@ -1,7 +1,7 @@
 """`python -m llmctl.engine PLAN.yaml`: run a plan on this rank (under torchrun, or as one plain process).
 
-Errors are one line on stderr and an exit code (2 bad input, 1 runtime), never a traceback; LLMCTL_DEBUG=1
-re-raises. The plan is validated before torch is imported, so a bad plan fails in a fraction of a second.
+Errors are one line on stderr and an exit code (2 bad input, 1 runtime, out of memory included), through
+`llmctl.errors.report`; only a bug keeps its traceback. The plan is validated before torch is imported, so a bad plan fails in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from llmctl.errors import InputError, LlmctlError
+from llmctl.errors import InputError, report
 
 USAGE = "usage: python -m llmctl.engine PLAN.yaml   (or: torchrun --nproc_per_node N -m llmctl.engine PLAN.yaml)"
 
@@ -39,28 +39,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmctl.engine.loop import run
 
         run(plan)
-    except LlmctlError as e:
-        if os.environ.get("LLMCTL_DEBUG") == "1":
-            raise
+    except BaseException as e:
+        if not isinstance(e, Exception | KeyboardInterrupt):
+            raise  # SystemExit and friends
         # Bad input is the same on every rank: say it once. Runtime failures may be rank-specific: every rank.
-        if _rank() == 0 or not isinstance(e, InputError):
-            prefix = f"[rank {_rank()}] " if _rank() else ""
-            print(f"llmctl: error: {prefix}{e}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("llmctl: error: interrupted", file=sys.stderr)
-        return 130
-    except Exception as e:
-        # Out of memory is a planning problem, not a bug: one line and what to change. Anything else is a bug
-        # or a hardware fault, and its traceback (recorded by torchrun too) is what one needs to fix it.
-        if type(e).__name__ != "OutOfMemoryError" or os.environ.get("LLMCTL_DEBUG") == "1":
-            raise
-        print(
-            f"llmctl: error: [rank {_rank()}] out of memory: {str(e).splitlines()[0]} (lower "
-            "training.micro_batch_size, or set training.activation_checkpointing: full)",
-            file=sys.stderr,
-        )
-        return 1
+        # A bug re-raises: its traceback (recorded by torchrun too) is what one needs to fix it.
+        return report(e, rank=_rank(), say=_rank() == 0 or not isinstance(e, InputError), reraise_bugs=True)
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from llmctl.errors import InputError, LlmctlError
+from llmctl.errors import InputError, LlmctlError, report
 
 if TYPE_CHECKING:
     import torch
@@ -301,8 +301,7 @@ def build_main(argv: Sequence[str] | None = None) -> int:
         tokens = tokenize(iter_documents(files, args.jsonl_field), tok)
         meta = write_token_file(args.out, tokens, tok)
     except LlmctlError as e:
-        print(f"llmctl: error: {e}", file=sys.stderr)
-        return e.exit_code
+        return report(e)
     print(
         f"wrote {args.out}: {meta['num_tokens']:,} tokens ({meta['dtype']}) from {len(files)} files, "
         f"tokenizer {tok.name}, vocab {tok.vocab_size}"

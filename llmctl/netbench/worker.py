@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 import llmctl
 from llmctl.errors import LlmctlError, RuntimeFailure
+from llmctl.errors import report as report_error
 from llmctl.netbench import options as opts
 from llmctl.netbench.report import (
     BenchConfig,
@@ -633,10 +634,7 @@ def main(argv: list[str] | None = None) -> int:
 
             finish(report, plot_path=extra["plot"], expect_gbps=extra["expect_gbps"], json_path=cfg.json_path)
     except LlmctlError as e:
-        if os.environ.get("LLMCTL_DEBUG") == "1":
-            raise
-        print(f"llmctl: error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
+        return report_error(e)
     return 0
 
 

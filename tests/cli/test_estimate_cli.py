@@ -1,6 +1,8 @@
 """`llmctl estimate-memory` through the real CLI: output, JSON contract, bad input -> one line + exit code."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -116,3 +118,32 @@ def test_help_exits_zero(cmd):
     r = run(*cmd, "--help")
     assert r.exit_code == 0, r.output
     assert "Usage" in r.output and "internal error" not in r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["foo"], "No such command 'foo'"),
+        (["estimat"], "Did you mean 'estimate'"),
+        (["estimate", "llama-2-7b", "--bogus"], "No such option: --bogus"),
+        (["estimate", "llama-2-7b", "--seq-len", "abc"], "Invalid value for '--seq-len'"),
+        (["--bogus"], "No such option: --bogus"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args: list[str], message: str) -> None:
+    """Usage errors keep click's message (and its suggestions) but read like every other bad input: one line,
+    exit 2, never 'internal error'."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmctl", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("llmctl: error: ") and message in lines[0], proc.stderr
+    assert "internal error" not in proc.stderr
+
+
+def test_help_and_no_arguments() -> None:
+    ok = subprocess.run([sys.executable, "-m", "llmctl", "estimate", "--help"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "Usage" in ok.stdout
+    bare = subprocess.run([sys.executable, "-m", "llmctl"], capture_output=True, text=True)
+    assert bare.returncode == 2 and "Usage" in bare.stdout + bare.stderr
