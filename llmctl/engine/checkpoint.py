@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import RuntimeFailure
+from llmctl.fileio import fsync_dir
 
 if TYPE_CHECKING:
     import torch
@@ -52,14 +53,6 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
 def latest_checkpoint(root: Path) -> tuple[int, Path] | None:
     found = complete_checkpoints(root)
     return found[-1] if found else None
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> dict[str, Any]:
@@ -141,7 +134,7 @@ class Checkpointer:
                     os.fsync(fh.fileno())
             shutil.rmtree(final, ignore_errors=True)  # a re-save of the same step (e.g. after a resume)
             os.replace(tmp, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
             for _, old in complete_checkpoints(self.root)[: -self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         dist.barrier()

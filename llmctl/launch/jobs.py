@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llmctl.errors import InputError
+from llmctl.fileio import write_atomic
 from llmctl.launch import shell
-from llmctl.spec.planfile import write_atomic
 
 RECORD = "job.json"
 DEFAULT_JOBS_DIR = "llmctl-jobs"

@@ -7,7 +7,6 @@ Unknown keys are rejected (extra="forbid"), and impossible combinations are reje
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from llmctl.errors import SpecError
+from llmctl.fileio import write_atomic
 
 PLAN_VERSION = 1
 
@@ -230,22 +230,6 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
 
 def plan_to_yaml(plan: Plan) -> str:
     return yaml.safe_dump(plan.model_dump(mode="json", exclude_none=False), sort_keys=False)
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Write a file so that a crash never leaves a half-written file (temp file + fsync + rename)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
