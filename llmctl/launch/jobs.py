@@ -1,6 +1,6 @@
 """Job folders: one per launch, holding the plan copy, the script, the logs and a `job.json` record, so that
-`llmctl status` and `llmctl logs` work for jobs launched from here (with squeue/sacct/scontrol when they
-answer, else from what the folder says). Torch-free.
+`llmctl status`, `logs` and `cancel` work for jobs launched from here: they ask the backend named in the record
+(llmctl.launch.backends), which uses squeue/sacct/scontrol or a pid, else what the folder says. Torch-free.
 
 Layout of <jobs-dir>/<stamp>-<name>/: plan.yaml, job.sbatch (sbatch) or submitit/ (submitit), slurm-<id>.out,
 events (lines appended by the job: "exit N ..." or "requeued ..."), job.json.
@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from llmctl.errors import InputError
+from llmctl.errors import InputError, RuntimeFailure
 from llmctl.fileio import write_atomic
 from llmctl.launch import shell
 
@@ -33,7 +33,7 @@ def jobs_root(given: str | None = None) -> Path:
 class JobRecord:
     job_id: str
     backend: str
-    """"sbatch" or "submitit"."""
+    """The launch backend's name ("local", "sbatch", "submitit" or a registered one): it answers status/logs."""
     folder: str
     plan_name: str
     nodes: int
@@ -43,6 +43,10 @@ class JobRecord:
     """Log files (absolute); SLURM's %j already substituted."""
     command: list[str] = field(default_factory=list)
     """The submission command (no environment: nothing secret)."""
+    pid: int | None = None
+    """Local runs: torchrun's pid, with its start time (`pid_start`) and `host` to tell it from a reused pid."""
+    pid_start: str | None = None
+    host: str | None = None
 
     def save(self) -> None:
         write_atomic(Path(self.folder) / RECORD, json.dumps(asdict(self), indent=2) + "\n")
@@ -74,7 +78,7 @@ def all_records(root: Path) -> list[JobRecord]:
 
 
 def find(job: str, root: Path) -> JobRecord:
-    """A job by SLURM id, folder name or folder path. The newest folder wins if an id was reused."""
+    """A job by id (SLURM's, or local-<pid>), folder name or folder path. The newest folder wins if an id was reused."""
     p = Path(job)
     if (p / RECORD).is_file():
         return load(p)
@@ -108,6 +112,19 @@ def slurm_state(job_id: str) -> str | None:
     return None
 
 
+def scancel(job_id: str) -> None:
+    """Cancel a SLURM job (SIGTERM to its steps, then SIGKILL; the sbatch script does not requeue on it)."""
+    try:
+        out = subprocess.run(["scancel", job_id], capture_output=True, text=True, timeout=30, check=False)
+    except FileNotFoundError:
+        raise RuntimeFailure("scancel not found", hint="run on a SLURM login node") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeFailure("scancel did not answer within 30 s") from None
+    if out.returncode != 0:
+        msg = (out.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise RuntimeFailure(f"scancel {job_id} failed: {msg}")
+
+
 def folder_state(record: JobRecord) -> str:
     """What the job folder says: the last line the batch script appended to `events`."""
     events = Path(record.folder) / "events"
@@ -123,10 +140,6 @@ def folder_state(record: JobRecord) -> str:
     if result:
         return "FINISHED"
     return "UNKNOWN"
-
-
-def state(record: JobRecord) -> str:
-    return slurm_state(record.job_id) or folder_state(record)
 
 
 ACTIVE = {

@@ -9,16 +9,16 @@ Two contexts, two rules:
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from collections.abc import Iterable, Mapping
 
 from llmctl.errors import InputError
 
-# Environment variable names that hold secrets: never written into a script, a job folder or a log.
-_SECRET_NAME = re.compile(r"(^|_)(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
-_SECRET_EXACT = {"HF_TOKEN", "WANDB_API_KEY", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY"}
+# Environment variable names that hold secrets: never written into a script, a job folder or a log. One rule,
+# shared with bench-net's recorded environment.
+from llmctl.secrets import is_secret_name as is_secret_name  # re-exported
+from llmctl.secrets import secret_values as secret_values  # re-exported
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -41,16 +41,6 @@ def quote(value: object) -> str:
 def join(argv: Iterable[object]) -> str:
     """A command line that a POSIX shell splits back into exactly `argv`."""
     return " ".join(quote(a) for a in argv)
-
-
-def is_secret_name(name: str) -> bool:
-    return name.upper() in _SECRET_EXACT or bool(_SECRET_NAME.search(name))
-
-
-def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Values of secret-looking variables in the environment (to check nothing we write contains them)."""
-    env = os.environ if environ is None else environ
-    return [v for k, v in env.items() if is_secret_name(k) and len(v) >= 4]
 
 
 def check_directive(option: str, value: str) -> str:

@@ -1,4 +1,5 @@
-"""SLURM via sbatch: a pure renderer (`render(params) -> str`, tested against a golden file) and `submit`.
+"""SLURM via sbatch: a pure renderer (`render(params) -> str`, tested against a golden file), `submit`, and the
+`sbatch` launch backend built from them.
 
 Every value that reaches the script is either validated for an `#SBATCH` line (see `shell.check_directive`)
 or shell-quoted in the body (the `sq` filter). Torch-free.
@@ -6,24 +7,28 @@ or shell-quoted in the body (the `sq` filter). Torch-free.
 
 from __future__ import annotations
 
-import re
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import jinja2
 
 import llmctl
 from llmctl.errors import InputError, RuntimeFailure
-from llmctl.launch import shell
+from llmctl.fileio import write_atomic
+from llmctl.launch import jobs, local, shell, slurm_options
+from llmctl.launch.backends import Job, SlurmBackend
 from llmctl.launch.local import ENGINE_MODULE
+from llmctl.launch.slurm_options import SlurmOptions
 
 TEMPLATE_NAME = "slurm.sbatch.j2"
-DEFAULT_SIGNAL_LEAD_S = 300
-"""Seconds before the time limit at which SIGUSR1 arrives: enough for a large sharded checkpoint."""
 DEFAULT_MAX_REQUEUES = 20
 RDZV_PORT_BASE = 29500
+# Kept importable from here: the sbatch renderer's callers and tests know them by these names.
+DEFAULT_SIGNAL_LEAD_S = slurm_options.DEFAULT_SIGNAL_LEAD_S
+parse_time_s = slurm_options.parse_time_s
 
 
 @dataclass(frozen=True)
@@ -39,15 +44,9 @@ class SbatchParams:
     plan_path: str
     torchrun: str
     gpus_per_node: int | None = None
-    time: str | None = None
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    constraint: str | None = None
-    exclude: str | None = None
-    extra_sbatch_args: tuple[str, ...] = ()
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    """The user's SLURM options (validated when built)."""
     env: dict[str, str] = field(default_factory=dict)
-    signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
     max_requeues: int = DEFAULT_MAX_REQUEUES
     rdzv_port_base: int = RDZV_PORT_BASE
     engine_module: str = ENGINE_MODULE
@@ -56,29 +55,7 @@ class SbatchParams:
     @property
     def shutdown_timeout_s(self) -> int:
         # torchrun waits this long for the ranks to checkpoint and exit before SIGKILL; keep 10 s for the rest.
-        return max(10, self.signal_lead_s - 10)
-
-
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-
-
-def parse_time_s(value: str) -> int:
-    """SLURM --time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S -> seconds."""
-    m = _TIME.match(value)
-    if not m:
-        raise InputError(
-            f"--time {value!r}: not a SLURM time", hint="use minutes, HH:MM:SS or D-HH:MM:SS, e.g. 4:00:00"
-        )
-    days, a, b, c = m.groups()
-    nums = [int(x) for x in (a, b, c) if x is not None]
-    if days is not None:  # D-H, D-H:M, D-H:M:S
-        h, mi, s = (nums + [0, 0])[:3]
-        return ((int(days) * 24 + h) * 60 + mi) * 60 + s
-    if len(nums) == 1:
-        return nums[0] * 60
-    if len(nums) == 2:
-        return nums[0] * 60 + nums[1]
-    return (nums[0] * 60 + nums[1]) * 60 + nums[2]
+        return max(10, self.slurm.signal_lead_s - 10)
 
 
 def make_params(
@@ -91,44 +68,16 @@ def make_params(
     plan_path: str,
     torchrun: str,
     gpus_per_node: int | None = None,
-    time: str | None = None,
-    partition: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
-    constraint: str | None = None,
-    exclude: str | None = None,
-    extra_sbatch_args: list[str] | tuple[str, ...] = (),
     env: dict[str, str] | None = None,
-    signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S,
     max_requeues: int = DEFAULT_MAX_REQUEUES,
+    **slurm: Any,
 ) -> SbatchParams:
-    """Validate user values and build the renderer's input. Raises InputError naming the bad option."""
+    """Validate user values and build the renderer's input. `slurm` holds SlurmOptions by name (time,
+    partition, ..., extra_sbatch_args, signal_lead_s); an unknown name is an error listing the valid ones.
+    Raises InputError naming the bad option."""
     if nodes < 1:
         raise InputError(f"--nodes {nodes}: must be at least 1")
-    if signal_lead_s < 10:
-        raise InputError(f"--signal-lead {signal_lead_s}: must be at least 10 seconds")
-    if time is not None:
-        shell.check_directive("time", time)
-        limit_s = parse_time_s(time)
-        if limit_s <= signal_lead_s:
-            raise InputError(
-                f"--time {time}: the job would get its checkpoint signal ({signal_lead_s} s before the end) "
-                "before it starts",
-                hint="give a longer --time or a smaller --signal-lead",
-            )
-    for option, value in (
-        ("partition", partition),
-        ("account", account),
-        ("qos", qos),
-        ("constraint", constraint),
-        ("exclude", exclude),
-    ):
-        if value is not None:
-            shell.check_directive(option, value)
-    extra = tuple(shell.check_sbatch_arg(a) for a in extra_sbatch_args)
-    for a in extra:
-        if a.split("=")[0] in ("--signal", "--requeue", "--no-requeue", "--output", "--open-mode"):
-            raise InputError(f"--sbatch-arg {a}: llmctl sets this itself (it drives checkpoint and requeue)")
+    options = SlurmOptions.from_kwargs(**slurm)
     for key in env or {}:
         if shell.is_secret_name(key):
             raise InputError(f"env {key}: secrets are never written into the job script")
@@ -141,15 +90,8 @@ def make_params(
         plan_path=plan_path,
         torchrun=torchrun,
         gpus_per_node=gpus_per_node,
-        time=time,
-        partition=partition,
-        account=account,
-        qos=qos,
-        constraint=constraint,
-        exclude=exclude,
-        extra_sbatch_args=extra,
+        slurm=options,
         env=dict(env or {}),
-        signal_lead_s=signal_lead_s,
         max_requeues=max_requeues,
     )
 
@@ -182,8 +124,13 @@ def _environment() -> jinja2.Environment:
 
 def render(params: SbatchParams, template: str | None = None) -> str:
     """Pure: parameters in, script text out."""
-    context = asdict(params)
-    context["shutdown_timeout_s"] = params.shutdown_timeout_s
+    context = {f.name: getattr(params, f.name) for f in fields(params) if f.name != "slurm"}
+    context.update(
+        directives=params.slurm.directives(),
+        extra_sbatch_args=params.slurm.extra_sbatch_args,
+        signal_lead_s=params.slurm.signal_lead_s,
+        shutdown_timeout_s=params.shutdown_timeout_s,
+    )
     return _environment().from_string(template if template is not None else template_text()).render(context)
 
 
@@ -209,3 +156,46 @@ def submit(script_path: Path, job_dir: Path) -> str:
     if not job_id.isdigit():
         raise RuntimeFailure(f"sbatch printed an unexpected job id: {out.stdout.strip()!r}")
     return job_id
+
+
+def params_for(job: Job, folder: Path) -> SbatchParams:
+    """The template's parameters for a job whose folder is (or, for --dry-run, would be) `folder`."""
+    command = local.torchrun_command()
+    return make_params(
+        job_name=job.name,
+        nodes=job.nodes,
+        nproc_per_node=job.nproc_per_node,
+        workdir=str(job.workdir),
+        job_dir=str(folder),
+        plan_path=str(folder / "plan.yaml"),
+        # The login node's torchrun if it is one executable (a shared venv), else the compute node's PATH.
+        torchrun=command[0] if len(command) == 1 else "torchrun",
+        gpus_per_node=job.nproc_per_node if job.plan.hardware.gpu else None,
+        env=job.env,
+        **{f.name: getattr(job.slurm, f.name) for f in fields(job.slurm)},
+    )
+
+
+class SbatchBackend(SlurmBackend):
+    name = "sbatch"
+    help = "SLURM: templates/slurm.sbatch.j2 rendered and submitted with sbatch"
+
+    def render(self, job: Job) -> str:
+        params = params_for(job, job.dry_run_folder())
+        job.effective_plan  # noqa: B018 - validates the resized plan, as a real launch would
+        return render(params)
+
+    def submit(self, job: Job) -> jobs.JobRecord:
+        # Validate everything before creating anything on disk.
+        params = params_for(job, job.dry_run_folder())
+        job.effective_plan  # noqa: B018
+        folder = job.new_folder()
+        params = replace(params, job_dir=str(folder), plan_path=str(folder / "plan.yaml"))
+        script = folder / "job.sbatch"
+        write_atomic(script, render(params), mode=0o755)
+        job_id = submit(script, folder)
+        record = job.record(
+            self.name, job_id, folder, [folder / f"slurm-{job_id}.out"], ["sbatch", "--parsable", script.name]
+        )
+        record.save()
+        return record

@@ -20,10 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.errors import InputError, RuntimeFailure
-from llmctl.launch import shell
+from llmctl.launch import jobs, shell
+from llmctl.launch.backends import Job, SlurmBackend
 from llmctl.launch.local import ENGINE_MODULE
 
 PREEMPT_SIGNAL = "USR1"
+SUPPORTED_VERSIONS = ">=1.5,<1.6"
+"""The submitit versions whose private names we use (pyproject's `slurm` extra says the same; a test checks)."""
 _CHECKPOINT_WAIT_S = 3600
 
 
@@ -102,45 +105,16 @@ def check_folder(folder: Path) -> None:
         )
 
 
-def executor_parameters(
-    *,
-    job_name: str,
-    nodes: int,
-    nproc_per_node: int,
-    gpus_per_node: int | None,
-    time_s: int | None,
-    partition: str | None,
-    account: str | None,
-    qos: str | None,
-    constraint: str | None,
-    exclude: str | None,
-    extra_sbatch_args: tuple[str, ...],
-    signal_lead_s: int,
-) -> dict[str, Any]:
-    """submitit.SlurmExecutor parameters for the job (values already validated by slurm.make_params)."""
-    additional: dict[str, Any] = {"requeue": True, "open-mode": "append"}
-    for arg in extra_sbatch_args:
-        key, _, value = arg.lstrip("-").partition("=")
-        additional[key] = value if value else True
+def executor_parameters(job: Job) -> dict[str, Any]:
+    """submitit.SlurmExecutor parameters for the job: its size and name, and the user's SlurmOptions."""
     params: dict[str, Any] = {
-        "job_name": job_name,
-        "nodes": nodes,
-        "ntasks_per_node": nproc_per_node,
-        # submitit always writes --time; without --time we ask for a day (the partition may cap it).
-        "time": max(1, -(-(time_s or 24 * 3600) // 60)),
-        "signal_delay_s": signal_lead_s,
-        "additional_parameters": additional,
+        "job_name": shell.safe_name(job.name),
+        "nodes": job.nodes,
+        "ntasks_per_node": job.nproc_per_node,
+        **job.slurm.submitit_parameters(),
     }
-    for key, value in (
-        ("partition", partition),
-        ("account", account),
-        ("qos", qos),
-        ("constraint", constraint),
-        ("exclude", exclude),
-        ("gpus_per_node", gpus_per_node),
-    ):
-        if value is not None:
-            params[key] = value
+    if job.plan.hardware.gpu:
+        params["gpus_per_node"] = job.nproc_per_node
     return params
 
 
@@ -150,10 +124,17 @@ def _import_submitit() -> Any:
         import submitit
     except ImportError:
         raise InputError("--executor submitit needs submitit", hint="pip install 'llmctl[slurm]'") from None
-    from submitit.slurm.slurm import SlurmJobEnvironment
+    from submitit.slurm import slurm
 
+    # Two private names (the renderer for --dry-run, the class attribute behind the #SBATCH --signal line):
+    # pyproject pins submitit to the minor version tests/launch/test_submitit_pin.py checks them against.
+    if not hasattr(slurm, "_make_sbatch_string") or not hasattr(slurm.SlurmJobEnvironment, "USR_SIG"):
+        raise RuntimeFailure(
+            f"submitit {getattr(submitit, '__version__', '?')} lacks the internals llmctl uses",
+            hint=f"pip install 'submitit{SUPPORTED_VERSIONS}'",
+        )
     # Read at import: set it on the class too, in case submitit was imported before (the #SBATCH --signal line).
-    SlurmJobEnvironment.USR_SIG = PREEMPT_SIGNAL
+    slurm.SlurmJobEnvironment.USR_SIG = PREEMPT_SIGNAL
     return submitit
 
 
@@ -177,3 +158,25 @@ def submit(folder: Path, params: dict[str, Any], task: EngineTask) -> tuple[str,
     except Exception as e:  # submitit raises its own types and subprocess errors for a failed sbatch
         raise RuntimeFailure(f"submitit could not submit: {str(e).strip().splitlines()[-1]}") from None
     return str(job.job_id), [Path(job.paths.stdout), Path(job.paths.stderr)]
+
+
+class SubmititBackend(SlurmBackend):
+    name = "submitit"
+    help = "SLURM through submitit (one task per rank, Checkpointable requeue)"
+
+    def render(self, job: Job) -> str:
+        check_folder(job.jobs_root)
+        params = executor_parameters(job)
+        job.effective_plan  # noqa: B018 - validates the resized plan, as a real launch would
+        return render(job.dry_run_folder(), params)
+
+    def submit(self, job: Job) -> jobs.JobRecord:
+        check_folder(job.jobs_root)  # before anything is created
+        params = executor_parameters(job)
+        job.effective_plan  # noqa: B018
+        folder = job.new_folder()
+        task = EngineTask(str(folder / "plan.yaml"), str(job.workdir), job.env)
+        job_id, logs = submit(folder, params, task)
+        record = job.record(self.name, job_id, folder, logs, ["submitit", "SlurmExecutor"])
+        record.save()
+        return record

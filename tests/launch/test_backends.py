@@ -1,0 +1,171 @@
+"""The launcher interface: a backend added through the registry alone is usable by `launch --executor`,
+`--dry-run`, `status`, `logs` and `cancel`; local runs have a status and can be cancelled; submitit's version
+range is the one pyproject pins."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from launch_helpers import REPO, minimal_plan_yaml
+from typer.testing import CliRunner
+
+from llmctl.cli.main import app
+from llmctl.launch import backends, jobs, local
+from llmctl.launch.backends import Job, LaunchBackend
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+class EchoBackend(LaunchBackend):
+    """A backend that 'submits' by writing the job's command into its folder: nothing llmctl knows by name."""
+
+    name = "echo-test"
+    help = "test backend"
+    cancelled: ClassVar[list[str]] = []
+
+    def render(self, job: Job) -> str:
+        return f"echo-run {job.name} nodes={job.nodes} nproc={job.nproc_per_node} plan={job.plan_path}\n"
+
+    def submit(self, job: Job) -> jobs.JobRecord:
+        folder = job.new_folder()
+        (folder / "echo.log").write_text(self.render(job))
+        record = job.record(self.name, "echo-1", folder, [folder / "echo.log"], ["echo-run"])
+        record.save()
+        return record
+
+    def state(self, record: jobs.JobRecord) -> str:
+        return "CANCELLED" if record.job_id in self.cancelled else "RUNNING"
+
+    def cancel(self, record: jobs.JobRecord) -> None:
+        self.cancelled.append(record.job_id)
+
+
+@pytest.fixture
+def echo_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("LLMCTL_JOBS_DIR", raising=False)
+    backends.register_backend(EchoBackend())
+    EchoBackend.cancelled.clear()
+    (tmp_path / "plan.yaml").write_text(minimal_plan_yaml(name="echo", nodes=1, nproc=3))
+    yield tmp_path
+    backends.unregister_backend(EchoBackend.name)
+
+
+def test_a_backend_registered_alone_dry_runs_and_runs(echo_backend: Path) -> None:
+    code, out = invoke("launch", "plan.yaml", "--executor", "echo-test", "--dry-run")
+    assert code == 0, out
+    assert out == "echo-run echo nodes=1 nproc=3 plan=plan.yaml\n"
+    assert not (echo_backend / "llmctl-jobs").exists()  # a dry run creates nothing
+
+    code, out = invoke("launch", "plan.yaml", "--executor", "echo-test", "--nodes", "2", "--nproc-per-node", "1")
+    assert code == 0, out
+    assert "submitted job echo-1 (echo-test, 2 nodes x 1 processes)" in out
+    code, out = invoke("status", "echo-1")
+    assert code == 0 and "echo-test" in out and "RUNNING" in out, out
+    code, out = invoke("logs", "echo-1")
+    assert code == 0 and out == "echo-run echo nodes=2 nproc=1 plan=plan.yaml\n", out
+    code, out = invoke("cancel", "echo-1")
+    assert code == 0 and EchoBackend.cancelled == ["echo-1"], out
+    assert "CANCELLED" in invoke("status", "echo-1")[1]
+
+
+def test_unknown_executor_lists_the_registered_ones(echo_backend: Path) -> None:
+    code, out = invoke("launch", "plan.yaml", "--executor", "pbs", "--dry-run")
+    assert code == 2 and len(out.strip().splitlines()) == 1, out
+    assert "local, sbatch, submitit, echo-test" in out
+
+
+def test_slurm_options_need_a_slurm_backend(echo_backend: Path) -> None:
+    code, out = invoke("launch", "plan.yaml", "--executor", "echo-test", "--partition", "gpu", "--dry-run")
+    assert code == 2 and "--partition only apply with --slurm" in out, out
+    code, out = invoke("launch", "plan.yaml", "--slurm", "--executor", "echo-test", "--dry-run")
+    assert code == 2 and "does not submit to SLURM" in out, out
+
+
+def test_status_of_a_job_whose_backend_is_not_registered(echo_backend: Path) -> None:
+    assert invoke("launch", "plan.yaml", "--executor", "echo-test")[0] == 0
+    backends.unregister_backend(EchoBackend.name)
+    code, out = invoke("status")
+    assert code == 0 and "not registered" in out, out
+    code, out = invoke("cancel", "echo-1")
+    assert code == 2 and "'echo-test'" in out and len(out.strip().splitlines()) == 1, out
+
+
+def test_a_name_is_registered_once() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        backends.register_backend(local.LocalBackend())
+
+
+def test_local_run_has_a_status_and_can_be_cancelled(tmp_path: Path) -> None:
+    """A local launch records torchrun's pid: status says RUNNING while it runs, cancel sends SIGTERM, and the
+    exit code lands in the job folder (a stub torchrun that sleeps stands in for the engine)."""
+    (tmp_path / "plan.yaml").write_text(minimal_plan_yaml(name="sleepy"))
+    stub = tmp_path / "torchrun"
+    stub.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(120)\n")
+    stub.chmod(0o755)
+    env = {**os.environ, "LLMCTL_JOBS_DIR": str(tmp_path / "jobs"), "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    code = (
+        "import sys; from llmctl.launch import local; stub = sys.argv[1]; local.torchrun_command = lambda: [stub];"
+        "from llmctl.cli.main import main; sys.argv = ['llmctl', 'launch', 'plan.yaml']; main()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(stub)], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "jobs").glob("*/job.json")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        record = jobs.all_records(tmp_path / "jobs")[0]
+        assert record.backend == "local" and record.job_id == f"local-{record.pid}"
+        status = subprocess.run(
+            [sys.executable, "-m", "llmctl", "status", record.job_id], cwd=tmp_path, env=env, capture_output=True
+        )
+        assert "RUNNING" in status.stdout.decode(), status
+        cancel = subprocess.run(
+            [sys.executable, "-m", "llmctl", "cancel", record.job_id], cwd=tmp_path, env=env, capture_output=True
+        )
+        assert cancel.returncode == 0, cancel
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert err.strip().splitlines()[-1] == f"llmctl: error: the run exited with code {128 + signal.SIGTERM}"
+        state = subprocess.run(
+            [sys.executable, "-m", "llmctl", "status", record.job_id], cwd=tmp_path, env=env, capture_output=True
+        )
+        assert f"FAILED (exit {128 + signal.SIGTERM})" in state.stdout.decode(), state
+        again = subprocess.run(
+            [sys.executable, "-m", "llmctl", "cancel", record.job_id], cwd=tmp_path, env=env, capture_output=True
+        )
+        assert again.returncode == 2 and b"is not running" in again.stderr, again
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_submitit_version_is_the_pinned_range() -> None:
+    """pyproject's `slurm` extra pins the range whose private names (_make_sbatch_string, USR_SIG) the submitit
+    backend uses; the installed submitit is in that range and has them."""
+    submitit = pytest.importorskip("submitit", reason="submitit is not installed (pip install 'llmctl[slurm]')")
+    from submitit.slurm import slurm
+
+    from llmctl.launch.submitit_backend import SUPPORTED_VERSIONS
+
+    slurm_extra = re.search(r"^slurm = \[(.*)\]$", (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+    assert slurm_extra and f'"submitit{SUPPORTED_VERSIONS}"' in slurm_extra.group(1)
+    lo, hi = re.fullmatch(r">=([\d.]+),<([\d.]+)", SUPPORTED_VERSIONS).groups()  # type: ignore[union-attr]
+
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split(".")[:3])
+
+    assert key(lo) <= key(submitit.__version__) < key(hi), submitit.__version__
+    assert callable(slurm._make_sbatch_string) and hasattr(slurm.SlurmJobEnvironment, "USR_SIG")
