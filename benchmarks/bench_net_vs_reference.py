@@ -54,6 +54,7 @@ def rank_main(args: argparse.Namespace) -> int:
     from llmctl.netbench import worker
     from llmctl.netbench.options import WorkerConfig, parse_sizes
     from llmctl.netbench.report import busbw_gbytes_s
+    from llmctl.units import fmt_bytes
 
     sizes = parse_sizes(args.sizes)
     cuda = torch.cuda.is_available()
@@ -103,7 +104,7 @@ def rank_main(args: argparse.Namespace) -> int:
         ratio = o / r
         worst = ratio if abs(ratio - 1) > abs(worst - 1) else worst
         print(
-            f"| {f'{s / 2**20:g} MiB':>7} | {r:>9.3f} | {statistics.mean(ref[s]):>10.3f} | {o:>8.3f} | {ratio:>10.3f} |"
+            f"| {fmt_bytes(s):>7} | {r:>9.3f} | {statistics.mean(ref[s]):>10.3f} | {o:>8.3f} | {ratio:>10.3f} |"
             f" {sweep[s]:>12.3f} |"
         )
     ok = abs(worst - 1) <= args.tolerance

@@ -3,7 +3,7 @@
 Outside a launcher it starts torchrun (`--standalone` on one node; `--nnodes/--node-rank/--master-addr` for
 several, one command per node). Inside torchrun or an srun step it runs the worker in this process:
 
-    srun --nodes 4 --ntasks-per-node 8 llmctl bench-net --json bench.json
+    srun --nodes 4 --ntasks-per-node 8 llmctl bench-net -o bench.json
 
 Torch is imported only in that second case (`llmctl --help` stays torch-free).
 """
@@ -17,12 +17,18 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from llmctl.cli.options import JsonOpt
 from llmctl.errors import ERROR_FILE_ENV, PREFIX, InputError, RuntimeFailure, read_reports
 from llmctl.netbench import options as opts
+
+if TYPE_CHECKING:
+    from llmctl.launch.local import Rendezvous
+
+WORKER_MODULE = "llmctl.netbench.worker"
 
 NprocOpt = Annotated[int, typer.Option("--nproc-per-node", help="Ranks per node (GPUs per node; CPU processes).")]
 SizesOpt = Annotated[
@@ -50,7 +56,10 @@ CollectivesOpt = Annotated[
 JsonFileOpt = Annotated[
     Optional[Path],
     typer.Option(
-        "--json", help="Write the versioned JSON report here (what `llmctl plan --net` reads).", show_default=False
+        "-o",
+        "--json-out",
+        help="Write the versioned JSON report to this file (what `llmctl plan --net` reads).",
+        show_default=False,
     ),
 ]
 PlotOpt = Annotated[
@@ -110,6 +119,7 @@ def bench_net(
     iters: ItersOpt = None,
     warmup: WarmupOpt = None,
     collectives: CollectivesOpt = ",".join(opts.COLLECTIVES),
+    print_json: JsonOpt = False,
     json_path: JsonFileOpt = None,
     plot: PlotOpt = None,
     expect_gbps: ExpectOpt = None,
@@ -158,63 +168,50 @@ def bench_net(
             if report is None:  # not rank 0: rank 0 prints and writes
                 return
         else:
-            _run_torchrun(cfg, nproc_per_node, nnodes, node_rank, master_addr, master_port, Path(tmp))
+            from llmctl.launch.local import Rendezvous
+
+            rdzv = Rendezvous(nnodes, node_rank, master_addr, master_port, timeout_s=cfg.timeout_s)
+            _run_torchrun(cfg, nproc_per_node, rdzv, Path(tmp))
             if node_rank != 0:
-                typer.echo(f"node rank {node_rank} done; node rank 0 wrote the report")
+                # with --json, stdout carries the report only, and only node rank 0 has one
+                typer.echo(f"node rank {node_rank} done; node rank 0 wrote the report", err=print_json)
                 return
             from llmctl.netbench.report import load_bench
 
             report = load_bench(cfg.json_path)
-        from llmctl.netbench.render import finish
+        from llmctl.netbench.render import finish, stdout_console
 
+        if print_json:  # before the pass/fail check: a failed expectation still prints what was measured
+            from llmctl.netbench.report import bench_json
+
+            sys.stdout.write(bench_json(report))
+            sys.stdout.flush()
         finish(
             report,
+            None if print_json else stdout_console(),
             plot_path=str(plot) if plot else None,
             expect_gbps=expect_gbps,
             json_path=str(json_path) if json_path else None,
         )
 
 
-def torchrun_argv(
-    cfg: opts.WorkerConfig, nproc_per_node: int, nnodes: int, node_rank: int, master_addr: str, master_port: int
-) -> list[str]:
-    """The torchrun command line (static rendezvous across nodes: node rank 0 hosts the store)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        str(nproc_per_node),
-        "--max-restarts",
-        "0",
-    ]
-    if nnodes == 1:
-        argv += ["--standalone"]
-    else:
-        argv += [
-            "--nnodes",
-            str(nnodes),
-            "--node-rank",
-            str(node_rank),
-            "--master-addr",
-            master_addr,
-            "--master-port",
-            str(master_port),
-            "--rdzv-conf",
-            f"timeout={int(cfg.timeout_s)}",
-        ]
-    return [*argv, "-m", "llmctl.netbench.worker", *cfg.to_argv(), "--no-render"]
+def torchrun_argv(cfg: opts.WorkerConfig, nproc_per_node: int, rdzv: Rendezvous) -> list[str]:
+    """The torchrun command line, built by launch's `module_argv` (static rendezvous across nodes: node rank 0
+    hosts the store). The ranks render nothing: this process prints the report."""
+    from llmctl.launch.local import module_argv
+
+    return module_argv(
+        WORKER_MODULE,
+        [*cfg.to_argv(), "--no-render"],
+        nproc_per_node,
+        rdzv,
+        max_restarts=0,
+        # This interpreter's torchrun, never another one found on PATH: the ranks must import this llmctl.
+        launcher=[sys.executable, "-m", "torch.distributed.run"],
+    )
 
 
-def _run_torchrun(
-    cfg: opts.WorkerConfig,
-    nproc_per_node: int,
-    nnodes: int,
-    node_rank: int,
-    master_addr: str,
-    master_port: int,
-    tmp: Path,
-) -> None:
+def _run_torchrun(cfg: opts.WorkerConfig, nproc_per_node: int, rdzv: Rendezvous, tmp: Path) -> None:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default for several ranks, without its warning
     env.setdefault("TMPDIR", str(tmp))  # torchrun leaves torchelastic_* folders in TMPDIR
@@ -226,7 +223,7 @@ def _run_torchrun(
     env[ERROR_FILE_ENV] = str(error_file)
     try:
         proc = subprocess.Popen(
-            torchrun_argv(cfg, nproc_per_node, nnodes, node_rank, master_addr, master_port),
+            torchrun_argv(cfg, nproc_per_node, rdzv),
             env=env,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
@@ -254,7 +251,7 @@ def _run_torchrun(
         if joined:  # torchrun's static rendezvous: node rank 0's agent waited for the other nodes' agents
             raise RuntimeFailure(
                 f"only {joined.group(1)} of {joined.group(2)} nodes joined the rendezvous at "
-                f"{master_addr}:{master_port} within {cfg.timeout_s:g} s",
+                f"{rdzv.master_addr}:{rdzv.master_port} within {cfg.timeout_s:g} s",
                 hint="start `llmctl bench-net --nnodes N --node-rank I` on every node, same --master-addr/port",
             )
         tail = [ln for ln in log.splitlines() if ln.strip()][-1:] or ["?"]

@@ -11,17 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from llmctl.errors import InputError
-
-GIB = 1024**3
+from llmctl.units import GIB as GIB  # re-exported: the estimate table's unit
+from llmctl.units import gib as gib  # re-exported: the one GiB column formatter
 
 # Piped output (CI logs, `| less`, README captures) gets a wide fixed width instead of rich's 80 columns.
 _WIDTH = None if sys.stdout.isatty() else 130
 console = Console(highlight=False, soft_wrap=False, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False)
-
-
-def gib(n: float | None, digits: int = 2) -> str:
-    return "-" if n is None else f"{n / GIB:,.{digits}f}"
 
 
 def human_count(n: float) -> str:

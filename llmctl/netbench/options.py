@@ -11,10 +11,12 @@ import socket
 from dataclasses import asdict, dataclass
 
 from llmctl.errors import InputError
+from llmctl.secrets import is_secret_name, secret_values
 
-# The collectives the worker sweeps (names as in torch.distributed). Defined here, not in report.py, so that the
-# CLI can parse options without importing the pydantic schema (`llmctl --help` stays fast).
-COLLECTIVES: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter")
+# The collectives the worker sweeps (names as in torch.distributed): the shared registry's, in its order. Imported
+# here from the torch-free spec, not from report.py, so that the CLI parses options without the pydantic schema.
+from llmctl.spec.collectives import COLLECTIVES as COLLECTIVES  # re-exported
+from llmctl.units import parse_bytes
 
 # nccl-tests' `-b 1M -e 1G -f 2` sweep on GPUs; on CPUs (gloo over sockets) 64 MiB already shows the plateau.
 DEFAULT_SIZES_GPU = "1MiB..1GiB"
@@ -27,32 +29,11 @@ DTYPES = {
     "fp16": "float16",
     "float16": "float16",
 }
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 2**10,
-    "kib": 2**10,
-    "kb": 2**10,
-    "m": 2**20,
-    "mib": 2**20,
-    "mb": 2**20,
-    "g": 2**30,
-    "gib": 2**30,
-    "gb": 2**30,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str) -> int:
     """'64MiB', '64M', '1.5G', '4096' -> bytes (binary units, as nccl-tests' -b/-e)."""
-    m = _SIZE_RE.match(text)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise InputError(f"bad message size {text!r}", hint="use e.g. 1MiB, 64M, 1GiB or a byte count")
-    value = int(float(m.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise InputError(f"message size must be positive, got {text!r}")
-    return value
+    return parse_bytes(text, "message size")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -252,7 +233,6 @@ def dist_env(env: dict[str, str] | None = None) -> DistEnv:
     )
 
 
-_SECRET = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 _RECORDED = re.compile(
     r"^(NCCL_|TORCH_NCCL_|GLOO_|TP_SOCKET_IFNAME$|FI_|UCX_|CUDA_VISIBLE_DEVICES$|OMP_NUM_THREADS$|"
     r"LLMCTL_NODE_NAME$)"
@@ -260,6 +240,8 @@ _RECORDED = re.compile(
 
 
 def recorded_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """The variables that change collective performance (NCCL_*, GLOO_SOCKET_IFNAME, ...); never secrets."""
+    """The variables that change collective performance (NCCL_*, GLOO_SOCKET_IFNAME, ...); never a secret, by name
+    or by value (launch's rule: `llmctl.secrets`)."""
     env = dict(os.environ) if env is None else env
-    return {k: v for k, v in sorted(env.items()) if _RECORDED.match(k) and not _SECRET.search(k)}
+    secrets = set(secret_values(env))
+    return {k: v for k, v in sorted(env.items()) if _RECORDED.match(k) and not is_secret_name(k) and v not in secrets}

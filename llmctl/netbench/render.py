@@ -14,13 +14,7 @@ from rich.table import Table
 
 from llmctl.errors import InputError, RuntimeFailure
 from llmctl.netbench.report import BenchReport, CollectiveResult, gbit_s
-
-
-def fmt_size(b: int) -> str:
-    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= f:
-            return f"{b / f:.4g} {unit}"
-    return f"{b} B"
+from llmctl.units import MIB, fmt_bytes
 
 
 def result_table(r: CollectiveResult) -> Table:
@@ -32,7 +26,7 @@ def result_table(r: CollectiveResult) -> Table:
         t.add_column(col, justify="right")
     for p in r.points:
         t.add_row(
-            fmt_size(p.size_bytes),
+            fmt_bytes(p.size_bytes),
             f"{p.time_s.median * 1e3:.3f}",
             f"{p.time_s.p10 * 1e3:.3f}-{p.time_s.p90 * 1e3:.3f}",
             f"{p.algbw_gbytes_s:.3f}",
@@ -66,9 +60,9 @@ def summary_table(report: BenchReport) -> Table:
             f"{s.peak_busbw_gbytes_s:.3f}",
             f"{gbit_s(s.peak_busbw_gbytes_s):.2f}",
             per_node,
-            fmt_size(s.peak_size_bytes),
+            fmt_bytes(s.peak_size_bytes),
             "-" if s.bucket_busbw_gbytes_s is None else f"{s.bucket_busbw_gbytes_s:.3f}",
-            fmt_size(s.size_for_80pct_peak_bytes),
+            fmt_bytes(s.size_for_80pct_peak_bytes),
         )
     return t
 
@@ -93,7 +87,7 @@ def render(report: BenchReport, console: Console | None = None) -> None:
         for lk in report.links:
             t.add_row(
                 f"{lk.a} - {lk.b}",
-                fmt_size(lk.size_bytes),
+                fmt_bytes(lk.size_bytes),
                 f"{lk.busbw_gbytes_s:.3f}",
                 f"{gbit_s(lk.busbw_gbytes_s):.2f}",
                 "SLOW" if lk.slow else "ok",
@@ -141,7 +135,7 @@ def plot(report: BenchReport, path: str | Path) -> None:
         raise InputError("--plot needs matplotlib", hint="pip install 'llmctl[plot]'") from None
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     for r in report.results:
-        xs = [p.size_bytes / 2**20 for p in r.points]
+        xs = [p.size_bytes / MIB for p in r.points]
         ax.plot(xs, [p.busbw_gbytes_s for p in r.points], marker="o", label=f"{r.group} {r.collective}")
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}"))
@@ -160,24 +154,33 @@ def plot(report: BenchReport, path: str | Path) -> None:
         plt.close(fig)
 
 
+def stdout_console() -> Console:
+    """Where the tables go. They are 7 columns wide: give them room when stdout is a file or a pipe (rich then
+    assumes 80)."""
+    return Console() if sys.stdout.isatty() else Console(width=120)
+
+
 def finish(
     report: BenchReport,
+    console: Console | None,
+    *,
     plot_path: str | None = None,
     expect_gbps: float | None = None,
-    console: Console | None = None,
     json_path: str | None = None,
 ) -> None:
-    """Tables, optional plot, optional pass/fail (RuntimeFailure, exit 1, when the expectation is not met)."""
-    # Tables are 7 columns wide: give them room when the output is a file or a pipe (rich then assumes 80).
-    console = console or (Console() if sys.stdout.isatty() else Console(width=120))
-    render(report, console)
-    if json_path:
-        console.print(f"wrote {json_path}")
+    """Tables, optional plot, optional pass/fail (RuntimeFailure, exit 1, when the expectation is not met).
+    `console` None prints nothing (`--json`: stdout carries the JSON report only); a failure still raises."""
+    if console is not None:
+        render(report, console)
+        if json_path:
+            console.print(f"wrote {json_path}")
     if plot_path:
         plot(report, plot_path)
-        console.print(f"wrote {plot_path}")
+        if console is not None:
+            console.print(f"wrote {plot_path}")
     if expect_gbps is not None:
         ok, msg = check_expectation(report, expect_gbps)
         if not ok:
             raise RuntimeFailure(msg)
-        console.print(f"[green]{msg}[/]")
+        if console is not None:
+            console.print(f"[green]{msg}[/]")

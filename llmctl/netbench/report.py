@@ -19,15 +19,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmctl.errors import SpecError
-from llmctl.netbench.options import COLLECTIVES as COLLECTIVES  # re-exported
+from llmctl.fileio import write_atomic
 
-# nccl-tests' busbw/algbw factor: one definition, shared with the planner's cost model.
-from llmctl.plan.comm import bus_factor as bus_factor  # re-exported
+# The collectives and nccl-tests' busbw/algbw factors: one registry, shared with the planner's cost model.
+from llmctl.spec.collectives import COLLECTIVES as COLLECTIVES  # re-exported
+from llmctl.spec.collectives import bus_factor as bus_factor  # re-exported
 
 SCHEMA_NAME = "llmctl.bench-net"
 SCHEMA_VERSION = 1
 
-Collective = Literal["all_reduce", "all_gather", "reduce_scatter"]
+Collective = Literal[COLLECTIVES]  # type: ignore[valid-type]  # the registry's names, in its order
 GroupKind = Literal["world", "intra_node", "inter_node"]
 GROUP_KINDS: tuple[str, ...] = ("world", "intra_node", "inter_node")
 
@@ -341,12 +342,14 @@ def load_bench(path: str | Path) -> BenchReport:
         raise SpecError(f"{p}: invalid bench-net report at {where}: {err['msg']}{more}") from None
 
 
+def bench_json(report: BenchReport) -> str:
+    """The versioned JSON text: what `dump_bench` writes and `llmctl bench-net --json` prints."""
+    return report.model_dump_json(indent=2, by_alias=True) + "\n"
+
+
 def dump_bench(report: BenchReport, path: str | Path) -> None:
     """Write the JSON atomically (a reader never sees half a file)."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(report.model_dump_json(indent=2, by_alias=True) + "\n")
-    tmp.replace(p)
+    write_atomic(path, bench_json(report))
 
 
 # ---------------------------------------------------------------------------------------------- slow nodes

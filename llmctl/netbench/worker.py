@@ -1,18 +1,22 @@
 """The bench-net worker: one process per rank, started by torchrun or srun. NCCL on GPUs, gloo on CPUs.
 
-    torchrun --nnodes N --nproc-per-node K ... -m llmctl.netbench.worker --json bench.json
-    srun --ntasks-per-node K python -m llmctl.netbench.worker --json bench.json   (MASTER_ADDR optional)
+    torchrun --nnodes N --nproc-per-node K ... -m llmctl.netbench.worker -o bench.json
+    srun --ntasks-per-node K python -m llmctl.netbench.worker -o bench.json   (MASTER_ADDR optional)
 
 Phases: check-in through the TCP store (a rank that never joins is named, not waited on), a tiny all-reduce
 (the data path), then the sweeps (world, intra-node, inter-node; each collective, each size) and the pairwise
 inter-node test. Per size: one untimed call whose result is checked, then warm-up and timed iterations, each
 a device sync, a world barrier, up to 10 back-to-back calls (fewer for big messages), a device sync; its time
 is the slowest rank's. Rank 0 gathers every rank's times and writes the JSON (`llmctl.netbench.report`).
+
+Each collective is one entry of `CALLS` here (its tensors, the call, the check) and one of
+`llmctl.spec.collectives` (bus factor, which size S counts); a run's options are resolved once into a `Sweep`.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -39,11 +43,13 @@ from llmctl.netbench.report import (
     NodeInfo,
     SizePoint,
     aligned_size,
+    bench_json,
     busbw_gbytes_s,
     dump_bench,
     judge_nodes,
     round_robin_pairs,
 )
+from llmctl.units import fmt_bytes
 
 _RUN_COUNTER = itertools.count()
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -151,6 +157,110 @@ class Phases:
         self.store.set(f"out/{name}/{self.rank}", "1")
 
 
+# ---------------------------------------------------------------------------------------------- collectives
+
+
+@dataclass(frozen=True)
+class CollectiveCall:
+    """The torch half of a `llmctl.spec.collectives` entry: the tensors one call needs, the call, its check.
+
+    The size S given to `tensors` is the one the spec's `size_counts` names (nccl-tests' convention), in elements."""
+
+    tensors: Callable[[int, int, int, torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]]
+    """(S elements, n ranks, this rank in the group, dtype, device) -> (input, output), filled so that `check` can
+    tell a right result from a wrong one; the same tensor twice for an in-place collective."""
+    call: Callable[[torch.Tensor, torch.Tensor, dist.ProcessGroup], object]
+    """(input, output, group): one call."""
+    check: Callable[[torch.Tensor, int], bool]
+    """(output of the first call, n ranks) -> whether it is right."""
+
+
+# Integers a 16-bit float holds exactly: beyond, a ring's running sum of ones stalls (256 + 1 == 256 in bf16).
+_EXACT_INT = {torch.bfloat16: 256, torch.float16: 2048}
+
+
+def _sum_of_ones_ok(result: torch.Tensor, n: int) -> bool:
+    """Every element is the sum of n ones. Past a 16-bit type's exact range the order of additions changes the
+    rounded value, so there: equal everywhere, finite, and at least the exact range's sum."""
+    limit = _EXACT_INT.get(result.dtype, 2**24)
+    if n <= limit:
+        return torch.allclose(result, torch.full_like(result, n), rtol=0.0, atol=0.5)  # exact integers
+    first = result.flatten()[0]
+    return bool(torch.isfinite(first)) and float(first) >= 0.99 * limit and bool((result == first).all())
+
+
+def _rank_ids_ok(result: torch.Tensor, n: int) -> bool:
+    """The gathered output holds rank r's chunk, all r + 1, at chunk r."""
+    expected = torch.arange(1, n + 1, dtype=result.dtype, device=result.device).repeat_interleave(result.numel() // n)
+    return torch.allclose(result, expected, rtol=1e-2)
+
+
+def _all_reduce_tensors(
+    numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    buf = torch.ones(numel, dtype=dtype, device=device)  # S is the buffer, reduced in place
+    return buf, buf
+
+
+def _all_gather_tensors(
+    numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # S is the output; each rank sends S/n elements holding its rank + 1, so the output shows who sent what
+    inp = torch.full((numel // n,), rank + 1, dtype=dtype, device=device)
+    return inp, torch.empty(numel, dtype=dtype, device=device)
+
+
+def _reduce_scatter_tensors(
+    numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # S is the input: n chunks of ones; each rank keeps one chunk, the sum of n ones
+    return torch.ones(numel, dtype=dtype, device=device), torch.empty(numel // n, dtype=dtype, device=device)
+
+
+# Keyed and ordered like llmctl.spec.collectives.REGISTRY (a test checks that the keys agree).
+CALLS: dict[str, CollectiveCall] = {
+    "all_reduce": CollectiveCall(
+        _all_reduce_tensors, lambda inp, out, group: dist.all_reduce(out, group=group), _sum_of_ones_ok
+    ),
+    "all_gather": CollectiveCall(
+        _all_gather_tensors, lambda inp, out, group: _all_gather(out, inp, group=group), _rank_ids_ok
+    ),
+    "reduce_scatter": CollectiveCall(
+        _reduce_scatter_tensors, lambda inp, out, group: _reduce_scatter(out, inp, group=group), _sum_of_ones_ok
+    ),
+}
+
+
+@dataclass(frozen=True)
+class BoundCall:
+    """One collective on one group with its tensors: what `Timer.measure` runs."""
+
+    run: Callable[[], object]
+    check: Callable[[], bool]
+    reset: Callable[[], object]
+    """After the check: an in-place collective reduces into its input, so zero it (sums of zeros stay zero,
+    however many calls follow); a no-op otherwise."""
+
+
+def bind(
+    collective: str, size_bytes: int, group: dist.ProcessGroup, dtype: torch.dtype, device: torch.device
+) -> BoundCall:
+    """`collective` on `group` (this rank a member) at nccl-tests size S = size_bytes, already split evenly
+    (`aligned_size`): the tensors are made once, here, and reused by every timed call."""
+    call = CALLS[collective]
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    inp, out = call.tensors(size_bytes // dtype.itemsize, n, rank, dtype, device)
+    return BoundCall(
+        run=functools.partial(call.call, inp, out, group),
+        check=functools.partial(call.check, out, n),
+        reset=inp.zero_ if inp is out else _nothing,
+    )
+
+
+def _nothing() -> None:
+    pass
+
+
 # ---------------------------------------------------------------------------------------------- timing
 
 
@@ -181,108 +291,47 @@ def _new_groups(kind: str, members: list[list[int]], labels: list[str], groups_p
     return Groups(kind, members, labels, handles, groups_per_node)
 
 
-def _collective_fn(
-    collective: str,
-    numel: int,
-    n: int,
-    group: dist.ProcessGroup,
-    dtype: torch.dtype,
-    device: torch.device,
-    group_rank: int,
-) -> tuple[Callable[[], None], Callable[[], bool], Callable[[], None]]:
-    """(run once, check the result of the first run, reset before a run). numel is the nccl-tests size in
-    elements: the all-reduce buffer, the all-gather output, the reduce-scatter input."""
-    if collective == "all_reduce":
-        buf = torch.ones(numel, dtype=dtype, device=device)
-
-        def run() -> None:
-            dist.all_reduce(buf, group=group)
-
-        def check() -> bool:
-            return _sum_of_ones_ok(buf, n)
-
-        def reset() -> None:  # after the check: sums of zeros stay zero, however many calls follow
-            buf.zero_()
-
-        return run, check, reset
-    chunk = numel // n
-    if collective == "all_gather":
-        inp = torch.full((chunk,), group_rank + 1, dtype=dtype, device=device)
-        out = torch.empty(numel, dtype=dtype, device=device)
-        expected = torch.arange(1, n + 1, dtype=dtype, device=device).repeat_interleave(chunk)
-
-        def run() -> None:
-            _all_gather(out, inp, group=group)
-
-        return run, lambda: torch.allclose(out, expected, rtol=1e-2), lambda: None
-    inp = torch.ones(numel, dtype=dtype, device=device)
-    out = torch.empty(chunk, dtype=dtype, device=device)
-
-    def run() -> None:
-        _reduce_scatter(out, inp, group=group)
-
-    return run, lambda: _sum_of_ones_ok(out, n), lambda: None
-
-
-# Integers a 16-bit float holds exactly: beyond, a ring's running sum of ones stalls (256 + 1 == 256 in bf16).
-_EXACT_INT = {torch.bfloat16: 256, torch.float16: 2048}
-
-
-def _sum_of_ones_ok(result: torch.Tensor, n: int) -> bool:
-    """Every element is the sum of n ones. Past a 16-bit type's exact range the order of additions changes the
-    rounded value, so there: equal everywhere, finite, and at least the exact range's sum."""
-    limit = _EXACT_INT.get(result.dtype, 2**24)
-    if n <= limit:
-        return torch.allclose(result, torch.full_like(result, n), rtol=0.0, atol=0.5)  # exact integers
-    first = result.flatten()[0]
-    return bool(torch.isfinite(first)) and float(first) >= 0.99 * limit and bool((result == first).all())
-
-
+@dataclass(frozen=True)
 class Timer:
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
+    device: torch.device
+    iters: int
+    """Timed iterations per point."""
+    warmup: int
+    """Untimed iterations before them."""
 
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def measure(
-        self,
-        iters: int,
-        warmup: int,
-        run: Callable[[], None] | None,
-        check: Callable[[], bool],
-        reset: Callable[[], None],
-        calls: int = 1,
-    ) -> tuple[list[float], bool]:
+    def measure(self, op: BoundCall | None, calls: int = 1) -> tuple[list[float], bool]:
         """Per-iteration time of one call on this rank (warm-up dropped), and whether the result was right.
 
         First one untimed call whose result is checked. Then each iteration: device sync, world barrier (all
         concurrent groups start together: they share the nodes' links), `calls` back-to-back calls, device
         sync; the wall time / calls. Several calls per iteration amortise the ranks leaving the barrier at
         slightly different times, as nccl-tests and all_reduce_bench do. A rank outside every group of this
-        phase (`run` None) still joins the barriers and reports 0."""
+        phase (`op` None) still joins the barriers and reports 0."""
         ok = True
         self.sync()
         dist.barrier()
-        if run is not None:
-            run()
+        if op is not None:
+            op.run()
             self.sync()
-            ok = bool(check())
-            reset()
+            ok = bool(op.check())
+            op.reset()
         times = []
-        for it in range(warmup + iters):
+        for it in range(self.warmup + self.iters):
             self.sync()
             dist.barrier()
             self.sync()  # NCCL's barrier is itself device work: let it finish before the clock starts
             t0 = time.perf_counter()
-            if run is not None:
+            if op is not None:
                 for _ in range(calls):
-                    run()
+                    op.run()
             self.sync()
             dt = (time.perf_counter() - t0) / calls
-            if it >= warmup:
-                times.append(dt if run is not None else 0.0)
+            if it >= self.warmup:
+                times.append(dt if op is not None else 0.0)
         return times, ok
 
 
@@ -305,6 +354,7 @@ def _gather_times(times: list[float], ok: bool, world_size: int, device: torch.d
 def time_collective(
     collective: str,
     size_bytes: int,
+    *,
     iters: int,
     warmup: int = 0,
     dtype: torch.dtype = torch.float32,
@@ -312,12 +362,12 @@ def time_collective(
 ) -> list[float]:
     """The sweep's measurement for one point on the default (world) group, for callers that already run a
     process group (benchmarks): each timed iteration's slowest-rank time, seconds. Same code path as `run`."""
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     size_b = aligned_size(size_bytes, world, dtype.itemsize)
-    fns = _collective_fn(collective, size_b // dtype.itemsize, world, dist.group.WORLD, dtype, device, rank)
+    op = bind(collective, size_b, dist.group.WORLD, dtype, device)
     calls = calls or calls_per_iter(size_b, device.type == "cuda")
-    times, ok = Timer(device).measure(iters, warmup, *fns, calls=calls)
+    times, ok = Timer(device, iters, warmup).measure(op, calls)
     all_times = _gather_times(times, ok, world, device)
     if any(t[-1] != 1.0 for t in all_times):
         raise RuntimeFailure(f"{collective} {size_b} bytes: wrong result")
@@ -325,6 +375,65 @@ def time_collective(
 
 
 # ---------------------------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What one run measures and how: the options resolved for this device (the defaults differ on GPUs and
+    CPUs). Every rank resolves the same Sweep from the same options."""
+
+    collectives: tuple[str, ...]
+    """In the registry's order (`llmctl.spec.collectives`)."""
+    sizes_bytes: tuple[int, ...]
+    """Requested message sizes; each point rounds down to split evenly over its group (`aligned_size`)."""
+    dtype_name: str
+    """torch's name: float32, bfloat16 or float16."""
+    iters: int
+    """Timed iterations per point."""
+    warmup: int
+    """Untimed iterations before them."""
+    pair_size_bytes: int
+    """Message size of the pairwise inter-node all-reduce."""
+    max_pair_rounds: int
+    """Rounds of the pairwise test (each round: disjoint pairs at once)."""
+    slow_fraction: float
+    """A node or link below this fraction of the median is slow."""
+    timeout_s: float
+    """How long check-in waits for every rank, and the process group's timeout for any one collective."""
+    device: torch.device
+    """This rank's device: cuda:LOCAL_RANK when there is a GPU, else the CPU."""
+
+    @classmethod
+    def resolve(cls, cfg: opts.WorkerConfig, device: torch.device) -> Sweep:
+        on_gpu = device.type == "cuda"
+        sizes = opts.parse_sizes(cfg.sizes or (opts.DEFAULT_SIZES_GPU if on_gpu else opts.DEFAULT_SIZES_CPU))
+        return cls(
+            collectives=tuple(opts.parse_collectives(cfg.collectives)),
+            sizes_bytes=tuple(sizes),
+            dtype_name=opts.parse_dtype(cfg.dtype) if cfg.dtype else ("bfloat16" if on_gpu else "float32"),
+            iters=cfg.iters or (20 if on_gpu else 10),
+            warmup=cfg.warmup if cfg.warmup is not None else (5 if on_gpu else 2),
+            pair_size_bytes=opts.parse_size(cfg.pair_size) if cfg.pair_size else min(max(sizes), 64 * 2**20),
+            max_pair_rounds=cfg.max_pair_rounds,
+            slow_fraction=cfg.slow_fraction,
+            timeout_s=cfg.timeout_s,
+            device=device,
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype_name]
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.on_gpu else "gloo"
+
+    def timer(self) -> Timer:
+        return Timer(self.device, self.iters, self.warmup)
 
 
 class _Progress:
@@ -360,29 +469,15 @@ class _Progress:
             self.bar.stop()
 
 
-def _fmt_size(b: int) -> str:
-    for unit, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= f:
-            return f"{b / f:g} {unit}"
-    return f"{b} B"
-
-
 def run(cfg: opts.WorkerConfig, env: opts.DistEnv | None = None) -> BenchReport | None:
     """Run the benchmark on this rank; rank 0 writes cfg.json_path and returns the report, others None."""
     cfg.validate()
     env = env or opts.dist_env()
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", env.local_rank) if on_gpu else torch.device("cpu")
-    backend = "nccl" if on_gpu else "gloo"
     if on_gpu:
         torch.cuda.set_device(device)
-    dtype_name = opts.parse_dtype(cfg.dtype) if cfg.dtype else ("bfloat16" if on_gpu else "float32")
-    dtype = _DTYPES[dtype_name]
-    sizes = opts.parse_sizes(cfg.sizes or (opts.DEFAULT_SIZES_GPU if on_gpu else opts.DEFAULT_SIZES_CPU))
-    iters = cfg.iters or (20 if on_gpu else 10)
-    warmup = cfg.warmup if cfg.warmup is not None else (5 if on_gpu else 2)
-    collectives = opts.parse_collectives(cfg.collectives)
-    pair_size = opts.parse_size(cfg.pair_size) if cfg.pair_size else min(max(sizes), 64 * 2**20)
+    sweep = Sweep.resolve(cfg, device)
 
     # A fresh key space per call: run() may be called several times in one job (benchmarks), and every rank
     # calls it the same number of times, so the counters agree without talking.
@@ -391,7 +486,7 @@ def run(cfg: opts.WorkerConfig, env: opts.DistEnv | None = None) -> BenchReport 
     try:
         # The store waits longer than the check-in, so rank 0 always gets to publish who is missing.
         if owns_pg:
-            store = _make_store(env, 2 * cfg.timeout_s + 10, prefix)
+            store = _make_store(env, 2 * sweep.timeout_s + 10, prefix)
         else:  # embedded in a job that already has its process group: reuse its store and group
             store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
     except Exception as e:  # DistStoreError / RuntimeError: rank 0 (or torchrun's agent) never came up
@@ -400,45 +495,44 @@ def run(cfg: opts.WorkerConfig, env: opts.DistEnv | None = None) -> BenchReport 
             f"{env.master_port} ({str(e).strip().splitlines()[0][:160] if str(e) else e!r})",
             hint="is rank 0 running, and MASTER_ADDR reachable from this node?",
         ) from None
-    layout = check_in(store, env, cfg.timeout_s)
+    layout = check_in(store, env, sweep.timeout_s)
     if owns_pg:
         dist.init_process_group(
-            backend,
+            sweep.backend,
             store=dist.PrefixStore("pg", store),
             rank=env.rank,
             world_size=env.world_size,
-            timeout=timedelta(seconds=cfg.timeout_s),
+            timeout=timedelta(seconds=sweep.timeout_s),
             device_id=device if on_gpu else None,
         )
     try:
-        return _run(
-            cfg, env, layout, store, device, backend, dtype, dtype_name, sizes, iters, warmup, collectives, pair_size
-        )
+        report = _run(sweep, env, layout, store, show_progress=cfg.progress)
+        if report is not None:
+            dump_bench(report, cfg.json_path)
+        return report
     finally:
         if owns_pg:
             dist.destroy_process_group()
 
 
-def _run(
-    cfg: opts.WorkerConfig,
-    env: opts.DistEnv,
-    layout: Layout,
-    store: dist.Store,
-    device: torch.device,
-    backend: str,
-    dtype: torch.dtype,
-    dtype_name: str,
-    sizes: list[int],
-    iters: int,
-    warmup: int,
-    collectives: list[str],
-    pair_size: int,
-) -> BenchReport | None:
+@dataclass(frozen=True)
+class _Rank:
+    """This rank's part in a run: what each phase of `_run` needs besides its groups."""
+
+    sweep: Sweep
+    rank: int
+    world: int
+    layout: Layout
+    phases: Phases
+    timer: Timer
+    progress: _Progress
+
+
+def _run(sweep: Sweep, env: opts.DistEnv, layout: Layout, store: dist.Store, show_progress: bool) -> BenchReport | None:
     rank, world = env.rank, env.world_size
     phases = Phases(store, rank, world, layout)
-    timer = Timer(device)
     with phases.phase("connectivity"):
-        probe = torch.ones(1, device=device)
+        probe = torch.ones(1, device=sweep.device)
         dist.all_reduce(probe)
         if int(probe.item()) != world:
             raise RuntimeFailure(f"connectivity check: all-reduce of ones gave {probe.item()}, expected {world}")
@@ -450,129 +544,85 @@ def _run(
         if world >= 2:
             kinds.append(Groups("world", [list(range(world))], ["world"], [dist.group.WORLD], 1))
         if layout.uniform and k >= 2 and g >= 2:
+            backend = sweep.backend
             kinds.append(_new_groups("intra_node", [n.ranks for n in nodes], [n.name for n in nodes], 1, backend))
             inter = [[n.ranks[i] for n in nodes] for i in range(g)]
             kinds.append(_new_groups("inter_node", inter, [f"local{i}" for i in range(g)], g, backend))
-        rounds = round_robin_pairs(k)[: cfg.max_pair_rounds] if k >= 2 else []
+        rounds = round_robin_pairs(k)[: sweep.max_pair_rounds] if k >= 2 else []
         pair_groups = [
-            [_new_groups("pair", [[nodes[a].ranks[0], nodes[b].ranks[0]]], [f"{a}-{b}"], 1, backend) for a, b in rnd]
+            [
+                _new_groups("pair", [[nodes[a].ranks[0], nodes[b].ranks[0]]], [f"{a}-{b}"], 1, sweep.backend)
+                for a, b in rnd
+            ]
             for rnd in rounds
         ]
 
-    total = sum(len(sizes) * len(collectives) for _ in kinds) + len(pair_groups)
-    progress = _Progress(cfg.progress and rank == 0, total)
-    results: list[CollectiveResult] = []
+    total = len(kinds) * len(sweep.sizes_bytes) * len(sweep.collectives) + len(pair_groups)
+    me = _Rank(sweep, rank, world, layout, phases, sweep.timer(), _Progress(show_progress and rank == 0, total))
     try:
-        for grp in kinds:
-            handle, n = grp.mine(rank)
-            group_rank = grp.members[[rank in m for m in grp.members].index(True)].index(rank) if handle else 0
-            for coll in collectives:
-                points, per_group = [], {lab: [] for lab in grp.labels}
-                for size in sizes:
-                    size_b = aligned_size(size, n or 2, dtype.itemsize)
-                    label = f"{grp.kind} {coll} {_fmt_size(size_b)}"
-                    progress.step(label)
-                    with phases.phase(label):
-                        run_fn, check, reset = _collective_fn(
-                            coll, size_b // dtype.itemsize, n, handle, dtype, device, group_rank
-                        )
-                        calls = calls_per_iter(size_b, device.type == "cuda")
-                        times, ok = timer.measure(iters, warmup, run_fn, check, reset, calls)
-                        all_times = _gather_times(times, ok, world, device)
-                    bad = [r for r, t in enumerate(all_times) if t[-1] != 1.0]
-                    if bad:
-                        raise RuntimeFailure(
-                            f"{label}: wrong result on rank(s) {bad} ({', '.join(layout.rank_node[r] for r in bad)})"
-                        )
-                    slowest = [max(all_times[r][i] for r in range(world)) for i in range(iters)]
-                    points.append(SizePoint.measured(coll, n, size_b, slowest, calls))
-                    for lab, members in zip(grp.labels, grp.members):
-                        t_med = sorted(max(all_times[r][i] for r in members) for i in range(iters))[iters // 2]
-                        per_group[lab].append(busbw_gbytes_s(coll, len(members), size_b, t_med))
-                    del run_fn, check, reset
-                    progress.advance()
-                results.append(
-                    CollectiveResult(
-                        group=grp.kind,
-                        collective=coll,
-                        ranks_per_group=n,
-                        concurrent_groups=len(grp.members),
-                        groups_per_node=grp.groups_per_node,
-                        points=points,
-                        per_group_busbw_gbytes_s=per_group if len(grp.members) > 1 else {},
-                    )
-                )
-
-        links = _pairwise(
-            pair_groups, rounds, nodes, rank, world, pair_size, dtype, device, iters, warmup, timer, phases, progress
-        )
+        results = [res for grp in kinds for res in _sweep_groups(me, grp)]
+        links = _pairwise(me, pair_groups, rounds)
     finally:
-        progress.close()
-
-    if rank != 0:
-        return None
-    intra = {
-        lab: bws[-1]
-        for r in results
-        if r.group == "intra_node" and r.collective == "all_reduce"
-        for lab, bws in r.per_group_busbw_gbytes_s.items()
-    }
-    links, verdicts = judge_nodes([n.name for n in nodes], links, intra, cfg.slow_fraction)
-    report = BenchReport(
-        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        backend=backend,
-        device=torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else f"cpu ({platform.processor() or platform.machine()})",
-        dtype=dtype_name,
-        world_size=world,
-        ranks_per_node=g if layout.uniform else max(len(n.ranks) for n in nodes),
-        nodes=nodes,
-        versions=_versions(),
-        env=opts.recorded_env(),
-        config=BenchConfig(
-            sizes_bytes=sizes, iters=iters, warmup=warmup, collectives=collectives, slow_fraction=cfg.slow_fraction
-        ),
-        results=results,
-        links=links,
-        node_verdicts=verdicts,
-    )
-    dump_bench(report, cfg.json_path)
-    return report
+        me.progress.close()
+    return _report(me, results, links) if rank == 0 else None
 
 
-def _pairwise(
-    pair_groups: list[list[Groups]],
-    rounds: list[list[tuple[int, int]]],
-    nodes: list[NodeInfo],
-    rank: int,
-    world: int,
-    size: int,
-    dtype: torch.dtype,
-    device: torch.device,
-    iters: int,
-    warmup: int,
-    timer: Timer,
-    phases: Phases,
-    progress: _Progress,
-) -> list[LinkResult]:
+def _sweep_groups(me: _Rank, grp: Groups) -> list[CollectiveResult]:
+    """Every collective at every size on one kind of group, its concurrent groups all at once."""
+    sweep, rank, world, iters = me.sweep, me.rank, me.world, me.sweep.iters
+    handle, n = grp.mine(rank)
+    results = []
+    for coll in sweep.collectives:
+        points, per_group = [], {lab: [] for lab in grp.labels}
+        for size in sweep.sizes_bytes:
+            size_b = aligned_size(size, n or 2, sweep.dtype.itemsize)
+            label = f"{grp.kind} {coll} {fmt_bytes(size_b)}"
+            me.progress.step(label)
+            with me.phases.phase(label):
+                op = bind(coll, size_b, handle, sweep.dtype, sweep.device) if handle is not None else None
+                calls = calls_per_iter(size_b, sweep.on_gpu)
+                times, ok = me.timer.measure(op, calls)
+                all_times = _gather_times(times, ok, world, sweep.device)
+            bad = [r for r, t in enumerate(all_times) if t[-1] != 1.0]
+            if bad:
+                raise RuntimeFailure(
+                    f"{label}: wrong result on rank(s) {bad} ({', '.join(me.layout.rank_node[r] for r in bad)})"
+                )
+            slowest = [max(all_times[r][i] for r in range(world)) for i in range(iters)]
+            points.append(SizePoint.measured(coll, n, size_b, slowest, calls))
+            for lab, members in zip(grp.labels, grp.members):
+                t_med = sorted(max(all_times[r][i] for r in members) for i in range(iters))[iters // 2]
+                per_group[lab].append(busbw_gbytes_s(coll, len(members), size_b, t_med))
+            del op  # free this size's tensors before the next size's
+            me.progress.advance()
+        results.append(
+            CollectiveResult(
+                group=grp.kind,
+                collective=coll,
+                ranks_per_group=n,
+                concurrent_groups=len(grp.members),
+                groups_per_node=grp.groups_per_node,
+                points=points,
+                per_group_busbw_gbytes_s=per_group if len(grp.members) > 1 else {},
+            )
+        )
+    return results
+
+
+def _pairwise(me: _Rank, pair_groups: list[list[Groups]], rounds: list[list[tuple[int, int]]]) -> list[LinkResult]:
     """Local rank 0 of two nodes all-reduce; the disjoint pairs of one round run at the same time."""
+    sweep, nodes, iters = me.sweep, me.layout.nodes, me.sweep.iters
     links = []
-    size_b = aligned_size(size, 2, dtype.itemsize)
-    calls = calls_per_iter(size_b, device.type == "cuda")
+    size_b = aligned_size(sweep.pair_size_bytes, 2, sweep.dtype.itemsize)
+    calls = calls_per_iter(size_b, sweep.on_gpu)
     for rnd, groups in zip(rounds, pair_groups):
         label = "pairs " + ", ".join(f"{nodes[a].name}-{nodes[b].name}" for a, b in rnd)
-        progress.step(label[:40])
-        mine = next(((grp.handles[0], grp.members[0]) for grp in groups if rank in grp.members[0]), None)
-        with phases.phase(label):
-            if mine is not None:
-                fns = _collective_fn(
-                    "all_reduce", size_b // dtype.itemsize, 2, mine[0], dtype, device, mine[1].index(rank)
-                )
-                times, ok = timer.measure(iters, warmup, *fns, calls=calls)
-            else:
-                times, ok = timer.measure(iters, warmup, None, lambda: True, lambda: None, calls=calls)
-            all_times = _gather_times(times, ok, world, device)
+        me.progress.step(label[:40])
+        mine = next((grp.handles[0] for grp in groups if me.rank in grp.members[0]), None)
+        with me.phases.phase(label):
+            op = bind("all_reduce", size_b, mine, sweep.dtype, sweep.device) if mine is not None else None
+            times, ok = me.timer.measure(op, calls)
+            all_times = _gather_times(times, ok, me.world, sweep.device)
         for (a, b), grp in zip(rnd, groups):
             ra, rb = grp.members[0]
             if all_times[ra][-1] != 1.0 or all_times[rb][-1] != 1.0:
@@ -586,8 +636,44 @@ def _pairwise(
                     busbw_gbytes_s=busbw_gbytes_s("all_reduce", 2, size_b, t_med),
                 )
             )
-        progress.advance()
+        me.progress.advance()
     return links
+
+
+def _report(me: _Rank, results: list[CollectiveResult], links: list[LinkResult]) -> BenchReport:
+    """Rank 0's report: the results, the links judged, the slow nodes named."""
+    sweep, layout, nodes = me.sweep, me.layout, me.layout.nodes
+    intra = {
+        lab: bws[-1]
+        for r in results
+        if r.group == "intra_node" and r.collective == "all_reduce"
+        for lab, bws in r.per_group_busbw_gbytes_s.items()
+    }
+    links, verdicts = judge_nodes([n.name for n in nodes], links, intra, sweep.slow_fraction)
+    device = sweep.device
+    return BenchReport(
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        backend=sweep.backend,
+        device=torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"cpu ({platform.processor() or platform.machine()})",
+        dtype=sweep.dtype_name,
+        world_size=me.world,
+        ranks_per_node=len(nodes[0].ranks) if layout.uniform else max(len(n.ranks) for n in nodes),
+        nodes=nodes,
+        versions=_versions(),
+        env=opts.recorded_env(),
+        config=BenchConfig(
+            sizes_bytes=list(sweep.sizes_bytes),
+            iters=sweep.iters,
+            warmup=sweep.warmup,
+            collectives=list(sweep.collectives),
+            slow_fraction=sweep.slow_fraction,
+        ),
+        results=results,
+        links=links,
+        node_verdicts=verdicts,
+    )
 
 
 def _versions() -> dict[str, str]:
@@ -601,10 +687,11 @@ def _versions() -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------- entry point
 
 
-def _parse_args(argv: list[str]) -> tuple[opts.WorkerConfig, dict[str, str | float | None]]:
+def _parse_args(argv: list[str]) -> tuple[opts.WorkerConfig, dict[str, str | float | bool | None]]:
     p = argparse.ArgumentParser(prog="python -m llmctl.netbench.worker", description=__doc__.split("\n")[0])
     d = opts.WorkerConfig(json_path="")
-    p.add_argument("--json-path", "--json", dest="json_path", default="bench-net.json")
+    # --json-path is what the CLI passes (WorkerConfig.to_argv); -o/--json-out as in `llmctl bench-net`.
+    p.add_argument("-o", "--json-out", "--json-path", dest="json_path", default="bench-net.json")
     p.add_argument("--sizes")
     p.add_argument("--dtype")
     p.add_argument("--iters", type=int)
@@ -615,12 +702,13 @@ def _parse_args(argv: list[str]) -> tuple[opts.WorkerConfig, dict[str, str | flo
     p.add_argument("--pair-size")
     p.add_argument("--max-pair-rounds", type=int, default=d.max_pair_rounds)
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
-    # Rendering on rank 0 when run directly (srun/torchrun without the llmctl CLI around it).
+    # Output on rank 0 when run directly (srun/torchrun without the llmctl CLI around it).
+    p.add_argument("--json", dest="print_json", action="store_true", help="print the JSON report instead of tables")
     p.add_argument("--render", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--plot")
     p.add_argument("--expect-gbps", type=float)
     a = vars(p.parse_args(argv))
-    extra = {k: a.pop(k) for k in ("render", "plot", "expect_gbps")}
+    extra = {k: a.pop(k) for k in ("print_json", "render", "plot", "expect_gbps")}
     return opts.WorkerConfig(**a), extra
 
 
@@ -629,10 +717,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg, extra = _parse_args(sys.argv[1:] if argv is None else argv)
         report = run(cfg)
+        if report is not None and extra["print_json"]:
+            sys.stdout.write(bench_json(report))
+            sys.stdout.flush()
         if report is not None and extra["render"]:
-            from llmctl.netbench.render import finish
+            from llmctl.netbench.render import finish, stdout_console
 
-            finish(report, plot_path=extra["plot"], expect_gbps=extra["expect_gbps"], json_path=cfg.json_path)
+            finish(
+                report,
+                None if extra["print_json"] else stdout_console(),
+                plot_path=extra["plot"],
+                expect_gbps=extra["expect_gbps"],
+                json_path=cfg.json_path,
+            )
     except LlmctlError as e:
         return report_error(e)
     return 0

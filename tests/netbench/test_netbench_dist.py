@@ -39,7 +39,7 @@ def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Pa
             "3",
             "--warmup",
             "1",
-            "--json",
+            "-o",
             str(out),
             "--plot",
             str(png),
@@ -74,8 +74,8 @@ def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Pa
 
 
 def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
-    """Two `llmctl bench-net --nnodes 2` commands (node names from LLMCTL_NODE_NAME): world, intra-node,
-    inter-node groups and the pairwise link test."""
+    """Two `llmctl bench-net --nnodes 2 --json -o FILE` commands (node names from LLMCTL_NODE_NAME): world,
+    intra-node, inter-node groups and the pairwise link test; node rank 0 prints the report it wrote."""
     out, port = tmp_path / "bench.json", free_port()
     procs = [
         subprocess.Popen(
@@ -101,6 +101,7 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
                 "--collectives",
                 "all_reduce,reduce_scatter",
                 "--json",
+                "-o",
                 str(out),
                 "--expect-gbps",
                 "0.001",
@@ -122,7 +123,8 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert "PASS" in outs[0][0] and "node rank 1 done" in outs[1][0]
+    # stdout is the JSON only (the file's text); node rank 1 has no report, so its stdout is empty
+    assert outs[0][0] == out.read_text() and outs[1][0] == "" and "node rank 1 done" in outs[1][1]
     r = load_bench(out)
     assert r.hosts == ["box0", "box1"] and r.ranks_per_node == 2 and r.world_size == 4
     assert [n.ranks for n in r.nodes] == [[0, 1], [2, 3]]
@@ -139,8 +141,8 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
 
 
 def test_inside_torchrun_runs_in_process(tmp_path: Path) -> None:
-    """`torchrun ... -m llmctl.cli.main bench-net` (as under srun): every rank runs the worker itself."""
-    out = tmp_path / "bench.json"
+    """`torchrun ... -m llmctl.cli.main bench-net --json` (as under srun): every rank runs the worker itself;
+    rank 0 prints the JSON report, and stdout holds nothing else."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -161,7 +163,6 @@ def test_inside_torchrun_runs_in_process(tmp_path: Path) -> None:
             "--collectives",
             "all_gather",
             "--json",
-            str(out),
             "--timeout",
             "60",
             "--no-progress",
@@ -172,7 +173,9 @@ def test_inside_torchrun_runs_in_process(tmp_path: Path) -> None:
         timeout=180,
     )
     assert proc.returncode == 0, proc.stderr
-    r = load_bench(out)
+    out = tmp_path / "stdout.json"
+    out.write_text(proc.stdout)
+    r = load_bench(out)  # the whole of stdout is one valid, versioned report
     assert r.world_size == 4 and r.results[0].ranks_per_group == 4
     check_consistent(r)
 
@@ -199,7 +202,7 @@ def test_a_rank_that_never_joins_is_named(tmp_path: Path) -> None:
                     sys.executable,
                     "-m",
                     "llmctl.netbench.worker",
-                    "--json",
+                    "-o",
                     str(tmp_path / "x.json"),
                     "--timeout",
                     "4",
@@ -301,7 +304,7 @@ def test_inside_srun_runs_in_process(tmp_path: Path) -> None:
                     "0",
                     "--collectives",
                     "all_reduce",
-                    "--json",
+                    "-o",
                     str(out),
                     "--timeout",
                     "60",
@@ -352,7 +355,7 @@ def test_a_rank_that_hangs_mid_sweep_is_named(tmp_path: Path) -> None:
                         sys.executable,
                         "-m",
                         "llmctl.netbench.worker",
-                        "--json",
+                        "-o",
                         str(tmp_path / "x.json"),
                         "--sizes",
                         "1M..64M",

@@ -36,7 +36,7 @@ def run_nodes(cluster, tmp_path: Path, nproc: int, args: list[str], timeout_s: f
                 str(port),
                 "--nproc-per-node",
                 str(nproc),
-                "--json",
+                "-o",
                 str(out),
                 "--timeout",
                 "90",

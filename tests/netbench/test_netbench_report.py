@@ -277,7 +277,8 @@ def test_recorded_env_never_keeps_secrets() -> None:
         (["--nproc-per-node", "0"], "--nproc-per-node must be >= 1"),
         (["--slow-fraction", "1.5"], "--slow-fraction must be between 0 and 1"),
         (["--expect-gbps", "-3"], "--expect-gbps must be positive"),
-        (["--json", "/nonexistent/dir/x.json"], "does not exist"),
+        (["-o", "/nonexistent/dir/x.json"], "does not exist"),
+        (["--json", "x.json"], "unexpected extra argument"),  # --json is a flag (print), -o takes the file
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None:
@@ -286,6 +287,35 @@ def test_cli_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None
     out = res.output.strip()
     assert out.startswith("llmctl: error:") and message in out and "Traceback" not in out
     assert len(out.splitlines()) == 1
+
+
+def test_torchrun_command_is_launch_module_argv() -> None:
+    from llmctl.cli.bench_net import WORKER_MODULE, torchrun_argv
+    from llmctl.launch.local import Rendezvous
+
+    cfg = opts.WorkerConfig(json_path="/tmp/b.json", sizes="1M", timeout_s=60)
+    one = torchrun_argv(cfg, 2, Rendezvous(master_port=29511, timeout_s=60))
+    assert one[:3] == [sys.executable, "-m", "torch.distributed.run"]
+    assert "--standalone" in one and "--nproc_per_node=2" in one and "--max_restarts=0" in one
+    module_at = one.index("--module")
+    assert one[module_at + 1] == WORKER_MODULE == "llmctl.netbench.worker"
+    assert one[module_at + 2 :] == [*cfg.to_argv(), "--no-render"]
+    two = torchrun_argv(cfg, 8, Rendezvous(2, 1, "10.0.0.1", 29511, timeout_s=60))
+    for arg in ("--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29511"):
+        assert arg in two
+    assert "--rdzv_conf=timeout=60" in two and "--standalone" not in two
+
+
+def test_sizes_print_with_the_one_byte_formatter() -> None:
+    from llmctl.units import fmt_bytes
+
+    assert [fmt_bytes(b) for b in (512, 256 * 1024, MiB, 1048572, 3 * 2**29)] == [
+        "512 B",
+        "256 KiB",
+        "1 MiB",
+        "1024 KiB",  # 3 ranks x fp32: 1 MiB rounded down to split evenly
+        "1.5 GiB",
+    ]
 
 
 def test_cli_and_report_stay_torch_free() -> None:
