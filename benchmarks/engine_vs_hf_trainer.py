@@ -12,7 +12,7 @@ from other processes only slows steps down), with the plain mean next to it. Not
 
 (a) engine:  `python -m llmctl.engine PLAN.yaml` (one plain process), step times from its metrics.jsonl.
 (b) Trainer: transformers.Trainer with the same hyper-parameters; step times from a TrainerCallback.
-(c) naive:   the first loop of shared/seeds/optimising-the-training-loop.md (forward, loss, backward,
+(c) naive:   the first loop of docs/sources.md#training-loop-seed (forward, loss, backward,
              print(loss.item()), step, zero_grad) over a DataLoader; step times around each iteration.
 """
 
@@ -71,7 +71,7 @@ def run_engine(a: argparse.Namespace, work: Path) -> dict[str, Any]:
         "model": {"preset": PRESET},
         "data": {"kind": "text", "paths": [str(CORPUS)]},
         "hardware": {"nodes": 1, "nproc_per_node": 1},
-        "parallel": {"sharding": "full"},
+        "parallel": {"sharding": "full_shard"},
         "training": {
             "precision": "fp32",
             "micro_batch_size": a.batch,

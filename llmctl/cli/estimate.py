@@ -29,6 +29,7 @@ from llmctl.cli.options import (
 from llmctl.errors import InputError
 from llmctl.plan import memory as mem
 from llmctl.spec import hardware, models
+from llmctl.spec.parallel import STRATEGIES
 
 
 def cluster_shape(gpus: int | None, nodes: int | None, gpus_per_node: int | None) -> tuple[int, int]:
@@ -112,7 +113,7 @@ def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GP
         out["fits"] = mem.fits(est, gpu.memory_bytes)
         out["max_micro_batch"] = mem.max_micro_batch(spec, setup, gpu.memory_bytes)
         table = {}
-        for strat in mem.STRATEGIES:
+        for strat in STRATEGIES:
             m = mem.min_gpus(spec, setup, gpu.memory_bytes, strat)
             table[strat] = {"gpus": m.gpus, "nodes": m.nodes, "per_gpu_total_bytes": m.device_bytes, "note": m.note}
         out["min_gpus_by_strategy"] = table
@@ -205,7 +206,7 @@ def _plot(spec: models.ModelSpec, setup: mem.TrainSetup, path: str) -> None:
     plt = render.pyplot()
     strategies = [
         st
-        for st in mem.STRATEGIES
+        for st in STRATEGIES
         if not (st == "zero1" and setup.engine == "fsdp2") and not (st == "hybrid_shard" and setup.nodes < 2)
     ]
     ests = [mem.estimate(spec, replace(setup, strategy=st)) for st in strategies]

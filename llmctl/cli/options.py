@@ -17,7 +17,7 @@ ParamsOpt = Annotated[
     Optional[str],
     typer.Option("--params", help="Raw parameter count instead of a MODEL (7B, 350M); a Llama-style shape is assumed."),
 ]
-GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help="GPU kind (see --list-gpus), e.g. H100-SXM.")]
+GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help="GPU kind or alias (see `llmctl estimate --list-gpus`).")]
 GpusOpt = Annotated[Optional[int], typer.Option("--gpus", help="Total GPUs (fills nodes of --gpus-per-node).")]
 NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help="Number of nodes.")]
 GpusPerNodeOpt = Annotated[int, typer.Option("--gpus-per-node", help="GPUs per node.")]

@@ -8,116 +8,16 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.markup import escape
 
 from llmctl.cli import render
-from llmctl.cli.options import JsonOpt, ModelArg, NodesOpt, ParamsOpt, SeqLenOpt
+from llmctl.cli.options import GpuOpt, JsonOpt, ModelArg, NodesOpt, ParamsOpt, SeqLenOpt
 from llmctl.errors import InputError, SpecError
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
+from llmctl.plan.network import network_for
 from llmctl.spec import hardware, models
 from llmctl.spec import planfile as pf
-
-# The message size the planner reads a bench-net curve at when it has none better: FSDP's per-layer collectives
-# for 7B-70B models are 100-800 MB; bench-net's bucket range (16-64 MiB) is the conservative read.
-DEFAULT_BENCH_SIZE_BYTES = 64 * 2**20
-
-
-class ClusterFile(BaseModel):
-    """A cluster description (examples/clusters/plan-*.yaml)."""
-
-    model_config = ConfigDict(extra="forbid")
-    gpu: str
-    nodes: int = Field(ge=1)
-    gpus_per_node: int = Field(ge=1)
-    inter_node_gbps: Optional[float] = Field(None, gt=0)
-    """Per node, all NICs together, Gbit/s (taken as achievable bus bandwidth)."""
-    intra_node_gbps: Optional[float] = Field(None, gt=0)
-    """Per-GPU intra-node bus bandwidth, Gbit/s (default: catalog link x 0.8)."""
-    price_per_gpu_hour: Optional[float] = Field(None, ge=0)
-
-
-def load_cluster(path: str) -> ClusterFile:
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise SpecError(f"cannot read cluster file {p}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{p}: not valid YAML: {getattr(e, 'problem', e)}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{p}: a cluster file must be a YAML mapping (gpu, nodes, gpus_per_node, ...)")
-    try:
-        return ClusterFile.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        raise SpecError(f"{p}: {loc}: {msg}") from None
-
-
-def _merge(flag: Any, file_value: Any, name: str, path: str | None) -> Any:
-    """A flag and the cluster file may both give a number only if they agree."""
-    if flag is not None and file_value is not None and flag != file_value:
-        raise SpecError(
-            f"--{name.replace('_', '-')} {flag} disagrees with {path}: {name}: {file_value}",
-            hint="drop the flag or fix the cluster file",
-        )
-    return flag if flag is not None else file_value
-
-
-def bench_network(
-    path: str, gpus_per_node: int, nodes: int, intra_gbps: float | None, inter_gbps: float | None
-) -> cm.Network:
-    """A Network whose busbw comes from a bench-net report (llmctl.netbench.report.load_bench)."""
-    from llmctl.netbench.report import load_bench
-
-    rep = load_bench(path)
-    if rep.ranks_per_node != gpus_per_node:
-        raise SpecError(
-            f"{path} measured {rep.ranks_per_node} GPUs per node but the cluster has {gpus_per_node}",
-            hint="run bench-net on this cluster's nodes, or fix --gpus-per-node",
-        )
-    multi = len(rep.nodes) > 1
-    if multi and inter_gbps is not None:
-        raise InputError(
-            f"--inter-gbps conflicts with the inter-node bandwidth measured in {path}",
-            hint="give one of --net and --inter-gbps",
-        )
-    if nodes > 1 and not multi and inter_gbps is None:
-        raise SpecError(
-            f"{path} was measured on one node; the plan spans {nodes} nodes",
-            hint="run bench-net across nodes, or add --inter-gbps X",
-        )
-    intra_fallback = intra_gbps / 8 if intra_gbps else None
-
-    def intra(collective: str, size: float) -> float:
-        if intra_fallback is not None:
-            return intra_fallback
-        coll = collective if rep.result("intra_node" if multi else "world", collective) else "all_reduce"
-        return rep.intra_node_busbw_gbytes_s(int(size), coll)
-
-    def curve(collective: str, scope: str, size: float) -> float:
-        if scope == "intra":
-            return intra(collective, size)
-        if not multi:
-            node_bw = cm.gbps_to_gbytes_s(inter_gbps or 0.0)
-            return min(intra(collective, size), node_bw if scope == "cross" else node_bw / gpus_per_node)
-        if scope == "cross":
-            coll = collective if rep.result("world", collective) else "all_reduce"
-            return rep.busbw_gbytes_s("world", coll, int(size))
-        bw = rep.inter_node_busbw_gbytes_s(int(size), "all_reduce")
-        return float(bw) if bw else 0.0
-
-    intra_bw = intra("all_gather", DEFAULT_BENCH_SIZE_BYTES)
-    inter_node = (
-        rep.inter_node_busbw_gbytes_s(DEFAULT_BENCH_SIZE_BYTES, "all_reduce", per_node=True)
-        if multi
-        else (cm.gbps_to_gbytes_s(inter_gbps) if inter_gbps else None)
-    )
-    return cm.Network(intra_bw, inter_node, curve=curve, source=f"bench-net {path}")
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
@@ -140,43 +40,6 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
             raise SpecError(f"{p} line {i}: expected a JSON object per line")
         out.append(rec)
     return out
-
-
-def to_plan(result: pl.PlanResult, name: str | None = None) -> pf.Plan | None:
-    """The chosen candidate as the engine's plan file (None for --params: the engine needs an architecture)."""
-    req, c = result.request, result.chosen
-    spec = req.spec
-    if spec.source == "preset":
-        model = pf.ModelSection(preset=spec.name)
-    elif spec.source == "config":
-        model = pf.ModelSection(config=spec.name)
-    else:
-        return None
-    training = pf.TrainingSection(
-        precision=req.precision,
-        micro_batch_size=c.micro_batch,
-        grad_accum_steps=c.grad_accum,
-        seq_len=req.seq_len,
-        activation_checkpointing=c.checkpointing,
-        attention=c.attention,
-        compile=c.compile,
-        token_budget=req.token_budget,
-        max_steps=None if req.token_budget else 1000,
-    )
-    return pf.Plan(
-        name=name or f"{Path(spec.name).stem}-{pl.SHARDING_NAME[c.strategy]}-{c.nodes}x{c.gpus_per_node}",
-        model=model,
-        hardware=pf.HardwareSection(gpu=req.gpu.name, nodes=c.nodes, nproc_per_node=c.gpus_per_node),
-        parallel=pf.ParallelSection(sharding=pl.SHARDING_NAME[c.strategy]),
-        training=training,
-        predicted=pf.Predicted(
-            tokens_per_s=round(c.tokens_per_s, 1),
-            tokens_per_s_per_gpu=round(c.tokens_per_s_per_gpu, 1),
-            mfu=round(c.mfu, 4),
-            step_time_s=round(c.step_time_s, 4),
-            memory_per_gpu_bytes=c.memory_per_gpu_bytes,
-        ),
-    )
 
 
 def _duration(s: float | None) -> str:
@@ -284,7 +147,7 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
 def plan_command(
     model: ModelArg = None,
     params: ParamsOpt = None,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU kind (see `llmctl estimate --list-gpus`).")] = None,
+    gpu: GpuOpt = None,
     nodes: NodesOpt = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node.")] = None,
     cluster: Annotated[
@@ -349,28 +212,32 @@ def plan_command(
     """Choose FULL vs HYBRID sharding, micro-batch, accumulation, checkpointing and kernels for MODEL on a cluster."""
     if top < 1:
         raise InputError(f"--top must be >= 1, got {top}")
-    cf = load_cluster(cluster) if cluster else None
-    gpu_name = _merge(gpu, cf.gpu if cf else None, "gpu", cluster)
-    n_nodes = _merge(nodes, cf.nodes if cf else None, "nodes", cluster)
-    gpn = _merge(gpus_per_node, cf.gpus_per_node if cf else None, "gpus_per_node", cluster)
-    inter = _merge(inter_gbps, cf.inter_node_gbps if cf else None, "inter_node_gbps", cluster)
-    intra = _merge(intra_gbps, cf.intra_node_gbps if cf else None, "intra_node_gbps", cluster)
-    price_h = _merge(price, cf.price_per_gpu_hour if cf else None, "price_per_gpu_hour", cluster)
-    if gpu_name is None:
-        raise InputError("no GPU kind given", hint="pass --gpu KIND or --cluster cluster.yaml")
-    n_nodes = 1 if n_nodes is None else n_nodes
-    gpn = 1 if gpn is None else gpn
-    for label, v in (("--nodes", n_nodes), ("--gpus-per-node", gpn)):
-        if v < 1:
-            raise InputError(f"{label} must be a positive integer, got {v}")
-    if inter is not None and inter <= 0 or intra is not None and intra <= 0:
-        raise InputError("--inter-gbps and --intra-gbps must be positive")
+    flags = {
+        "gpu": gpu,
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "inter_node_gbps": inter_gbps,
+        "intra_node_gbps": intra_gbps,
+        "price_per_gpu_hour": price,
+    }
+    for flag, v, minimum in (("--nodes", nodes, 1), ("--gpus-per-node", gpus_per_node, 1)):
+        if v is not None and v < minimum:
+            raise InputError(f"{flag} must be a positive integer, got {v}")
+    for flag, x in (("--inter-gbps", inter_gbps), ("--intra-gbps", intra_gbps), ("--price", price)):
+        if x is not None and (not x >= 0 or (x == 0 and flag != "--price")):
+            raise InputError(f"{flag} must be {'>= 0' if flag == '--price' else 'positive'}, got {x}")
+    if cluster:  # the cluster file is the main input; flags override it
+        hw = hardware.load_cluster(cluster, **flags)
+    else:
+        if gpu is None:
+            raise InputError("no GPU kind given", hint="pass --gpu KIND or --cluster cluster.yaml")
+        hw = hardware.make_cluster("the flags", **flags)
     if global_batch is not None and global_batch_tokens is not None:
         raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
     if seq_len < 1:
         raise InputError(f"--seq-len must be a positive integer, got {seq_len}")
-    gpu_spec = hardware.resolve_gpu(gpu_name)
-    hardware.ClusterSpec(gpu_spec, n_nodes, gpn, inter, None, price_h)  # its own consistency checks
+    gpu_spec = hw.gpu_spec
+    n_nodes, gpn, price_h = hw.nodes, hw.gpus_per_node, hw.price_per_gpu_hour
     spec = models.resolve_model(model, params)
     gb = global_batch
     if global_batch_tokens is not None:
@@ -379,18 +246,7 @@ def plan_command(
         gb = global_batch_tokens // seq_len
     budget = models.parse_count(tokens) if tokens is not None else None
 
-    if net:
-        network = bench_network(net, gpn, n_nodes, intra, inter)
-    else:
-        intra_bw = intra / 8 if intra else gpu_spec.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY
-        if n_nodes > 1 and inter is None:
-            raise InputError(
-                f"{n_nodes} nodes but no inter-node bandwidth",
-                hint="pass --inter-gbps X (per node, Gbit/s) or --net bench.json",
-            )
-        network = cm.Network(
-            intra_bw, cm.gbps_to_gbytes_s(inter) if inter else None, source="given" if intra or inter else "catalog"
-        )
+    network = network_for(hw, net)
 
     eff = pl.Efficiency()
     cal = None
@@ -436,7 +292,7 @@ def plan_command(
         "overlap": overlap,
         "efficiency": {
             "kernel": eff.kernel,
-            "gpu": eff.gpu.get(gpu_spec.name, 1.0),
+            "gpu": gpu_spec.efficiency,
             "tokens_half": eff.tokens_half,
             "hidden_half": eff.hidden_half,
             "compile_speedup": eff.compile_speedup,
@@ -460,7 +316,7 @@ def plan_command(
         "plan_path": None,
     }
     if not no_write:
-        plan_obj = to_plan(result)
+        plan_obj = pl.to_plan(result)
         if plan_obj is None:
             out["plan_note"] = "no plan file written: --params gives no architecture for the engine (pass a preset)"
         else:

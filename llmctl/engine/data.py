@@ -228,22 +228,23 @@ class SyntheticBlocks:
 
 
 class RankData:
-    """The micro-batches one data-parallel rank trains on at a given optimizer step."""
+    """The micro-batches one data-parallel rank trains on at a given optimizer step. `dp_rank` and `dp_size` come
+    from the plan's ParallelDims (not the global rank and world size: ranks of one tensor-parallel group share data)."""
 
     def __init__(
         self,
         blocks: PackedBlocks | SyntheticBlocks,
         micro_batch_size: int,
         grad_accum_steps: int,
-        rank: int,
-        world_size: int,
+        dp_rank: int,
+        dp_size: int,
     ) -> None:
         self.blocks = blocks
-        self.mbs, self.acc, self.rank, self.world = micro_batch_size, grad_accum_steps, rank, world_size
+        self.mbs, self.acc, self.rank, self.dp_size = micro_batch_size, grad_accum_steps, dp_rank, dp_size
 
     @property
     def global_batch(self) -> int:
-        return self.mbs * self.acc * self.world
+        return self.mbs * self.acc * self.dp_size
 
     def samples_consumed(self, steps_done: int) -> int:
         """The data position after `steps_done` optimizer steps (stored in checkpoints)."""

@@ -155,6 +155,7 @@ def run(plan: Plan) -> dict[str, Any]:
     finished = False
     try:
         mesh = build_mesh(plan, device.type, env.world_size)
+        dims = plan.parallel_dims  # the data-parallel rank and size, replicas: all from the degrees
         spec = model_spec_for(plan)
         blocks, data_desc = build_source(
             plan.data.kind,
@@ -173,7 +174,7 @@ def run(plan: Plan) -> dict[str, Any]:
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: lr_factor(s, total, o.warmup_steps, o.min_lr_ratio)
         )
-        data = RankData(blocks, t.micro_batch_size, t.grad_accum_steps, env.rank, env.world_size)
+        data = RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(env.rank), dims.dp)
 
         ckpt = None
         start = 0
@@ -233,7 +234,7 @@ def run(plan: Plan) -> dict[str, Any]:
         )
 
         acc = t.grad_accum_steps
-        replicas = mesh.shape[0] if fsdp and mesh.ndim == 2 else 1
+        replicas = dims.dp_replicate if fsdp else 1
         vocab = spec.vocab_size
         micro = (b for s in range(start, total) for b in data.micro_batches(s))
         batches = DevicePrefetcher(micro, device)

@@ -2,7 +2,7 @@
 
 FLOPs per token come from llmctl.plan.flops (the planner's own formulas, so measured and predicted use the same
 convention): model FLOPs = 6N + attention (PaLM appendix B), hardware FLOPs x4/3 with full recompute (the
-"4 * 2" vs "3 * 2" of the seed software-tune-up.md, Narayanan et al. 2021 eq. 3). MFU = model FLOP/s per device /
+"4 * 2" vs "3 * 2" of docs/sources.md#tune-up-seed, Narayanan et al. 2021 eq. 3). MFU = model FLOP/s per device /
 the device's dense catalog peak. A CPU has no catalog peak (it depends on cores, AVX-512/AMX and clocks, and the
 cores here are shared), so on a CPU MFU is null rather than a made-up number.
 """
@@ -56,9 +56,9 @@ class ThroughputModel:
         return {
             "step_time_s": step_time_s,
             "tokens_per_s": tps,
-            "tokens_per_s_per_device": per_dev,
-            "model_tflops_per_device": model_tflops,
-            "hardware_tflops_per_device": self.hardware_flops_per_token * per_dev / 1e12,
+            "tokens_per_s_per_gpu": per_dev,
+            "model_tflops_per_gpu": model_tflops,
+            "hardware_tflops_per_gpu": self.hardware_flops_per_token * per_dev / 1e12,
             "mfu": model_tflops / self.peak_tflops if self.peak_tflops else None,
         }
 
@@ -86,7 +86,7 @@ def with_predictions(record: dict[str, Any], predicted: Predicted) -> dict[str, 
     """Put each plan prediction right after the measured value it predicts."""
     pairs = {
         "tokens_per_s": predicted.tokens_per_s,
-        "tokens_per_s_per_device": predicted.tokens_per_s_per_gpu,
+        "tokens_per_s_per_gpu": predicted.tokens_per_s_per_gpu,
         "mfu": predicted.mfu,
         "step_time_s": predicted.step_time_s,
     }

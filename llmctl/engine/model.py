@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.errors import InputError, SpecError
 from llmctl.spec.models import ModelSpec, from_config_path, from_hf_config, from_preset
 from llmctl.spec.planfile import Plan
+from llmctl.spec.precision import compute_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -72,7 +73,7 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
 
 def param_dtype_name(precision: str) -> str:
     """Dtype the matmuls run in, for the catalog peak (fp32 -> TF32 peak where the GPU has it)."""
-    return {"bf16-mixed": "bf16", "bf16": "bf16", "fp16-mixed": "fp16"}.get(precision, "fp32")
+    return compute_dtype(precision)
 
 
 def model_spec_for(plan: Plan) -> ModelSpec:

@@ -2,7 +2,7 @@
 activation checkpointing -> torch.compile -> FSDP2 `fully_shard` per decoder layer, then the root.
 
 Sharding strategies, all with FSDP2 (never FSDP1: its HYBRID_SHARD without a device mesh silently stops syncing
-gradients, see shared/notes/environment-facts.md):
+gradients, measured on gloo: ranks diverge with no error):
 - full:     1-D mesh ("shard",) over every rank (ZeRO-3).
 - hybrid:   2-D mesh ("replicate", "shard"): parameters sharded inside a group, replicated across groups (HSDP).
 - no_shard: the same 2-D HSDP mesh with shard size 1, i.e. (world, 1): every rank holds full parameters and
@@ -28,7 +28,7 @@ log = logging.getLogger("llmctl.engine")
 
 
 def mesh_dims(plan: Plan, world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Mesh shape and dimension names for the plan's sharding (the plan's (replicate, shard) sizes)."""
+    """Mesh shape and dimension names: the plan's parallel degrees (spec.parallel.ParallelDims.mesh_dims)."""
     if plan.world_size != world_size:
         raise InputError(
             f"the plan is for {plan.world_size} ranks (hardware.nodes x hardware.nproc_per_node) "
@@ -36,10 +36,7 @@ def mesh_dims(plan: Plan, world_size: int) -> tuple[tuple[int, ...], tuple[str, 
             hint=f"start it with torchrun --nproc_per_node {plan.hardware.nproc_per_node}"
             f" --nnodes {plan.hardware.nodes}",
         )
-    replicate, shard = plan.mesh_shape
-    if plan.parallel.sharding == "full":
-        return (shard,), ("shard",)
-    return (replicate, shard), ("replicate", "shard")
+    return plan.parallel_dims.mesh_dims
 
 
 def build_mesh(plan: Plan, device_type: str, world_size: int) -> DeviceMesh:
@@ -50,7 +47,7 @@ def build_mesh(plan: Plan, device_type: str, world_size: int) -> DeviceMesh:
 
 
 def mixed_precision(precision: str):  # -> MixedPrecisionPolicy | None
-    """bf16-mixed: bf16 compute/communication of parameters, fp32 gradient reduction (FSDP seed, part 2)."""
+    """bf16-mixed: bf16 compute/communication of parameters, fp32 gradient reduction (docs/sources.md#fsdp-seed)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
 

@@ -11,12 +11,14 @@ Torch-free, pure functions. Conventions are nccl-tests' (NVIDIA/nccl-tests doc/P
 - HYBRID's cross-node all-reduce runs one group per local rank (G concurrent rings, one GPU per node each): each
   ring gets 1/G of the node's inter-node bandwidth and moves 1/G of the gradients.
 
-Per strategy and per optimizer step (FSDP, one collective per decoder layer, Zhao et al. 2023 "PyTorch FSDP"):
-- full_shard over N ranks: per micro-batch, all-gather the bf16 parameters in forward AND again in backward, and
-  reduce-scatter the gradients (in the reduce dtype), all over the N ranks (across nodes when N spans nodes).
-- hybrid_shard: the same gathers and reduce-scatters inside the node (G ranks), plus one all-reduce of the local
-  gradient shard across nodes per optimizer step (during the last micro-batch's backward).
-- no_shard (DDP): one all-reduce of the full gradients over all N ranks per optimizer step.
+Per mesh axis (llmctl.spec.parallel.ParallelDims) and per optimizer step (FSDP, one collective per decoder layer,
+Zhao et al. 2023 "PyTorch FSDP", arXiv:2304.11277):
+- dp_shard (S ranks): per micro-batch, all-gather the bf16 parameters in forward AND again in backward, and
+  reduce-scatter the gradients (in the reduce dtype), over the S ranks of the shard group.
+- dp_replicate (R groups): one all-reduce of the local gradient shard (1/S of the gradients) across the R replicas
+  per optimizer step (during the last micro-batch's backward).
+So FULL_SHARD (1, N) moves only the first, NO_SHARD/DDP (N, 1) only the second, HYBRID_SHARD (nodes, G) both; where
+each group runs (inside a node, one rank per node, or a ring across nodes) comes from the degrees' layout.
 
 Overlap: FSDP prefetches the next layer's all-gather during the current layer's compute and reduce-scatters during
 backward. `overlap` is the fraction of the overlappable time that is really hidden (a stated parameter):
@@ -26,13 +28,16 @@ backward-phase ones behind backward compute only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from llmctl.errors import InputError
 
-COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
+# The collectives, their nccl-tests bus factors and latency steps: one registry, shared with bench-net.
+from llmctl.spec.collectives import COLLECTIVES as COLLECTIVES  # re-exported
+from llmctl.spec.collectives import bus_factor as bus_factor  # re-exported
+from llmctl.spec.collectives import ring_steps as ring_steps  # re-exported
+from llmctl.spec.parallel import ParallelDims
 
 # Fraction of a link's nominal rate that NCCL reaches as busbw at FSDP bucket sizes (16-64 MiB). nccl-tests on a
 # DGX A100 reports ~230-240 GB/s all-gather busbw on 300 GB/s NVLink3 (~0.8); on NICs NCCL reaches ~80-95% of the
@@ -45,28 +50,6 @@ DEFAULT_ALPHA_INTER_S = 8e-6
 # Stated default for how much of the overlappable communication FSDP really hides: NCCL kernels take SMs, and the
 # first all-gather / last reduce-scatter of a pass cannot overlap. 0.8 is a judgement, overridable, calibratable.
 DEFAULT_OVERLAP = 0.8
-
-
-def bus_factor(collective: str, n_ranks: int) -> float:
-    """nccl-tests busbw/algbw: (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce."""
-    if n_ranks < 1:
-        raise InputError(f"a collective needs at least 1 rank, got {n_ranks}")
-    if collective == "all_reduce":
-        return 2 * (n_ranks - 1) / n_ranks
-    if collective in ("all_gather", "reduce_scatter"):
-        return (n_ranks - 1) / n_ranks
-    raise InputError(f"unknown collective {collective!r}", hint="one of: " + ", ".join(COLLECTIVES))
-
-
-def ring_steps(collective: str, n_ranks: int) -> int:
-    """Latency terms: a ring all-gather/reduce-scatter takes n-1 steps (Thakur et al. 2005); an all-reduce takes
-    2(n-1) on a ring, and NCCL switches to its double binary tree at scale (2 log2 n hops, NCCL 2.4 release notes),
-    so the smaller of the two."""
-    if n_ranks <= 1:
-        return 0
-    if collective == "all_reduce":
-        return min(2 * (n_ranks - 1), 2 * math.ceil(math.log2(n_ranks)))
-    return n_ranks - 1
 
 
 def collective_time_s(
@@ -200,9 +183,8 @@ def _exposed(comm_s: float, window_s: float, overlap: float) -> float:
 
 
 def step_comm(
-    strategy: str,
+    dims: ParallelDims,
     shape: CommShape,
-    nodes: int,
     gpus_per_node: int,
     grad_accum: int,
     fwd_s: float,
@@ -211,7 +193,7 @@ def step_comm(
     overlap: float = DEFAULT_OVERLAP,
     sync_every_micro_batch: bool = True,
 ) -> StepComm:
-    """Communication per optimizer step for `strategy` on nodes x gpus_per_node ranks.
+    """Communication per optimizer step for the parallel degrees `dims`, ranks filled node by node.
 
     fwd_s / bwd_s: compute time of ONE micro-batch's forward and backward (recompute included) on one GPU.
     sync_every_micro_batch: reduce-scatter the gradients after every micro-batch (FSDP's default, and what keeps
@@ -221,9 +203,11 @@ def step_comm(
         raise InputError(f"overlap must be in [0, 1], got {overlap}")
     if grad_accum < 1:
         raise InputError(f"gradient accumulation must be >= 1, got {grad_accum}")
-    n = nodes * gpus_per_node
+    if dims.tp > 1 or dims.pp > 1:
+        raise InputError("the communication model covers data parallelism only (tp = pp = 1)")
     L = shape.num_layers
     layer_params = shape.params / L
+    spans_nodes = dims.world_size > gpus_per_node
     ops: list[CommOp] = []
 
     def op(name: str, collective: str, scope: str, ranks: int, size: float, calls: int, phase: str) -> None:
@@ -233,66 +217,26 @@ def step_comm(
         t = collective_time_s(collective, ranks, size, bw, net.alpha(scope))
         ops.append(CommOp(name, collective, scope, ranks, size, calls, phase, bw, t))
 
-    rs_calls = L * (grad_accum if sync_every_micro_batch else 1)
-    rs_phase = "backward" if sync_every_micro_batch else "last_backward"
-    if strategy == "full_shard":
-        scope = "intra" if nodes == 1 else "cross"
-        op("all-gather (forward)", "all_gather", scope, n, layer_params * shape.param_bytes, L * grad_accum, "forward")
-        op(
-            "all-gather (backward)",
-            "all_gather",
-            scope,
-            n,
-            layer_params * shape.param_bytes,
-            L * grad_accum,
-            "backward",
-        )
-        op("reduce-scatter", "reduce_scatter", scope, n, layer_params * shape.grad_bytes, rs_calls, rs_phase)
-    elif strategy == "hybrid_shard":
-        g = gpus_per_node
-        op(
-            "all-gather (forward, intra-node)",
-            "all_gather",
-            "intra",
-            g,
-            layer_params * shape.param_bytes,
-            L * grad_accum,
-            "forward",
-        )
-        op(
-            "all-gather (backward, intra-node)",
-            "all_gather",
-            "intra",
-            g,
-            layer_params * shape.param_bytes,
-            L * grad_accum,
-            "backward",
-        )
-        op(
-            "reduce-scatter (intra-node)",
-            "reduce_scatter",
-            "intra",
-            g,
-            layer_params * shape.grad_bytes,
-            rs_calls,
-            rs_phase,
-        )
-        op(
-            "all-reduce of the shard (inter-node)",
-            "all_reduce",
-            "inter",
-            nodes,
-            layer_params * shape.grad_bytes / g,
-            L,
-            "last_backward",
-        )
-    elif strategy == "no_shard":
-        scope = "intra" if nodes == 1 else "cross"
-        op("all-reduce of the gradients", "all_reduce", scope, n, layer_params * shape.grad_bytes, L, "last_backward")
-    else:
-        raise InputError(
-            f"no communication model for strategy {strategy!r}", hint="one of: full_shard, hybrid_shard, no_shard"
-        )
+    S, R = dims.dp_shard, dims.dp_replicate
+    if S > 1:
+        if dims.zero_stage != 3:
+            raise InputError(
+                f"no communication model for ZeRO stage {dims.zero_stage}",
+                hint="the planner models FSDP: full_shard, hybrid_shard, no_shard",
+            )
+        scope = dims.group_scope("dp_shard", gpus_per_node)
+        where = ", intra-node" if scope == "intra" and spans_nodes else ""
+        rs_calls = L * (grad_accum if sync_every_micro_batch else 1)
+        rs_phase = "backward" if sync_every_micro_batch else "last_backward"
+        gathered = layer_params * shape.param_bytes
+        op(f"all-gather (forward{where})", "all_gather", scope, S, gathered, L * grad_accum, "forward")
+        op(f"all-gather (backward{where})", "all_gather", scope, S, gathered, L * grad_accum, "backward")
+        name = f"reduce-scatter{' (intra-node)' if where else ''}"
+        op(name, "reduce_scatter", scope, S, layer_params * shape.grad_bytes, rs_calls, rs_phase)
+    if R > 1:
+        scope = dims.group_scope("dp_replicate", gpus_per_node)
+        name = f"all-reduce of the {'shard' if S > 1 else 'gradients'}{' (inter-node)' if scope == 'inter' else ''}"
+        op(name, "all_reduce", scope, R, layer_params * shape.grad_bytes / S, L, "last_backward")
 
     fwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "forward")
     bwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "backward")

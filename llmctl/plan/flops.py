@@ -6,7 +6,7 @@ Conventions (stated once, used everywhere):
   weight that takes part in a matmul: all parameters but the input embedding lookup (the LM head counts; a
   tied embedding is the LM head and counts once). MoE counts only the routed experts.
 - Hardware FLOPs add the recomputation: full activation checkpointing re-runs the forward, so 8N instead of 6N
-  (x4/3, Narayanan et al. 2021 eq. 3; the "4 * 2" of the seed's TFLOP/s formula).
+  (x4/3, Narayanan et al. 2021 eq. 3; the "4 * 2" of docs/sources.md#tune-up-seed).
 - MFU = model FLOPs per second per device / device peak (PaLM's definition: recompute does not count).
 """
 

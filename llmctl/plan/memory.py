@@ -16,7 +16,7 @@ stage 3. Two engines keep different things:
 - "zero" (DeepSpeed/Megatron style): a persistent half copy (sharded only at stage 3) next to the fp32 master.
 
 Activations are derived tensor by tensor from what Hugging Face's Llama and GPT-2 blocks save for backward
-(measured with torch.autograd.graph.saved_tensors_hooks; tests/test_memory_measured.py re-measures them).
+(measured with torch.autograd.graph.saved_tensors_hooks; tests/plan/test_memory_measured.py re-measures them).
 """
 
 from __future__ import annotations
@@ -25,38 +25,27 @@ import math
 from dataclasses import dataclass, field, replace
 
 from llmctl.errors import InputError, UnknownNameError
+from llmctl.spec import precision as prec
 from llmctl.spec.models import ModelSpec
+from llmctl.spec.parallel import ParallelDims, canonical_strategy
+from llmctl.spec.precision import PRECISIONS
+from llmctl.units import GIB
 
-GIB = 1024**3
-
-STRATEGIES = ("no_shard", "zero1", "shard_grad_op", "full_shard", "hybrid_shard")
-STRATEGY_ALIASES = {
-    "ddp": "no_shard",
-    "zero2": "shard_grad_op",
-    "zero3": "full_shard",
-    "full": "full_shard",
-    "hybrid": "hybrid_shard",
-    "fsdp": "full_shard",
-    "hsdp": "hybrid_shard",
-}
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
 OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "lion", "sgd", "none")
 ENGINES = ("fsdp2", "zero")
 ATTENTIONS = ("eager", "sdpa", "flash")
 CHECKPOINTING = ("none", "full")
-# ZeRO stage from which each kind of state is sharded.
-_STAGE = {"no_shard": 0, "zero1": 1, "shard_grad_op": 2, "full_shard": 3, "hybrid_shard": 3}
 
 # CUDA context + cuBLAS/cuDNN workspaces + NCCL communicator buffers, outside the caching allocator.
-# PyTorch >= 1.13 with lazy module loading uses ~0.5-0.9 GiB of context (the seed's measurement: 0.9 GB on
-# A100 with eager loading); NCCL adds ~0.2-0.5 GiB per communicator. 1 GiB is the stated default.
+# PyTorch >= 1.13 with lazy module loading uses ~0.5-0.9 GiB of context (0.9 GB measured on an A100,
+# docs/sources.md#tune-up-seed); NCCL adds ~0.2-0.5 GiB per communicator. 1 GiB is the stated default.
 DEFAULT_CUDA_CONTEXT_BYTES = 1 * GIB
 # Caching-allocator fragmentation: reserved/allocated is typically 1.05-1.15 in FSDP training.
 DEFAULT_HEADROOM_FRACTION = 0.10
 
 
 def canonical(value: str, allowed: tuple[str, ...], what: str, aliases: dict[str, str] | None = None) -> str:
-    v = value.strip().lower().replace("_", "-") if what != "strategy" else value.strip().lower().replace("-", "_")
+    v = value.strip().lower().replace("_", "-")
     v = (aliases or {}).get(v, v)
     if v not in allowed:
         raise UnknownNameError(f"unknown {what} {value!r}", hint="choose one of: " + ", ".join(allowed))
@@ -65,7 +54,8 @@ def canonical(value: str, allowed: tuple[str, ...], what: str, aliases: dict[str
 
 @dataclass(frozen=True)
 class TrainSetup:
-    """How the model is trained and on how many GPUs."""
+    """How the model is trained and on how many GPUs. The strategy and the tp/pp degrees become `dims` (one
+    ParallelDims) in __post_init__; everything below reads the degrees, never the strategy name."""
 
     precision: str = "bf16-mixed"
     optimizer: str = "adamw"
@@ -85,6 +75,7 @@ class TrainSetup:
     """Fused AdamW (the GPU default) has no step temporaries; foreach materialises some."""
     cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
     headroom_fraction: float = DEFAULT_HEADROOM_FRACTION
+    dims: ParallelDims = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "precision", canonical(self.precision, PRECISIONS, "precision"))
@@ -93,7 +84,7 @@ class TrainSetup:
             "optimizer",
             canonical(self.optimizer, OPTIMIZERS, "optimizer", {"adam": "adamw", "adamw8bit": "adamw-8bit"}),
         )
-        object.__setattr__(self, "strategy", canonical(self.strategy, STRATEGIES, "strategy", STRATEGY_ALIASES))
+        object.__setattr__(self, "strategy", canonical_strategy(self.strategy))
         object.__setattr__(self, "engine", canonical(self.engine, ENGINES, "engine"))
         object.__setattr__(self, "checkpointing", canonical(self.checkpointing, CHECKPOINTING, "checkpointing"))
         object.__setattr__(self, "attention", canonical(self.attention, ATTENTIONS, "attention"))
@@ -102,16 +93,13 @@ class TrainSetup:
                 raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
         if self.cuda_context_bytes < 0 or not 0 <= self.headroom_fraction < 1:
             raise InputError("CUDA context must be >= 0 and headroom in [0, 1)")
-        if self.world_size % (self.tp * self.pp):
-            raise InputError(f"{self.world_size} GPUs cannot be split into tp={self.tp} x pp={self.pp} groups")
-        if self.strategy == "hybrid_shard":
-            if self.nodes < 2:
-                raise InputError(
-                    "hybrid_shard needs at least 2 nodes (on one node it is full_shard)",
-                    hint="pass --nodes N --gpus-per-node G",
-                )
-            if self.gpus_per_node % self.tp:
-                raise InputError(f"hybrid_shard: tp={self.tp} does not divide {self.gpus_per_node} GPUs per node")
+        if self.strategy == "hybrid_shard" and self.nodes < 2:
+            raise InputError(
+                "hybrid_shard needs at least 2 nodes (on one node it is full_shard)",
+                hint="pass --nodes N --gpus-per-node G",
+            )
+        dims = ParallelDims.from_strategy(self.strategy, self.nodes, self.gpus_per_node, self.tp, self.pp)
+        object.__setattr__(self, "dims", dims)
         if self.engine == "fsdp2" and self.strategy == "zero1":
             raise InputError("FSDP2 has no ZeRO-1 (optimizer-only sharding)", hint="use --engine zero")
         if self.attention == "flash" and self.precision == "fp32":
@@ -123,20 +111,16 @@ class TrainSetup:
 
     @property
     def dp(self) -> int:
-        return self.world_size // (self.tp * self.pp)
+        return self.dims.dp
 
     @property
     def shard_degree(self) -> int:
         """Ranks one model replica's sharded states are split over."""
-        if self.strategy == "no_shard":
-            return 1
-        if self.strategy == "hybrid_shard":
-            return self.gpus_per_node // self.tp
-        return self.dp
+        return self.dims.dp_shard
 
     @property
     def compute_bytes(self) -> int:
-        return 4 if self.precision == "fp32" else 2
+        return prec.compute_bytes(self.precision)
 
     @property
     def training(self) -> bool:
@@ -241,7 +225,7 @@ def layer_activation_terms(spec: ModelSpec, b: int, s: int, act_bytes: int, atte
     fp32 and again in the compute dtype (b*a*s^2 each), and the o_proj input; the SwiGLU MLP keeps gate, up,
     silu(gate) and their product (4 x sbi). GPT-2 block (HF GPT2Block): LayerNorms keep input + mean + rstd;
     c_attn's output holds q, k, v in one tensor (3sbh); the gelu_new MLP keeps 5 tensors of size sbi; eager keeps
-    one softmax tensor (b*a*s^2). Measured per layer (tests/test_memory_measured.py): exact to the byte.
+    one softmax tensor (b*a*s^2). Measured per layer (tests/plan/test_memory_measured.py): exact to the byte.
     """
     h, a, kv, d, i = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size
     sb, ab = s * b, act_bytes
@@ -351,13 +335,11 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Per-GPU memory of one training step (see module docstring for what is predicted)."""
     stage_params, stage_layers = _stage_params(spec, setup)
     ledger = state_ledger(spec, setup)
-    stage = _STAGE[setup.strategy]
+    dims = setup.dims
     comps: list[Component] = []
     for line in ledger:
-        sharded = stage >= line.sharded_from_stage
-        if setup.engine == "fsdp2" and setup.strategy != "no_shard":
-            sharded = True  # FSDP2 shards every state at rest (SHARD_GRAD_OP differs only while computing)
-        deg = setup.shard_degree if sharded else 1
+        # FSDP2 shards every state at rest (SHARD_GRAD_OP differs only while computing); ZeRO by its stage.
+        deg = dims.dp_shard if setup.engine == "fsdp2" else dims.shard_degree(line.sharded_from_stage)
         comps.append(
             Component(
                 line.name,
@@ -369,15 +351,15 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         )
     b, s, cb = setup.micro_batch_size, setup.seq_len, setup.compute_bytes
     layer_params = spec.params_per_layer / setup.tp
-    sharded_params = setup.strategy != "no_shard" and (setup.engine == "fsdp2" or stage == 3)
-    if sharded_params and setup.shard_degree > 1:
+    sharded_params = setup.engine == "fsdp2" or dims.zero_stage == 3
+    if sharded_params and dims.dp_shard > 1:
         # FSDP all-gathers a layer's parameters in the compute dtype just before use and frees them after;
         # with prefetch, the next layer is gathered while the current one computes: two layers live.
         # SHARD_GRAD_OP (reshard_after_forward=False) keeps every layer unsharded from forward to backward.
-        n_layers = stage_layers if setup.strategy == "shard_grad_op" else min(2, stage_layers)
-        unsharded = int(n_layers * layer_params * cb * (1 - 1 / setup.shard_degree))
+        n_layers = stage_layers if dims.zero_stage == 2 else min(2, stage_layers)
+        unsharded = int(n_layers * layer_params * cb * (1 - 1 / dims.dp_shard))
         comps.append(Component("unsharded layers (FSDP all-gather)", unsharded, ("forward", "backward")))
-    if setup.training and setup.strategy != "no_shard" and setup.shard_degree > 1:
+    if setup.training and dims.dp_shard > 1:
         # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
         grad_buf = int(layer_params * (cb + 4 if cb != 4 else 4))
         comps.append(Component("unsharded layer gradients (reduce-scatter)", grad_buf, ("backward",)))
@@ -452,7 +434,7 @@ def min_gpus(
 ) -> MinGpus:
     """Fewest GPUs of this kind (whole nodes beyond one) on which `strategy` fits at the setup's micro-batch."""
     gpn = setup.gpus_per_node
-    strategy = canonical(strategy, STRATEGIES, "strategy", STRATEGY_ALIASES)
+    strategy = canonical_strategy(strategy)
     if setup.engine == "fsdp2" and strategy == "zero1":
         return MinGpus(strategy, None, None, None, "needs --engine zero")
     unit = setup.tp * setup.pp

@@ -1,6 +1,6 @@
 """The planner: enumerate setups, drop what does not fit, predict step time and tokens/s, rank, explain (torch-free).
 
-Search space (DESIGN part 4): strategy (full_shard, hybrid_shard, no_shard: what the engine runs) x nodes used
+Search space: strategy (full_shard, hybrid_shard, no_shard: what the engine runs) x nodes used
 (powers of two and divisors of the cluster's node count: on a slow network fewer nodes can win) x micro-batch
 (divisors of the per-GPU batch, up to memory.max_micro_batch) x gradient accumulation (the global batch is held
 fixed: micro_batch x accumulation x data-parallel ranks = global batch) x checkpointing x attention kernel x compile.
@@ -14,31 +14,30 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from llmctl.errors import DoesNotFitError, InputError
 from llmctl.plan import comm as cm
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
+from llmctl.spec import planfile as pf
+from llmctl.spec import precision as prec
 from llmctl.spec.hardware import GIB, GPUSpec
 from llmctl.spec.models import ModelSpec
+from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
+from llmctl.spec.precision import ENGINE_PRECISIONS, PRECISIONS
 
-STRATEGIES = ("full_shard", "hybrid_shard", "no_shard")
-"""What llmctl's engine runs (plan file parallel.sharding: full, hybrid, no_shard)."""
-SHARDING_NAME = {"full_shard": "full", "hybrid_shard": "hybrid", "no_shard": "no_shard"}
 OBJECTIVES = ("throughput", "cost")
-ENGINE_PRECISIONS = ("bf16-mixed", "bf16", "fp32")
-# flash-attention 2 needs Ampere (sm80) or newer (Dao 2023, flash-attn README); ROCm builds cover MI200/MI300.
-NO_FLASH_GPUS = ("V100-16GB", "V100-32GB")
 
 # --- achievable efficiency: the fraction of dense peak a training step reaches, in hardware FLOPs ---------------
 # Per attention kernel, for large GEMMs (hidden >= 4096, >= 4k tokens per micro-batch), bf16 on A100/H100.
-# flash: the FSDP seed measured 16,000 tok/s for Llama-2-7B (s=1024, checkpointing) on 4 A100s = 0.70 of peak in
+# flash: docs/sources.md#fsdp-seed measured 16,000 tok/s for Llama-2-7B (s=1024, checkpointing) on 4 A100s = 0.70 of peak in
 #   hardware FLOPs; torchtitan reports ~0.55-0.60 MFU-equivalent for Llama-3-8B on H100. We take 0.72 before shape
 #   effects (~0.67 after them for Llama-2-7B at 32k tokens per micro-batch).
 # sdpa: torch's SDPA dispatches to a FlashAttention-2 kernel for bf16 on sm80+, but Hugging Face's sdpa path adds
 #   transposes/contiguous copies and a masked fallback: ~10% below flash (HF "GPU inference/training" docs).
-# eager: the seed's throughput before flash-attention was 8,000 tok/s (half of 16,000): s^2 softmax in fp32,
+# eager: that run's throughput before flash-attention was 8,000 tok/s (half of 16,000): s^2 softmax in fp32,
 #   memory-bound, so about half the flash efficiency at s=1024.
 KERNEL_EFFICIENCY = {"flash": 0.72, "sdpa": 0.65, "eager": 0.37}
 # GEMM shape: efficiency rises with the rows of each GEMM (tokens per micro-batch, m) and with the hidden size
@@ -48,15 +47,11 @@ KERNEL_EFFICIENCY = {"flash": 0.72, "sdpa": 0.65, "eager": 0.37}
 # (mb=1 x 1024 tokens -> 0.8 of the large-batch rate, 4k tokens -> 0.94, 32k -> 0.99).
 TOKENS_HALF = 256
 HIDDEN_HALF = 256
-# Tensor cores need dims that are multiples of 64 on A100 (the FSDP seed: "our tensor shapes must be a multiple of
+# Tensor cores need dims that are multiples of 64 on A100 (docs/sources.md#fsdp-seed: "our tensor shapes must be a multiple of
 # 64"); hidden or MLP sizes that are not run at a reduced rate. The engine pads the vocabulary itself.
 MISALIGNED_PENALTY = 0.85
-# Per GPU kind, relative to A100 (where the kernel factors come from): H100/H200 reach a smaller fraction of their
-# 3.2x higher dense peak because HBM bandwidth grew only 1.6x (2.0 -> 3.35 TB/s), so the memory-bound parts (norms,
-# elementwise, softmax, optimizer) weigh more: torchtitan's Llama-3-8B runs report ~40% MFU on H100 against the
-# seed's ~53% on A100 -> 0.75. B200 takes the same ratio again for its 2.3x peak over H100 with 2.4x bandwidth
-# (0.75); MI300X's ROCm stack reaches less of its 1307 TFLOP/s in published training runs (~0.6). Others: 1.0.
-GPU_EFFICIENCY = {"H100-SXM": 0.75, "H100-PCIe": 0.75, "H200": 0.75, "B200": 0.75, "MI300X": 0.6}
+# Per GPU kind, relative to A100 (where the kernel factors come from): the catalog's `efficiency` field
+# (spec/presets/gpus.yaml, each with its source).
 # torch.compile fuses norms, rotary and SwiGLU elementwise ops: torchtitan reports ~1.1x on Llama-3-8B.
 COMPILE_SPEEDUP = 1.10
 # Forward share of a step's hardware FLOPs: forward 2N, backward 4N (Kaplan et al. 2020); with full recompute the
@@ -71,7 +66,6 @@ class Efficiency:
     """The achievable-efficiency factors, all overridable; `calibration` multiplies them (--calibrate)."""
 
     kernel: dict[str, float] = field(default_factory=lambda: dict(KERNEL_EFFICIENCY))
-    gpu: dict[str, float] = field(default_factory=lambda: dict(GPU_EFFICIENCY))
     tokens_half: float = TOKENS_HALF
     hidden_half: float = HIDDEN_HALF
     misaligned_penalty: float = MISALIGNED_PENALTY
@@ -83,12 +77,12 @@ class Efficiency:
             raise InputError("efficiency calibration and compile speedup must be positive")
 
     def of(
-        self, attention: str, tokens_per_micro_batch: int, spec: ModelSpec, compile_: bool, gpu_name: str = "A100-80GB"
+        self, attention: str, tokens_per_micro_batch: int, spec: ModelSpec, compile_: bool, gpu: GPUSpec | None = None
     ) -> float:
-        """Fraction of peak (hardware FLOPs) one GPU reaches; never above 1."""
+        """Fraction of peak (hardware FLOPs) one GPU reaches; never above 1. `gpu` None: the baseline GPU (1.0)."""
         m, h = tokens_per_micro_batch, spec.hidden_size
         e = self.kernel[attention] * m / (m + self.tokens_half) * h / (h + self.hidden_half)
-        e *= self.gpu.get(gpu_name, 1.0)
+        e *= gpu.efficiency if gpu is not None else 1.0
         if spec.hidden_size % 64 or spec.intermediate_size % 64:
             e *= self.misaligned_penalty
         if compile_:
@@ -136,16 +130,18 @@ class PlanRequest:
             raise InputError(f"unknown objective {self.objective!r}", hint="throughput or cost")
         if not 0 <= self.overlap <= 1:
             raise InputError(f"--overlap must be in [0, 1], got {self.overlap}")
-        object.__setattr__(self, "precision", mem.canonical(self.precision, mem.PRECISIONS, "precision"))
+        object.__setattr__(self, "precision", mem.canonical(self.precision, PRECISIONS, "precision"))
         if self.precision not in ENGINE_PRECISIONS:
             raise InputError(
                 f"precision {self.precision} is not run by llmctl's engine (it needs loss scaling)",
                 hint="one of: " + ", ".join(ENGINE_PRECISIONS),
             )
         if self.strategy is not None:
-            s = mem.canonical(self.strategy, mem.STRATEGIES, "strategy", mem.STRATEGY_ALIASES)
-            if s not in STRATEGIES:
-                raise InputError(f"strategy {s} is not run by llmctl's engine", hint="one of: " + ", ".join(STRATEGIES))
+            s = canonical_strategy(self.strategy)
+            if s not in ENGINE_STRATEGIES:
+                raise InputError(
+                    f"strategy {s} is not run by llmctl's engine", hint="one of: " + ", ".join(ENGINE_STRATEGIES)
+                )
             object.__setattr__(self, "strategy", s)
         if self.checkpointing is not None:
             object.__setattr__(
@@ -160,7 +156,7 @@ class PlanRequest:
 
     @property
     def compute_dtype(self) -> str:
-        return {"bf16-mixed": "bf16", "bf16": "bf16", "fp16-mixed": "fp16"}.get(self.precision, "fp32")
+        return prec.compute_dtype(self.precision)
 
 
 @dataclass(frozen=True)
@@ -257,7 +253,7 @@ def divisors(n: int) -> list[int]:
 
 def compute_times(req: PlanRequest, mb: int, ckpt: str, attention: str, compile_: bool) -> tuple[float, float, float]:
     """(efficiency, forward s, backward s) of one micro-batch on one GPU."""
-    eff = req.efficiency.of(attention, mb * req.seq_len, req.spec, compile_, req.gpu.name)
+    eff = req.efficiency.of(attention, mb * req.seq_len, req.spec, compile_, req.gpu)
     hw_flops = fl.hardware_flops_per_token(req.spec, req.seq_len, ckpt)  # 6N + attention, x4/3 with recompute
     t = mb * req.seq_len * hw_flops / (req.gpu.peak_tflops(req.compute_dtype) * 1e12 * eff)
     fwd = t * FORWARD_SHARE[ckpt]
@@ -281,14 +277,15 @@ def evaluate(
     shape = cm.CommShape(
         params=req.spec.params,
         num_layers=req.spec.num_layers,
-        param_bytes=2 if req.compute_dtype != "fp32" else 4,
-        grad_bytes=2 if req.precision == "bf16" else 4,
+        param_bytes=prec.compute_bytes(req.precision),
+        grad_bytes=2 if req.precision == "bf16" else 4,  # the engine reduces in fp32 unless the plan is pure bf16
     )
-    c = cm.step_comm(strategy, shape, nodes, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
+    dims = ParallelDims.from_strategy(strategy, nodes, g)
+    c = cm.step_comm(dims, shape, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
     compute = accum * (fwd + bwd)
     step = compute + c.exposed_s
     gpus = nodes * g
-    tokens_step = mb * accum * gpus * req.seq_len
+    tokens_step = dims.tokens_per_step(mb, accum, req.seq_len)
     tps = tokens_step / step
     per_gpu = tps / gpus
     mfu = fl.mfu(req.spec, req.seq_len, per_gpu, req.gpu.peak_tflops(req.compute_dtype))
@@ -350,13 +347,17 @@ def plan(req: PlanRequest) -> PlanResult:
     spec, gpu, g, G = req.spec, req.gpu, req.gpus_per_node, req.global_batch
     cap = gpu.memory_bytes
     gpu.peak_tflops(req.compute_dtype)  # no native dtype (bf16 on V100): one clear error now
-    strategies = [req.strategy] if req.strategy else list(STRATEGIES)
+    strategies = [req.strategy] if req.strategy else list(ENGINE_STRATEGIES)
     ckpts = [req.checkpointing] if req.checkpointing else list(mem.CHECKPOINTING)
     attns = [req.attention] if req.attention else list(mem.ATTENTIONS)
     compiles = [req.compile] if req.compile is not None else [True, False]
     rejected: list[str] = []
-    if req.compute_dtype == "fp32" or gpu.name in NO_FLASH_GPUS:
-        why = "fp32 has no flash kernel" if req.compute_dtype == "fp32" else f"{gpu.name} predates flash-attention 2"
+    if req.compute_dtype == "fp32" or not gpu.flash_attention:
+        why = (
+            "fp32 has no flash kernel"
+            if req.compute_dtype == "fp32"
+            else f"flash-attention 2 does not run on {gpu.name}"
+        )
         if req.attention == "flash":
             rejected.append(f"--attention flash: {why}")
         attns = [a for a in attns if a != "flash"]
@@ -461,7 +462,7 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
         raise DoesNotFitError(
             f"no setup satisfies {' '.join(pinned)}: {reasons}", hint="drop a pin to let the planner choose"
         )
-    best_attn = "sdpa" if req.compute_dtype == "fp32" or req.gpu.name in NO_FLASH_GPUS else "flash"
+    best_attn = "sdpa" if req.compute_dtype == "fp32" or not req.gpu.flash_attention else "flash"
     setup = _setup(req, "full_shard", 1, 1, "full", best_attn)
     m = mem.min_gpus(req.spec, setup, req.gpu.memory_bytes, "full_shard")
     where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
@@ -559,4 +560,42 @@ def calibrate(records: list[dict[str, Any]], source: str = "metrics") -> Calibra
     raise InputError(
         f"{source}: the step records carry no tokens_per_s_predicted",
         hint="calibrate with a run of a plan written by `llmctl plan` (it records the predictions)",
+    )
+
+
+# --- the plan file -----------------------------------------------------------------------------------------------
+def to_plan(result: PlanResult, name: str | None = None) -> pf.Plan | None:
+    """The chosen candidate as the engine's plan file (None for --params: the engine needs an architecture)."""
+    req, c = result.request, result.chosen
+    spec = req.spec
+    if spec.source == "preset":
+        model = pf.ModelSection(preset=spec.name)
+    elif spec.source == "config":
+        model = pf.ModelSection(config=spec.name)
+    else:
+        return None
+    training = pf.TrainingSection(
+        precision=req.precision,
+        micro_batch_size=c.micro_batch,
+        grad_accum_steps=c.grad_accum,
+        seq_len=req.seq_len,
+        activation_checkpointing=c.checkpointing,
+        attention=c.attention,
+        compile=c.compile,
+        token_budget=req.token_budget,
+        max_steps=None if req.token_budget else 1000,
+    )
+    return pf.Plan(
+        name=name or f"{Path(spec.name).stem}-{c.strategy}-{c.nodes}x{c.gpus_per_node}",
+        model=model,
+        hardware=pf.HardwareSection(gpu=req.gpu.name, nodes=c.nodes, nproc_per_node=c.gpus_per_node),
+        parallel=pf.ParallelSection(sharding=c.strategy),
+        training=training,
+        predicted=pf.Predicted(
+            tokens_per_s=round(c.tokens_per_s, 1),
+            tokens_per_s_per_gpu=round(c.tokens_per_s_per_gpu, 1),
+            mfu=round(c.mfu, 4),
+            step_time_s=round(c.step_time_s, 4),
+            memory_per_gpu_bytes=c.memory_per_gpu_bytes,
+        ),
     )

@@ -1,35 +1,58 @@
-"""GPU catalog and cluster shape (torch-free). The figures live in presets/gpus.yaml with their sources."""
+"""GPU catalog and cluster shape (torch-free). Every per-GPU fact lives in presets/gpus.yaml with its source,
+validated on load; nothing here or in the planner is keyed by a GPU name."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llmctl.errors import SpecError, UnknownNameError, suggest
+from llmctl.units import GIB as GIB  # re-exported (the planner reads it from here)
+from llmctl.units import MIB
 
-GIB = 1024**3
-MIB = 1024**2
+CATALOG_ENV = "LLMCTL_GPU_CATALOG"
+"""Path(s) of extra GPU catalog YAML files (os.pathsep-separated), read after the shipped one; an entry with the name
+of a shipped GPU replaces it."""
+COMPUTE_DTYPES = ("bf16", "fp16", "tf32", "fp32")
 
-# Short names people type, mapped to catalog entries.
-_ALIASES = {
-    "h100": "H100-SXM",
-    "h100-80gb": "H100-SXM",
-    "h100-sxm5": "H100-SXM",
-    "a100": "A100-80GB",
-    "a100-80g": "A100-80GB",
-    "a100-40g": "A100-40GB",
-    "v100": "V100-32GB",
-    "h200-141gb": "H200",
-    "mi300": "MI300X",
-}
+
+class _Entry(BaseModel):
+    """One GPU kind as the catalog YAML spells it (see presets/gpus.yaml for what each field means)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = Field(min_length=1)
+    memory_mib: int = Field(gt=0)
+    tflops: dict[Literal["bf16", "fp16", "tf32", "fp32"], float | None]
+    link_gbytes_s: float = Field(gt=0)
+    link: str
+    architecture: str
+    flash_attention: bool
+    efficiency: float = Field(gt=0, le=2)
+    efficiency_source: str = Field(min_length=1)
+    aliases: list[str]
+
+    @field_validator("tflops")
+    @classmethod
+    def _all_dtypes(cls, v: dict[str, float | None]) -> dict[str, float | None]:
+        missing = [k for k in COMPUTE_DTYPES if k not in v]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)} (give null for no native support)")
+        if v["fp32"] is None or any(x is not None and x <= 0 for x in v.values()):
+            raise ValueError("peaks must be positive, and fp32 is always given")
+        return v
 
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator kind: usable memory, dense peak TFLOP/s per dtype, intra-node link bandwidth."""
+    """One accelerator kind: usable memory, dense peak TFLOP/s per dtype, intra-node link, and what the planner
+    needs to know about it (flash-attention support, achievable efficiency relative to A100)."""
 
     name: str
     memory_bytes: int
@@ -39,6 +62,13 @@ class GPUSpec:
     link_gbytes_s: float
     """Per-GPU unidirectional intra-node link bandwidth, GB/s."""
     link: str
+    architecture: str = "unknown"
+    flash_attention: bool = True
+    """flash-attention 2 runs on it."""
+    efficiency: float = 1.0
+    """Achievable fraction of peak relative to A100 (the planner's kernel factors were measured there)."""
+    efficiency_source: str = ""
+    aliases: tuple[str, ...] = ()
 
     @property
     def memory_gib(self) -> float:
@@ -55,58 +85,136 @@ class GPUSpec:
         return self.tflops.get("tf32") or self.tflops["fp32"] or 0.0
 
 
-@lru_cache(maxsize=1)
-def gpu_catalog() -> dict[str, GPUSpec]:
-    raw = yaml.safe_load(resources.files("llmctl.spec").joinpath("presets/gpus.yaml").read_text())
-    return {
-        e["name"]: GPUSpec(
-            name=e["name"],
-            memory_bytes=int(e["memory_mib"]) * MIB,
-            tflops=dict(e["tflops"]),
-            link_gbytes_s=float(e["link_gbytes_s"]),
-            link=e["link"],
+def _entry_error(err: ValidationError, source: str, raw: Any, index: int) -> SpecError:
+    first = err.errors()[0]
+    field = ".".join(str(x) for x in first["loc"])
+    name = raw.get("name") if isinstance(raw, dict) else None
+    which = f"entry {index + 1}" + (f" ({name})" if name else "")
+    if first["type"] == "missing":
+        return SpecError(f"{source}: {which}: missing field {field!r}", hint="see presets/gpus.yaml for every field")
+    if first["type"] == "extra_forbidden":
+        return SpecError(f"{source}: {which}: unknown field {field!r}")
+    return SpecError(f"{source}: {which}: {field}: {first['msg'].removeprefix('Value error, ')}")
+
+
+def parse_catalog(text: str, source: str) -> list[GPUSpec]:
+    """Validate a catalog YAML (a list of entries) into GPUSpecs; any problem is one SpecError naming the field."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"{source}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(raw, list):
+        raise SpecError(f"{source}: a GPU catalog is a YAML list of entries (name, memory_mib, tflops, ...)")
+    out = []
+    for i, item in enumerate(raw):
+        try:
+            e = _Entry.model_validate(item)
+        except ValidationError as err:
+            raise _entry_error(err, source, item, i) from None
+        out.append(
+            GPUSpec(
+                name=e.name,
+                memory_bytes=e.memory_mib * MIB,
+                tflops=dict(e.tflops),
+                link_gbytes_s=e.link_gbytes_s,
+                link=e.link,
+                architecture=e.architecture,
+                flash_attention=e.flash_attention,
+                efficiency=e.efficiency,
+                efficiency_source=e.efficiency_source,
+                aliases=tuple(a.lower() for a in e.aliases),
+            )
         )
-        for e in raw
-    }
+    return out
+
+
+@lru_cache(maxsize=4)
+def _catalog(extra_paths: str) -> dict[str, GPUSpec]:
+    shipped = resources.files("llmctl.spec").joinpath("presets/gpus.yaml").read_text()
+    entries = parse_catalog(shipped, "presets/gpus.yaml")
+    for path in filter(None, extra_paths.split(os.pathsep)):
+        try:
+            text = Path(path).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecError(f"${CATALOG_ENV}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+        entries += parse_catalog(text, path)
+    cat: dict[str, GPUSpec] = {}
+    for g in entries:  # a later entry with the same name (a user's catalog) replaces the shipped one
+        cat.pop(next((n for n in cat if n.lower() == g.name.lower()), ""), None)
+        cat[g.name] = g
+    return cat
+
+
+def gpu_catalog() -> dict[str, GPUSpec]:
+    """Every GPU kind: the shipped catalog plus the files named by $LLMCTL_GPU_CATALOG."""
+    return _catalog(os.environ.get(CATALOG_ENV, ""))
 
 
 def resolve_gpu(name: str) -> GPUSpec:
     cat = gpu_catalog()
-    key = name.strip()
+    key = name.strip().lower()
     for n, g in cat.items():
-        if n.lower() == key.lower():
+        if n.lower() == key:
             return g
-    alias = _ALIASES.get(key.lower())
-    if alias:
-        return cat[alias]
+    for g in cat.values():
+        if key in g.aliases:
+            return g
     raise UnknownNameError(
-        f"unknown GPU kind {name!r}", hint=suggest(key, list(cat)) or "see `llmctl estimate-memory --list-gpus`"
+        f"unknown GPU kind {name!r}", hint=suggest(name.strip(), list(cat)) or "see `llmctl estimate --list-gpus`"
     )
 
 
-@dataclass(frozen=True)
-class ClusterSpec:
-    """nodes x gpus_per_node of one GPU kind, and the links between them."""
+class Cluster(BaseModel):
+    """nodes x gpus_per_node of one GPU kind and the links between them: a cluster YAML file (`plan --cluster`),
+    or built from flags (flags override the file)."""
 
-    gpu: GPUSpec
-    nodes: int = 1
-    gpus_per_node: int = 8
-    inter_node_gbps: float | None = None
-    """Per-node inter-node bandwidth in Gbit/s (all NICs of the node together), if known."""
-    intra_node_gbytes_s: float | None = None
-    """Override of the catalog's per-GPU intra-node link bandwidth, GB/s."""
-    price_per_gpu_hour: float | None = None
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpu: str
+    """GPU kind (a catalog name or alias)."""
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(1, ge=1)
+    inter_node_gbps: float | None = Field(None, gt=0)
+    """Per node, all NICs together, Gbit/s (taken as achievable bus bandwidth)."""
+    intra_node_gbps: float | None = Field(None, gt=0)
+    """Per-GPU intra-node bus bandwidth, Gbit/s (default: catalog link x the link efficiency)."""
+    price_per_gpu_hour: float | None = Field(None, ge=0)
+    """USD per GPU-hour."""
 
-    def __post_init__(self) -> None:
-        if self.nodes < 1:
-            raise SpecError(f"nodes must be >= 1, got {self.nodes}")
-        if self.gpus_per_node < 1:
-            raise SpecError(f"gpus per node must be >= 1, got {self.gpus_per_node}")
-        if self.inter_node_gbps is not None and self.inter_node_gbps <= 0:
-            raise SpecError(f"inter-node bandwidth must be positive, got {self.inter_node_gbps}")
-        if self.price_per_gpu_hour is not None and self.price_per_gpu_hour < 0:
-            raise SpecError(f"price per GPU-hour must be >= 0, got {self.price_per_gpu_hour}")
+    @property
+    def gpu_spec(self) -> GPUSpec:
+        return resolve_gpu(self.gpu)
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+
+def _cluster_error(err: ValidationError, source: str) -> SpecError:
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"])
+    msg = "unknown key" if first["type"] == "extra_forbidden" else first["msg"]
+    return SpecError(f"{source}: {loc + ': ' if loc else ''}{msg}")
+
+
+def make_cluster(source: str = "the cluster", **fields: Any) -> Cluster:
+    """A validated Cluster from fields (None values are left at their defaults)."""
+    try:
+        return Cluster.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        raise _cluster_error(e, source) from None
+
+
+def load_cluster(path: str | os.PathLike[str], **overrides: Any) -> Cluster:
+    """A cluster YAML file, with `overrides` (flags; None = not given) taking precedence over its values."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise SpecError(f"cannot read cluster file {p}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{p}: not a text file") from None
+    except yaml.YAMLError as e:
+        raise SpecError(f"{p}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{p}: a cluster file must be a YAML mapping (gpu, nodes, gpus_per_node, ...)")
+    return make_cluster(str(p), **{**data, **{k: v for k, v in overrides.items() if v is not None}})

@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llmctl.errors import SpecError
+from llmctl.errors import LlmctlError, SpecError
 from llmctl.fileio import write_atomic
+from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
 
 PLAN_VERSION = 1
 
-Sharding = Literal["full", "hybrid", "no_shard"]
+Sharding = Literal["full_shard", "hybrid_shard", "no_shard"]
+"""llmctl.spec.parallel.ENGINE_STRATEGIES; older plans' `full` and `hybrid` are read as these."""
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
 Attention = Literal["auto", "flash", "sdpa", "eager"]
 Checkpointing = Literal["none", "full"]
@@ -39,7 +41,7 @@ class ModelSection(_Strict):
     overrides: dict[str, Any] = Field(default_factory=dict)
     """Hugging Face config fields to override (e.g. num_hidden_layers)."""
     pad_vocab_multiple: int = Field(64, ge=1)
-    """Pad the vocabulary to a multiple of this (tensor-core shapes; the FSDP seed uses 64 on A100)."""
+    """Pad the vocabulary to a multiple of this (tensor-core shapes; 64 on A100: docs/sources.md#fsdp-seed)."""
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
@@ -75,11 +77,23 @@ class HardwareSection(_Strict):
 
 
 class ParallelSection(_Strict):
-    sharding: Sharding = "full"
-    """full: FSDP2 over all ranks; hybrid: shard inside a node, replicate across nodes (2-D mesh);
-    no_shard: replicate everywhere (DDP-like)."""
+    """The friendly spelling of the parallel degrees; `Plan.parallel_dims` turns it into them (in one place)."""
+
+    sharding: Sharding = "full_shard"
+    """full_shard: FSDP2 over all ranks, dims (1, world); hybrid_shard: shard inside a node, replicate across
+    nodes (2-D mesh), dims (world / shard_size, shard_size); no_shard: replicate everywhere (DDP-like), (world, 1)."""
     shard_size: int | None = Field(None, ge=1)
-    """HYBRID: ranks per shard group (default: nproc_per_node). Replicate size = world / shard_size."""
+    """hybrid_shard: ranks per shard group (default: nproc_per_node). Replicate size = world / shard_size."""
+
+    @field_validator("sharding", mode="before")
+    @classmethod
+    def _one_spelling(cls, v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        try:
+            return canonical_strategy(v, ENGINE_STRATEGIES)
+        except LlmctlError as e:
+            raise ValueError(str(e)) from None
 
 
 class TrainingSection(_Strict):
@@ -153,13 +167,13 @@ class Plan(_Strict):
     def _consistent(self) -> Plan:
         if self.version != PLAN_VERSION:
             raise ValueError(f"version {self.version} is not supported (this llmctl reads version {PLAN_VERSION})")
-        hw, par = self.hardware, self.parallel
-        if par.sharding == "hybrid":
-            shard = par.shard_size or hw.nproc_per_node
+        par = self.parallel
+        if par.sharding == "hybrid_shard":
+            shard = par.shard_size or self.hardware.nproc_per_node
             if self.world_size % shard:
                 raise ValueError(f"parallel.shard_size {shard} does not divide the world size {self.world_size}")
         elif par.shard_size is not None:
-            raise ValueError("parallel.shard_size is only meaningful with parallel.sharding: hybrid")
+            raise ValueError("parallel.shard_size is only meaningful with parallel.sharding: hybrid_shard")
         if self.training.attention == "flash" and self.training.precision == "fp32":
             raise ValueError("training.attention: flash needs bf16 or fp16 (flash-attention has no fp32 kernel)")
         return self
@@ -169,20 +183,16 @@ class Plan(_Strict):
         return self.hardware.nodes * self.hardware.nproc_per_node
 
     @property
-    def mesh_shape(self) -> tuple[int, int]:
-        """(replicate, shard) sizes of the data-parallel device mesh."""
-        w = self.world_size
-        if self.parallel.sharding == "full":
-            return (1, w)
-        if self.parallel.sharding == "no_shard":
-            return (w, 1)
-        shard = self.parallel.shard_size or self.hardware.nproc_per_node
-        return (w // shard, shard)
+    def parallel_dims(self) -> ParallelDims:
+        """The plan's parallel degrees: the one place `parallel.sharding` becomes degrees."""
+        hw, par = self.hardware, self.parallel
+        shard = (par.shard_size or hw.nproc_per_node) if par.sharding == "hybrid_shard" else None
+        return ParallelDims.from_strategy(par.sharding, hw.nodes, hw.nproc_per_node, shard_size=shard)
 
     @property
     def tokens_per_step(self) -> int:
         t = self.training
-        return t.micro_batch_size * t.grad_accum_steps * t.seq_len * self.world_size
+        return self.parallel_dims.tokens_per_step(t.micro_batch_size, t.grad_accum_steps, t.seq_len)
 
     @property
     def total_steps(self) -> int:

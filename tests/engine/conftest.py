@@ -31,7 +31,7 @@ TINY: dict[str, Any] = {
     },
     "data": {"kind": "text", "paths": [str(CORPUS)]},
     "hardware": {"nodes": 1, "nproc_per_node": 2},
-    "parallel": {"sharding": "full"},
+    "parallel": {"sharding": "full_shard"},
     "training": {
         "precision": "fp32",
         "micro_batch_size": 4,

@@ -49,9 +49,9 @@ def test_order_is_deterministic_for_a_seed() -> None:
 
 def test_ranks_read_disjoint_parts_and_accumulation_sees_the_same_samples() -> None:
     blocks = PackedBlocks(np.arange(20000, dtype=np.uint16), 16, seed=0)
-    r0 = RankData(blocks, micro_batch_size=2, grad_accum_steps=1, rank=0, world_size=2).micro_batches(3)
-    r1 = RankData(blocks, micro_batch_size=2, grad_accum_steps=1, rank=1, world_size=2).micro_batches(3)
-    acc = RankData(blocks, micro_batch_size=1, grad_accum_steps=2, rank=0, world_size=2).micro_batches(3)
+    r0 = RankData(blocks, micro_batch_size=2, grad_accum_steps=1, dp_rank=0, dp_size=2).micro_batches(3)
+    r1 = RankData(blocks, micro_batch_size=2, grad_accum_steps=1, dp_rank=1, dp_size=2).micro_batches(3)
+    acc = RankData(blocks, micro_batch_size=1, grad_accum_steps=2, dp_rank=0, dp_size=2).micro_batches(3)
     assert len(r0) == 1 and len(acc) == 2
     assert not set(r0[0].inputs[:, 0].tolist()) & set(r1[0].inputs[:, 0].tolist())
     both = np.concatenate([m.inputs.numpy() for m in acc])

@@ -43,8 +43,8 @@ def test_full_shard_2_ranks_loss_falls(reference_run: Path) -> None:
     assert_loss_falls(loss)
     last = records(reference_run, "step")[-1]
     assert last["tokens_per_s"] > 0 and last["peak_rss_bytes"] > 0 and last["mfu"] is None
-    assert last["model_tflops_per_device"] > 0
-    assert last["hardware_tflops_per_device"] == pytest.approx(last["model_tflops_per_device"])
+    assert last["model_tflops_per_gpu"] > 0
+    assert last["hardware_tflops_per_gpu"] == pytest.approx(last["model_tflops_per_gpu"])
 
 
 def test_hybrid_2x2_4_ranks_loss_falls(tmp_path: Path) -> None:
@@ -52,7 +52,7 @@ def test_hybrid_2x2_4_ranks_loss_falls(tmp_path: Path) -> None:
         tmp_path,
         {
             "hardware": {"nodes": 2, "nproc_per_node": 2},
-            "parallel": {"sharding": "hybrid"},
+            "parallel": {"sharding": "hybrid_shard"},
             "training": {"micro_batch_size": 2, "max_steps": 25},
         },
     )

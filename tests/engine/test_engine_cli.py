@@ -98,7 +98,5 @@ def test_one_plain_process_with_checkpointing_compile_and_bf16(tmp_path: Path) -
     steps = [r for r in rows if r["event"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(r["loss"] == r["loss"] and 4 < r["loss"] < 7 for r in steps)
-    assert steps[-1]["hardware_tflops_per_device"] == pytest.approx(
-        steps[-1]["model_tflops_per_device"] * 4 / 3, rel=1e-3
-    )
+    assert steps[-1]["hardware_tflops_per_gpu"] == pytest.approx(steps[-1]["model_tflops_per_gpu"] * 4 / 3, rel=1e-3)
     assert rows[0]["mesh"] == [1] and rows[0]["precision"] == "bf16-mixed"

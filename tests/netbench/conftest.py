@@ -1,6 +1,6 @@
 """Fixtures for bench-net tests: free ports, a torch-free env for subprocesses, and network-namespace "nodes".
 
-Namespace safety (../shared/notes/environment-facts.md): scripts/netns.sh adds the blackhole route for the test
+Namespace safety (scripts/netns.sh's header): scripts/netns.sh adds the blackhole route for the test
 subnet before any address is configured, and `down` (run in a finally, even when a test fails) removes every
 namespace, veth, the bridge and the route. Traffic goes only between our own namespaces.
 """

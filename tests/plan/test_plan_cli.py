@@ -61,7 +61,7 @@ def test_json_has_chosen_and_candidates_and_writes_a_valid_plan(tmp_path: Path) 
     assert data["chosen"]["strategy"] == "hybrid_shard" and data["chosen"]["checkpointing"] == "full"
     assert data["chosen"]["budget_cost_usd"] > 0 and len(data["why_lost"]) == len(data["candidates"]) - 1
     plan = load_plan(out)
-    assert plan.parallel.sharding == "hybrid" and plan.hardware.nodes == 2 and plan.hardware.nproc_per_node == 4
+    assert plan.parallel.sharding == "hybrid_shard" and plan.hardware.nodes == 2 and plan.hardware.nproc_per_node == 4
     assert plan.training.micro_batch_size * plan.training.grad_accum_steps * plan.world_size == 128
     assert plan.training.token_budget == 2_000_000_000
     assert plan.predicted.tokens_per_s == pytest.approx(data["chosen"]["tokens_per_s"], rel=1e-3)
@@ -83,7 +83,7 @@ def test_never_clobbers_an_existing_plan(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "already exists" in r.output
     assert out.read_text() == "mine\n"
     r = invoke([*SEED, "-o", str(out), "--force", "--json"])
-    assert r.exit_code == 0 and load_plan(out).parallel.sharding == "hybrid"
+    assert r.exit_code == 0 and load_plan(out).parallel.sharding == "hybrid_shard"
 
 
 def test_cluster_file(tmp_path: Path) -> None:
@@ -92,8 +92,14 @@ def test_cluster_file(tmp_path: Path) -> None:
     r = invoke(["plan", "llama-2-7b", "--cluster", str(cl), "--seq-len", "1024", "--json", "--no-write"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["chosen"]["strategy"] == "hybrid_shard"
-    r = invoke(["plan", "llama-2-7b", "--cluster", str(cl), "--nodes", "4", "--no-write"])
-    assert r.exit_code == 2 and "--nodes 4 disagrees with" in r.output
+    # the file is the main input; a flag overrides its value
+    r = invoke(["plan", "llama-2-7b", "--cluster", str(cl), "--nodes", "4", "--json", "--no-write"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["nodes"] == 4, r.output
+    cl.write_text("gpu: A100-80GB\nnodes: 2\ngpus_per_node: 4\ninter_node_gbps: -5\n")
+    r = invoke(["plan", "llama-2-7b", "--cluster", str(cl), "--no-write"])
+    assert r.exit_code == 2 and "inter_node_gbps" in r.output, r.output
+    r = invoke(["plan", "llama-2-7b", "--cluster", str(cl), "--inter-gbps", "50", "--json", "--no-write"])
+    assert r.exit_code == 0, r.output  # the flag replaced the file's bad value
 
 
 def test_examples_cluster_files_plan(tmp_path: Path) -> None:

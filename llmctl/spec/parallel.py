@@ -1,0 +1,189 @@
+"""Parallelism as degrees (torch-free): the one type from which the device mesh, the data-parallel rank and size,
+tokens per step, each state's shard degree and each collective's group are derived.
+
+Modelled on torchtitan's `ParallelDims` (pytorch/torchtitan, torchtitan/distributed/parallel_dims.py): the world is
+`pp x dp_replicate x dp_shard x tp` ranks, laid out in that order (tp innermost, so a tensor-parallel group is
+consecutive ranks inside a node), and node after node (torchrun's rank order).
+
+Sharding strategies are the friendly spelling of degrees, turned into degrees in one place (`from_strategy`):
+- `full_shard` (FSDP FULL_SHARD, ZeRO-3): (dp_replicate, dp_shard) = (1, dp)
+- `hybrid_shard` (FSDP HYBRID_SHARD, HSDP): (dp / shard, shard) with shard = the data-parallel ranks of one node
+- `no_shard` (DDP): (dp, 1)
+- `shard_grad_op` (ZeRO-2) and `zero1` (ZeRO-1): (1, dp) with fewer kinds of state split (`zero_stage`)
+where dp = world / (tp x pp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmctl.errors import InputError, UnknownNameError
+
+# Strategy -> (how the data-parallel ranks are split, ZeRO stage: which states dp_shard splits)
+# (Rajbhandari et al. 2020, "ZeRO": stage 1 optimizer states, 2 + gradients, 3 + parameters).
+_STRATEGIES: dict[str, tuple[str, int]] = {
+    "no_shard": ("replicate", 0),
+    "zero1": ("shard", 1),
+    "shard_grad_op": ("shard", 2),
+    "full_shard": ("shard", 3),
+    "hybrid_shard": ("hybrid", 3),
+}
+STRATEGIES: tuple[str, ...] = tuple(_STRATEGIES)
+ENGINE_STRATEGIES: tuple[str, ...] = ("full_shard", "hybrid_shard", "no_shard")
+"""What llmctl's engine (FSDP2) runs."""
+STRATEGY_ALIASES = {
+    "ddp": "no_shard",
+    "zero2": "shard_grad_op",
+    "zero3": "full_shard",
+    "full": "full_shard",
+    "hybrid": "hybrid_shard",
+    "fsdp": "full_shard",
+    "hsdp": "hybrid_shard",
+}
+
+# Where a collective's group runs: inside one node; one ring over ranks of several nodes; or one of the concurrent
+# groups that have one rank per node (HYBRID's cross-node all-reduce) and so share each node's NICs.
+SCOPES = ("intra", "cross", "inter")
+
+
+def canonical_strategy(name: str, allowed: tuple[str, ...] = STRATEGIES) -> str:
+    """The one spelling of a strategy (`full_shard`, ...), from any accepted spelling (FULL, full, zero3, fsdp)."""
+    v = name.strip().lower().replace("-", "_")
+    v = STRATEGY_ALIASES.get(v, v)
+    if v not in allowed:
+        raise UnknownNameError(f"unknown strategy {name!r}", hint="choose one of: " + ", ".join(allowed))
+    return v
+
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """Degrees of each kind of parallelism. Their product is the world size."""
+
+    dp_replicate: int = 1
+    """Data-parallel groups holding full replicas of the (sharded) states; gradients are all-reduced across them."""
+    dp_shard: int = 1
+    """Data-parallel ranks one replica's states are sharded over (FSDP's shard group)."""
+    tp: int = 1
+    """Tensor-parallel degree (with sequence parallelism: activations divide by tp too)."""
+    pp: int = 1
+    """Pipeline-parallel degree (stages)."""
+    zero_stage: int = 3
+    """Which states dp_shard splits: 1 optimizer states, 2 + gradients, 3 + parameters (FSDP). 0: none."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard", "tp", "pp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise InputError(f"parallel degree {name} must be a positive integer, got {v!r}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise InputError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+
+    # --- from the friendly spelling --------------------------------------------------------------------------
+    @classmethod
+    def from_strategy(
+        cls,
+        strategy: str,
+        nodes: int,
+        gpus_per_node: int,
+        tp: int = 1,
+        pp: int = 1,
+        shard_size: int | None = None,
+    ) -> ParallelDims:
+        """Degrees for a strategy on nodes x gpus_per_node ranks. `shard_size` (hybrid only) overrides the shard
+        group's size (default: the data-parallel ranks of one node, gpus_per_node / tp)."""
+        strategy = canonical_strategy(strategy)
+        for label, v in (("nodes", nodes), ("gpus per node", gpus_per_node), ("tp", tp), ("pp", pp)):
+            if v < 1:
+                raise InputError(f"{label} must be a positive integer, got {v}")
+        world = nodes * gpus_per_node
+        if world % (tp * pp):
+            raise InputError(f"{world} GPUs cannot be split into tp={tp} x pp={pp} groups")
+        dp = world // (tp * pp)
+        layout, stage = _STRATEGIES[strategy]
+        if shard_size is not None and layout != "hybrid":
+            raise InputError(f"a shard size is only meaningful with hybrid_shard, not {strategy}")
+        if layout == "replicate":
+            return cls(dp, 1, tp, pp, stage)
+        if layout == "shard":
+            return cls(1, dp, tp, pp, stage)
+        if shard_size is None:
+            if gpus_per_node % tp:
+                raise InputError(f"hybrid_shard: tp={tp} does not divide {gpus_per_node} GPUs per node")
+            shard_size = gpus_per_node // tp
+        if shard_size < 1 or dp % shard_size:
+            raise InputError(
+                f"hybrid_shard: a shard group of {shard_size} does not divide the {dp} data-parallel ranks"
+            )
+        return cls(dp // shard_size, shard_size, tp, pp, stage)
+
+    # --- derived ---------------------------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size: how many different micro-batches are trained at once."""
+        return self.dp_replicate * self.dp_shard
+
+    def check_world(self, world_size: int, what: str = "the run") -> None:
+        if self.world_size != world_size:
+            raise InputError(
+                f"the parallel degrees (pp {self.pp} x dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} "
+                f"x tp {self.tp} = {self.world_size}) do not match the {world_size} ranks of {what}"
+            )
+
+    @property
+    def strategy(self) -> str:
+        """The friendly name of these data-parallel degrees."""
+        if self.dp_shard == 1 or self.zero_stage == 0:
+            return "no_shard"
+        if self.dp_replicate > 1:
+            return "hybrid_shard"
+        return {1: "zero1", 2: "shard_grad_op"}.get(self.zero_stage, "full_shard")
+
+    def shard_degree(self, sharded_from_stage: int) -> int:
+        """Ranks a state is split over: dp_shard when the ZeRO stage shards it (see `zero_stage`), else 1."""
+        return self.dp_shard if self.zero_stage >= sharded_from_stage else 1
+
+    @property
+    def mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The data-parallel device mesh the engine builds: ("shard",) for one shard group over all data-parallel
+        ranks, ("replicate", "shard") when there are replicas (HSDP; DDP is (dp, 1)). FSDP2's names."""
+        if self.tp > 1 or self.pp > 1:
+            raise InputError("the engine runs data parallelism only (tp = pp = 1)")
+        if self.dp_replicate > 1:
+            return (self.dp_replicate, self.dp_shard), ("replicate", "shard")
+        return (self.dp_shard,), ("shard",)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """This rank's index along each axis (layout pp, dp_replicate, dp_shard, tp; tp innermost)."""
+        if not 0 <= rank < self.world_size:
+            raise InputError(f"rank {rank} is outside a world of {self.world_size}")
+        tp_i, rest = rank % self.tp, rank // self.tp
+        shard_i, rest = rest % self.dp_shard, rest // self.dp_shard
+        rep_i, pp_i = rest % self.dp_replicate, rest // self.dp_replicate
+        return {"pp": pp_i, "dp_replicate": rep_i, "dp_shard": shard_i, "tp": tp_i}
+
+    def dp_rank(self, rank: int) -> int:
+        """Which data-parallel slice of the global batch this rank trains on (ranks of one tp group share it)."""
+        c = self.coords(rank)
+        return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
+
+    def tokens_per_step(self, micro_batch_size: int, grad_accum_steps: int, seq_len: int) -> int:
+        """Tokens one optimizer step trains on: every data-parallel rank's micro-batches."""
+        return micro_batch_size * grad_accum_steps * seq_len * self.dp
+
+    def group_scope(self, axis: str, gpus_per_node: int) -> str:
+        """Where a collective over `axis` ("dp_shard" or "dp_replicate") runs, for ranks filled node by node:
+        "intra" (the group fits in one node), "inter" (one rank per node: the node's ranks each sit in a different
+        group, so the groups share the node's NICs) or "cross" (a ring over several ranks of several nodes)."""
+        if axis == "dp_shard":
+            size, stride = self.dp_shard, self.tp
+        elif axis == "dp_replicate":
+            size, stride = self.dp_replicate, self.tp * self.dp_shard
+        else:
+            raise InputError(f"no collective group for axis {axis!r}", hint="dp_shard or dp_replicate")
+        if size <= 1 or gpus_per_node % (size * stride) == 0:
+            return "intra"  # the group's ranks are consecutive (with stride) inside one node
+        return "inter" if stride >= gpus_per_node else "cross"
