@@ -86,16 +86,16 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         cols.append(("time", "right"))
     if req.price_per_gpu_hour is not None and req.token_budget:
         cols.append(("cost", "right"))
-    short = {"full_shard": "FULL", "hybrid_shard": "HYBRID", "no_shard": "NO_SHARD"}
     t = render.table(
         f"Best setup per strategy x nodes x checkpointing (by "
         f"{'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
         cols,
     )
+    t.columns[1].no_wrap = True  # the strategy name stays whole ("hybrid_shard")
     for i, cand in enumerate(result.candidates[:top]):
         row = [
             str(i + 1),
-            short[cand.strategy],
+            cand.strategy,
             str(cand.nodes),
             f"{cand.micro_batch}x{cand.grad_accum}",
             cand.checkpointing,
@@ -209,7 +209,7 @@ def plan_command(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing plan file.")] = False,
     no_write: Annotated[bool, typer.Option("--no-write", help="Do not write a plan file.")] = False,
 ) -> None:
-    """Choose FULL vs HYBRID sharding, micro-batch, accumulation, checkpointing and kernels for MODEL on a cluster."""
+    """Choose full_shard vs hybrid_shard, micro-batch, accumulation, checkpointing and kernels for MODEL on a cluster."""
     if top < 1:
         raise InputError(f"--top must be >= 1, got {top}")
     flags = {

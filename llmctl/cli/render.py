@@ -15,7 +15,7 @@ from llmctl.units import GIB as GIB  # re-exported: the estimate table's unit
 from llmctl.units import gib as gib  # re-exported: the one GiB column formatter
 
 # Piped output (CI logs, `| less`, README captures) gets a wide fixed width instead of rich's 80 columns.
-_WIDTH = None if sys.stdout.isatty() else 130
+_WIDTH = None if sys.stdout.isatty() else 140
 console = Console(highlight=False, soft_wrap=False, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False)
 
