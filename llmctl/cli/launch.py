@@ -133,7 +133,7 @@ def status(
     job: Annotated[str | None, typer.Argument(help="Job id or folder (default: all jobs).")] = None,
     jobs_dir: JobsDirOpt = None,
 ) -> None:
-    """State of jobs launched from here (squeue/sacct/scontrol, else the job folder)."""
+    """State of jobs launched from here, from each job's own executor (SLURM, or a local run's pid; else its folder)."""
     from rich.console import Console
     from rich.table import Table
 
