@@ -54,12 +54,19 @@ def nodes_idle() -> bool:
     return out.returncode == 0 and bool(states) and all(s == "idle" for s in states)
 
 
+_PENDING_SINCE: dict[str, float] = {}
+
+
 def release_if_ready(job_id: str) -> None:
-    """Start a requeued job now instead of at its BeginTime, once its previous instance has left the nodes.
-    SLURM's BeginTime delay is what keeps a requeued job off nodes that are still completing it; forcing
-    StartTime=now earlier let the new instance start 0.5 s after the requeue and its batch step fail at once
-    (exit 1 in 3 ms, seen in the controller log of a failed run)."""
-    if squeue_state(job_id) == "PENDING" and nodes_idle():
+    """Start a requeued job now instead of at its BeginTime, but not within 3 s of its requeue. slurmd refuses to
+    launch a job whose credential was created no later than the second in which the job's previous instance was
+    killed (slurm_cred_revoked compares whole seconds: "Job N already killed, do not launch batch job"); SLURM's
+    BeginTime delay after a requeue is what normally avoids that. Forcing StartTime=now 50 ms after the requeue
+    let the new instance start in the same second and fail at once (exit 1 in 3 ms): the CI failure."""
+    if squeue_state(job_id) != "PENDING":
+        return
+    since = _PENDING_SINCE.setdefault(job_id, time.monotonic())
+    if time.monotonic() - since >= 3 and nodes_idle():
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True)
 
 
