@@ -40,6 +40,14 @@ def _is_usage_error(e: BaseException) -> bool:
 
 
 class _Group(TyperGroup):
+    def get_command(self, ctx: click.Context, cmd_name: str):  # type: ignore[override]
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            from llmctl.cli.bounds import bound_numbers
+
+            bound_numbers(command, typer.BadParameter)  # every numeric option: finite, in a documented range
+        return command
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:  # type: ignore[override]
         try:
             return super().parse_args(ctx, args)

@@ -244,7 +244,7 @@ def plan_command(
         if global_batch_tokens < seq_len:
             raise InputError(f"--global-batch-tokens {global_batch_tokens} is less than one sequence ({seq_len})")
         gb = global_batch_tokens // seq_len
-    budget = models.parse_count(tokens) if tokens is not None else None
+    budget = models.parse_count(tokens, "--tokens", models.MAX_TOKENS) if tokens is not None else None
 
     network = network_for(hw, net)
 

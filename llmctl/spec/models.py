@@ -295,14 +295,24 @@ def from_config_path(path: str | Path) -> ModelSpec:
 _SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
-def parse_count(text: str) -> int:
-    """'7B' -> 7_000_000_000; '1.5e9', '350M', '124439808' also work."""
+# Past these no real model goes: the largest published models have ~2T parameters and were trained on ~36T tokens
+# (Qwen3, https://arxiv.org/abs/2505.09388); a count beyond them is a typo, refused with one line.
+MAX_PARAMS = 10**14
+MAX_TOKENS = 10**15
+
+
+def parse_count(text: str, what: str = "parameter count", limit: int = MAX_PARAMS) -> int:
+    """'7B' -> 7_000_000_000; '1.5e9', '350M', '124439808' also work. `what` names the value in errors; more than
+    `limit` is refused."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", str(text))
     if not m:
-        raise SpecError(f"cannot read parameter count {text!r}", hint="use a number like 7B, 350M or 1.3e9")
-    n = int(round(float(m.group(1)) * _SUFFIX[m.group(2).upper()]))
+        raise SpecError(f"cannot read {what} {text!r}", hint="use a number like 7B, 350M or 1.3e9")
+    value = float(m.group(1)) * _SUFFIX[m.group(2).upper()]
+    if value > limit:
+        raise SpecError(f"{what} {text!r} is out of range: at most {limit:.0e}")
+    n = int(round(value))
     if n <= 0:
-        raise SpecError(f"parameter count must be positive, got {text!r}")
+        raise SpecError(f"{what} must be positive, got {text!r}")
     return n
 
 
