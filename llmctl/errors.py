@@ -96,7 +96,8 @@ def describe(e: BaseException) -> tuple[str, int]:
     first = (str(e).strip().splitlines() or [""])[0]
     if is_out_of_memory(e):
         return f"out of memory: {first} ({OOM_HINT})", 1
-    return f"internal error: {type(e).__name__}: {first} (set {DEBUG_ENV}=1 for the traceback)", 1
+    report_it = f"a bug in llmctl: please report it with the traceback that {DEBUG_ENV}=1 prints"
+    return f"internal error: {type(e).__name__}: {first} ({report_it})", 1
 
 
 @dataclass(frozen=True)
