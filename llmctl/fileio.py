@@ -47,3 +47,111 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------ reading user files
+
+MAX_INPUT_BYTES = 64 * 2**20
+"""The largest plan, cluster, catalog, config.json, bench report or metrics file llmctl reads (a real one is
+kilobytes; a metrics file of a month-long run at one line a step, a few MB): a larger one is a wrong path."""
+
+
+def read_input(path: str | os.PathLike[str], what: str, max_bytes: int = MAX_INPUT_BYTES) -> str:
+    """The text of a file the user gave, or one SpecError line naming the file and the problem: missing, a
+    folder, unreadable, larger than `max_bytes` (never read whole), not UTF-8, empty."""
+    from llmctl.errors import SpecError
+
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise SpecError(f"{p}: is a folder, expected a {what}")
+        with p.open("rb") as f:
+            data = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise SpecError(f"{p}: no such {what}") from None
+    except PermissionError:
+        raise SpecError(f"{p}: permission denied (reading the {what})") from None
+    except OSError as e:
+        raise SpecError(f"cannot read {what} {p}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise SpecError(f"{p}: larger than {max_bytes // 2**20} MiB, too large for a {what}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{p}: not a UTF-8 text file (byte {e.start}); expected a {what}") from None
+    if not text.strip():
+        raise SpecError(f"{p}: empty {what}")
+    return text
+
+
+def load_yaml(path: str | os.PathLike[str], what: str) -> object:
+    """A YAML file the user gave, strictly: no aliases (a plan never needs one, and nested aliases expand
+    exponentially downstream: the 'billion laughs'), no duplicate keys (the later one would silently win).
+    Errors are one SpecError line with the line number."""
+    return parse_yaml(read_input(path, what), str(path))
+
+
+def parse_yaml(text: str, source: str) -> object:
+    import yaml
+
+    from llmctl.errors import SpecError
+
+    try:
+        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{source}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+
+
+def load_json(path: str | os.PathLike[str], what: str) -> object:
+    """A JSON file the user gave; errors are one SpecError line with the line and column."""
+    import json
+
+    from llmctl.errors import SpecError
+
+    p = Path(path)
+    try:
+        return json.loads(read_input(p, what))
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{p} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno} (a {what})") from None
+
+
+def _strict_loader() -> type:
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.MarkedYAMLError(problem="aliases (*name) are not allowed", problem_mark=event.start_mark)
+            return super().compose_node(parent, index)
+
+        def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    hash(key)
+                except TypeError:
+                    continue  # SafeLoader's own error ("found unhashable key") follows
+                if key in seen:
+                    raise yaml.MarkedYAMLError(problem=f"duplicate key {key!r}", problem_mark=key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return StrictLoader
+
+
+class _LazyLoader:
+    """The strict loader class, built on first use so that importing llmctl.fileio does not import yaml."""
+
+    _cls: type | None = None
+
+    def __call__(self, stream):  # type: ignore[no-untyped-def]
+        if _LazyLoader._cls is None:
+            _LazyLoader._cls = _strict_loader()
+        return _LazyLoader._cls(stream)
+
+
+_StrictLoader = _LazyLoader()

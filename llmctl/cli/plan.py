@@ -13,6 +13,7 @@ from rich.markup import escape
 from llmctl.cli import render
 from llmctl.cli.options import GpuOpt, JsonOpt, ModelArg, NodesOpt, ParamsOpt, SeqLenOpt
 from llmctl.errors import InputError, SpecError
+from llmctl.fileio import read_input
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
 from llmctl.plan.network import network_for
@@ -22,12 +23,7 @@ from llmctl.spec import planfile as pf
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
     p = Path(path)
-    try:
-        lines = p.read_text().splitlines()
-    except OSError as e:
-        raise SpecError(f"cannot read metrics file {p}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{p}: not a text file") from None
+    lines = read_input(p, "metrics file").splitlines()
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():

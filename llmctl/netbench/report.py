@@ -9,7 +9,6 @@ Units: sizes in bytes, times in seconds, bandwidths in GB/s (1e9 bytes/s, as ncc
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -19,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmctl.errors import SpecError
-from llmctl.fileio import write_atomic
+from llmctl.fileio import load_json, write_atomic
 
 # The collectives and nccl-tests' busbw/algbw factors: one registry, shared with the planner's cost model.
 from llmctl.spec.collectives import COLLECTIVES as COLLECTIVES  # re-exported
@@ -313,20 +312,13 @@ class BenchReport(_Model):
 def load_bench(path: str | Path) -> BenchReport:
     """Read and validate a bench-net JSON file; any problem is one SpecError line naming the file."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise SpecError(f"cannot read bench-net file {p}: {e.strerror or e}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{p} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    data = load_json(p, "bench-net report")
     if not isinstance(data, dict):
         raise SpecError(f"{p} is not a bench-net report (expected a JSON object)")
     if data.get("schema") != SCHEMA_NAME:
         raise SpecError(
             f"{p} is not a bench-net report (schema is {data.get('schema')!r}, expected {SCHEMA_NAME!r})",
-            hint="write one with `llmctl bench-net --json FILE`",
+            hint="write one with `llmctl bench-net -o FILE`",
         )
     if data.get("schema_version") != SCHEMA_VERSION:
         raise SpecError(

@@ -10,10 +10,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llmctl.errors import SpecError, UnknownNameError, suggest
+from llmctl.fileio import load_yaml, parse_yaml, read_input
 from llmctl.units import GIB as GIB  # re-exported (the planner reads it from here)
 from llmctl.units import MIB
 
@@ -99,10 +99,7 @@ def _entry_error(err: ValidationError, source: str, raw: Any, index: int) -> Spe
 
 def parse_catalog(text: str, source: str) -> list[GPUSpec]:
     """Validate a catalog YAML (a list of entries) into GPUSpecs; any problem is one SpecError naming the field."""
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError(f"{source}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    raw = parse_yaml(text, source)
     if not isinstance(raw, list):
         raise SpecError(f"{source}: a GPU catalog is a YAML list of entries (name, memory_mib, tflops, ...)")
     out = []
@@ -133,11 +130,7 @@ def _catalog(extra_paths: str) -> dict[str, GPUSpec]:
     shipped = resources.files("llmctl.spec").joinpath("presets/gpus.yaml").read_text()
     entries = parse_catalog(shipped, "presets/gpus.yaml")
     for path in filter(None, extra_paths.split(os.pathsep)):
-        try:
-            text = Path(path).read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise SpecError(f"${CATALOG_ENV}: cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-        entries += parse_catalog(text, path)
+        entries += parse_catalog(read_input(path, f"GPU catalog (${CATALOG_ENV})"), path)
     cat: dict[str, GPUSpec] = {}
     for g in entries:  # a later entry with the same name (a user's catalog) replaces the shipped one
         cat.pop(next((n for n in cat if n.lower() == g.name.lower()), ""), None)
@@ -207,14 +200,7 @@ def make_cluster(source: str = "the cluster", **fields: Any) -> Cluster:
 def load_cluster(path: str | os.PathLike[str], **overrides: Any) -> Cluster:
     """A cluster YAML file, with `overrides` (flags; None = not given) taking precedence over its values."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as e:
-        raise SpecError(f"cannot read cluster file {p}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{p}: not a text file") from None
-    except yaml.YAMLError as e:
-        raise SpecError(f"{p}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    data = load_yaml(p, "cluster file")
     if not isinstance(data, dict):
         raise SpecError(f"{p}: a cluster file must be a YAML mapping (gpu, nodes, gpus_per_node, ...)")
     return make_cluster(str(p), **{**data, **{k: v for k, v in overrides.items() if v is not None}})

@@ -8,7 +8,6 @@ meta device for every preset).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 import yaml
 
 from llmctl.errors import SpecError, UnknownNameError, suggest
+from llmctl.fileio import load_json
 
 # model_type values whose module layout we know. Llama-style: RMSNorm, SwiGLU MLP, RoPE, optional GQA.
 LLAMA_STYLE = {"llama", "mistral", "qwen2", "mixtral"}
@@ -283,12 +283,9 @@ def from_config_path(path: str | Path) -> ModelSpec:
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
-    if not p.is_file():
-        raise SpecError(f"{path}: no such config file")
-    try:
-        cfg = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SpecError(f"{p}: malformed config.json ({e})") from None
+    cfg = load_json(p, "config.json")
+    if not isinstance(cfg, dict):
+        raise SpecError(f"{p}: a config.json is a JSON object (model_type, hidden_size, ...)")
     return from_hf_config(cfg, name=str(path), source="config")
 
 

@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llmctl.errors import LlmctlError, SpecError
-from llmctl.fileio import write_atomic
+from llmctl.fileio import load_yaml, write_atomic
 from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
 
 PLAN_VERSION = 1
@@ -225,17 +225,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
     p = Path(path)
-    if not p.is_file():
-        raise SpecError(f"{p}: no such plan file")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{p}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    except UnicodeDecodeError:
-        raise SpecError(f"{p}: not a text file") from None
-    return plan_from_dict(data, source=str(p))
+    return plan_from_dict(load_yaml(p, "plan file"), source=str(p))
 
 
 def plan_to_yaml(plan: Plan) -> str:

@@ -101,7 +101,7 @@ def test_malformed_config_json(tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text('{"model_type": "llama", "hidden_size": ')
     r = run("estimate-memory", str(bad))
-    assert r.exit_code == 2 and "malformed config.json" in r.output
+    assert r.exit_code == 2 and "is not valid JSON" in r.output
     assert bad.read_text() == '{"model_type": "llama", "hidden_size": '  # the user's file is untouched
 
 

@@ -205,7 +205,7 @@ def test_invalid_field_and_missing_file(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(SpecError, match=r"results\.0\.points\.0\.size_bytes: Input should be greater than 0"):
         rp.load_bench(path)
-    with pytest.raises(SpecError, match="cannot read bench-net file"):
+    with pytest.raises(SpecError, match="no such bench-net report"):
         rp.load_bench(tmp_path / "missing.json")
 
 

@@ -91,7 +91,7 @@ def test_a_new_gpu_through_yaml_alone_plans(tmp_path: Path, monkeypatch: pytest.
     assert c2["efficiency"] == pytest.approx(2 * c1["efficiency"])
     monkeypatch.setenv(hardware.CATALOG_ENV, str(tmp_path / "missing.yaml"))
     r = runner.invoke(app, ["plan", "llama-2-7b", "--gpu", "z1", "--no-write"])
-    assert r.exit_code == 2 and "cannot read" in r.output and "missing.yaml" in r.output
+    assert r.exit_code == 2 and "no such GPU catalog ($LLMCTL_GPU_CATALOG)" in r.output and "missing.yaml" in r.output
 
 
 def _logic_strings(tree: ast.AST) -> list[str]:

@@ -49,7 +49,7 @@ def test_local_config_json_file_and_folder(tmp_path):
 def test_malformed_and_unsupported_configs(tmp_path):
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
-    with pytest.raises(SpecError, match="malformed config.json"):
+    with pytest.raises(SpecError, match="is not valid JSON"):
         models.resolve_model(str(bad))
     bad.write_text('{"model_type": "t5", "d_model": 512}')
     with pytest.raises(SpecError, match="not supported"):
