@@ -311,6 +311,7 @@ def plan_command(
         "rejected": list(dict.fromkeys(result.rejected))[:50],
         "plan_path": None,
     }
+    refusal = None
     if not no_write:
         plan_obj = pl.to_plan(result)
         if plan_obj is None:
@@ -318,15 +319,22 @@ def plan_command(
         else:
             path = Path(output or "plan.yaml")
             if path.exists() and not force:
-                raise InputError(
-                    f"{path} already exists; not overwriting it", hint="pass --force, or -o another path, or --no-write"
+                # The user's file stays as it is; the plan computed is still shown, then the refusal and the way out.
+                refusal = InputError(
+                    f"{path} already exists; the plan above was not written",
+                    hint=f"pass --force to replace it, or -o another path (e.g. -o {path.with_name(path.stem + '-new' + path.suffix)})",
                 )
-            pf.save_plan(plan_obj, path)
-            out["plan_path"] = str(path)
+                if json_out:  # (the table ends with the error line instead)
+                    out["plan_note"] = f"not written: {path} already exists"
+            else:
+                pf.save_plan(plan_obj, path)
+                out["plan_path"] = str(path)
     if json_out:
         render.print_json(out)
     else:
         _render(result, out, top)
+    if refusal is not None:
+        raise refusal
 
 
 def register(app: typer.Typer) -> None:

@@ -80,7 +80,14 @@ def test_never_clobbers_an_existing_plan(tmp_path: Path) -> None:
     out = tmp_path / "plan.yaml"
     out.write_text("mine\n")
     r = invoke([*SEED, "-o", str(out)])
-    assert r.exit_code == 2 and "already exists" in r.output
+    assert r.exit_code == 2 and "chosen" in r.output and "why the others lost" in r.output  # the plan is shown
+    assert r.output.strip().splitlines()[-1] == (
+        f"llmctl: error: {out} already exists; the plan above was not written "
+        f"(pass --force to replace it, or -o another path (e.g. -o {tmp_path / 'plan-new.yaml'}))"
+    )
+    assert out.read_text() == "mine\n"
+    r = invoke([*SEED, "-o", str(out), "--json"])
+    assert r.exit_code == 2 and json.loads(r.stdout)["plan_note"] == f"not written: {out} already exists"
     assert out.read_text() == "mine\n"
     r = invoke([*SEED, "-o", str(out), "--force", "--json"])
     assert r.exit_code == 0 and load_plan(out).parallel.sharding == "hybrid_shard"
