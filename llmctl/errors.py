@@ -87,12 +87,27 @@ def is_out_of_memory(e: BaseException) -> bool:
     return type(e).__name__ == "OutOfMemoryError"
 
 
+def one_line(text: str) -> str:
+    """`text` with every character that would break or hide the line (newline, \\x1e, U+2028, other controls)
+    written as its escape: a user's path or value with a line break still makes one error line."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def describe(e: BaseException) -> tuple[str, int]:
     """(one-line message, exit code) for any exception."""
+    message, code = _describe(e)
+    return one_line(message), code
+
+
+def _describe(e: BaseException) -> tuple[str, int]:
     if isinstance(e, LlmctlError):
         return str(e), e.exit_code
     if isinstance(e, KeyboardInterrupt):
         return "interrupted", 130
+    if isinstance(e, ValueError) and str(e) == "embedded null byte":  # os.* on a path or value holding NUL
+        return "a path or value contains a NUL byte (\\x00)", 2
     first = (str(e).strip().splitlines() or [""])[0]
     if is_out_of_memory(e):
         return f"out of memory: {first} ({OOM_HINT})", 1

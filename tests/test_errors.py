@@ -59,3 +59,13 @@ def test_debug_is_read_in_one_place() -> None:
     root = Path(llmctl.__file__).parent
     readers = [p.relative_to(root).as_posix() for p in root.rglob("*.py") if "LLMCTL_DEBUG" in p.read_text()]
     assert readers == ["errors.py"], readers
+
+
+def test_error_lines_stay_one_line_whatever_the_user_typed() -> None:
+    from llmctl.errors import InputError, describe, one_line
+
+    assert one_line("plain ü 🙂") == "plain ü 🙂"
+    assert one_line("a\nb\x1ec\u2028d\x00") == "a\\nb\\x1ec\\u2028d\\x00"
+    message, code = describe(InputError("my\nplan.yaml: no such plan file"))
+    assert (message, code) == ("my\\nplan.yaml: no such plan file", 2)
+    assert describe(ValueError("embedded null byte")) == ("a path or value contains a NUL byte (\\x00)", 2)

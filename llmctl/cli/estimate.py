@@ -296,6 +296,9 @@ def estimate_memory(
         if list_gpus:
             _list_gpus()
         return
+    for flag, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--tp", tp), ("--pp", pp)):
+        if v < 1:  # named by its flag here; the memory model's own check names the field
+            raise InputError(f"{flag} must be a positive integer, got {v}")
     spec = models.resolve_model(model, params)
     n_nodes, gpn = cluster_shape(gpus, nodes, gpus_per_node)
     gpu_spec = hardware.resolve_gpu(gpu) if gpu else None

@@ -15,7 +15,7 @@ import typer
 from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from llmctl.errors import PREFIX, report
+from llmctl.errors import PREFIX, one_line, report
 
 
 def _usage_error(e: BaseException) -> NoReturn:
@@ -25,7 +25,7 @@ def _usage_error(e: BaseException) -> NoReturn:
     ctx = getattr(e, "ctx", None)
     if ctx is not None:
         hint = f" (see '{ctx.command_path} --help')"
-    click.echo(f"{PREFIX}{e.format_message()}{hint}", err=True)  # type: ignore[attr-defined]
+    click.echo(one_line(f"{PREFIX}{e.format_message()}{hint}"), err=True)  # type: ignore[attr-defined]
     sys.exit(getattr(e, "exit_code", 2))
 
 

@@ -76,8 +76,8 @@ def test_plot(tmp_path):
     "args,needle",
     [
         (["llama2-7b"], "did you mean: llama-2-7b"),
-        (["gpt2", "--micro-batch", "0"], "micro batch size must be a positive integer"),
-        (["gpt2", "--seq-len", "-5"], "seq len must be a positive integer"),
+        (["gpt2", "--micro-batch", "0"], "--micro-batch must be a positive integer"),
+        (["gpt2", "--seq-len", "-5"], "--seq-len must be a positive integer"),
         (["gpt2", "--gpus", "12"], "not a whole number of nodes"),
         (["gpt2", "--gpus", "6", "--tp", "4"], "cannot be split into tp=4"),
         (["gpt2", "--strategy", "hybrid_shard", "--gpus", "8"], "hybrid_shard needs at least 2 nodes"),
