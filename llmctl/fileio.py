@@ -114,7 +114,7 @@ def load_json(path: str | os.PathLike[str], what: str) -> object:
     try:
         return json.loads(read_input(p, what))
     except json.JSONDecodeError as e:
-        raise SpecError(f"{p} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno} (a {what})") from None
+        raise SpecError(f"{p} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno} ({what})") from None
 
 
 def _strict_loader() -> type:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from llmctl.errors import InputError, LlmctlError, report
+from llmctl.fileio import load_json
 
 if TYPE_CHECKING:
     import torch
@@ -163,11 +164,11 @@ def open_token_file(path: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
             f"data.paths: {str(path)!r} is not a token file (needs {path.name} and {meta_path.name})",
             hint="build one with `python -m llmctl.engine.data build --out FILE.bin TEXT...`",
         )
+    meta = load_json(meta_path, "token-file metadata")  # one line for unreadable, empty, not JSON, too large
     try:
-        meta = json.loads(meta_path.read_text())
-        dtype = np.dtype(meta["dtype"]).newbyteorder("<")
-        n = int(meta["num_tokens"])
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        dtype = np.dtype(meta["dtype"]).newbyteorder("<")  # type: ignore[index]
+        n = int(meta["num_tokens"])  # type: ignore[index]
+    except (KeyError, TypeError, ValueError) as e:
         raise InputError(f"{meta_path}: malformed token metadata ({e})") from None
     if path.stat().st_size != n * dtype.itemsize:
         raise InputError(

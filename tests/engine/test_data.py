@@ -130,3 +130,24 @@ def test_local_hf_tokenizer_folder(tmp_path: Path) -> None:
     assert int(blocks.tokens[0]) == 1  # <s> opens the first document
     with pytest.raises(InputError, match="data.tokenizer"):
         build_source("text", [str(CORPUS)], str(tmp_path / "nothing-here"), "text", 32, 0, 320)
+
+
+@pytest.mark.parametrize(
+    ("meta", "message"),
+    [
+        ("", "empty token-file metadata"),
+        ("{bad", "is not valid JSON"),
+        ("[1, 2]", "malformed token metadata"),
+        ('{"dtype": "nope", "num_tokens": 4}', "malformed token metadata"),
+        ('{"dtype": "uint16", "num_tokens": "x"}', "malformed token metadata"),
+        ('{"dtype": "uint16", "num_tokens": 5}', "size does not match its metadata"),
+    ],
+)
+def test_bad_token_metadata_is_one_input_error(tmp_path: Path, meta: str, message: str) -> None:
+    from llmctl.engine.data import open_token_file
+    from llmctl.errors import InputError
+
+    (tmp_path / "t.bin").write_bytes(b"\0" * 8)
+    (tmp_path / "t.bin.json").write_text(meta)
+    with pytest.raises(InputError, match=message):
+        open_token_file(tmp_path / "t.bin")
