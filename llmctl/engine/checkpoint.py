@@ -1,7 +1,8 @@
 """Sharded, atomic, resumable checkpoints with torch.distributed.checkpoint (DCP), and preemption signals.
 
 Layout of checkpoint.dir:
-    step_00000020/           complete checkpoints (DCP shards + .metadata, trainer.pt, rng-rank<R>.pt)
+    step_00000020/           complete checkpoints (DCP shards + .metadata, trainer.pt, rng-rank<R>.pt, plan.yaml:
+                             the plan that trained it, so `llmctl export` needs nothing else)
     .tmp-step_00000030/      a save in progress (or one a crash interrupted: ignored and deleted at start)
 A save writes everything into the temporary folder, waits for every rank, then rank 0 renames it: a rename is
 atomic, so a folder named step_* is always complete, and a crash in the middle of a save leaves the previous
@@ -33,6 +34,7 @@ log = logging.getLogger("llmctl.engine")
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 TMP_PREFIX = ".tmp-"
+PLAN_FILE = "plan.yaml"
 # Test hook: rank 0 SIGKILLs itself after the shards of this step are written but before the rename (a crash
 # in the middle of a save). Only read when set; never set it in a real run.
 CRASH_IN_SAVE_ENV = "LLMCTL_ENGINE_TEST_CRASH_IN_SAVE"
@@ -89,6 +91,8 @@ class Checkpointer:
     root: Path
     keep_last: int
     rank: int
+    plan_yaml: str = ""
+    """The run's plan, written into every checkpoint (PLAN_FILE)."""
 
     def clean_partial(self) -> None:
         """Delete folders of saves that never completed (rank 0, before anyone writes)."""
@@ -123,6 +127,8 @@ class Checkpointer:
             torch.save(rng_state(), tmp / f"rng-rank{self.rank}.pt")
             if self.rank == 0:
                 torch.save({"scheduler": scheduler.state_dict(), **trainer_state}, tmp / "trainer.pt")
+                if self.plan_yaml:
+                    (tmp / PLAN_FILE).write_text(self.plan_yaml)
         except OSError as e:
             raise RuntimeFailure(f"checkpoint save to {tmp} failed: {e}") from None
         dist.barrier()  # every rank's shards are on disk

@@ -22,6 +22,7 @@ from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
 from llmctl.engine.data import Batch, RankData, build_source
 from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (
+    base_spec,
     build_model,
     flash_attn_importable,
     model_spec_for,
@@ -31,7 +32,7 @@ from llmctl.engine.model import (
 )
 from llmctl.engine.parallelize import build_mesh, parallelize
 from llmctl.errors import SpecError
-from llmctl.spec.planfile import OptimizerSection, Plan
+from llmctl.spec.planfile import OptimizerSection, Plan, plan_to_yaml
 
 if TYPE_CHECKING:
     import torch
@@ -179,7 +180,7 @@ def run(plan: Plan) -> dict[str, Any]:
         ckpt = None
         start = 0
         if plan.checkpoint.dir:
-            ckpt = Checkpointer(Path(plan.checkpoint.dir), plan.checkpoint.keep_last, env.rank)
+            ckpt = Checkpointer(Path(plan.checkpoint.dir), plan.checkpoint.keep_last, env.rank, plan_to_yaml(plan))
             ckpt.clean_partial()
             dist.barrier()
             found = latest_checkpoint(ckpt.root)
@@ -235,7 +236,9 @@ def run(plan: Plan) -> dict[str, Any]:
 
         acc = t.grad_accum_steps
         replicas = dims.dp_replicate if fsdp else 1
-        vocab = spec.vocab_size
+        # The loss is over the real vocabulary: the rows padded onto the LM head (model.pad_vocab_multiple) are never
+        # a target and take no probability mass, so the loss equals the unpadded model's (and their gradient is 0).
+        vocab = base_spec(plan).vocab_size
         micro = (b for s in range(start, total) for b in data.micro_batches(s))
         batches = DevicePrefetcher(micro, device)
         losses: dict[int, float] = {}
@@ -254,7 +257,7 @@ def run(plan: Plan) -> dict[str, Any]:
                     model.set_requires_all_reduce(m == acc - 1)
                 b = next(batches)
                 logits = model(input_ids=b.inputs).logits
-                loss = F.cross_entropy(logits.float().view(-1, vocab), b.targets.reshape(-1))
+                loss = F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), b.targets.reshape(-1))
                 (loss / acc).backward()
                 loss_sum += loss.detach()
             grad_norm = None

@@ -76,8 +76,9 @@ def param_dtype_name(precision: str) -> str:
     return compute_dtype(precision)
 
 
-def model_spec_for(plan: Plan) -> ModelSpec:
-    """The plan's model as a spec, overrides applied, vocabulary padded (what the engine really builds)."""
+def base_spec(plan: Plan) -> ModelSpec:
+    """The plan's model as published (preset, config.json or the weights folder's config), overrides applied,
+    vocabulary NOT padded: what an exported Hugging Face folder declares."""
     m = plan.model
     if m.preset:
         base = from_preset(m.preset)
@@ -85,8 +86,15 @@ def model_spec_for(plan: Plan) -> ModelSpec:
         base = from_config_path(m.config or m.weights or "")
     cfg: dict[str, Any] = dict(base.hf_config)
     cfg.update(m.overrides)
-    vocab_key = "vocab_size"
-    cfg[vocab_key] = padded_vocab_size(int(cfg[vocab_key]), m.pad_vocab_multiple)
+    return from_hf_config(cfg, name=base.name, source=base.source)
+
+
+def model_spec_for(plan: Plan) -> ModelSpec:
+    """The plan's model as the engine builds it: `base_spec` with the vocabulary padded to
+    model.pad_vocab_multiple (the padded rows are never a target: the loss is taken over the real vocabulary)."""
+    base = base_spec(plan)
+    cfg: dict[str, Any] = dict(base.hf_config)
+    cfg["vocab_size"] = padded_vocab_size(int(cfg["vocab_size"]), plan.model.pad_vocab_multiple)
     return from_hf_config(cfg, name=base.name, source=base.source)
 
 
