@@ -52,6 +52,24 @@ JobsDirOpt = Annotated[
     str | None, typer.Option("--jobs-dir", help="Where job folders go (default $LLMCTL_JOBS_DIR or ./llmctl-jobs).")
 ]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the command or script; run nothing.")]
+DryStartOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-start",
+        help="Will this plan start? Run the engine's setup for rank 0 of the plan's world here, in one process "
+        "(a fake process group of the plan's size): data, mesh, model on meta, sharding, rank 0's shard "
+        "materialized and initialized or loaded, optimizer; print per-rank bytes next to estimate-memory's, and "
+        "the peak resident memory. No training.",
+    ),
+]
+AllocateAllOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allocate-all",
+        help="With --dry-start: also allocate rank 0's gradients and optimizer states (16 bytes per parameter of "
+        "the shard in total) instead of only sizing them.",
+    ),
+]
 
 
 def _job_env(env: list[str] | None, socket_ifname: str | None, nccl_debug: str | None) -> dict[str, str]:
@@ -77,14 +95,24 @@ def launch(
     nccl_debug: NcclDebugOpt = None,
     jobs_dir: JobsDirOpt = None,
     dry_run: DryRunOpt = False,
+    dry_start: DryStartOpt = False,
+    allocate_all: AllocateAllOpt = False,
     **slurm_options: Any,
 ) -> None:
     """Run a plan: torchrun on this machine, or a SLURM job (sbatch template or submitit) that survives
-    preemption (checkpoint on SIGUSR1, requeue, resume)."""
+    preemption (checkpoint on SIGUSR1, requeue, resume). --dry-start checks that it will start, in seconds."""
     from llmctl.launch import backends, local, shell
     from llmctl.launch.slurm_options import SlurmOptions
     from llmctl.spec.planfile import load_plan
 
+    if allocate_all and not dry_start:
+        raise InputError("--allocate-all only applies with --dry-start")
+    if dry_start:
+        if dry_run:
+            raise InputError("--dry-run and --dry-start are different checks: give one")
+        load_plan(plan)  # a bad plan fails here, in a fraction of a second
+        _dry_start(plan, allocate_all)
+        return
     backend = backends.get_backend(backends.resolve_executor(executor, slurm))
     loaded = load_plan(plan)
     nproc = local.resolve_nproc(nproc_per_node, loaded.hardware.nproc_per_node)
@@ -114,6 +142,67 @@ def launch(
     for p in record.logs:
         typer.echo(f"log: {shell.quote(p)}")
     typer.echo(f"follow it: llmctl logs {record.job_id} --follow")
+
+
+def _dry_start(plan: Path, allocate_all: bool) -> None:
+    """Run `python -m llmctl.engine --dry-start` in a process of its own (its fake process group and its peak
+    memory are its own) and print its report."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    from llmctl.errors import ERROR_FILE_ENV, RuntimeFailure, read_reports
+
+    with tempfile.TemporaryDirectory(prefix="llmctl-dry-start-") as tmp:
+        out, errors = Path(tmp) / "report.json", Path(tmp) / "errors.jsonl"
+        env = dict(os.environ, **{ERROR_FILE_ENV: str(errors)})
+        env.setdefault("TMPDIR", tmp)
+        argv = [sys.executable, "-m", "llmctl.engine", "--dry-start", "--json-out", str(out), str(plan)]
+        if allocate_all:
+            argv.insert(4, "--allocate-all")
+        typer.echo(f"dry start of {plan}: rank 0's setup in this machine's memory ...", err=True)
+        proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if proc.returncode != 0:
+            failures = read_reports(errors)
+            if failures:
+                cls = InputError if failures[0].exit_code == InputError.exit_code else RuntimeFailure
+                raise cls(f"dry start: {failures[0].message}")
+            tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["?"]
+            raise RuntimeFailure(f"dry start failed (exit {proc.returncode}): {tail[0][:300]}")
+        report = json.loads(out.read_text())
+    typer.echo(render_dry_start(report))
+
+
+def render_dry_start(r: dict[str, Any]) -> str:
+    from llmctl.units import fmt_bytes
+
+    t = r["timings_s"]
+    mesh = " x ".join(f"{n} {d}" for n, d in zip(r["mesh"], r["mesh_dims"], strict=True))
+    out = [
+        f"plan {r['plan']}: rank {r['rank']} of {r['world_size']} set up in {r['seconds']:.1f} s "
+        f"(model on meta {t['build on meta']:.1f} s, sharding {t['parallelize']:.1f} s, "
+        f"materialize {t['materialize']:.1f} s)",
+        f"  mesh {mesh}; model {r['params']:,} parameters ({r['layer_params']:,} per layer); {r['init']}",
+        f"  data: {r['data']}",
+        "",
+        f"  {'rank ' + str(r['rank']) + ' holds':<22}{'this run':>14}{'estimate-memory':>18}{'ratio':>9}",
+    ]
+    for line in r["lines"]:
+        how = "" if line["line"] == "parameters" or line["allocated_bytes"] is not None else " (sized)"
+        est, ratio = line["estimate_bytes"], line["ratio"]
+        out.append(
+            f"  {line['line'] + how:<22}{fmt_bytes(line['bytes']):>14}"
+            f"{fmt_bytes(est) if est else '-':>18}{f'{ratio:.3f}' if ratio else '-':>9}"
+        )
+    out += [
+        "",
+        f"  peak resident memory of this process: {fmt_bytes(r['rss_peak_bytes'])} "
+        f"({fmt_bytes(r['rss_before_model_bytes'])} before the model)",
+    ]
+    out += [f"  note: {n}" for n in r["notes"]]
+    out.append("the plan starts: launch it without --dry-start")
+    return "\n".join(out)
 
 
 def _with_slurm_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -13,7 +13,39 @@ from collections.abc import Sequence
 
 from llmctl.errors import InputError, report
 
-USAGE = "usage: python -m llmctl.engine PLAN.yaml   (or: torchrun --nproc_per_node N -m llmctl.engine PLAN.yaml)"
+USAGE = (
+    "usage: python -m llmctl.engine PLAN.yaml   (or: torchrun --nproc_per_node N -m llmctl.engine PLAN.yaml)\n"
+    "       python -m llmctl.engine --dry-start [--allocate-all] [--json-out FILE] PLAN.yaml   (setup of rank 0 only)"
+)
+
+
+def _dry_start(args: list[str]) -> int:
+    """--dry-start: rank 0's setup in this process; the report as JSON (to --json-out, else stdout)."""
+    import json
+
+    from llmctl.fileio import write_atomic
+    from llmctl.spec.planfile import load_plan
+
+    allocate_all = "--allocate-all" in args
+    args = [a for a in args if a != "--allocate-all"]
+    out = None
+    if "--json-out" in args:
+        i = args.index("--json-out")
+        if i + 1 >= len(args):
+            raise InputError("--json-out needs a file name", hint=USAGE)
+        out = args[i + 1]
+        del args[i : i + 2]
+    if len(args) != 1 or args[0].startswith("-"):
+        raise InputError(f"--dry-start expects one plan file, got {args}", hint=USAGE)
+    plan = load_plan(args[0])
+    from llmctl.engine.dryrun import dry_start
+
+    report = json.dumps(dry_start(plan, allocate_all=allocate_all), indent=1)
+    if out:
+        write_atomic(out, report + "\n")
+    else:
+        print(report)
+    return 0
 
 
 def _rank() -> int:
@@ -31,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
+        if args and args[0] == "--dry-start":
+            return _dry_start(args[1:])
         if len(args) != 1:
             raise InputError(f"expected one plan file, got {len(args)} arguments", hint=USAGE)
         from llmctl.spec.planfile import load_plan

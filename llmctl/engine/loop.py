@@ -23,8 +23,9 @@ from llmctl.engine.data import Batch, RankData, build_source
 from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (
     base_spec,
-    build_model,
+    build_meta_model,
     flash_attn_importable,
+    materialize,
     model_spec_for,
     param_dtype_name,
     select_attention,
@@ -117,6 +118,15 @@ class RankEnv:
         return cls(int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0)), "RANK" in e)
 
 
+def max_rss_bytes() -> int:
+    """This process's peak resident memory so far, as the OS counts it (Linux ru_maxrss is in KiB)."""
+    import resource
+    import sys
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)
+
+
 def init_distributed(env: RankEnv, backend: str) -> None:
     import torch.distributed as dist
 
@@ -167,8 +177,24 @@ def run(plan: Plan) -> dict[str, Any]:
             t.seed,
             spec.vocab_size,
         )
-        model = build_model(plan, attn_impl, device)
+        weights = None
+        if plan.model.weights:
+            from llmctl.engine.materialize import WeightFiles
+
+            weights = WeightFiles.scan(plan.model.weights)  # fails fast, before anything is built
+        ckpt = None
+        found = None
+        if plan.checkpoint.dir:
+            ckpt = Checkpointer(Path(plan.checkpoint.dir), plan.checkpoint.keep_last, env.rank, plan_to_yaml(plan))
+            ckpt.clean_partial()
+            dist.barrier()
+            found = latest_checkpoint(ckpt.root)
+        model = build_meta_model(plan, attn_impl)
+        rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet
         fsdp = parallelize(model, plan, mesh)
+        made = materialize(model, plan, device, weights=weights, resuming=found is not None)
+        if found is not None and weights is not None:
+            log.info("resuming from %s: its weights win over model.weights (%s)", found[1], plan.model.weights)
         optimizer = build_optimizer(model, plan.optimizer, device.type)
         total = plan.total_steps
         o = plan.optimizer
@@ -177,22 +203,17 @@ def run(plan: Plan) -> dict[str, Any]:
         )
         data = RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(env.rank), dims.dp)
 
-        ckpt = None
         start = 0
-        if plan.checkpoint.dir:
-            ckpt = Checkpointer(Path(plan.checkpoint.dir), plan.checkpoint.keep_last, env.rank, plan_to_yaml(plan))
-            ckpt.clean_partial()
-            dist.barrier()
-            found = latest_checkpoint(ckpt.root)
-            if found:
-                state = ckpt.load(found[1], model, optimizer, scheduler)
-                start = int(state["step"])
-                if state.get("samples_consumed") != data.samples_consumed(start):
-                    raise SpecError(
-                        f"checkpoint {found[1]} was made with a different global batch "
-                        f"(data position {state.get('samples_consumed')} at step {start})",
-                        hint="resume with the plan it was saved with, or use a new checkpoint.dir",
-                    )
+        if ckpt is not None and found is not None:
+            state = ckpt.load(found[1], model, optimizer, scheduler)
+            start = int(state["step"])
+            if state.get("samples_consumed") != data.samples_consumed(start):
+                raise SpecError(
+                    f"checkpoint {found[1]} was made with a different global batch "
+                    f"(data position {state.get('samples_consumed')} at step {start})",
+                    hint="resume with the plan it was saved with, or use a new checkpoint.dir",
+                )
+        rss_setup = max_rss_bytes()
 
         peak = None
         if device.type == "cuda" and plan.hardware.gpu:
@@ -227,10 +248,13 @@ def run(plan: Plan) -> dict[str, Any]:
                 "model_flops_per_token": tput.model_flops_per_token,
                 "peak_tflops": peak,
                 "data": data_desc,
+                "init": made.source,
+                "rss_before_model_bytes": rss_base,
+                "rss_peak_setup_bytes": rss_setup,
                 "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
                 f"attention {attn_impl} ({attn_why}), mesh {tuple(mesh.shape)} "
                 f"{mesh.mesh_dim_names}{'' if fsdp else ' (one rank: no FSDP)'}, {choice.backend}, "
-                f"{data_desc}",
+                f"{data_desc}; {made.source}",
             }
         )
 

@@ -98,39 +98,84 @@ def model_spec_for(plan: Plan) -> ModelSpec:
     return from_hf_config(cfg, name=base.name, source=base.source)
 
 
-def build_model(plan: Plan, attn_impl: str, device: torch.device) -> torch.nn.Module:
-    """Random init from a preset/config, or local weights; vocabulary padded; use_cache off (training)."""
+def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
+    """The plan's model on the meta device (no memory, no values): padded vocabulary, use_cache off. `materialize`
+    gives it values after it is sharded. The config is the preset's, the config.json's, or the weights folder's,
+    with model.overrides applied."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    m = plan.model
     dtype = torch.bfloat16 if plan.training.precision == "bf16" else torch.float32
-    if m.weights:
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                m.weights, attn_implementation=attn_impl, dtype=dtype, local_files_only=True, **m.overrides
-            )
-        except (OSError, ValueError) as e:
-            raise SpecError(f"model.weights: cannot load {m.weights!r}: {str(e).splitlines()[0]}") from None
-        vocab = model.get_input_embeddings().weight.shape[0]
-        padded = padded_vocab_size(vocab, m.pad_vocab_multiple)
-        if padded != vocab:
-            model.resize_token_embeddings(padded, mean_resizing=False)
-    else:
-        spec = model_spec_for(plan)
-        cfg = dict(spec.hf_config)
-        model_type = cfg.pop("model_type")
-        try:
-            config = AutoConfig.for_model(model_type, **cfg)
-        except (TypeError, ValueError) as e:
-            raise SpecError(f"model.overrides: {e}") from None
-        config._attn_implementation = attn_impl
-        # Seed the init identically on every rank: FSDP2 shards a model every rank built the same way.
-        torch.manual_seed(plan.training.seed)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_impl, dtype=dtype)
-    model.config.use_cache = False  # a KV cache is useless in training and breaks checkpointed backward
-    return model.to(device)
+    spec = model_spec_for(plan)
+    cfg = dict(spec.hf_config)
+    model_type = cfg.pop("model_type")
+    cfg.pop("torch_dtype", None)
+    cfg.pop("dtype", None)
+    try:
+        config = AutoConfig.for_model(model_type, **cfg)
+    except (TypeError, ValueError, KeyError) as e:
+        raise SpecError(f"model: cannot build a {model_type!r} config: {str(e).splitlines()[0][:200]}") from None
+    config._attn_implementation = attn_impl
+    config.use_cache = False  # a KV cache is useless in training and breaks checkpointed backward
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_impl, dtype=dtype)
+    model.config.use_cache = False
+    return model
+
+
+@dataclass(frozen=True)
+class Materialized:
+    source: str
+    """"random init (seed S)" or "weights DIR (N tensors)" or "checkpoint" (values come from a resume)."""
+    detail: dict[str, Any]
+
+
+def materialize(
+    model: torch.nn.Module, plan: Plan, device: torch.device, weights: Any = None, resuming: bool = False
+) -> Materialized:
+    """Allocate this rank's shard of a meta-built, sharded model on `device` and give it values: random init
+    (the model's own init rules, drawn shard by shard: engine/materialize.py), or this rank's slices of local
+    Hugging Face weights (`weights`: a materialize.WeightFiles). When `resuming`, a checkpoint will overwrite every
+    parameter: no random draws or weight reads are made (buffers such as RoPE's inv_freq are still computed)."""
+    from llmctl.engine.materialize import init_weights, load_weights, slots
+
+    tied = _tied_pairs(model)
+    model.to_empty(device=device)
+    _retie(model, tied)
+    seed = plan.training.seed
+    every = {id(s.param) for s in slots(model)}
+    if resuming:
+        init_weights(model, seed, skip=every)
+        return Materialized("checkpoint", {})
+    if weights is not None:
+        init_weights(model, seed, skip=every)
+        detail = load_weights(model, weights, base_spec(plan).vocab_size)
+        return Materialized(f"weights {weights.folder} ({detail['tensors']} tensors)", detail)
+    init_weights(model, seed)
+    return Materialized(f"random init (seed {seed})", {})
+
+
+def _tied_pairs(model: torch.nn.Module) -> list[tuple[str, str]]:
+    """(name, first name) of parameters registered under two names (tied embeddings)."""
+    first: dict[int, str] = {}
+    pairs = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            pairs.append((name, first[id(p)]))
+        else:
+            first[id(p)] = name
+    return pairs
+
+
+def _retie(model: torch.nn.Module, pairs: list[tuple[str, str]]) -> None:
+    """`to_empty` on a plain (unsharded) model replaces each Parameter object, which unties shared ones; tie them
+    again (FSDP2's own `_apply` keeps them tied)."""
+    for name, src in pairs:
+        mod_name, _, attr = name.rpartition(".")
+        mod = model.get_submodule(mod_name) if mod_name else model
+        target = model.get_parameter(src)
+        if getattr(mod, attr) is not target:
+            setattr(mod, attr, target)
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

@@ -1,0 +1,186 @@
+"""`llmctl launch PLAN --dry-start`: will this plan start? The engine's setup for rank 0 of the plan's world, in one
+local process, in seconds, before any queue wait.
+
+A fake process group of the plan's world size (torch's `FakeProcessGroup`: collectives return at once, as in
+torchtitan's memory estimator) stands in for the cluster, so a 64-GPU plan is checked on a laptop. Then exactly
+what a rank does at start: the data source (its files, metadata, vocabulary), the mesh from the plan's degrees,
+the model built on the meta device, AC -> compile -> fully_shard, rank 0's shard materialized on the CPU and
+given values (random init or its slices of model.weights), the real optimizer over the sharded parameters.
+
+Gradients and optimizer states are sized from that optimizer's parameter groups without allocating them (AdamW
+keeps exp_avg and exp_avg_sq like each parameter, plus max_exp_avg_sq with amsgrad, plus a 4-byte step), so a
+laptop can check a 64-GPU plan; `--allocate-all` allocates them too (zero gradients and one optimizer step) and
+reports the measured bytes. The figures are set next to what `estimate-memory` predicts for the same ledger lines.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmctl.errors import InputError
+from llmctl.spec.planfile import Plan
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("llmctl.engine")
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """The bytes AdamW will allocate for its states over these (local) parameters, without allocating them:
+    exp_avg + exp_avg_sq shaped and typed like each parameter (+ max_exp_avg_sq with amsgrad), and the `step`
+    (a float32 scalar tensor per parameter). `--allocate-all` checks this against the real allocation."""
+    from llmctl.engine.materialize import local_rows
+
+    if type(optimizer).__name__ != "AdamW":
+        raise InputError(f"dry-start sizes AdamW states only, not {type(optimizer).__name__}")
+    total = 0
+    for group in optimizer.param_groups:
+        per = 3 if group.get("amsgrad") else 2
+        for p in group["params"]:
+            local, _, _ = local_rows(p)
+            total += per * local.numel() * local.element_size() + 4
+    return total
+
+
+def allocated_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    import torch
+
+    from llmctl.engine.materialize import local_rows
+
+    total = 0
+    for st in optimizer.state.values():
+        for v in st.values():
+            if isinstance(v, torch.Tensor):
+                local, _, _ = local_rows(v) if v.ndim else (v, 0, 1)
+                total += local.numel() * local.element_size()
+    return total
+
+
+def estimated_lines(plan: Plan) -> dict[str, int]:
+    """estimate-memory's fsdp2 ledger for the plan's model as the engine builds it (padded vocabulary): bytes per
+    rank of parameters, gradients and optimizer states (llmctl.plan.memory.state_ledger / dp_shard)."""
+    from llmctl.engine.model import model_spec_for
+    from llmctl.plan import memory as mem
+
+    spec = model_spec_for(plan)
+    setup = mem.TrainSetup(precision=plan.training.precision, optimizer="adamw", engine="fsdp2")
+    shard = plan.parallel_dims.dp_shard
+    out: dict[str, int] = {}
+    for line in mem.state_ledger(spec, setup):
+        key = "parameters" if line.name.startswith("param") else line.name.split(" ")[0]
+        if key in ("parameters", "gradients", "optimizer") and line.bytes_per_param:
+            out[key] = math.ceil(spec.params * line.bytes_per_param / shard)
+    return out
+
+
+def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str, Any]:
+    """Rank `rank`'s setup of the plan in this process (see the module doc). Returns the report."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from llmctl.engine.data import RankData, build_source
+    from llmctl.engine.loop import build_optimizer, max_rss_bytes
+    from llmctl.engine.materialize import WeightFiles, local_rows, slots
+    from llmctl.engine.model import build_meta_model, materialize, model_spec_for
+    from llmctl.engine.parallelize import build_mesh, parallelize
+
+    t0 = time.perf_counter()
+    world = plan.world_size
+    if not 0 <= rank < world:
+        raise InputError(f"--rank {rank} is outside the plan's world of {world}")
+    t = plan.training
+    notes: list[str] = []
+    spec = model_spec_for(plan)
+    blocks, data_desc = build_source(
+        plan.data.kind, plan.data.paths, plan.data.tokenizer, plan.data.jsonl_field, t.seq_len, t.seed, spec.vocab_size
+    )
+    weights = WeightFiles.scan(plan.model.weights) if plan.model.weights else None
+    dims = plan.parallel_dims
+    RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(rank), dims.dp)
+    if plan.checkpoint.dir:
+        from llmctl.engine.checkpoint import latest_checkpoint
+
+        found = latest_checkpoint(Path(plan.checkpoint.dir))
+        if found:
+            notes.append(f"would resume from {found[1]} (step {found[0]}); its weights win over model.weights")
+    # The kernel does not change what is allocated at setup: build with SDPA here, say what the target picks.
+    if t.attention in ("flash", "auto"):
+        notes.append(f"attention {t.attention}: chosen on the target machine (flash-attn needs CUDA); built with sdpa")
+    if dist.is_initialized():
+        raise InputError("dry-start needs a process of its own (a process group already exists)")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        mesh = build_mesh(plan, "cpu", world)
+        timings: dict[str, float] = {"data": time.perf_counter() - t0}
+        t1 = time.perf_counter()
+        model = build_meta_model(plan, "sdpa")
+        timings["build on meta"] = time.perf_counter() - t1
+        rss_base = max_rss_bytes()
+        t1 = time.perf_counter()
+        fsdp = parallelize(model, plan, mesh)
+        timings["parallelize"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        made = materialize(model, plan, torch.device("cpu"), weights=weights)
+        timings["materialize"] = time.perf_counter() - t1
+        rss_model = max_rss_bytes()
+        optimizer = build_optimizer(model, plan.optimizer, "cpu")
+        all_slots = slots(model)
+        param_bytes = sum(s.local.numel() * s.local.element_size() for s in all_slots)
+        grad_bytes = param_bytes  # FSDP2's sharded gradients: the parameter's (fp32 master) dtype and shard
+        opt_bytes = optimizer_state_bytes(optimizer)
+        measured: dict[str, int] = {}
+        if allocate_all:
+            for s in all_slots:
+                s.param.grad = torch.zeros_like(s.param)
+            measured["gradients"] = sum(local_rows(s.param.grad)[0].nbytes for s in all_slots)
+            optimizer.step()
+            measured["optimizer"] = allocated_state_bytes(optimizer)
+        layer0 = sum(p.numel() for p in next(iter(_layers(model))).parameters())
+    finally:
+        dist.destroy_process_group()
+    est = estimated_lines(plan)
+    lines = {"parameters": param_bytes, "gradients": grad_bytes, "optimizer": opt_bytes}
+    rows = []
+    for k, v in lines.items():
+        e = est.get(k)
+        rows.append(
+            {
+                "line": k,
+                "bytes": v,
+                "allocated_bytes": measured.get(k, v if k == "parameters" else None),
+                "estimate_bytes": e,
+                "ratio": (v / e) if e else None,
+            }
+        )
+    return {
+        "plan": plan.name,
+        "rank": rank,
+        "world_size": world,
+        "mesh": list(dims.mesh_dims[0]),
+        "mesh_dims": list(dims.mesh_dims[1]),
+        "fsdp2": fsdp,
+        "params": spec.params,
+        "layer_params": layer0,
+        "init": made.source,
+        "data": data_desc,
+        "lines": rows,
+        "rss_before_model_bytes": rss_base,
+        "rss_after_model_bytes": rss_model,
+        "rss_peak_bytes": max_rss_bytes(),
+        "allocate_all": allocate_all,
+        "seconds": time.perf_counter() - t0,
+        "timings_s": timings,
+        "notes": notes,
+    }
+
+
+def _layers(model: torch.nn.Module) -> Any:
+    from llmctl.engine.model import decoder_layers
+
+    return decoder_layers(model)
