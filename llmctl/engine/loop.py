@@ -214,6 +214,9 @@ def run(plan: Plan) -> dict[str, Any]:
                     hint="resume with the plan it was saved with, or use a new checkpoint.dir",
                 )
         rss_setup = max_rss_bytes()
+        # Every rank's (before model, peak) resident memory: the start event reports the worst rank.
+        rss_all: list[Any] = [None] * env.world_size
+        dist.all_gather_object(rss_all, (rss_base, rss_setup))
 
         peak = None
         if device.type == "cuda" and plan.hardware.gpu:
@@ -251,6 +254,7 @@ def run(plan: Plan) -> dict[str, Any]:
                 "init": made.source,
                 "rss_before_model_bytes": rss_base,
                 "rss_peak_setup_bytes": rss_setup,
+                "rss_per_rank_bytes": [list(r) for r in rss_all],
                 "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
                 f"attention {attn_impl} ({attn_why}), mesh {tuple(mesh.shape)} "
                 f"{mesh.mesh_dim_names}{'' if fsdp else ' (one rank: no FSDP)'}, {choice.backend}, "
