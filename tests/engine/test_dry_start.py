@@ -1,0 +1,140 @@
+"""`llmctl launch PLAN --dry-start`: rank 0's setup of the plan's world in one local process (fake process group).
+
+The 70B example plan (64 ranks) is checked on this CPU machine: rank 0's parameter, gradient and optimizer bytes
+equal estimate-memory's fsdp2 ledger within 1%, and the process's peak resident memory stays under
+(4 x params / 64) x 1.5 + 3 GiB. A small plan with --allocate-all shows that the sized gradients and AdamW states
+are what the real optimizer allocates. Setup errors are one line, exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.engine.conftest import REPO, engine_env, write_plan
+
+EXAMPLE_70B = REPO / "examples" / "clusters" / "llama-3.1-70b-8x8-h100" / "plan.yaml"
+
+
+def dry_start_json(plan: Path, cwd: Path, *flags: str) -> dict:
+    out = cwd / "dry-start.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "llmctl.engine", "--dry-start", *flags, "--json-out", str(out), str(plan)],
+        cwd=cwd,
+        env=engine_env(cwd),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def llmctl(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "llmctl", *args],
+        cwd=cwd,
+        env=engine_env(cwd),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_the_70b_example_plan_starts_on_this_machine(tmp_path: Path) -> None:
+    # The plan's data path is relative to where one launches: give it a real (small) token file there.
+    data = tmp_path / "data" / "fineweb-edu" / "train.bin"
+    data.parent.mkdir(parents=True)
+    build = subprocess.run(
+        [sys.executable, "-m", "llmctl.engine.data", "build", "--out", str(data), str(REPO / "examples" / "corpus")],
+        env=engine_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert build.returncode == 0, build.stderr
+    r = dry_start_json(EXAMPLE_70B, tmp_path)
+    assert r["world_size"] == 64 and r["mesh"] == [64] and r["fsdp2"] is True
+    assert r["params"] > 70e9
+    by_line = {x["line"]: x for x in r["lines"]}
+    assert set(by_line) == {"parameters", "gradients", "optimizer"}
+    for line in by_line.values():
+        assert line["ratio"] == pytest.approx(1.0, abs=0.01), line
+    # Rank 0's fp32 master shard: 70.6e9 x 4 / 64 = 4.4 GB, really allocated (and initialized) here.
+    assert by_line["parameters"]["allocated_bytes"] == by_line["parameters"]["bytes"]
+    assert by_line["parameters"]["bytes"] == pytest.approx(4 * r["params"] / 64, rel=0.01)
+    bound = (4 * r["params"] / 64) * 1.5 + 3 * 2**30
+    assert r["rss_peak_bytes"] < bound, (r["rss_peak_bytes"] / 2**30, bound / 2**30)
+    assert r["rss_after_model_bytes"] - r["rss_before_model_bytes"] >= 0.9 * by_line["parameters"]["bytes"]
+    assert any("flash" in n for n in r["notes"])
+
+
+def test_allocate_all_measures_what_was_only_sized(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path, {"hardware": {"nproc_per_node": 4}})
+    r = dry_start_json(plan, tmp_path, "--allocate-all")
+    assert r["allocate_all"] is True and r["world_size"] == 4
+    for line in r["lines"]:
+        assert line["allocated_bytes"] == line["bytes"], line
+        assert line["ratio"] == pytest.approx(1.0, abs=0.01), line
+
+
+def test_the_cli_prints_the_table_and_the_verdict(tmp_path: Path) -> None:
+    plan = write_plan(
+        tmp_path, {"hardware": {"nodes": 2, "nproc_per_node": 2}, "parallel": {"sharding": "hybrid_shard"}}
+    )
+    proc = llmctl(["launch", str(plan), "--dry-start"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "rank 0 of 4" in out and "mesh 2 replicate x 2 shard" in out
+    assert "parameters" in out and "optimizer (sized)" in out and "estimate-memory" in out
+    assert "peak resident memory" in out and out.strip().endswith("launch it without --dry-start")
+    assert not list(tmp_path.glob("llmctl-jobs*")), "a dry start must not create a job folder"
+
+
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        ({"data": {"kind": "tokens", "paths": ["nowhere/train.bin"]}}, "nowhere/train.bin"),
+        ({"model": {"preset": None, "overrides": {}, "weights": "no-such-folder"}}, "no-such-folder"),
+    ],
+    ids=["missing-data", "missing-weights"],
+)
+def test_setup_errors_are_one_line_exit_2(tmp_path: Path, over: dict, needle: str) -> None:
+    plan = write_plan(tmp_path, over)
+    proc = llmctl(["launch", str(plan), "--dry-start"], tmp_path)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmctl: error:")]
+    assert proc.returncode == 2, proc.stderr
+    assert len(errors) == 1 and needle in errors[0] and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_weight_shape_that_disagrees_with_the_config_is_named(tmp_path: Path) -> None:
+    from tests.engine.test_materialize import save_tiny_llama
+
+    hf = tmp_path / "hf"
+    save_tiny_llama(hf)
+    plan = write_plan(
+        tmp_path,
+        {
+            "model": {"preset": None, "weights": str(hf), "overrides": {"hidden_size": 128}},
+            "hardware": {"nproc_per_node": 8},
+        },
+    )
+    proc = llmctl(["launch", str(plan), "--dry-start"], tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    err = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmctl: error:")]
+    assert len(err) == 1 and "model.embed_tokens.weight" in err[0] and "[300, 64]" in err[0], proc.stderr
+
+
+def test_flags_that_need_dry_start(tmp_path: Path) -> None:
+    plan = write_plan(tmp_path)
+    proc = llmctl(["launch", str(plan), "--allocate-all"], tmp_path)
+    assert proc.returncode == 2 and "--allocate-all only applies with --dry-start" in proc.stderr
+    proc = llmctl(["launch", str(plan), "--dry-start", "--dry-run"], tmp_path)
+    assert proc.returncode == 2 and "give one" in proc.stderr
+    assert set(os.listdir(tmp_path)) <= {"plan.yaml", "scratch"}, "a refused launch must not create anything"
