@@ -56,3 +56,12 @@ def test_directive_values_are_one_plain_line(value: str) -> None:
         except InputError:
             continue
         assert ok.isprintable() and not any(c in ok for c in " \t\n\r'\"$`;\\")
+
+
+def test_the_finetune_example_reads_the_tiny_runs_export() -> None:
+    """examples/finetune-cpu.yaml continues from `llmctl export` of examples/tiny-cpu.yaml's run (README)."""
+    tiny = load_plan(REPO / "examples" / "tiny-cpu.yaml")
+    ft = load_plan(REPO / "examples" / "finetune-cpu.yaml")
+    assert ft.model.weights == f"{Path(tiny.checkpoint.dir or '').parent}/hf"
+    assert ft.world_size == tiny.world_size and ft.training.seq_len == tiny.training.seq_len
+    assert ft.optimizer.lr < tiny.optimizer.lr
