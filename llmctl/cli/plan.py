@@ -313,7 +313,7 @@ def plan_command(
     }
     refusal = None
     if not no_write:
-        plan_obj = pl.to_plan(result)
+        plan_obj = _train_from_local_weights(pl.to_plan(result))
         if plan_obj is None:
             out["plan_note"] = "no plan file written: --params gives no architecture for the engine (pass a preset)"
         else:
@@ -335,6 +335,20 @@ def plan_command(
         _render(result, out, top)
     if refusal is not None:
         raise refusal
+
+
+def _train_from_local_weights(plan_obj: Any) -> Any:
+    """A model folder that holds weights (`*.safetensors` next to its config.json) is fine-tuned from them: the plan
+    says model.weights (each rank reads its slices at start), not model.config (random init)."""
+    from llmctl.spec.planfile import ModelSection
+
+    if plan_obj is None or not plan_obj.model.config:
+        return plan_obj
+    cfg = Path(plan_obj.model.config)
+    folder = cfg if cfg.is_dir() else cfg.parent
+    if any(folder.glob("*.safetensors")):
+        plan_obj.model = ModelSection(weights=str(folder), pad_vocab_multiple=plan_obj.model.pad_vocab_multiple)
+    return plan_obj
 
 
 def register(app: typer.Typer) -> None:

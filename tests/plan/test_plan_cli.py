@@ -392,3 +392,34 @@ def test_malformed_cluster_file_is_one_line(tmp_path: Path, content: str, messag
     p.write_text(content)
     r = invoke(["plan", "llama-2-7b", "--cluster", str(p), "--no-write"])
     assert r.exit_code == 2 and message in r.output and r.output.strip().count("\n") == 0, r.output
+
+
+def test_a_model_folder_with_weights_is_planned_as_a_fine_tune(tmp_path: Path) -> None:
+    """A config.json alone is random init (model.config); next to *.safetensors it is model.weights."""
+    import json
+
+    from llmctl.spec.planfile import load_plan
+
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "vocab_size": 320,
+        "max_position_embeddings": 2048,
+    }
+    (folder / "config.json").write_text(json.dumps(cfg))
+    args = ["plan", str(folder), "--gpu", "A100-80GB", "--gpus-per-node", "1", "--seq-len", "256"]
+    r = invoke([*args, "-o", str(tmp_path / "random.yaml")])
+    assert r.exit_code == 0, r.output
+    m = load_plan(tmp_path / "random.yaml").model
+    assert m.config == str(folder) and m.weights is None
+    (folder / "model.safetensors").write_bytes(b"")  # presence is what the planner looks at; the engine reads it
+    r = invoke([*args, "-o", str(tmp_path / "finetune.yaml")])
+    assert r.exit_code == 0, r.output
+    m = load_plan(tmp_path / "finetune.yaml").model
+    assert m.weights == str(folder) and m.config is None
