@@ -84,10 +84,15 @@ def read_input(path: str | os.PathLike[str], what: str, max_bytes: int = MAX_INP
     return text
 
 
+MAX_NESTING = 100
+"""The deepest nesting of lists and mappings llmctl reads (a plan or a config.json has 3 or 4 levels): the parsers
+recurse once per level, so a file of 5,000 `[` would otherwise end in a RecursionError, not a line."""
+
+
 def load_yaml(path: str | os.PathLike[str], what: str) -> object:
     """A YAML file the user gave, strictly: no aliases (a plan never needs one, and nested aliases expand
-    exponentially downstream: the 'billion laughs'), no duplicate keys (the later one would silently win).
-    Errors are one SpecError line with the line number."""
+    exponentially downstream: the 'billion laughs'), no duplicate keys (the later one would silently win), at most
+    MAX_NESTING levels deep. Errors are one SpecError line with the line number."""
     return parse_yaml(read_input(path, what), str(path))
 
 
@@ -98,10 +103,14 @@ def parse_yaml(text: str, source: str) -> object:
 
     try:
         return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.reader.ReaderError as e:  # a control character: its message spans lines and has no mark
+        line = text.count("\n", 0, e.position) + 1
+        raise SpecError(f"{source}: not valid YAML line {line}: {e.reason} (#x{e.character:04x})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{source}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+        problem = (str(getattr(e, "problem", None) or e).splitlines() or [""])[0]
+        raise SpecError(f"{source}: not valid YAML{where}: {problem}") from None
 
 
 def load_json(path: str | os.PathLike[str], what: str) -> object:
@@ -111,21 +120,51 @@ def load_json(path: str | os.PathLike[str], what: str) -> object:
     from llmctl.errors import SpecError
 
     p = Path(path)
+    text = read_input(p, what)
     try:
-        return json.loads(read_input(p, what))
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise SpecError(f"{p} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno} ({what})") from None
+    except RecursionError:  # json's decoder recurses once per level, like YAML's composer (MAX_NESTING)
+        raise SpecError(f"{p}: nested too deeply to be a {what}") from None
 
 
 def _strict_loader() -> type:
     import yaml
 
     class StrictLoader(yaml.SafeLoader):
+        depth = 0
+
         def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
                 raise yaml.MarkedYAMLError(problem="aliases (*name) are not allowed", problem_mark=event.start_mark)
-            return super().compose_node(parent, index)
+            self.depth += 1
+            try:
+                if self.depth > MAX_NESTING:
+                    raise yaml.MarkedYAMLError(
+                        problem=f"nested deeper than {MAX_NESTING} levels", problem_mark=self.peek_event().start_mark
+                    )
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def fetch_flow_collection_start(self, TokenClass):  # type: ignore[no-untyped-def]
+            # The same cap, in the scanner, for `[` and `{`: while one may still start a key it reads ahead up to
+            # 1,024 characters checking every open one at each token, so 1,000 `[` on a line cost half a second
+            # before the composer above would see the depth.
+            if self.flow_level >= MAX_NESTING:
+                raise yaml.MarkedYAMLError(
+                    problem=f"nested deeper than {MAX_NESTING} levels", problem_mark=self.get_mark()
+                )
+            super().fetch_flow_collection_start(TokenClass)
+
+        def construct_object(self, node, deep=False):  # type: ignore[no-untyped-def]
+            try:
+                return super().construct_object(node, deep=deep)
+            except (ValueError, OverflowError) as e:  # int() of 5,000 digits (Python's limit), date 2024-02-30
+                problem = str(e).split(";")[0]
+                raise yaml.MarkedYAMLError(problem=problem, problem_mark=node.start_mark) from None
 
         def construct_mapping(self, node, deep=False):  # type: ignore[no-untyped-def]
             seen = set()

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from llmctl.errors import DoesNotFitError, InputError
+from pydantic import ValidationError
+
+from llmctl.errors import DoesNotFitError, InputError, SpecError
 from llmctl.plan import comm as cm
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
@@ -565,15 +567,24 @@ def calibrate(records: list[dict[str, Any]], source: str = "metrics") -> Calibra
 
 # --- the plan file -----------------------------------------------------------------------------------------------
 def to_plan(result: PlanResult, name: str | None = None) -> pf.Plan | None:
-    """The chosen candidate as the engine's plan file (None for --params: the engine needs an architecture)."""
+    """The chosen candidate as the engine's plan file (None for --params: the engine needs an architecture).
+    Validated like a plan file read from disk: a request the engine could not run (a token budget of more than
+    planfile.MAX_STEPS steps, a sequence longer than a GPT-2's positions) is one SpecError line, not a plan."""
+    if result.request.spec.source not in ("preset", "config"):
+        return None
+    try:
+        return _to_plan(result, name)
+    except ValidationError as e:
+        raise SpecError(pf.error_line(e, "the plan to write")) from None
+
+
+def _to_plan(result: PlanResult, name: str | None) -> pf.Plan:
     req, c = result.request, result.chosen
     spec = req.spec
     if spec.source == "preset":
         model = pf.ModelSection(preset=spec.name)
-    elif spec.source == "config":
-        model = pf.ModelSection(config=spec.name)
     else:
-        return None
+        model = pf.ModelSection(config=spec.name)
     training = pf.TrainingSection(
         precision=req.precision,
         micro_batch_size=c.micro_batch,

@@ -28,6 +28,10 @@ SUPPORTED_MODEL_TYPES = sorted(LLAMA_STYLE | GPT2_STYLE)
 
 Tensor = tuple[str, tuple[int, ...]]
 
+MAX_LAYERS = 10_000
+"""Ten times the deepest published transformer (DeepNet, Wang et al. 2022: 1,000 layers). A model of 10^9 tiny
+layers stays under MAX_PARAMS but would take the engine days to build, one module at a time."""
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -73,6 +77,18 @@ class ModelSpec:
             raise SpecError(
                 f"model {self.name!r}: num_attention_heads ({self.num_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if self.num_layers > MAX_LAYERS:
+            raise SpecError(f"model {self.name!r}: {self.num_layers:,} layers, more than {MAX_LAYERS:,}")
+        # What transformers refuses or crashes on when it builds the model (the engine would fail after torch starts):
+        # RoPE rotates pairs of dimensions, so a Llama-style head_dim is even; LlamaConfig and GPT-2's attention
+        # split hidden_size into num_heads equal heads.
+        if self.model_type in LLAMA_STYLE and self.head_dim % 2:
+            raise SpecError(f"model {self.name!r}: head_dim {self.head_dim} is odd (rotary embeddings need it even)")
+        if self.model_type in {"llama"} | GPT2_STYLE and self.hidden_size % self.num_heads:
+            raise SpecError(
+                f"model {self.name!r}: hidden_size ({self.hidden_size}) is not a multiple of num_attention_heads "
+                f"({self.num_heads})"
             )
 
     @property
@@ -193,6 +209,14 @@ def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
+SIZE_FIELDS = (
+    *("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"),
+    *("head_dim", "vocab_size", "max_position_embeddings", "num_local_experts", "num_experts_per_tok"),
+    *("n_embd", "n_head", "n_layer", "n_inner", "n_positions"),
+)
+"""The Hugging Face config fields `from_hf_config` reads as integer sizes (transformers sizes tensors with them)."""
+
+
 def from_hf_config(cfg: dict[str, Any], name: str = "config", source: str = "config") -> ModelSpec:
     """Build a spec from a Hugging Face config dict (config.json contents)."""
     if not isinstance(cfg, dict):
@@ -246,7 +270,9 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", source: str = "con
             )
     except KeyError as e:
         raise SpecError(f"{name}: missing field {e.args[0]!r} for model_type {mt!r}") from None
-    except (TypeError, ValueError) as e:
+    except ZeroDivisionError:  # head_dim = hidden // heads, before ModelSpec can say that heads must be positive
+        raise SpecError(f"{name}: num_attention_heads (n_head) must be positive, got 0") from None
+    except (TypeError, ValueError, OverflowError) as e:  # int(None), int("x"), int(float("inf")) (JSON's Infinity)
         raise SpecError(f"{name}: a size field is not an integer ({e})") from None
     if mt not in GPT2_STYLE and cfg.get("mlp_bias"):
         raise SpecError(f"{name}: mlp_bias=true is not supported yet")

@@ -1,23 +1,85 @@
 """The plan file: the one schema shared by `llmctl plan` (writes it), `llmctl launch` (submits it) and the engine
 (runs it). YAML on disk, validated here and nowhere else. Torch-free.
 
-Unknown keys are rejected (extra="forbid"), and impossible combinations are rejected naming the key.
+Unknown keys are rejected (extra="forbid"), and impossible combinations are rejected naming the key. Every number
+is finite and within a documented cap (the command line's caps, `llmctl.cli.bounds`, where the same quantity has
+one): a plan the engine would choke on hours later, or after torch has started, fails here in one line instead.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from llmctl.errors import LlmctlError, SpecError
+from llmctl.cli.bounds import GENERIC_FLOAT_LIMIT, GENERIC_INT_LIMIT, LIMITS, check
+from llmctl.errors import LlmctlError, SpecError, one_line
 from llmctl.fileio import load_yaml, write_atomic
+from llmctl.spec.models import MAX_PARAMS, MAX_TOKENS
 from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
 
 PLAN_VERSION = 1
+
+# --- caps ----------------------------------------------------------------------------------------------------------
+# The same quantities as command-line options share their caps (llmctl.cli.bounds.LIMITS: the largest clusters,
+# context windows and global batches published). The others:
+MAX_STEPS = 10**9
+"""Optimizer steps (max_steps, warm-up, intervals, a token budget's step count): 10^9 steps at 0.1 s each (a tiny
+model) is three years of training; the longest published LLM runs take a few million steps."""
+MAX_SEED = 2**64 - 1
+"""torch.manual_seed takes an unsigned 64-bit seed; numpy's SeedSequence (the data order) refuses negative ones."""
+MAX_LR = 1.0
+"""AdamW moves every weight by about lr per step whatever the gradient's scale (Kingma & Ba 2015, sec. 2.1: the
+effective step is bounded by the step size); weights start at ~0.02 (GPT-2's init), so lr >= 1 wipes them out in one
+step. Published AdamW recipes use at most ~1e-2."""
+MAX_PAD_VOCAB_MULTIPLE = 65_536
+"""Megatron-LM pads to 128 x the tensor-parallel degree (1,024 at tp 8); past 64k the padding alone is a
+vocabulary's worth of LM-head rows that are never a target."""
+MAX_TEXT = 4096
+"""PATH_MAX on Linux (limits.h): no path, and so no name or field of a plan, is longer."""
+MAX_ECHO = 300
+"""Characters of a user's key or value an error line repeats (a 1 MB unknown key is not worth a 1 MB line)."""
+
+
+def _short(text: str, limit: int = MAX_ECHO) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _not_a_boolean(value: Any) -> Any:
+    # YAML reads yes/no/true/false/on/off as booleans and pydantic's lax mode would take them as 1/0: `nodes: yes`
+    # is a slip, not one node.
+    if isinstance(value, bool):
+        raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
+    return value
+
+
+def _no_nul(value: str, where: str = "") -> str:
+    if "\x00" in value:
+        raise ValueError(f"{where + ': ' if where else ''}contains a NUL byte (\\x00), which no path or name can hold")
+    return value
+
+
+# Every Int and Float field states both bounds (tests/cli/test_fuzz_planfile.py checks it): its own cap, else the
+# command line's generic one (an integer that a float holds exactly, a float of magnitude <= 1e15). The bounds are
+# on each field rather than in these aliases: pydantic lets an alias's Field bounds replace the field's own.
+Int = Annotated[int, BeforeValidator(_not_a_boolean)]
+"""An integer, never a boolean."""
+Float = Annotated[float, BeforeValidator(_not_a_boolean)]
+"""A finite float (the models' allow_inf_nan=False), never a boolean."""
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_no_nul)]
+"""A name or path: not empty (an empty path would silently mean the current folder), no NUL, at most PATH_MAX."""
 
 Sharding = Literal["full_shard", "hybrid_shard", "no_shard"]
 """llmctl.spec.parallel.ENGINE_STRATEGIES; older plans' `full` and `hybrid` are read as these."""
@@ -27,20 +89,40 @@ Checkpointing = Literal["none", "full"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+def _check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Hugging Face config values (any JSON shape): numbers finite and within the generic caps, strings without NUL,
+    at any depth. Walked with a stack, not recursion (the YAML reader caps the depth; this must not depend on it)."""
+    stack: list[tuple[str, Any]] = [(k, v) for k, v in overrides.items()]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            try:
+                check("", type(v), v)  # what the command line allows a number without a cap of its own
+            except ValueError as e:
+                raise ValueError(f"{where}: {e}") from None
+        elif isinstance(v, str):
+            _no_nul(v, where)
+        elif isinstance(v, dict):
+            stack += [(f"{where}.{k}", x) for k, x in v.items()]
+        elif isinstance(v, list):
+            stack += [(f"{where}.{i}", x) for i, x in enumerate(v)]
+    return overrides
 
 
 class ModelSection(_Strict):
     """Which model: exactly one of a preset name, a config.json path, or a local weights folder."""
 
-    preset: str | None = None
-    config: str | None = None
+    preset: Text | None = None
+    config: Text | None = None
     """Path to a Hugging Face config.json (file or folder); random init."""
-    weights: str | None = None
+    weights: Text | None = None
     """Path to a local Hugging Face model folder with weights."""
-    overrides: dict[str, Any] = Field(default_factory=dict)
+    overrides: Annotated[dict[str, Any], AfterValidator(_check_overrides)] = Field(default_factory=dict)
     """Hugging Face config fields to override (e.g. num_hidden_layers)."""
-    pad_vocab_multiple: int = Field(64, ge=1)
+    pad_vocab_multiple: Int = Field(64, ge=1, le=MAX_PAD_VOCAB_MULTIPLE)
     """Pad the vocabulary to a multiple of this (tensor-core shapes; 64 on A100: docs/sources.md#fsdp-seed)."""
 
     @model_validator(mode="after")
@@ -55,10 +137,10 @@ class DataSection(_Strict):
     kind: Literal["text", "tokens", "synthetic"] = "text"
     """text: local .txt/.jsonl files tokenized on the fly; tokens: a memory-mapped .bin token file; synthetic:
     random tokens (benchmarks)."""
-    paths: list[str] = Field(default_factory=list)
-    tokenizer: str | None = None
+    paths: list[Text] = Field(default_factory=list)
+    tokenizer: Text | None = None
     """Local tokenizer folder; None uses the built-in byte-level tokenizer."""
-    jsonl_field: str = "text"
+    jsonl_field: Text = "text"
 
     @model_validator(mode="after")
     def _paths(self) -> DataSection:
@@ -70,9 +152,10 @@ class DataSection(_Strict):
 class HardwareSection(_Strict):
     """Where the plan was made for. gpu=None means CPU (gloo)."""
 
-    gpu: str | None = None
-    nodes: int = Field(1, ge=1)
-    nproc_per_node: int = Field(1, ge=1)
+    gpu: Text | None = None
+    """A GPU kind of the catalog; not checked here: the catalog can grow on the cluster ($LLMCTL_GPU_CATALOG)."""
+    nodes: Int = Field(1, ge=1, le=LIMITS["--nodes"])
+    nproc_per_node: Int = Field(1, ge=1, le=LIMITS["--nproc-per-node"])
     """Processes (GPUs) per node."""
 
 
@@ -82,7 +165,7 @@ class ParallelSection(_Strict):
     sharding: Sharding = "full_shard"
     """full_shard: FSDP2 over all ranks, dims (1, world); hybrid_shard: shard inside a node, replicate across
     nodes (2-D mesh), dims (world / shard_size, shard_size); no_shard: replicate everywhere (DDP-like), (world, 1)."""
-    shard_size: int | None = Field(None, ge=1)
+    shard_size: Int | None = Field(None, ge=1, le=LIMITS["--gpus"])
     """hybrid_shard: ranks per shard group (default: nproc_per_node). Replicate size = world / shard_size."""
 
     @field_validator("sharding", mode="before")
@@ -98,17 +181,18 @@ class ParallelSection(_Strict):
 
 class TrainingSection(_Strict):
     precision: Precision = "bf16-mixed"
-    micro_batch_size: int = Field(1, ge=1)
-    grad_accum_steps: int = Field(1, ge=1)
-    seq_len: int = Field(1024, ge=8)
+    micro_batch_size: Int = Field(1, ge=1, le=LIMITS["--micro-batch"])
+    grad_accum_steps: Int = Field(1, ge=1, le=LIMITS["--global-batch"])
+    """At most the largest global batch (in sequences): each accumulation step adds at least one sequence."""
+    seq_len: Int = Field(1024, ge=8, le=LIMITS["--seq-len"])
     activation_checkpointing: Checkpointing = "none"
     attention: Attention = "auto"
     compile: bool = False
-    max_steps: int | None = Field(None, ge=1)
-    token_budget: int | None = Field(None, ge=1)
+    max_steps: Int | None = Field(None, ge=1, le=MAX_STEPS)
+    token_budget: Int | None = Field(None, ge=1, le=MAX_TOKENS)
     """Train for this many tokens instead of max_steps (steps = ceil(budget / tokens per step))."""
-    seed: int = 0
-    grad_clip: float | None = Field(1.0, gt=0)
+    seed: Int = Field(0, ge=0, le=MAX_SEED)
+    grad_clip: Float | None = Field(1.0, gt=0, le=GENERIC_FLOAT_LIMIT)
 
     @model_validator(mode="after")
     def _length(self) -> TrainingSection:
@@ -117,42 +201,57 @@ class TrainingSection(_Strict):
         return self
 
 
+Beta = Annotated[float, BeforeValidator(_not_a_boolean), Field(ge=0, lt=1)]
+"""An Adam moment decay: torch.optim.AdamW refuses one outside [0, 1)."""
+
+
 class OptimizerSection(_Strict):
     name: Literal["adamw"] = "adamw"
-    lr: float = Field(3e-4, gt=0)
-    weight_decay: float = Field(0.1, ge=0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(1e-8, gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    lr: Float = Field(3e-4, gt=0, le=MAX_LR)
+    weight_decay: Float = Field(0.1, ge=0, le=GENERIC_FLOAT_LIMIT)
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
+    eps: Float = Field(1e-8, gt=0, le=GENERIC_FLOAT_LIMIT)
+    warmup_steps: Int = Field(0, ge=0, le=MAX_STEPS)
+    min_lr_ratio: Float = Field(0.1, ge=0, le=1)
     """Cosine decay ends at lr * min_lr_ratio."""
+
+    @model_validator(mode="after")
+    def _decay(self) -> OptimizerSection:
+        # Decoupled weight decay multiplies every weight by (1 - lr * weight_decay) each step (Loshchilov & Hutter
+        # 2019, alg. 2; torch.optim.AdamW): at lr * weight_decay >= 1 the weights are zeroed or flip sign.
+        if self.lr * self.weight_decay >= 1:
+            raise ValueError(
+                f"optimizer.weight_decay {self.weight_decay:g} x optimizer.lr {self.lr:g} is >= 1: "
+                "each step would shrink the weights to zero or past it"
+            )
+        return self
 
 
 class CheckpointSection(_Strict):
-    dir: str | None = None
+    dir: Text | None = None
     """None disables checkpoints."""
-    interval_steps: int = Field(100, ge=1)
-    keep_last: int = Field(2, ge=1)
+    interval_steps: Int = Field(100, ge=1, le=MAX_STEPS)
+    keep_last: Int = Field(2, ge=1, le=MAX_STEPS)
 
 
 class LoggingSection(_Strict):
-    dir: str = "runs/llmctl"
-    interval_steps: int = Field(1, ge=1)
+    dir: Text = "runs/llmctl"
+    interval_steps: Int = Field(1, ge=1, le=MAX_STEPS)
 
 
 class Predicted(_Strict):
     """What `llmctl plan` predicted; the engine logs its measurements next to these."""
 
-    tokens_per_s: float | None = None
-    tokens_per_s_per_gpu: float | None = None
-    mfu: float | None = None
-    step_time_s: float | None = None
-    memory_per_gpu_bytes: int | None = None
+    tokens_per_s: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
+    tokens_per_s_per_gpu: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
+    mfu: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
+    step_time_s: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
+    memory_per_gpu_bytes: Int | None = Field(None, ge=0, le=GENERIC_INT_LIMIT)
 
 
 class Plan(_Strict):
-    version: int = PLAN_VERSION
-    name: str = "llmctl-run"
+    version: Int = Field(PLAN_VERSION, ge=-GENERIC_INT_LIMIT, le=GENERIC_INT_LIMIT)
+    name: Text = "llmctl-run"
     model: ModelSection
     data: DataSection = Field(default_factory=lambda: DataSection(kind="synthetic"))
     hardware: HardwareSection = Field(default_factory=HardwareSection)
@@ -176,7 +275,65 @@ class Plan(_Strict):
             raise ValueError("parallel.shard_size is only meaningful with parallel.sharding: hybrid_shard")
         if self.training.attention == "flash" and self.training.precision == "fp32":
             raise ValueError("training.attention: flash needs bf16 or fp16 (flash-attention has no fp32 kernel)")
+        self._sizes()
+        self._model()
         return self
+
+    def _sizes(self) -> None:
+        """Products of fields that are each within their caps can still be absurd: the same caps, on the products."""
+        hw, t = self.hardware, self.training
+        world = self.world_size
+        if world > LIMITS["--gpus"]:
+            raise ValueError(
+                f"hardware.nodes {hw.nodes} x hardware.nproc_per_node {hw.nproc_per_node} = {world:,} ranks, "
+                f"more than {int(LIMITS['--gpus']):,}"
+            )
+        sequences = t.micro_batch_size * t.grad_accum_steps * world  # data-parallel ranks = world (tp = pp = 1)
+        if sequences > LIMITS["--global-batch"]:
+            raise ValueError(
+                f"training.micro_batch_size x training.grad_accum_steps x {world} ranks = {sequences:,} sequences "
+                f"per step, more than {int(LIMITS['--global-batch']):,}"
+            )
+        if self.tokens_per_step > LIMITS["--global-batch-tokens"]:
+            raise ValueError(
+                f"training.seq_len {t.seq_len} x {sequences:,} sequences = {self.tokens_per_step:,} tokens per step, "
+                f"more than {int(LIMITS['--global-batch-tokens']):,}"
+            )
+        if self.total_steps > MAX_STEPS:
+            raise ValueError(
+                f"training.token_budget {t.token_budget:,} at {self.tokens_per_step:,} tokens per step is "
+                f"{self.total_steps:,} steps, more than {MAX_STEPS:,}"
+            )
+
+    def _model(self) -> None:
+        """A preset with its overrides is known here: the model the engine would build, checked now. (A config or
+        weights path is read where the run starts: the file may exist on the cluster only.)"""
+        m = self.model
+        if not m.preset:
+            return
+        from llmctl.spec.models import SIZE_FIELDS, from_hf_config, preset_entry
+
+        try:
+            entry = preset_entry(m.preset)
+        except LlmctlError as e:
+            raise ValueError(f"model.preset: {e}") from None
+        for key, v in m.overrides.items():
+            # The overrides reach transformers as they are: a size of 2.0 or "8" would fail there (range(2.0)).
+            if key in SIZE_FIELDS and v is not None and type(v) is not int:
+                raise ValueError(f"model.overrides.{key}: expected an integer, got {_short(repr(v), 60)}")
+        where = "model.overrides" if m.overrides else "model.preset"
+        try:  # the engine's own merge (llmctl.engine.model.base_spec)
+            spec = from_hf_config({**entry["config"], **m.overrides}, name=where, source="preset")
+        except LlmctlError as e:
+            raise ValueError(str(e)) from None
+        if spec.params > MAX_PARAMS:
+            raise ValueError(f"{where}: a model of {spec.params:,} parameters, more than {MAX_PARAMS:.0e}")
+        if spec.is_gpt2 and self.training.seq_len > spec.max_position_embeddings:
+            # GPT-2 learns one embedding per position (wpe): a longer sequence indexes past the table.
+            raise ValueError(
+                f"training.seq_len {self.training.seq_len} is longer than the model's "
+                f"{spec.max_position_embeddings} positions (n_positions; set it in model.overrides)"
+            )
 
     @property
     def world_size(self) -> int:
@@ -203,15 +360,23 @@ class Plan(_Strict):
         return -(-t.token_budget // self.tokens_per_step)
 
 
-def _error_line(err: ValidationError, source: str) -> str:
+def _key(part: int | str) -> str:
+    """A key as the line shows it: quoted when it would not be seen (empty, or spaces at an end: `seq_len `)."""
+    if isinstance(part, str) and (not part or part != part.strip()):
+        return repr(part)
+    return _short(str(part), 60)
+
+
+def error_line(err: ValidationError, source: str) -> str:
+    """The first validation error as one line: source, the key path, what is wrong, how many more there are."""
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
+    loc = ".".join(_key(p) for p in first["loc"])
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
-    msg = msg.removeprefix("Value error, ")
+    msg = _short(msg.removeprefix("Value error, "))
     more = f" (+{len(err.errors()) - 1} more)" if len(err.errors()) > 1 else ""
-    return f"{source}: {loc + ': ' if loc else ''}{msg}{more}"
+    return one_line(f"{source}: {loc + ': ' if loc else ''}{msg}{more}")
 
 
 def plan_from_dict(data: Any, source: str = "plan") -> Plan:
@@ -220,7 +385,7 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
     try:
         return Plan.model_validate(data)
     except ValidationError as e:
-        raise SpecError(_error_line(e, source)) from None
+        raise SpecError(error_line(e, source)) from None
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
