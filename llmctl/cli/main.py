@@ -43,7 +43,7 @@ class _Group(TyperGroup):
     def get_command(self, ctx: click.Context, cmd_name: str):  # type: ignore[override]
         command = super().get_command(ctx, cmd_name)
         if command is not None:
-            from llmctl.cli.bounds import bound_numbers
+            from llmctl.bounds import bound_numbers
 
             bound_numbers(command, typer.BadParameter)  # every numeric option: finite, in a documented range
         return command

@@ -113,7 +113,8 @@ def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
     cfg.pop("dtype", None)
     try:
         config = AutoConfig.for_model(model_type, **cfg)
-    except (TypeError, ValueError, KeyError) as e:
+    except Exception as e:  # noqa: BLE001 - transformers' config checks raise several types (StrictDataclassError,
+        # TypeError, ValueError, KeyError) for values the user wrote: each is a bad input, not a bug
         raise SpecError(f"model: cannot build a {model_type!r} config: {str(e).splitlines()[0][:200]}") from None
     config._attn_implementation = attn_impl
     config.use_cache = False  # a KV cache is useless in training and breaks checkpointed backward

@@ -2,7 +2,7 @@
 (runs it). YAML on disk, validated here and nowhere else. Torch-free.
 
 Unknown keys are rejected (extra="forbid"), and impossible combinations are rejected naming the key. Every number
-is finite and within a documented cap (the command line's caps, `llmctl.cli.bounds`, where the same quantity has
+is finite and within a documented cap (the command line's caps, `llmctl.bounds`, where the same quantity has
 one): a plan the engine would choke on hours later, or after torch has started, fails here in one line instead.
 """
 
@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from llmctl.cli.bounds import GENERIC_FLOAT_LIMIT, GENERIC_INT_LIMIT, LIMITS, check
+from llmctl.bounds import GENERIC_FLOAT_LIMIT, GENERIC_INT_LIMIT, LIMITS, check
 from llmctl.errors import LlmctlError, SpecError, one_line
 from llmctl.fileio import load_yaml, write_atomic
 from llmctl.spec.models import MAX_PARAMS, MAX_TOKENS
@@ -33,7 +33,7 @@ from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_stra
 PLAN_VERSION = 1
 
 # --- caps ----------------------------------------------------------------------------------------------------------
-# The same quantities as command-line options share their caps (llmctl.cli.bounds.LIMITS: the largest clusters,
+# The same quantities as command-line options share their caps (llmctl.bounds.LIMITS: the largest clusters,
 # context windows and global batches published). The others:
 MAX_STEPS = 10**9
 """Optimizer steps (max_steps, warm-up, intervals, a token budget's step count): 10^9 steps at 0.1 s each (a tiny

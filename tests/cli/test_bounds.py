@@ -11,7 +11,7 @@ import pytest
 import typer.main
 from typer.testing import CliRunner
 
-from llmctl.cli import bounds
+from llmctl import bounds
 from llmctl.cli.main import app
 
 # Arguments that let each command reach its options (none of them starts anything: the bad value stops parsing).

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from llmctl.cli import bounds
+from llmctl import bounds
 from llmctl.cli.main import app
 
 PLAN = (
