@@ -40,6 +40,7 @@ BASE = {
     "launch": ["plan.yaml", "--slurm", "--dry-run"],
     "logs": ["no-such-job"],
     "cancel": ["no-such-job"],
+    "export": ["no-such-checkpoint", "--out", "out-folder"],
 }
 BENCH_GUARD = {"default": ["--iters=not-a-number"], "--iters": ["--warmup=not-a-number"]}
 # Output paths: a valid value would (rightly) write the file there.
