@@ -30,6 +30,7 @@ class _Entry(BaseModel):
     name: str = Field(min_length=1)
     memory_mib: int = Field(gt=0)
     tflops: dict[Literal["bf16", "fp16", "tf32", "fp32"], float | None]
+    hbm_gbytes_s: float = Field(gt=0)
     link_gbytes_s: float = Field(gt=0)
     link: str
     architecture: str
@@ -51,14 +52,16 @@ class _Entry(BaseModel):
 
 @dataclass(frozen=True)
 class GPUSpec:
-    """One accelerator kind: usable memory, dense peak TFLOP/s per dtype, intra-node link, and what the planner
-    needs to know about it (flash-attention support, achievable efficiency relative to A100)."""
+    """One accelerator kind: usable memory, dense peak TFLOP/s per dtype, memory bandwidth, intra-node link, and
+    what the planner needs to know about it (flash-attention support, achievable efficiency relative to A100)."""
 
     name: str
     memory_bytes: int
     """Total device memory as the driver reports it (nvidia-smi 'total')."""
     tflops: dict[str, float | None]
     """Dense peak TFLOP/s for bf16, fp16, tf32, fp32 (None: no native support)."""
+    hbm_gbytes_s: float
+    """Peak device-memory (HBM/GDDR) bandwidth, GB/s (datasheet): times memory-bound ops (norms, activations)."""
     link_gbytes_s: float
     """Per-GPU unidirectional intra-node link bandwidth, GB/s."""
     link: str
@@ -113,6 +116,7 @@ def parse_catalog(text: str, source: str) -> list[GPUSpec]:
                 name=e.name,
                 memory_bytes=e.memory_mib * MIB,
                 tflops=dict(e.tflops),
+                hbm_gbytes_s=e.hbm_gbytes_s,
                 link_gbytes_s=e.link_gbytes_s,
                 link=e.link,
                 architecture=e.architecture,

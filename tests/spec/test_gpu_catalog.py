@@ -20,6 +20,7 @@ FIELDS = {
     "name",
     "memory_mib",
     "tflops",
+    "hbm_gbytes_s",
     "link_gbytes_s",
     "link",
     "architecture",
@@ -32,6 +33,7 @@ FAKE = {
     "name": "Z1-96GB",
     "memory_mib": 98304,
     "tflops": {"bf16": 500.0, "fp16": 500.0, "tf32": 250.0, "fp32": 60.0},
+    "hbm_gbytes_s": 2000,
     "link_gbytes_s": 200,
     "link": "ZLink",
     "architecture": "zed",
@@ -56,6 +58,35 @@ def test_a_missing_field_is_an_error_naming_it(field: str) -> None:
     entry = {k: v for k, v in FAKE.items() if k != field}
     with pytest.raises(SpecError, match=f"entry 1 \\(Z1-96GB\\): missing field '{field}'"):
         hardware.parse_catalog(yaml.safe_dump([entry]), "mine.yaml")
+
+
+def test_every_shipped_gpu_has_a_plausible_memory_bandwidth() -> None:
+    """hbm_gbytes_s is GB/s as the datasheet states it. Shipped entries span 2.4 (L40S: 864 GB/s over 362 TFLOP/s)
+    to 8.6 (A10G: 600 over 70) bytes per kFLOP of bf16/fp16 peak; a bound of 1..40 keeps room for older or
+    memory-rich parts (P100: ~35) and catches a TB/s typed as GB/s (3.35 -> 0.003) or GB/s typed as MB/s."""
+    for g in hardware.gpu_catalog().values():
+        assert g.hbm_gbytes_s > 0, g.name
+        half = g.tflops["bf16"] or g.tflops["fp16"]
+        assert half, g.name
+        assert 1 <= g.hbm_gbytes_s / half <= 40, (g.name, g.hbm_gbytes_s, half)
+    assert hardware.resolve_gpu("h100").hbm_gbytes_s == 3350 and hardware.resolve_gpu("a100").hbm_gbytes_s == 2039
+
+
+def test_a_user_entry_without_memory_bandwidth_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = {k: v for k, v in FAKE.items() if k != "hbm_gbytes_s"}
+    with pytest.raises(SpecError, match="entry 1 \\(Z1-96GB\\): missing field 'hbm_gbytes_s'") as err:
+        hardware.parse_catalog(yaml.safe_dump([entry]), "mine.yaml")
+    assert "\n" not in str(err.value)
+    with pytest.raises(SpecError, match="hbm_gbytes_s: Input should be greater than 0"):
+        hardware.parse_catalog(yaml.safe_dump([{**FAKE, "hbm_gbytes_s": 0}]), "mine.yaml")
+    # through $LLMCTL_GPU_CATALOG: exit 2 and one line naming the file and the field
+    extra = tmp_path / "no-hbm.yaml"
+    extra.write_text(yaml.safe_dump([entry]))
+    monkeypatch.setenv(hardware.CATALOG_ENV, str(extra))
+    r = CliRunner().invoke(app, ["estimate", "--list-gpus"])
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert "no-hbm.yaml" in lines[0] and "missing field 'hbm_gbytes_s'" in lines[0]
 
 
 def test_bad_values_are_named() -> None:
