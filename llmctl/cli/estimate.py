@@ -15,6 +15,7 @@ from llmctl.cli.options import (
     GpuOpt,
     GpusOpt,
     JsonOpt,
+    LossChunkOpt,
     MicroBatchOpt,
     ModelArg,
     NodesOpt,
@@ -81,6 +82,7 @@ def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GP
                 "seq_len",
                 "checkpointing",
                 "attention",
+                "loss_chunk_tokens",
             )
         },
         "bytes_per_param": mem.classic_bytes_per_param(spec, setup),
@@ -118,6 +120,24 @@ def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GP
             table[strat] = {"gpus": m.gpus, "nodes": m.nodes, "per_gpu_total_bytes": m.device_bytes, "note": m.note}
         out["min_gpus_by_strategy"] = table
         out["min_gpus"] = table[setup.strategy]["gpus"]
+        by_mode = {}
+        modes = ["none", "selective", "partial:2", "full"]
+        if setup.checkpointing not in modes:
+            modes.insert(-1, setup.checkpointing)
+        for mode in modes:
+            if mode.startswith("partial:") and spec.num_layers // int(mode.split(":")[1]) == 0:
+                continue
+            alt = replace(setup, checkpointing=mode)
+            m = mem.min_gpus(spec, alt, gpu.memory_bytes, setup.strategy)
+            acts = sum(comp.bytes for comp in mem.estimate(spec, alt).components if comp.name.startswith("activations"))
+            by_mode[mode] = {
+                "gpus": m.gpus,
+                "nodes": m.nodes,
+                "per_gpu_total_bytes": m.device_bytes,
+                "activations_bytes": acts,
+                "note": m.note,
+            }
+        out["min_gpus_by_checkpointing"] = by_mode
     out["_estimate"] = est
     return out
 
@@ -199,6 +219,27 @@ def _render(result: dict[str, Any]) -> None:
                 row["note"],
             )
         c.print(t)
+        t = render.table(
+            f"Fewest {result['gpu']} GPUs per checkpointing mode ({s.strategy}, micro-batch {s.micro_batch_size})",
+            [
+                ("checkpointing", "left"),
+                ("GPUs", "right"),
+                ("nodes", "right"),
+                ("GiB per GPU", "right"),
+                ("activations GiB", "right"),
+                ("note", "left"),
+            ],
+        )
+        for mode, row in result["min_gpus_by_checkpointing"].items():
+            t.add_row(
+                mode,
+                str(row["gpus"] or "-"),
+                str(row["nodes"] or "-"),
+                render.gib(row["per_gpu_total_bytes"]),
+                render.gib(row["activations_bytes"]),
+                row["note"],
+            )
+        c.print(t)
 
 
 def _plot(spec: models.ModelSpec, setup: mem.TrainSetup, path: str) -> None:
@@ -272,6 +313,7 @@ def estimate_memory(
     seq_len: SeqLenOpt = 2048,
     micro_batch: MicroBatchOpt = 1,
     checkpointing: CheckpointingOpt = "none",
+    loss_chunk: LossChunkOpt = 0,
     attention: AttentionOpt = "sdpa",
     engine: EngineOpt = "fsdp2",
     tp: TpOpt = 1,
@@ -322,6 +364,7 @@ def estimate_memory(
         seq_len=seq_len,
         checkpointing=checkpointing,
         attention=attention,
+        loss_chunk_tokens=loss_chunk,
         headroom_fraction=headroom,
         cuda_context_bytes=int(cuda_context_gib * render.GIB),
     )

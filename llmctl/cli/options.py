@@ -37,7 +37,16 @@ MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="Micro-batch s
 CheckpointingOpt = Annotated[
     str,
     typer.Option(
-        "--checkpointing", help="Activation checkpointing: none | full (block inputs kept, one block recomputed)."
+        "--checkpointing",
+        help="Activation checkpointing: none | selective (attention output and every other matmul kept, the rest "
+        "recomputed) | partial:K (every K-th block recomputed whole) | full (block inputs kept).",
+    ),
+]
+LossChunkOpt = Annotated[
+    int,
+    typer.Option(
+        "--loss-chunk",
+        help="LM head + loss over chunks of N tokens (only one chunk's b*s*V logits exist); 0: whole logits.",
     ),
 ]
 AttentionOpt = Annotated[

@@ -83,8 +83,7 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     if req.price_per_gpu_hour is not None and req.token_budget:
         cols.append(("cost", "right"))
     t = render.table(
-        f"Best setup per strategy x nodes x checkpointing (by "
-        f"{'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
+        f"Best setup per strategy x nodes (by {'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
         cols,
     )
     t.columns[1].no_wrap = True  # the strategy name stays whole ("hybrid_shard")
@@ -114,12 +113,15 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     ch = result.chosen
     c.print(
         f"\n[bold]chosen[/bold]: {ch.label}, micro-batch {ch.micro_batch} x {ch.grad_accum} accumulation, "
-        f"checkpointing {ch.checkpointing}, {ch.attention} attention{', torch.compile' if ch.compile else ''}: "
+        f"checkpointing {ch.checkpointing}, {ch.attention} attention{', torch.compile' if ch.compile else ''}"
+        f"{f', loss in chunks of {ch.loss_chunk_tokens} tokens' if ch.loss_chunk_tokens else ''}: "
         f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%}), "
         f"{render.gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
         f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
         f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
     )
+    if result.memory_choice:
+        c.print(f"[bold]memory[/bold]: {escape(result.memory_choice)}")
     if req.token_budget:
         cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
         c.print(f"{req.token_budget:,} tokens: {_duration(ch.budget_time_s)} on {ch.gpus} GPUs{cost}")
@@ -184,7 +186,13 @@ def plan_command(
         Optional[str], typer.Option("--strategy", help="Pin: full_shard | hybrid_shard | no_shard.")
     ] = None,
     micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Pin the micro-batch.")] = None,
-    checkpointing: Annotated[Optional[str], typer.Option("--checkpointing", help="Pin: none | full.")] = None,
+    checkpointing: Annotated[
+        Optional[str], typer.Option("--checkpointing", help="Pin: none | selective | partial:K | full.")
+    ] = None,
+    loss_chunk: Annotated[
+        Optional[int],
+        typer.Option("--loss-chunk", help="Pin the loss chunk in tokens (0: whole logits; default: try both)."),
+    ] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Pin: eager | sdpa | flash.")] = None,
     compile_: Annotated[
         Optional[bool],
@@ -266,6 +274,7 @@ def plan_command(
         checkpointing=checkpointing,
         attention=attention,
         compile=compile_,
+        loss_chunk_tokens=loss_chunk,
         overlap=overlap,
         efficiency=eff,
     )
@@ -308,6 +317,7 @@ def plan_command(
         "candidates": [c.as_dict() for c in result.candidates[:top]],
         "variants_considered": len(result.variants),
         "why_lost": [result.why_lost[i] for i in range(1, min(top, len(result.candidates)))],
+        "memory_choice": result.memory_choice,
         "rejected": list(dict.fromkeys(result.rejected))[:50],
         "plan_path": None,
     }

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
 from llmctl.engine.data import Batch, RankData, build_source
+from llmctl.engine.loss import install_loss_forward, liger_importable, select_loss, whole_loss
 from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (
     base_spec,
@@ -145,7 +146,6 @@ def run(plan: Plan) -> dict[str, Any]:
     """Train per the plan on this rank. Returns a summary (last step, losses seen, why it stopped)."""
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
 
     env = RankEnv.from_environ()
     # Installed first: a preemption signal during start-up then stops the run at its first step boundary.
@@ -159,6 +159,7 @@ def run(plan: Plan) -> dict[str, Any]:
         torch.set_float32_matmul_precision("high")
     t = plan.training
     attn_impl, attn_why = select_attention(t.attention, device.type == "cuda", flash_attn_importable())
+    loss_impl, loss_why = select_loss(t.loss_chunk_tokens, device.type == "cuda", liger_importable())
     if plan.training.precision in ("bf16-mixed", "bf16") and device.type == "cpu":
         log.info("precision %s on a CPU works but is slower than fp32 without AMX", t.precision)
     init_distributed(env, choice.backend)
@@ -193,6 +194,11 @@ def run(plan: Plan) -> dict[str, Any]:
         rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet
         fsdp = parallelize(model, plan, mesh)
         made = materialize(model, plan, device, weights=weights, resuming=found is not None)
+        # The loss is over the real vocabulary: the rows padded onto the LM head (model.pad_vocab_multiple) are never
+        # a target and take no probability mass, so the loss equals the unpadded model's (and their gradient is 0).
+        vocab = base_spec(plan).vocab_size
+        if loss_impl != "whole":
+            install_loss_forward(model, loss_impl, vocab, t.loss_chunk_tokens)
         if found is not None and weights is not None:
             log.info("resuming from %s: its weights win over model.weights (%s)", found[1], plan.model.weights)
         optimizer = build_optimizer(model, plan.optimizer, device.type)
@@ -224,7 +230,14 @@ def run(plan: Plan) -> dict[str, Any]:
 
             peak = resolve_gpu(plan.hardware.gpu).peak_tflops(param_dtype_name(t.precision))
         tput = ThroughputModel.for_run(
-            spec, t.seq_len, plan.tokens_per_step, env.world_size, t.activation_checkpointing, peak
+            spec,
+            t.seq_len,
+            plan.tokens_per_step,
+            env.world_size,
+            t.activation_checkpointing,
+            peak,
+            "eager" if attn_impl == "eager" else "sdpa",
+            loss_impl == "chunked",
         )
         metrics = MetricsLog(Path(plan.logging.dir) / "metrics.jsonl", total) if is_main else None
 
@@ -244,6 +257,9 @@ def run(plan: Plan) -> dict[str, Any]:
                 "device": str(device),
                 "backend": choice.backend,
                 "attention": attn_impl,
+                "checkpointing": t.activation_checkpointing,
+                "loss": loss_impl,
+                "loss_chunk_tokens": t.loss_chunk_tokens,
                 "precision": t.precision,
                 "params": spec.params,
                 "vocab_size": spec.vocab_size,
@@ -256,7 +272,7 @@ def run(plan: Plan) -> dict[str, Any]:
                 "rss_peak_setup_bytes": rss_setup,
                 "rss_per_rank_bytes": [list(r) for r in rss_all],
                 "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
-                f"attention {attn_impl} ({attn_why}), mesh {tuple(mesh.shape)} "
+                f"attention {attn_impl} ({attn_why}), loss {loss_impl} ({loss_why}), mesh {tuple(mesh.shape)} "
                 f"{mesh.mesh_dim_names}{'' if fsdp else ' (one rank: no FSDP)'}, {choice.backend}, "
                 f"{data_desc}; {made.source}",
             }
@@ -264,9 +280,6 @@ def run(plan: Plan) -> dict[str, Any]:
 
         acc = t.grad_accum_steps
         replicas = dims.dp_replicate if fsdp else 1
-        # The loss is over the real vocabulary: the rows padded onto the LM head (model.pad_vocab_multiple) are never
-        # a target and take no probability mass, so the loss equals the unpadded model's (and their gradient is 0).
-        vocab = base_spec(plan).vocab_size
         micro = (b for s in range(start, total) for b in data.micro_batches(s))
         batches = DevicePrefetcher(micro, device)
         losses: dict[int, float] = {}
@@ -284,8 +297,10 @@ def run(plan: Plan) -> dict[str, Any]:
                     # neither the memory model nor the planner assumes.
                     model.set_requires_all_reduce(m == acc - 1)
                 b = next(batches)
-                logits = model(input_ids=b.inputs).logits
-                loss = F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), b.targets.reshape(-1))
+                if loss_impl == "whole":
+                    loss = whole_loss(model, b.inputs, b.targets, vocab)
+                else:
+                    loss = model(input_ids=b.inputs, labels=b.targets)
                 (loss / acc).backward()
                 loss_sum += loss.detach()
             grad_norm = None

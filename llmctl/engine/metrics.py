@@ -40,12 +40,16 @@ class ThroughputModel:
         world_size: int,
         checkpointing: str,
         peak_tflops: float | None,
+        attention: str = "sdpa",
+        loss_chunked: bool = False,
     ) -> ThroughputModel:
+        """`attention` is the plan's kernel family (eager, sdpa or flash): selective checkpointing recomputes eager
+        attention's matmuls but keeps a fused kernel's output."""
         return cls(
             tokens_per_step,
             world_size,
             model_flops_per_token(spec, seq_len),
-            hardware_flops_per_token(spec, seq_len, checkpointing),
+            hardware_flops_per_token(spec, seq_len, checkpointing, attention, loss_chunked),
             peak_tflops,
         )
 

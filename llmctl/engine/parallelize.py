@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from llmctl.engine.model import decoder_layers
 from llmctl.errors import InputError
+from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.planfile import Plan
 
 if TYPE_CHECKING:
@@ -61,15 +62,95 @@ def mixed_precision(precision: str):  # -> MixedPrecisionPolicy | None
     return None  # fp32, or pure bf16 (the model was built in bf16)
 
 
-def apply_activation_checkpointing(model: torch.nn.Module) -> None:
-    """Non-reentrant checkpointing of every decoder layer (recompute its forward in backward)."""
+def _sac_save_ops() -> set:
+    """Ops whose outputs selective checkpointing keeps: matmuls (every other one, see _sac_policy) and every
+    attention kernel (SDPA's flash / memory-efficient / cuDNN / CPU flash variants, and flash-attn's own op when that
+    package registers one). torchtitan's `_save_list` (models/llama3/infra/parallelize.py) is the reference; addmm
+    is added because GPT-2's Conv1D runs its projections as addmm."""
+    import torch
+
+    aten = torch.ops.aten
+    names = (
+        "mm",
+        "addmm",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    fa = getattr(torch.ops, "flash_attn", None)
+    for n in ("_flash_attn_forward", "_flash_attn_varlen_forward"):
+        op = getattr(fa, n, None) if fa is not None else None
+        if op is not None:
+            ops.add(op.default)
+    return ops
+
+
+MATMULS = ("mm", "addmm")
+
+
+def _sac_context_fn():
+    """A fresh (forward, recompute) context pair per checkpointed call: the matmul counter restarts for every layer
+    and counts forward and recompute separately, so both pick the same matmuls."""
+    from collections import defaultdict
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    save = _sac_save_ops()
+    matmuls = {getattr(torch.ops.aten, n).default for n in MATMULS}
+    count: dict[str, int] = defaultdict(int)
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func in matmuls:
+            count[mode] += 1
+            # Keep the 1st, 3rd, 5th... matmul of the layer, recompute the others (torchtitan's rule: half of the
+            # matmul outputs kept for about half of their memory; the kept ones are q, v, gate and down in a
+            # Llama block, so what is recomputed in backward is k, o, up and the cheap ops around them).
+            keep = count[mode] % 2 == 1
+        else:
+            keep = func in save
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
+    """Wrap decoder layers with non-reentrant checkpointing per the mode (llmctl.spec.checkpointing): `full` and
+    `partial:K` wrap whole layers, `selective` wraps every layer with the op-level policy above."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
+    if mode == "none":
+        return
     layers = decoder_layers(model)
     # Without this, HF layers try to build a KV cache in the recomputed forward (shape error in backward).
     model.config.use_cache = False
-    for i, layer in enumerate(layers):
-        layers[i] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    if mode == "selective":
+        for i, layer in enumerate(layers):
+            # The RNG state is replayed only when the model draws random numbers (dropout): then the recompute must
+            # draw the same masks. torchtitan passes False (its models have no dropout); replaying costs an RNG-state
+            # copy per layer.
+            layers[i] = checkpoint_wrapper(
+                layer,
+                checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                context_fn=_sac_context_fn,
+                preserve_rng_state=_has_dropout(model),
+            )
+        return
+    for i in ckpt_modes.whole_layers(mode, len(layers)):
+        layers[i] = checkpoint_wrapper(
+            layers[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=_has_dropout(model)
+        )
+
+
+def _has_dropout(model: torch.nn.Module) -> bool:
+    """Whether the model draws random numbers in forward (a dropout with p > 0): then the recompute must replay the
+    RNG state so it draws the same masks."""
+    import torch
+
+    return any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
 def apply_compile(model: torch.nn.Module) -> None:
@@ -102,8 +183,7 @@ def needs_fsdp(mesh_size: int, precision: str) -> bool:
 def parallelize(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh) -> bool:
     """Apply AC -> compile -> FSDP2 in place; returns whether FSDP2 was applied."""
     t = plan.training
-    if t.activation_checkpointing == "full":
-        apply_activation_checkpointing(model)
+    apply_activation_checkpointing(model, t.activation_checkpointing)
     if t.compile:
         apply_compile(model)
     fsdp = needs_fsdp(mesh.size(), t.precision)

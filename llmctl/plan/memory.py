@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass, field, replace
 
 from llmctl.errors import InputError, UnknownNameError
+from llmctl.plan import flops as fl
+from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import precision as prec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import ParallelDims, canonical_strategy
@@ -34,7 +36,8 @@ from llmctl.units import GIB
 OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "lion", "sgd", "none")
 ENGINES = ("fsdp2", "zero")
 ATTENTIONS = ("eager", "sdpa", "flash")
-CHECKPOINTING = ("none", "full")
+CHECKPOINTING = ckpt_modes.MODES
+"""The parameter-free modes; `partial:K` is the fourth (llmctl.spec.checkpointing)."""
 
 # CUDA context + cuBLAS/cuDNN workspaces + NCCL communicator buffers, outside the caching allocator.
 # PyTorch >= 1.13 with lazy module loading uses ~0.5-0.9 GiB of context (0.9 GB measured on an A100,
@@ -70,7 +73,10 @@ class TrainSetup:
     micro_batch_size: int = 1
     seq_len: int = 2048
     checkpointing: str = "none"
+    """none | selective | partial:K | full (llmctl.spec.checkpointing)."""
     attention: str = "sdpa"
+    loss_chunk_tokens: int = 0
+    """0: whole logits; N: the LM head and loss over chunks of N tokens (llmctl.engine.loss)."""
     fused_optimizer: bool = True
     """Fused AdamW (the GPU default) has no step temporaries; foreach materialises some."""
     cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
@@ -86,11 +92,13 @@ class TrainSetup:
         )
         object.__setattr__(self, "strategy", canonical_strategy(self.strategy))
         object.__setattr__(self, "engine", canonical(self.engine, ENGINES, "engine"))
-        object.__setattr__(self, "checkpointing", canonical(self.checkpointing, CHECKPOINTING, "checkpointing"))
+        object.__setattr__(self, "checkpointing", ckpt_modes.parse(self.checkpointing))
         object.__setattr__(self, "attention", canonical(self.attention, ATTENTIONS, "attention"))
         for name in ("nodes", "gpus_per_node", "tp", "pp", "micro_batch_size", "seq_len"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
+        if self.loss_chunk_tokens < 0:
+            raise InputError(f"loss chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
         if self.cuda_context_bytes < 0 or not 0 <= self.headroom_fraction < 1:
             raise InputError("CUDA context must be >= 0 and headroom in [0, 1)")
         if self.strategy == "hybrid_shard" and self.nodes < 2:
@@ -263,6 +271,59 @@ def layer_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, atte
     return sum(layer_activation_terms(spec, b, s, act_bytes, attention).values())
 
 
+def selective_layer_terms(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> dict[str, int]:
+    """Bytes one block keeps for backward under selective checkpointing (the engine's op policy): its input (the
+    checkpoint's argument), the outputs of every other matmul (flops.selective_kept: q, v, gate, down in a Llama
+    block; c_attn and c_fc in GPT-2's; per MoE token the router and each expert's down) and a fused attention
+    kernel's output and fp32 logsumexp. Everything else is regenerated in backward. Measured exact to the byte
+    (tests/plan/test_memory_checkpointing.py)."""
+    sb, ab = s * b, act_bytes
+    kept = [o for (_, _, o), k in zip(fl.layer_matmuls(spec), fl.selective_kept(spec)) if k]
+    terms = {"block input": ab * sb * spec.hidden_size, "kept matmul outputs": ab * sb * sum(kept)}
+    if attention != "eager":
+        terms["attention output + logsumexp"] = ab * sb * spec.num_heads * spec.head_dim + 4 * b * spec.num_heads * s
+    return terms
+
+
+def layer_saved_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str) -> int:
+    """Bytes a block keeps for backward in a mode (partial:K: use stage_activation_bytes, it differs per layer)."""
+    if checkpointing == "selective":
+        return sum(selective_layer_terms(spec, b, s, act_bytes, attention).values())
+    if checkpointing == "full":
+        return act_bytes * b * s * spec.hidden_size
+    return layer_activation_bytes(spec, b, s, act_bytes, attention)
+
+
+def stage_activation_bytes(
+    spec: ModelSpec, layers: int, b: int, s: int, act_bytes: int, attention: str, checkpointing: str
+) -> int:
+    """Bytes `layers` consecutive blocks keep for backward (partial:K checkpoints layers // K of them whole)."""
+    if ckpt_modes.partial_every(checkpointing):
+        whole = len(ckpt_modes.whole_layers(checkpointing, layers))
+        return whole * layer_saved_bytes(spec, b, s, act_bytes, attention, "full") + (
+            layers - whole
+        ) * layer_saved_bytes(spec, b, s, act_bytes, attention, "none")
+    return layers * layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing)
+
+
+def recompute_buffer_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str) -> int:
+    """Live at once while one checkpointed block's backward runs: what its recompute regenerates. A whole block
+    (full, partial) regenerates everything it would have saved; a selective block the part it did not keep."""
+    none = layer_activation_bytes(spec, b, s, act_bytes, attention)
+    if checkpointing == "none":
+        return 0
+    if checkpointing == "selective":
+        kept = layer_saved_bytes(spec, b, s, act_bytes, attention, "selective") - act_bytes * b * s * spec.hidden_size
+        return max(0, none - kept)
+    return none
+
+
+def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> int:
+    """Kept once for all blocks: eager attention's materialised causal mask (b x 1 x s x s in the compute dtype;
+    SDPA and flash take is_causal and build none)."""
+    return act_bytes * b * s * s if attention == "eager" else 0
+
+
 def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> int:
     """Saved by the final norm and the LM head input, plus the token ids (embedding and labels, int64)."""
     sb, h = s * b, spec.hidden_size
@@ -277,6 +338,17 @@ def logits_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> int:
     """Logits (held by the model output, compute dtype) + the fp32 log-softmax the loss saves: (act+4)*b*s*V.
     Transformers' loss upcasts logits to fp32; in an fp32 model the upcast is free."""
     return (act_bytes + 4) * b * s * spec.vocab_size
+
+
+def loss_chunk_forward_bytes(spec: ModelSpec, chunk: int, act_bytes: int) -> int:
+    """Chunked loss, forward: one chunk's logits and fp32 copy exist while its loss is computed, then are freed."""
+    return (act_bytes + 4) * chunk * spec.vocab_size
+
+
+def loss_chunk_backward_bytes(spec: ModelSpec, chunk: int, act_bytes: int) -> int:
+    """Chunked loss, backward: one chunk's recomputed fp32 log-softmax and its gradient (2 x 4*c*V, measured), and
+    that chunk's LM-head weight gradient (V*h, compute dtype) before it is added to the accumulated one."""
+    return 8 * chunk * spec.vocab_size + act_bytes * spec.vocab_size * spec.hidden_size
 
 
 # --- the estimate ------------------------------------------------------------------------------------------------
@@ -371,22 +443,27 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         comps.append(Component("activations (one layer, forward only)", one_layer, ("forward",)))
         comps.append(Component("logits", cb * b * s * spec.vocab_size // setup.tp, ("forward",)))
     else:
-        if setup.checkpointing == "full":
-            saved = stage_layers * in_flight * cb * b * s * spec.hidden_size // setup.tp
-            comps.append(Component("activations (block inputs, checkpointed)", saved, ("forward", "backward")))
-            comps.append(Component("recomputed block (backward)", one_layer, ("backward",)))
-        else:
-            comps.append(
-                Component(
-                    "activations (saved for backward)", stage_layers * in_flight * one_layer, ("forward", "backward")
-                )
-            )
+        ck, attn = setup.checkpointing, setup.attention
+        saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck) // setup.tp
+        saved += shared_activation_bytes(spec, b, s, cb, attn) // setup.tp
+        what = {"none": "saved for backward", "full": "block inputs, checkpointed"}.get(ck, f"{ck} checkpointing")
+        comps.append(Component(f"activations ({what})", saved, ("forward", "backward")))
+        if ck != "none":
+            rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck) // setup.tp
+            comps.append(Component("recomputed block (backward)", rec, ("backward",)))
         head = head_activation_bytes(spec, b, s, cb) // setup.tp
-        logits = logits_bytes(spec, b, s, cb) // setup.tp
         comps.append(Component("final norm + LM-head input", head, ("forward", "backward")))
-        comps.append(Component("logits + loss (b*s*V)", logits, ("forward", "backward")))
-        # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.
-        comps.append(Component("loss backward buffers", 2 * 4 * b * s * spec.vocab_size // setup.tp, ("backward",)))
+        chunk = min(setup.loss_chunk_tokens, b * s)
+        if chunk:
+            fwd_chunk = loss_chunk_forward_bytes(spec, chunk, cb) // setup.tp
+            comps.append(Component(f"loss chunk of {chunk} tokens (forward)", fwd_chunk, ("forward",)))
+            bwd_chunk = loss_chunk_backward_bytes(spec, chunk, cb) // setup.tp
+            comps.append(Component(f"loss chunk of {chunk} tokens (backward)", bwd_chunk, ("backward",)))
+        else:
+            logits = logits_bytes(spec, b, s, cb) // setup.tp
+            comps.append(Component("logits + loss (b*s*V)", logits, ("forward", "backward")))
+            # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.
+            comps.append(Component("loss backward buffers", 2 * 4 * b * s * spec.vocab_size // setup.tp, ("backward",)))
         if not setup.fused_optimizer:
             # torch's foreach AdamW materialises per-group temporaries about the size of the local fp32 shard.
             shard = next(c.bytes for c in comps if c.bytes_per_param is not None)

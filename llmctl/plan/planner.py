@@ -11,6 +11,7 @@ Memory comes from llmctl.plan.memory only; this module never re-derives a byte.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ from llmctl.errors import DoesNotFitError, InputError, SpecError
 from llmctl.plan import comm as cm
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
+from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import planfile as pf
 from llmctl.spec import precision as prec
 from llmctl.spec.hardware import GIB, GPUSpec
@@ -56,9 +58,14 @@ MISALIGNED_PENALTY = 0.85
 # (spec/presets/gpus.yaml, each with its source).
 # torch.compile fuses norms, rotary and SwiGLU elementwise ops: torchtitan reports ~1.1x on Llama-3-8B.
 COMPILE_SPEEDUP = 1.10
-# Forward share of a step's hardware FLOPs: forward 2N, backward 4N (Kaplan et al. 2020); with full recompute the
-# backward window also runs the forward again (2N + 4N of 8N).
-FORWARD_SHARE = {"none": 1 / 3, "full": 1 / 4}
+# Memory-bound kernels (norms, rotary, activations, elementwise products: what selective checkpointing regenerates)
+# stream their tensors through device memory. Unfused, as PyTorch eager runs them, they reach well below a STREAM-like
+# copy (~90% of peak on A100/H100): 0.7 of the catalog's hbm_gbytes_s is the stated assumption.
+HBM_EFFICIENCY = 0.7
+# Chunked loss: one chunk's logits are about 2^26 elements (512 MiB for the fp32 log-softmax and its gradient in
+# backward): 512 tokens for Llama 3's 128k vocabulary, 2048 for Llama 2's 32k; never below 256 tokens (smaller
+# GEMMs lose efficiency) nor above 8192.
+LOSS_CHUNK_ELEMENTS = 2**26
 DEFAULT_GLOBAL_BATCH_SEQS = 128
 """Default global batch when none is given: max(128 sequences, one per GPU)."""
 
@@ -112,6 +119,8 @@ class PlanRequest:
     checkpointing: str | None = None
     attention: str | None = None
     compile: bool | None = None
+    loss_chunk_tokens: int | None = None
+    """Pin: 0 whole logits, N chunks of N tokens; None: the planner tries both (auto_loss_chunk)."""
     overlap: float = cm.DEFAULT_OVERLAP
     efficiency: Efficiency = field(default_factory=Efficiency)
     sync_every_micro_batch: bool = True
@@ -146,9 +155,9 @@ class PlanRequest:
                 )
             object.__setattr__(self, "strategy", s)
         if self.checkpointing is not None:
-            object.__setattr__(
-                self, "checkpointing", mem.canonical(self.checkpointing, mem.CHECKPOINTING, "checkpointing")
-            )
+            object.__setattr__(self, "checkpointing", ckpt_modes.parse(self.checkpointing))
+        if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 0:
+            raise InputError(f"--loss-chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
         if self.attention is not None:
             object.__setattr__(self, "attention", mem.canonical(self.attention, mem.ATTENTIONS, "attention"))
 
@@ -171,6 +180,7 @@ class Candidate:
     checkpointing: str
     attention: str
     compile: bool
+    loss_chunk_tokens: int
     efficiency: float
     compute_s: float
     comm_total_s: float
@@ -204,6 +214,7 @@ class Candidate:
             "checkpointing": self.checkpointing,
             "attention": self.attention,
             "compile": self.compile,
+            "loss_chunk_tokens": self.loss_chunk_tokens,
             "tokens_per_s": self.tokens_per_s,
             "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
             "mfu": self.mfu,
@@ -224,15 +235,17 @@ class PlanResult:
     request: PlanRequest
     chosen: Candidate
     candidates: list[Candidate]
-    """Ranked best first; the best setup of each (strategy, nodes used, checkpointing) family: the alternatives a
-    person weighs (kernel and compile variants of one family differ by a fixed factor, see `variants`)."""
+    """Ranked best first; the best setup of each (strategy, nodes used) family: the alternatives a person weighs
+    (checkpointing, kernel, loss and compile variants of one family are in `variants`, and `memory_choice`)."""
     why_lost: dict[int, str]
     """Index into candidates -> one sentence."""
     variants: list[Candidate]
-    """Every (strategy, nodes, checkpointing, attention, compile) at its best micro-batch, ranked."""
+    """Every (strategy, nodes, checkpointing, attention, compile, loss chunk) at its best micro-batch, ranked."""
     rejected: list[str]
     """Why whole families were dropped (does not fit, pins, batch does not split)."""
     evaluated: int
+    memory_choice: str = ""
+    """Why this checkpointing and loss: what the other modes would fit and cost on the same strategy and nodes."""
 
 
 # --- enumeration helpers ---------------------------------------------------------------------------------------
@@ -253,13 +266,49 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def compute_times(req: PlanRequest, mb: int, ckpt: str, attention: str, compile_: bool) -> tuple[float, float, float]:
-    """(efficiency, forward s, backward s) of one micro-batch on one GPU."""
+def auto_loss_chunk(spec: ModelSpec) -> int:
+    """Tokens per loss chunk when the planner chunks the loss (LOSS_CHUNK_ELEMENTS)."""
+    c = 1 << max(0, (LOSS_CHUNK_ELEMENTS // max(1, spec.vocab_size)).bit_length() - 1)
+    return min(8192, max(256, c))
+
+
+def checkpointing_modes(spec: ModelSpec) -> list[str]:
+    """What the planner tries: none, partial:K for the planner's K (when they checkpoint a distinct number of
+    layers), selective, full."""
+    out = ["none"]
+    seen = set()
+    for k in ckpt_modes.PLANNER_PARTIAL:
+        n = spec.num_layers // k
+        if 0 < n < spec.num_layers and n not in seen:
+            seen.add(n)
+            out.append(f"partial:{k}")
+    return out + ["selective", "full"]
+
+
+def recompute_memory_s(req: PlanRequest, mb: int, ckpt: str, attention: str) -> float:
+    """Seconds per micro-batch of the memory-bound ops selective checkpointing regenerates: each tensor a block
+    would keep without checkpointing and selective does not keep is written again after its input is read (2x its
+    bytes through device memory, at HBM_EFFICIENCY of the catalog bandwidth). Whole-block recompute (full, partial)
+    re-runs the same mix of ops as the forward, which the FLOP-based efficiency already prices."""
+    if ckpt != "selective" or req.gpu.hbm_gbytes_s <= 0:
+        return 0.0
+    cb = prec.compute_bytes(req.precision)
+    regenerated = mem.recompute_buffer_bytes(req.spec, mb, req.seq_len, cb, attention, ckpt)
+    return 2 * regenerated * req.spec.num_layers / (req.gpu.hbm_gbytes_s * 1e9 * HBM_EFFICIENCY)
+
+
+def compute_times(
+    req: PlanRequest, mb: int, ckpt: str, attention: str, compile_: bool, chunk: int = 0
+) -> tuple[float, float, float]:
+    """(efficiency, forward s, backward s) of one micro-batch on one GPU. Backward carries the recomputation."""
     eff = req.efficiency.of(attention, mb * req.seq_len, req.spec, compile_, req.gpu)
-    hw_flops = fl.hardware_flops_per_token(req.spec, req.seq_len, ckpt)  # 6N + attention, x4/3 with recompute
-    t = mb * req.seq_len * hw_flops / (req.gpu.peak_tflops(req.compute_dtype) * 1e12 * eff)
-    fwd = t * FORWARD_SHARE[ckpt]
-    return eff, fwd, t - fwd
+    rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * eff
+    tokens = mb * req.seq_len
+    model = fl.model_flops_per_token(req.spec, req.seq_len)
+    again = fl.recompute_flops_per_token(req.spec, req.seq_len, ckpt, attention, chunk > 0)
+    fwd = tokens * (model / 3) / rate  # forward 2N + attention/3 of 6N + attention (Kaplan et al. 2020)
+    bwd = tokens * (model * 2 / 3 + again) / rate + recompute_memory_s(req, mb, ckpt, attention)
+    return eff, fwd, bwd
 
 
 def evaluate(
@@ -272,10 +321,11 @@ def evaluate(
     attention: str,
     compile_: bool,
     memory_bytes: int = 0,
+    chunk: int = 0,
 ) -> Candidate:
     """Predict one setup (no fit check: the caller decides what fits)."""
     g = req.gpus_per_node
-    eff, fwd, bwd = compute_times(req, mb, ckpt, attention, compile_)
+    eff, fwd, bwd = compute_times(req, mb, ckpt, attention, compile_, chunk)
     shape = cm.CommShape(
         params=req.spec.params,
         num_layers=req.spec.num_layers,
@@ -306,6 +356,7 @@ def evaluate(
         ckpt,
         attention,
         compile_,
+        chunk,
         eff,
         compute,
         c.total_s,
@@ -323,7 +374,9 @@ def evaluate(
     )
 
 
-def _setup(req: PlanRequest, strategy: str, nodes: int, mb: int, ckpt: str, attention: str) -> mem.TrainSetup:
+def _setup(
+    req: PlanRequest, strategy: str, nodes: int, mb: int, ckpt: str, attention: str, chunk: int = 0
+) -> mem.TrainSetup:
     return mem.TrainSetup(
         precision=req.precision,
         optimizer="adamw",
@@ -335,6 +388,7 @@ def _setup(req: PlanRequest, strategy: str, nodes: int, mb: int, ckpt: str, atte
         seq_len=req.seq_len,
         checkpointing=ckpt,
         attention=attention,
+        loss_chunk_tokens=chunk,
     )
 
 
@@ -350,7 +404,8 @@ def plan(req: PlanRequest) -> PlanResult:
     cap = gpu.memory_bytes
     gpu.peak_tflops(req.compute_dtype)  # no native dtype (bf16 on V100): one clear error now
     strategies = [req.strategy] if req.strategy else list(ENGINE_STRATEGIES)
-    ckpts = [req.checkpointing] if req.checkpointing else list(mem.CHECKPOINTING)
+    ckpts = [req.checkpointing] if req.checkpointing else checkpointing_modes(spec)
+    chunks = [req.loss_chunk_tokens] if req.loss_chunk_tokens is not None else [0, auto_loss_chunk(spec)]
     attns = [req.attention] if req.attention else list(mem.ATTENTIONS)
     compiles = [req.compile] if req.compile is not None else [True, False]
     rejected: list[str] = []
@@ -384,65 +439,65 @@ def plan(req: PlanRequest) -> PlanResult:
             if strategy == "hybrid_shard" and n < 2:
                 continue
             per_gpu = G // (n * g)
-            for ckpt in ckpts:
-                for attn in attns:
-                    # Memory depends on the shard degree, not on nodes, for hybrid and no_shard: share the search.
-                    mkey = (strategy, n if strategy == "full_shard" else min(n, 2), ckpt, attn, per_gpu)
-                    if mkey not in max_mb_cache:
-                        max_mb_cache[mkey] = mem.max_micro_batch(
-                            spec, _setup(req, strategy, n, 1, ckpt, attn), cap, limit=per_gpu
-                        )
-                    max_mb = max_mb_cache[mkey]
-                    where = f"{strategy} on {n} node{'s' if n > 1 else ''}, checkpointing {ckpt}, {attn}"
-                    if max_mb == 0:
-                        need = mem.estimate(spec, _setup(req, strategy, n, 1, ckpt, attn)).device_bytes
+            for ckpt, attn, chunk in itertools.product(ckpts, attns, chunks):
+                # Memory depends on the shard degree, not on nodes, for hybrid and no_shard: share the search.
+                mkey = (strategy, n if strategy == "full_shard" else min(n, 2), ckpt, attn, chunk, per_gpu)
+                if mkey not in max_mb_cache:
+                    max_mb_cache[mkey] = mem.max_micro_batch(
+                        spec, _setup(req, strategy, n, 1, ckpt, attn, chunk), cap, limit=per_gpu
+                    )
+                max_mb = max_mb_cache[mkey]
+                where = (
+                    f"{strategy} on {n} node{'s' if n > 1 else ''}, checkpointing {ckpt}, {attn}"
+                    f"{f', loss chunks of {chunk}' if chunk else ''}"
+                )
+                if max_mb == 0:
+                    need = mem.estimate(spec, _setup(req, strategy, n, 1, ckpt, attn, chunk)).device_bytes
+                    rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
+                    continue
+                if req.micro_batch is not None:
+                    if per_gpu % req.micro_batch:
                         rejected.append(
-                            f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB"
+                            f"{strategy} on {n} node{'s' if n > 1 else ''}: micro-batch "
+                            f"{req.micro_batch} does not divide the {per_gpu} sequences per GPU "
+                            f"(global batch {G} over {n * g} GPUs)"
                         )
                         continue
-                    if req.micro_batch is not None:
-                        if per_gpu % req.micro_batch:
-                            rejected.append(
-                                f"{strategy} on {n} node{'s' if n > 1 else ''}: micro-batch "
-                                f"{req.micro_batch} does not divide the {per_gpu} sequences per GPU "
-                                f"(global batch {G} over {n * g} GPUs)"
-                            )
-                            continue
-                        if req.micro_batch > max_mb:
-                            need = mem.estimate(spec, _setup(req, strategy, n, req.micro_batch, ckpt, attn))
-                            rejected.append(
-                                f"{where}: micro-batch {req.micro_batch} needs "
-                                f"{need.device_bytes / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB"
-                            )
-                            continue
-                        mbs = [req.micro_batch]
-                    else:
-                        mbs = [d for d in divisors(per_gpu) if d <= max_mb]
-                    for comp in compiles:
-                        for mb in mbs:
-                            c = evaluate(req, strategy, n, mb, per_gpu // mb, ckpt, attn, comp)
-                            evaluated += 1
-                            key = (strategy, n, ckpt, attn, comp)
-                            if key not in best or _sort_key(req, c) < _sort_key(req, best[key]):
-                                best[key] = c
+                    if req.micro_batch > max_mb:
+                        need = mem.estimate(spec, _setup(req, strategy, n, req.micro_batch, ckpt, attn, chunk))
+                        rejected.append(
+                            f"{where}: micro-batch {req.micro_batch} needs "
+                            f"{need.device_bytes / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB"
+                        )
+                        continue
+                    mbs = [req.micro_batch]
+                else:
+                    mbs = [d for d in divisors(per_gpu) if d <= max_mb]
+                for comp in compiles:
+                    for mb in mbs:
+                        c = evaluate(req, strategy, n, mb, per_gpu // mb, ckpt, attn, comp, chunk=chunk)
+                        evaluated += 1
+                        key = (strategy, n, ckpt, attn, comp, chunk)
+                        if key not in best or _sort_key(req, c) < _sort_key(req, best[key]):
+                            best[key] = c
     if not best:
         _nothing_fits(req, rejected)
     ranked = sorted(best.values(), key=lambda c: _sort_key(req, c))
     mem_cache: dict[tuple, int] = {}
     filled = []
     for c in ranked:
-        k = (c.strategy, c.nodes, c.micro_batch, c.checkpointing, c.attention)
+        k = (c.strategy, c.nodes, c.micro_batch, c.checkpointing, c.attention, c.loss_chunk_tokens)
         if k not in mem_cache:
-            mem_cache[k] = mem.estimate(
-                spec, _setup(req, c.strategy, c.nodes, c.micro_batch, c.checkpointing, c.attention)
-            ).device_bytes
+            mem_cache[k] = mem.estimate(spec, _setup(req, *k)).device_bytes
         filled.append(replace(c, memory_per_gpu_bytes=mem_cache[k]))
     families: dict[tuple, Candidate] = {}
     for c in filled:
-        families.setdefault((c.strategy, c.nodes, c.checkpointing), c)
+        # One row per (strategy, nodes): with four checkpointing modes, kernels and the loss as variants, rows per mode
+        # would crowd out the strategies; memory_choice says what the other modes would fit and cost.
+        families.setdefault((c.strategy, c.nodes), c)
     fam = list(families.values())
     why = {i: why_lost(c, fam[0], req) for i, c in enumerate(fam) if i > 0}
-    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated)
+    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, explain_memory_choice(req, fam[0], filled))
 
 
 def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
@@ -487,9 +542,47 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
 
 
 # --- explanations ------------------------------------------------------------------------------------------------
+def recompute_cost(req: PlanRequest, c: Candidate) -> float:
+    """Extra compute time per micro-batch that c's checkpointing and chunked loss add (0.19 = 19% more)."""
+    base = sum(compute_times(req, c.micro_batch, "none", c.attention, c.compile, 0)[1:])
+    mine = sum(compute_times(req, c.micro_batch, c.checkpointing, c.attention, c.compile, c.loss_chunk_tokens)[1:])
+    return mine / base - 1 if base else 0.0
+
+
+def explain_memory_choice(req: PlanRequest, chosen: Candidate, variants: list[Candidate]) -> str:
+    """One sentence on the chosen checkpointing mode and loss against the other modes on the same strategy and
+    nodes: 'selective checkpointing: micro-batch 4 fits; no checkpointing: only micro-batch 1 fits (12% fewer
+    tokens/s); full checkpointing: recompute would cost 19% more time'."""
+    same = [v for v in variants if (v.strategy, v.nodes) == (chosen.strategy, chosen.nodes)]
+    loss = f", loss in chunks of {chosen.loss_chunk_tokens} tokens" if chosen.loss_chunk_tokens else ""
+    cost = recompute_cost(req, chosen)
+    head = f"{ckpt_modes.label(chosen.checkpointing)}{loss}: micro-batch {chosen.micro_batch} fits" + (
+        f", recompute costs {cost:.0%} more compute time" if cost > 0.005 else ""
+    )
+    parts = [head]
+    modes = [req.checkpointing] if req.checkpointing else checkpointing_modes(req.spec)
+    for mode in modes:
+        if mode == chosen.checkpointing:
+            continue
+        alts = [v for v in same if v.checkpointing == mode]
+        label = ckpt_modes.label(mode)
+        if not alts:
+            parts.append(f"{label}: does not fit")
+            continue
+        alt = alts[0]  # variants are ranked: the best of this mode
+        ratio = alt.tokens_per_s / chosen.tokens_per_s if chosen.tokens_per_s else 1.0
+        if alt.micro_batch < chosen.micro_batch:
+            parts.append(f"{label}: only micro-batch {alt.micro_batch} fits ({1 - ratio:.0%} fewer tokens/s)")
+        elif ratio < 1:
+            extra = recompute_cost(req, alt) - cost
+            why = f"recompute would cost {extra:.0%} more time" if extra > 0.005 else f"{1 - ratio:.0%} fewer tokens/s"
+            parts.append(f"{label}: {why}")
+    return "; ".join(parts)
+
+
 def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
     """One sentence: the biggest reason `c` predicts fewer tokens/s (or a higher cost) than `best`."""
-    ckpt = "checkpointing" if c.checkpointing == "full" else "no checkpointing"
+    ckpt = ckpt_modes.label(c.checkpointing)
     name = f"{c.label} ({ckpt}, {c.attention}{', compiled' if c.compile else ''}, mb {c.micro_batch} x {c.grad_accum})"
     ratio = c.tokens_per_s / best.tokens_per_s if best.tokens_per_s else 0.0
     if req.objective == "cost":
@@ -507,8 +600,11 @@ def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
             f"{best.comm_exposed_s:.2f} s; {pct}"
         )
     causes = []
-    if c.checkpointing == "full" and best.checkpointing == "none":
-        causes.append("recompute adds 1/3 more FLOPs")
+    extra, best_extra = recompute_cost(req, c), recompute_cost(req, best)
+    if extra > best_extra + 0.005:
+        causes.append(
+            f"recompute adds {extra:.0%} compute time" + (f" vs {best_extra:.0%}" if best_extra > 0.005 else "")
+        )
     if c.attention != best.attention:
         causes.append(
             f"{c.attention} attention runs at {req.efficiency.kernel[c.attention]:.0%} of peak vs "
@@ -591,6 +687,7 @@ def _to_plan(result: PlanResult, name: str | None) -> pf.Plan:
         grad_accum_steps=c.grad_accum,
         seq_len=req.seq_len,
         activation_checkpointing=c.checkpointing,
+        loss_chunk_tokens=c.loss_chunk_tokens,
         attention=c.attention,
         compile=c.compile,
         token_budget=req.token_budget,

@@ -27,6 +27,7 @@ from pydantic import (
 from llmctl.bounds import GENERIC_FLOAT_LIMIT, GENERIC_INT_LIMIT, LIMITS, check
 from llmctl.errors import LlmctlError, SpecError, one_line
 from llmctl.fileio import load_yaml, write_atomic
+from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.models import MAX_PARAMS, MAX_TOKENS
 from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
 
@@ -85,7 +86,19 @@ Sharding = Literal["full_shard", "hybrid_shard", "no_shard"]
 """llmctl.spec.parallel.ENGINE_STRATEGIES; older plans' `full` and `hybrid` are read as these."""
 Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
 Attention = Literal["auto", "flash", "sdpa", "eager"]
-Checkpointing = Literal["none", "full"]
+
+
+def _checkpointing(v: Any) -> Any:
+    if not isinstance(v, str):
+        raise ValueError(f"expected one of {ckpt_modes.SPELLINGS}")
+    try:
+        return ckpt_modes.parse(v)
+    except LlmctlError as e:
+        raise ValueError(str(e)) from None
+
+
+Checkpointing = Annotated[str, BeforeValidator(_checkpointing)]
+"""llmctl.spec.checkpointing: none | selective | partial:K | full."""
 
 
 class _Strict(BaseModel):
@@ -186,6 +199,10 @@ class TrainingSection(_Strict):
     """At most the largest global batch (in sequences): each accumulation step adds at least one sequence."""
     seq_len: Int = Field(1024, ge=8, le=LIMITS["--seq-len"])
     activation_checkpointing: Checkpointing = "none"
+    """none | selective | partial:K | full (llmctl.spec.checkpointing)."""
+    loss_chunk_tokens: Int = Field(0, ge=0, le=LIMITS["--loss-chunk"])
+    """0: the LM head and loss run on the whole micro-batch (b*s*V logits, and their fp32 copy, exist at once).
+    N > 0: over chunks of N tokens, each recomputed in backward, so only one chunk's logits exist at a time."""
     attention: Attention = "auto"
     compile: bool = False
     max_steps: Int | None = Field(None, ge=1, le=MAX_STEPS)

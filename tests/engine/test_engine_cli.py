@@ -72,9 +72,14 @@ def test_inputs_found_bad_after_torch_starts(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_one_plain_process_with_checkpointing_compile_and_bf16(tmp_path: Path) -> None:
-    """The one test that compiles: one process (no torchrun), bf16 mixed precision, activation checkpointing,
-    per-layer torch.compile, synthetic data; runs and writes finite losses."""
+    """The one test that compiles: one process (no torchrun), bf16 mixed precision, selective activation
+    checkpointing (its op policy traced by torch.compile), per-layer torch.compile, the chunked loss, synthetic data;
+    runs and writes finite losses."""
     import json
+
+    from llmctl.engine.model import model_spec_for
+    from llmctl.plan.flops import hardware_flops_per_token, model_flops_per_token
+    from llmctl.spec.planfile import load_plan
 
     # One layer: compile cost is per distinct layer graph, and this test is the slowest of the folder.
     plan = write_plan(
@@ -87,7 +92,8 @@ def test_one_plain_process_with_checkpointing_compile_and_bf16(tmp_path: Path) -
                 "max_steps": 3,
                 "precision": "bf16-mixed",
                 "compile": True,
-                "activation_checkpointing": "full",
+                "activation_checkpointing": "selective",
+                "loss_chunk_tokens": 48,
                 "micro_batch_size": 2,
             },
         },
@@ -98,5 +104,11 @@ def test_one_plain_process_with_checkpointing_compile_and_bf16(tmp_path: Path) -
     steps = [r for r in rows if r["event"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(r["loss"] == r["loss"] and 4 < r["loss"] < 7 for r in steps)
-    assert steps[-1]["hardware_tflops_per_gpu"] == pytest.approx(steps[-1]["model_tflops_per_gpu"] * 4 / 3, rel=1e-3)
+    spec = model_spec_for(load_plan(plan))
+    recompute = hardware_flops_per_token(spec, 64, "selective", "sdpa", True) / model_flops_per_token(spec, 64)
+    assert 1 < recompute < 4 / 3
+    assert steps[-1]["hardware_tflops_per_gpu"] == pytest.approx(
+        steps[-1]["model_tflops_per_gpu"] * recompute, rel=1e-3
+    )
     assert rows[0]["mesh"] == [1] and rows[0]["precision"] == "bf16-mixed"
+    assert rows[0]["checkpointing"] == "selective" and rows[0]["loss"] == "chunked"

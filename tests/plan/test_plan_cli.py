@@ -58,12 +58,15 @@ def test_json_has_chosen_and_candidates_and_writes_a_valid_plan(tmp_path: Path) 
     data = json.loads(r.stdout)
     assert set(data["chosen"]) >= KEYS and data["candidates"]
     assert all(set(c) >= KEYS for c in data["candidates"])
-    assert data["chosen"]["strategy"] == "hybrid_shard" and data["chosen"]["checkpointing"] == "full"
+    assert data["chosen"]["strategy"] == "hybrid_shard" and data["chosen"]["checkpointing"] == "selective"
+    assert data["memory_choice"].startswith("selective checkpointing: micro-batch 16 fits")
     assert data["chosen"]["budget_cost_usd"] > 0 and len(data["why_lost"]) == len(data["candidates"]) - 1
     plan = load_plan(out)
     assert plan.parallel.sharding == "hybrid_shard" and plan.hardware.nodes == 2 and plan.hardware.nproc_per_node == 4
     assert plan.training.micro_batch_size * plan.training.grad_accum_steps * plan.world_size == 128
     assert plan.training.token_budget == 2_000_000_000
+    assert plan.training.activation_checkpointing == "selective"
+    assert plan.training.loss_chunk_tokens == data["chosen"]["loss_chunk_tokens"]
     assert plan.predicted.tokens_per_s == pytest.approx(data["chosen"]["tokens_per_s"], rel=1e-3)
     assert plan.predicted.memory_per_gpu_bytes == data["chosen"]["memory_per_gpu_bytes"]
 

@@ -1,0 +1,148 @@
+"""The language-model loss: the LM head and cross-entropy, whole or over chunks of tokens.
+
+Whole (`training.loss_chunk_tokens: 0`): Hugging Face's forward returns the b*s*V logits (compute dtype), the loss
+upcasts them to fp32 and its log-softmax keeps an fp32 b*s*V copy for backward. With Llama 3's 128k vocabulary at
+b*s = 16k tokens that is 12 GiB before backward adds two more fp32 copies.
+
+Chunked (N > 0): the model's forward is replaced, on this instance only, by one that runs the base model, then the
+LM head and cross-entropy chunk by chunk of N tokens, each chunk under non-reentrant checkpointing: forward keeps
+only the final hidden states (already kept for the head's backward), backward recomputes one chunk's logits at a time.
+The replacement runs inside the model's forward, so FSDP2's root hooks still gather the LM head before it and
+reduce-scatter its gradient after backward. Cost: the LM head's forward matmul runs twice (2*N*h*V FLOPs per chunk);
+the memory model (llmctl.plan.memory) and the planner count both.
+
+Liger (CUDA, `liger-kernel` installed, optional extra [liger]): its fused linear cross-entropy (triton kernels that
+compute the gradient during forward, chunked) is used instead of the checkpointed chunks; selected like
+flash-attn, by what the machine has, and stated in the start event.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import types
+from typing import TYPE_CHECKING
+
+from llmctl.errors import SpecError
+
+if TYPE_CHECKING:
+    import torch
+
+IMPLS = ("whole", "chunked", "liger")
+
+
+def liger_importable() -> bool:
+    """liger-kernel is installed (without importing it: its import loads triton)."""
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+def select_loss(chunk_tokens: int, cuda_available: bool, liger_available: bool) -> tuple[str, str]:
+    """(implementation, why): whole when chunking is off, liger on CUDA where installed, else checkpointed chunks."""
+    if chunk_tokens <= 0:
+        return "whole", "loss_chunk_tokens 0: whole logits"
+    if cuda_available and liger_available:
+        return "liger", "liger-kernel installed and CUDA present: fused linear cross-entropy"
+    missing = "no CUDA" if not cuda_available else "liger-kernel not installed"
+    return "chunked", f"{missing}: checkpointed chunks of {chunk_tokens} tokens"
+
+
+def _head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, float | None]:
+    """(base model, LM head, final logit soft-cap or None) of a Hugging Face causal LM."""
+    base = getattr(model, "base_model", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if base is None or base is model or head is None or not hasattr(head, "weight"):
+        raise SpecError(
+            f"chunked loss: cannot find the base model and LM head of {type(model).__name__}",
+            hint="set training.loss_chunk_tokens: 0",
+        )
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return base, head, cap
+
+
+def chunk_loss_sum(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    vocab: int,
+    softcap: float | None,
+) -> torch.Tensor:
+    """Summed cross-entropy of one chunk: hidden (n, h), targets (n,), over the real vocabulary (the padded rows of
+    the LM head are never a target and take no probability mass)."""
+    import torch
+    import torch.nn.functional as F
+
+    logits = F.linear(hidden, weight, bias)[:, :vocab].float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return F.cross_entropy(logits, targets, reduction="sum")
+
+
+def chunked_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    vocab: int,
+    chunk_tokens: int,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Mean cross-entropy over all tokens, computed chunk by chunk (each chunk recomputed in backward)."""
+    from torch.utils.checkpoint import checkpoint
+
+    h = hidden.reshape(-1, hidden.shape[-1])
+    t = targets.reshape(-1)
+    n = t.numel()
+    total = None
+    for start in range(0, n, chunk_tokens):
+        part = checkpoint(
+            chunk_loss_sum,
+            h[start : start + chunk_tokens],
+            weight,
+            bias,
+            t[start : start + chunk_tokens],
+            vocab,
+            softcap,
+            use_reentrant=False,
+            preserve_rng_state=False,  # the head and loss draw no random numbers
+        )
+        total = part if total is None else total + part
+    assert total is not None
+    return total / n
+
+
+def liger_loss(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, vocab: int
+) -> torch.Tensor:
+    """Liger's fused linear cross-entropy over the real vocabulary rows of the head (mean over tokens)."""
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    h = hidden.reshape(-1, hidden.shape[-1])
+    return LigerFusedLinearCrossEntropyLoss()(
+        weight[:vocab], h, targets.reshape(-1), None if bias is None else bias[:vocab]
+    )
+
+
+def install_loss_forward(model: torch.nn.Module, impl: str, vocab: int, chunk_tokens: int) -> None:
+    """Replace this model's forward by `forward(input_ids, labels) -> mean loss` computed with `impl` (chunked or
+    liger). Module hooks (FSDP2's) still run around it: nn.Module.__call__ reads self.forward."""
+    base, head, cap = _head_parts(model)
+    if impl == "liger" and cap:
+        raise SpecError(
+            "training.loss_chunk_tokens: liger's fused loss has no final logit soft-cap", hint="uninstall liger-kernel"
+        )
+
+    def forward(self: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        hidden = base(input_ids=input_ids, use_cache=False).last_hidden_state
+        if impl == "liger":
+            return liger_loss(hidden, head.weight, head.bias, labels, vocab)
+        return chunked_loss(hidden, head.weight, head.bias, labels, vocab, chunk_tokens, cap)
+
+    model.forward = types.MethodType(forward, model)
+
+
+def whole_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Hugging Face's forward (b*s*V logits) and cross-entropy in fp32 over the real vocabulary."""
+    import torch.nn.functional as F
+
+    logits = model(input_ids=inputs).logits
+    return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), targets.reshape(-1))
