@@ -320,8 +320,11 @@ def recompute_buffer_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, atte
 
 def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> int:
     """Kept once for all blocks: eager attention's materialised causal mask (b x 1 x s x s in the compute dtype;
-    SDPA and flash take is_causal and build none)."""
-    return act_bytes * b * s * s if attention == "eager" else 0
+    SDPA and flash take is_causal and build none) and, for rotary models, the cos/sin tables (1 x s x head_dim
+    each, compute dtype: Hugging Face builds position ids of batch 1)."""
+    mask = act_bytes * b * s * s if attention == "eager" else 0
+    rotary = 0 if spec.is_gpt2 else 2 * s * spec.head_dim * act_bytes
+    return mask + rotary
 
 
 def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> int:
