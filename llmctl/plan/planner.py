@@ -307,7 +307,13 @@ def compute_times(
     model = fl.model_flops_per_token(req.spec, req.seq_len)
     again = fl.recompute_flops_per_token(req.spec, req.seq_len, ckpt, attention, chunk > 0)
     fwd = tokens * (model / 3) / rate  # forward 2N + attention/3 of 6N + attention (Kaplan et al. 2020)
-    bwd = tokens * (model * 2 / 3 + again) / rate + recompute_memory_s(req, mb, ckpt, attention)
+    redo = tokens * again / rate
+    if ckpt == "selective":
+        # Selective re-runs a subset of what full re-runs: never more time than full's recompute (a GPU with little
+        # memory bandwidth for its FLOPs, e.g. L40S with eager attention, would otherwise price it above).
+        full = fl.recompute_flops_per_token(req.spec, req.seq_len, "full", attention, chunk > 0)
+        redo = min(redo + recompute_memory_s(req, mb, ckpt, attention), tokens * full / rate)
+    bwd = tokens * (model * 2 / 3) / rate + redo
     return eff, fwd, bwd
 
 

@@ -87,6 +87,10 @@ def test_plot(tmp_path):
         (["--params", "lots"], "cannot read parameter count"),
         ([], "no model given"),
         (["gpt2", "--plot", "out.jpg"], "must end in .png"),
+        (["gpt2", "--checkpointing", "some"], "unknown checkpointing 'some' (choose one of: none | selective"),
+        (["gpt2", "--checkpointing", "partial:1"], "partial:1 checkpoints every layer (write full)"),
+        (["gpt2", "--checkpointing", "partial:0"], "needs 2 <= K <= 1000"),
+        (["gpt2", "--loss-chunk", "-3"], "loss chunk must be >= 0 tokens"),
     ],
 )
 def test_bad_input_one_line_exit_2(args, needle):
@@ -147,3 +151,23 @@ def test_help_and_no_arguments() -> None:
     assert ok.returncode == 0 and "Usage" in ok.stdout
     bare = subprocess.run([sys.executable, "-m", "llmctl"], capture_output=True, text=True)
     assert bare.returncode == 2 and "Usage" in bare.stdout + bare.stderr
+
+
+def test_checkpointing_modes_and_the_fewest_gpus_for_each():
+    """Issue 11: --checkpointing selective | partial:K | full and --loss-chunk; the fewest-GPUs table per mode."""
+    base = ["estimate", "llama-3.1-8b", "--gpu", "H100-SXM", "--gpus", "8", "--seq-len", "8192", "--json"]
+    d = json.loads(run(*base, "--checkpointing", "selective", "--loss-chunk", "512").output)
+    assert d["setup"]["checkpointing"] == "selective" and d["setup"]["loss_chunk_tokens"] == 512
+    names = [c["name"] for c in d["components"]]
+    assert "activations (selective checkpointing)" in names and "loss chunk of 512 tokens (backward)" in names
+    assert "logits + loss (b*s*V)" not in names
+    table = d["min_gpus_by_checkpointing"]
+    assert list(table) == ["none", "selective", "partial:2", "full"]
+    acts = [table[m]["activations_bytes"] for m in ("none", "partial:2", "selective", "full")]
+    assert acts == sorted(acts, reverse=True) and acts[-1] > 0
+    gpus = [table[m]["gpus"] for m in ("none", "partial:2", "selective", "full")]
+    assert all(g is not None for g in gpus) and gpus == sorted(gpus, reverse=True)
+    d4 = json.loads(run(*base, "--checkpointing", "partial:4").output)
+    assert "partial:4" in d4["min_gpus_by_checkpointing"] and d4["setup"]["checkpointing"] == "partial:4"
+    text = run(*base[:-1], "--checkpointing", "partial:4").output
+    assert "Fewest H100-SXM GPUs per checkpointing mode" in text and "partial:4" in text

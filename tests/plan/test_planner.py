@@ -122,7 +122,7 @@ PINS = st.fixed_dictionaries(
     optional={
         "strategy": st.sampled_from(["full_shard", "hybrid_shard", "no_shard"]),
         "micro_batch": st.sampled_from([1, 2, 3, 4, 8, 16, 32, 64, 128]),
-        "checkpointing": st.sampled_from(["none", "full"]),
+        "checkpointing": st.sampled_from(["none", "selective", "partial:2", "full"]),
         "attention": st.sampled_from(["eager", "sdpa", "flash"]),
         "compile": st.booleans(),
     },
@@ -219,3 +219,117 @@ def test_efficiency_factors_are_stated_and_bounded() -> None:
     )
     assert e.of("flash", 1024, L7B, False) < e.of("flash", 1024 * 16, L7B, False)  # small GEMMs are slower
     assert replace(e, calibration=10.0).of("flash", 4096, L7B, True) == 1.0
+
+
+# --- issue 11: checkpointing modes and the chunked loss ------------------------------------------------------------
+def test_recompute_flops_per_mode() -> None:
+    """full re-runs every block's forward (not the LM head), partial:K L//K of them, selective every other matmul
+    (k, o, up in a Llama block), plus eager attention's scores; the chunked loss re-runs the head's matmul."""
+    from llmctl.plan import flops as fl
+
+    spec, s = L7B, 4096
+    h, i, L, V = 4096, 11008, 32, 32000
+    full = fl.recompute_flops_per_token(spec, s, "full")
+    assert full == L * 2 * (4 * h * h + 3 * h * i) + 4 * L * h * s
+    assert fl.recompute_flops_per_token(spec, s, "partial:2") == full // 2
+    assert fl.recompute_flops_per_token(spec, s, "partial:3") == 10 * full // 32
+    sel = fl.recompute_flops_per_token(spec, s, "selective", "flash")
+    assert sel == L * 2 * (h * h + h * h + h * i)  # k, o, up: no attention recompute with a fused kernel
+    assert fl.recompute_flops_per_token(spec, s, "selective", "eager") == sel + 4 * L * h * s
+    assert fl.recompute_flops_per_token(spec, s, "none", loss_chunked=True) == 2 * V * h
+    model = fl.model_flops_per_token(spec, s)
+    assert fl.hardware_flops_per_token(spec, s, "full") == model + full
+    assert 0.2 < full / model < 1 / 3  # the textbook 4/3 counts the LM head, which no mode recomputes
+
+
+def test_planner_modes_and_chunks() -> None:
+    assert pl.checkpointing_modes(L7B) == ["none", "partial:2", "partial:3", "partial:4", "selective", "full"]
+    tiny = replace(L7B, num_layers=2)
+    assert pl.checkpointing_modes(tiny) == ["none", "partial:2", "selective", "full"]
+    assert pl.auto_loss_chunk(resolve_model("llama-3.1-8b")) == 512  # 128k vocabulary
+    assert pl.auto_loss_chunk(L7B) == 2048  # 32k
+    assert pl.auto_loss_chunk(replace(L7B, vocab_size=256)) == 8192
+
+
+def test_selective_is_chosen_when_full_recompute_buys_nothing() -> None:
+    """The seed's batch fits with selective at the same micro-batch as full: selective wins by its smaller
+    recompute, and the explanation gives the figure."""
+    r = pl.plan(seed_request(strategy="hybrid_shard", attention="flash", compile=True))
+    assert r.chosen.checkpointing == "selective"
+    full = best(r, checkpointing="full")
+    assert full.micro_batch == r.chosen.micro_batch and full.tokens_per_s < r.chosen.tokens_per_s
+    assert pl.recompute_cost(r.request, full) > pl.recompute_cost(r.request, r.chosen) > 0.05
+    assert r.memory_choice.startswith("selective checkpointing: micro-batch 16 fits, recompute costs")
+    assert "no checkpointing: only micro-batch" in r.memory_choice
+    assert "full checkpointing: recompute would cost" in r.memory_choice
+
+
+def test_large_vocabulary_plans_a_chunked_loss_when_memory_is_short() -> None:
+    """Llama-3.1-8B at 8k tokens on one 80 GB GPU: the whole b*s*V logits (with their fp32 copies) do not leave room;
+    chunking the loss does."""
+    spec = resolve_model("llama-3.1-8b")
+    one = cm.Network(H100.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, None)
+    req = pl.PlanRequest(
+        spec=spec,
+        gpu=H100,
+        nodes=1,
+        gpus_per_node=4,
+        network=one,
+        seq_len=8192,
+        global_batch_seqs=32,
+        checkpointing="full",
+        strategy="full_shard",
+    )
+    r = pl.plan(req)
+    whole = [v for v in r.variants if v.loss_chunk_tokens == 0]
+    chunked = [v for v in r.variants if v.loss_chunk_tokens]
+    assert chunked and max(c.micro_batch for c in chunked) > max((c.micro_batch for c in whole), default=0)
+    assert r.chosen.loss_chunk_tokens == 512
+    plan = pl.to_plan(r)
+    assert plan is not None and plan.training.loss_chunk_tokens == 512
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    model=st.sampled_from(["llama-2-7b", "mistral-7b", "llama-3.1-8b", "gpt2-xl"]),
+    gpu=st.sampled_from(["A100-80GB", "H100-SXM", "A100-40GB", "L40S"]),
+    nodes=st.sampled_from([1, 2]),
+    seq=st.sampled_from([1024, 4096, 8192]),
+    gb=st.sampled_from([32, 64, 128]),
+)
+def test_more_modes_never_lower_the_chosen_throughput(model, gpu, nodes, seq, gb) -> None:
+    """Adding a mode to the search never lowers the chosen plan's tokens/s: the free search is at least as good as
+    the search pinned to any one mode (and pinned to no chunking), and equal to the best of them."""
+    spec = resolve_model(model)
+    if spec.is_gpt2 and seq > 1024:
+        seq = 1024
+    g = resolve_gpu(gpu)
+    kw = dict(spec=spec, gpu=g, nodes=nodes, gpus_per_node=8, network=FAST_NET, seq_len=seq, global_batch_seqs=gb)
+    kw["precision"] = "bf16-mixed"
+
+    def chosen(**pins):
+        try:
+            return pl.plan(pl.PlanRequest(**kw, **pins)).chosen.tokens_per_s
+        except LlmctlError:
+            return 0.0
+
+    free = chosen()
+    pinned = [chosen(checkpointing=m) for m in pl.checkpointing_modes(spec)]
+    assert free >= max(pinned) - 1e-6
+    assert free == pytest.approx(max(pinned), rel=1e-9) or max(pinned) == 0.0
+    assert free >= chosen(loss_chunk_tokens=0) - 1e-6
+    # a mode that recomputes strictly less at the same memory never loses to full at the same micro-batch
+    try:
+        r = pl.plan(pl.PlanRequest(**kw))
+    except LlmctlError:
+        return
+    for v in r.variants:
+        if v.checkpointing == "full":
+            sel = [
+                w
+                for w in r.variants
+                if w.checkpointing == "selective"
+                and (w.strategy, w.nodes, w.micro_batch, w.attention, w.compile, w.loss_chunk_tokens)
+                == (v.strategy, v.nodes, v.micro_batch, v.attention, v.compile, v.loss_chunk_tokens)
+            ]
+            assert all(w.tokens_per_s >= v.tokens_per_s for w in sel)
