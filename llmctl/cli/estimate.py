@@ -101,6 +101,10 @@ def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GP
             {"name": comp.name, "bytes": comp.bytes, "phases": list(comp.phases)} for comp in est.components
         ],
         "phase_bytes": est.phase_bytes,
+        # One block without checkpointing, tensor group by group (Hugging Face-only extras named as such).
+        "layer_activation_terms": mem.layer_activation_terms(
+            spec, setup.micro_batch_size, setup.seq_len, setup.compute_bytes, setup.attention
+        ),
         "peak_phase": est.peak_phase,
         "peak_allocated_bytes": est.peak_allocated_bytes,
         "peak_reserved_bytes": est.peak_reserved_bytes,
@@ -194,6 +198,16 @@ def _render(result: dict[str, Any]) -> None:
     t.add_row("CUDA context + NCCL", render.gib(s.cuda_context_bytes, 3), "outside allocator")
     t.add_row("[bold]total per GPU[/bold]", f"[bold]{render.gib(est.device_bytes, 3)}[/bold]", "")
     c.print(t)
+    terms = result["layer_activation_terms"]
+    hf = {k: v for k, v in terms.items() if ": HF" in k}
+    if hf:
+        c.print(
+            "[dim]one block without checkpointing keeps "
+            + ", ".join(f"{k} {render.gib(v, 3)}" for k, v in terms.items())
+            + f" GiB; the HF-only lines ({render.gib(sum(hf.values()), 3)} GiB per block) are what a fused RMSNorm and"
+            " SwiGLU (torchtitan, Liger, torch.compile) do not keep[/dim]",
+            soft_wrap=True,
+        )
     c.print(
         f"peak allocated {render.gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
         f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB",

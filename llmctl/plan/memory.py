@@ -250,16 +250,24 @@ def layer_activation_terms(spec: ModelSpec, b: int, s: int, act_bytes: int, atte
         else:
             terms["attention logsumexp"] = 4 * b * a * s
         return terms
-    norm_one = 4 * sb * h + 4 * sb + (ab * sb * h if ab != 4 else 4 * sb * h)
     kv_heads = a if eager else kv
+    k = spec.experts_per_token if spec.num_experts else 1
     terms = {
-        "norms": 2 * norm_one,
+        # What a lean block keeps too (torchtitan's: fused RMSNorm keeps its input and the fp32 rstd).
+        "norms": 2 * (ab * sb * h + 4 * sb),
+        # Hugging Face's LlamaRMSNorm upcasts its input to fp32 and keeps that copy (4sbh) for backward on top of
+        # the normalised output it multiplies by the weight: 4sbh per norm more than a fused norm.
+        "norms: HF fp32 upcast copy": 2 * 4 * sb * h,
         "attention inputs/outputs": ab * sb * h + ab * sb * (a * d + 2 * kv_heads * d) + ab * sb * a * d,
-        "mlp": ab * sb * h + 4 * ab * sb * i,
+        # gate and up outputs (for silu's and the product's backward) and the product (down's input).
+        "mlp": ab * sb * h + 3 * ab * sb * i * k,
+        # HF's act_fn(gate) * up keeps silu(gate) as its own tensor; a fused SwiGLU (Liger's, or torch.compile's
+        # fusion) recomputes it from gate in backward: ab*sbi per layer more.
+        "mlp: HF silu(gate) kept": ab * sb * i * k,
     }
     if spec.num_experts:
-        # MoE: each token goes through k experts; the router keeps its logits/probabilities (fp32, E per token).
-        terms["mlp"] = ab * sb * h + 4 * ab * sb * i * spec.experts_per_token + 2 * 4 * sb * spec.num_experts
+        # MoE: the router keeps its logits/probabilities (fp32, E per token).
+        terms["mlp"] += 2 * 4 * sb * spec.num_experts
     if eager:
         terms["attention scores (s^2)"] = (4 if ab == 4 else 4 + 2) * b * a * s * s
     else:
