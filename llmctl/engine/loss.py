@@ -111,30 +111,30 @@ def chunked_loss(
 
 
 def liger_loss(
-    hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, vocab: int
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    vocab: int,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Liger's fused linear cross-entropy over the real vocabulary rows of the head (mean over tokens)."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     h = hidden.reshape(-1, hidden.shape[-1])
-    return LigerFusedLinearCrossEntropyLoss()(
-        weight[:vocab], h, targets.reshape(-1), None if bias is None else bias[:vocab]
-    )
+    fused = LigerFusedLinearCrossEntropyLoss(softcap=softcap) if softcap else LigerFusedLinearCrossEntropyLoss()
+    return fused(weight[:vocab], h, targets.reshape(-1), None if bias is None else bias[:vocab])
 
 
 def install_loss_forward(model: torch.nn.Module, impl: str, vocab: int, chunk_tokens: int) -> None:
     """Replace this model's forward by `forward(input_ids, labels) -> mean loss` computed with `impl` (chunked or
     liger). Module hooks (FSDP2's) still run around it: nn.Module.__call__ reads self.forward."""
     base, head, cap = _head_parts(model)
-    if impl == "liger" and cap:
-        raise SpecError(
-            "training.loss_chunk_tokens: liger's fused loss has no final logit soft-cap", hint="uninstall liger-kernel"
-        )
 
     def forward(self: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         hidden = base(input_ids=input_ids, use_cache=False).last_hidden_state
         if impl == "liger":
-            return liger_loss(hidden, head.weight, head.bias, labels, vocab)
+            return liger_loss(hidden, head.weight, head.bias, labels, vocab, cap)
         return chunked_loss(hidden, head.weight, head.bias, labels, vocab, chunk_tokens, cap)
 
     model.forward = types.MethodType(forward, model)

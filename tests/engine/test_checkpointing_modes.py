@@ -135,6 +135,20 @@ def test_liger_path_passes_the_real_vocabulary_rows(monkeypatch) -> None:
     assert float(got.detach()) == pytest.approx(float(ref.detach()), abs=1e-6)
 
 
+def test_the_installed_liger_takes_the_call_the_engine_makes() -> None:
+    """The real package (extra [liger], in [dev]) imports without CUDA: its loss takes (weight, input, target, bias)
+    and a soft-cap, as liger_loss calls it."""
+    import inspect
+
+    liger = pytest.importorskip(
+        "liger_kernel.transformers", reason="liger-kernel not installed (pip install 'llmctl[liger]')"
+    )
+    cls = liger.LigerFusedLinearCrossEntropyLoss
+    assert list(inspect.signature(cls.forward).parameters)[:5] == ["self", "lin_weight", "_input", "target", "bias"]
+    assert "softcap" in inspect.signature(cls.__init__).parameters
+    assert loss_mod.liger_importable()
+
+
 @pytest.mark.dist
 def test_modes_on_two_gloo_ranks_give_the_same_losses(tmp_path: Path) -> None:
     """The engine end to end (FSDP2 full shard, 2 ranks, 5 steps): checkpointing modes give bit-identical losses and
