@@ -234,7 +234,7 @@ def _render(result: dict[str, Any]) -> None:
             )
         c.print(t)
         t = render.table(
-            f"Fewest {result['gpu']} GPUs per checkpointing mode ({s.strategy}, micro-batch {s.micro_batch_size})",
+            f"Fewest GPUs per checkpointing mode ({s.strategy}, mb {s.micro_batch_size})",
             [
                 ("checkpointing", "left"),
                 ("GPUs", "right"),

@@ -83,7 +83,7 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     if req.price_per_gpu_hour is not None and req.token_budget:
         cols.append(("cost", "right"))
     t = render.table(
-        f"Best setup per strategy x nodes (by {'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
+        f"Best setup per strategy x nodes x checkpointing (by {'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
         cols,
     )
     t.columns[1].no_wrap = True  # the strategy name stays whole ("hybrid_shard")

@@ -235,8 +235,9 @@ class PlanResult:
     request: PlanRequest
     chosen: Candidate
     candidates: list[Candidate]
-    """Ranked best first; the best setup of each (strategy, nodes used) family: the alternatives a person weighs
-    (checkpointing, kernel, loss and compile variants of one family are in `variants`, and `memory_choice`)."""
+    """Ranked best first; the best setup of each (strategy, nodes used, recompute or not) family: the alternatives a
+    person weighs (the modes, kernel, loss and compile variants of one family are in `variants`; `memory_choice`
+    compares the checkpointing modes of the chosen strategy)."""
     why_lost: dict[int, str]
     """Index into candidates -> one sentence."""
     variants: list[Candidate]
@@ -498,9 +499,9 @@ def plan(req: PlanRequest) -> PlanResult:
         filled.append(replace(c, memory_per_gpu_bytes=mem_cache[k]))
     families: dict[tuple, Candidate] = {}
     for c in filled:
-        # One row per (strategy, nodes): with four checkpointing modes, kernels and the loss as variants, rows per mode
-        # would crowd out the strategies; memory_choice says what the other modes would fit and cost.
-        families.setdefault((c.strategy, c.nodes), c)
+        # One row per (strategy, nodes, recompute or not): the best of selective / partial / full stands for
+        # checkpointing (rows per mode would crowd out the strategies); memory_choice compares the modes.
+        families.setdefault((c.strategy, c.nodes, c.checkpointing != "none"), c)
     fam = list(families.values())
     why = {i: why_lost(c, fam[0], req) for i, c in enumerate(fam) if i > 0}
     return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, explain_memory_choice(req, fam[0], filled))

@@ -170,4 +170,4 @@ def test_checkpointing_modes_and_the_fewest_gpus_for_each():
     d4 = json.loads(run(*base, "--checkpointing", "partial:4").output)
     assert "partial:4" in d4["min_gpus_by_checkpointing"] and d4["setup"]["checkpointing"] == "partial:4"
     text = run(*base[:-1], "--checkpointing", "partial:4").output
-    assert "Fewest H100-SXM GPUs per checkpointing mode" in text and "partial:4" in text
+    assert "Fewest GPUs per checkpointing mode (full_shard, mb 1)" in text and "partial:4" in text
