@@ -490,16 +490,40 @@ def fits(est: MemoryEstimate, device_memory_bytes: int) -> bool:
 
 
 def max_micro_batch(spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, limit: int = 65536) -> int:
-    """Largest micro-batch that fits (0 if none). Memory grows monotonically with b, so binary search."""
-    if not fits(estimate(spec, replace(setup, micro_batch_size=1)), device_memory_bytes):
+    """Largest micro-batch that fits (0 if none). Memory is non-decreasing in b and close to linear (activations grow
+    with b, states do not; the chunked loss's lines stop growing at one chunk): a first guess from the slope between
+    b=1 and b=2, then a bracket around it and a binary search to the exact boundary (3-6 estimates, not 2 log2(b))."""
+
+    def fit(b: int) -> bool:
+        return fits(estimate(spec, replace(setup, micro_batch_size=b)), device_memory_bytes)
+
+    one = estimate(spec, replace(setup, micro_batch_size=1))
+    if not fits(one, device_memory_bytes):
         return 0
-    lo, hi = 1, 2
-    while hi <= limit and fits(estimate(spec, replace(setup, micro_batch_size=hi)), device_memory_bytes):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
+    if limit < 2:
+        return 1
+    two = estimate(spec, replace(setup, micro_batch_size=2))
+    if not fits(two, device_memory_bytes):
+        return 1
+    slope = two.device_bytes - one.device_bytes
+    guess = limit if slope <= 0 else min(limit, max(2, 1 + (device_memory_bytes - one.device_bytes) // slope))
+    # Bracket: lo fits, hi does not (or hi = limit + 1), widening geometrically from the guess.
+    if fit(guess):
+        lo, step = guess, 1
+        hi = lo + step
+        while hi <= limit and fit(hi):
+            lo, step = hi, step * 2
+            hi = lo + step
+        hi = min(hi, limit + 1)
+    else:
+        hi, step = guess, 1
+        lo = max(2, hi - step)
+        while lo > 2 and not fit(lo):
+            hi, step = lo, step * 2
+            lo = max(2, hi - step)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(estimate(spec, replace(setup, micro_batch_size=mid)), device_memory_bytes):
+        if fit(mid):
             lo = mid
         else:
             hi = mid

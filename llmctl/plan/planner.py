@@ -408,7 +408,6 @@ def _sort_key(req: PlanRequest, c: Candidate) -> tuple[float, float]:
 def plan(req: PlanRequest) -> PlanResult:
     """Enumerate, filter by memory, predict, rank. Raises DoesNotFitError with the reasons when nothing is left."""
     spec, gpu, g, G = req.spec, req.gpu, req.gpus_per_node, req.global_batch
-    cap = gpu.memory_bytes
     gpu.peak_tflops(req.compute_dtype)  # no native dtype (bf16 on V100): one clear error now
     strategies = [req.strategy] if req.strategy else list(ENGINE_STRATEGIES)
     ckpts = [req.checkpointing] if req.checkpointing else checkpointing_modes(spec)
@@ -440,48 +439,34 @@ def plan(req: PlanRequest) -> PlanResult:
 
     best: dict[tuple, Candidate] = {}
     evaluated = 0
-    max_mb_cache: dict[tuple, int] = {}
+    search = _MemorySearch(req)
+    order = {
+        a: sorted(itertools.product(ckpts, chunks), key=lambda o, a=a: recompute_seconds(req, o[0], a, o[1]))
+        for a in attns
+    }
     for strategy in strategies:
         for n in usable_nodes:
             if strategy == "hybrid_shard" and n < 2:
                 continue
             per_gpu = G // (n * g)
-            for ckpt, attn, chunk in itertools.product(ckpts, attns, chunks):
-                # Memory depends on the shard degree, not on nodes, for hybrid and no_shard: share the search.
-                mkey = (strategy, n if strategy == "full_shard" else min(n, 2), ckpt, attn, chunk, per_gpu)
-                if mkey not in max_mb_cache:
-                    max_mb_cache[mkey] = mem.max_micro_batch(
-                        spec, _setup(req, strategy, n, 1, ckpt, attn, chunk), cap, limit=per_gpu
-                    )
-                max_mb = max_mb_cache[mkey]
-                where = (
-                    f"{strategy} on {n} node{'s' if n > 1 else ''}, checkpointing {ckpt}, {attn}"
-                    f"{f', loss chunks of {chunk}' if chunk else ''}"
-                )
-                if max_mb == 0:
-                    need = mem.estimate(spec, _setup(req, strategy, n, 1, ckpt, attn, chunk)).device_bytes
-                    rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
-                    continue
-                if req.micro_batch is not None:
-                    if per_gpu % req.micro_batch:
-                        rejected.append(
-                            f"{strategy} on {n} node{'s' if n > 1 else ''}: micro-batch "
-                            f"{req.micro_batch} does not divide the {per_gpu} sequences per GPU "
-                            f"(global batch {G} over {n * g} GPUs)"
-                        )
+            top = req.micro_batch or per_gpu  # the largest micro-batch worth fitting
+            for attn in attns:
+                # Pareto front, cheapest recompute first: an option is worth its memory search and timing only if it
+                # fits a larger micro-batch than every cheaper one (at an equal micro-batch the cheaper recompute is
+                # faster, at every micro-batch, since both scale with its tokens); once one fits the whole per-GPU
+                # batch, nothing dearer can win. Thousands of dominated setups are never searched or timed.
+                largest = 0
+                for ckpt, chunk in order[attn]:
+                    if largest >= top:
+                        break
+                    mbs = search.micro_batches(strategy, n, ckpt, attn, chunk, per_gpu, rejected)
+                    if not mbs or mbs[-1] <= largest:
                         continue
-                    if req.micro_batch > max_mb:
-                        need = mem.estimate(spec, _setup(req, strategy, n, req.micro_batch, ckpt, attn, chunk))
-                        rejected.append(
-                            f"{where}: micro-batch {req.micro_batch} needs "
-                            f"{need.device_bytes / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB"
-                        )
-                        continue
-                    mbs = [req.micro_batch]
-                else:
-                    mbs = [d for d in divisors(per_gpu) if d <= max_mb]
-                for comp in compiles:
-                    for mb in mbs:
+                    largest = mb = mbs[-1]
+                    # Only the largest micro-batch that fits is timed: a step's compute time falls with the
+                    # micro-batch (the GEMM-shape efficiency rises with the tokens per micro-batch) and so does its
+                    # communication (fewer micro-batches, each hiding more behind longer compute).
+                    for comp in compiles:
                         c = evaluate(req, strategy, n, mb, per_gpu // mb, ckpt, attn, comp, chunk=chunk)
                         evaluated += 1
                         key = (strategy, n, ckpt, attn, comp, chunk)
@@ -504,7 +489,66 @@ def plan(req: PlanRequest) -> PlanResult:
         families.setdefault((c.strategy, c.nodes, c.checkpointing != "none"), c)
     fam = list(families.values())
     why = {i: why_lost(c, fam[0], req) for i, c in enumerate(fam) if i > 0}
-    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, explain_memory_choice(req, fam[0], filled))
+    choice = explain_memory_choice(req, fam[0], search, ckpts, chunks)
+    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, choice)
+
+
+class _MemorySearch:
+    """The largest micro-batch per setup (memory.max_micro_batch), cached: memory depends on the shard degree, not on
+    the node count, for hybrid and no_shard, so those share one search."""
+
+    def __init__(self, req: PlanRequest) -> None:
+        self.req = req
+        self.cache: dict[tuple, tuple[int, int]] = {}
+
+    def max_mb(self, strategy: str, n: int, ckpt: str, attn: str, chunk: int, per_gpu: int) -> int:
+        return min(self._search(strategy, n, ckpt, attn, chunk)[0], per_gpu)
+
+    def _search(self, strategy: str, n: int, ckpt: str, attn: str, chunk: int) -> tuple[int, int]:
+        """(largest micro-batch that fits up to the one-node per-GPU batch, bytes per GPU at micro-batch 1).
+        Memory depends neither on the per-GPU batch nor, between SDPA and flash, on the kernel."""
+        kernel = "eager" if attn == "eager" else "fused"
+        key = (strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
+        if key not in self.cache:
+            setup = _setup(self.req, strategy, n, 1, ckpt, attn, chunk)
+            need = mem.estimate(self.req.spec, setup).device_bytes
+            cap = self.req.gpu.memory_bytes
+            limit = max(1, self.req.global_batch // self.req.gpus_per_node)
+            fitted = mem.max_micro_batch(self.req.spec, setup, cap, limit=limit) if need <= cap else 0
+            self.cache[key] = (fitted, need)
+        return self.cache[key]
+
+    def micro_batches(
+        self, strategy: str, n: int, ckpt: str, attn: str, chunk: int, per_gpu: int, rejected: list[str]
+    ) -> list[int]:
+        """The micro-batches to try (divisors of the per-GPU batch that fit, or the pinned one), ascending; [] with
+        the reason appended to `rejected` when none."""
+        req, cap = self.req, self.req.gpu.memory_bytes
+        max_mb = self.max_mb(strategy, n, ckpt, attn, chunk, per_gpu)
+        where = (
+            f"{strategy} on {n} node{'s' if n > 1 else ''}, checkpointing {ckpt}, {attn}"
+            f"{f', loss chunks of {chunk}' if chunk else ''}"
+        )
+        if max_mb == 0:
+            need = self._search(strategy, n, ckpt, attn, chunk)[1]
+            rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
+            return []
+        if req.micro_batch is None:
+            return [d for d in divisors(per_gpu) if d <= max_mb]
+        if per_gpu % req.micro_batch:
+            rejected.append(
+                f"{strategy} on {n} node{'s' if n > 1 else ''}: micro-batch {req.micro_batch} does not divide the "
+                f"{per_gpu} sequences per GPU (global batch {req.global_batch} over {n * req.gpus_per_node} GPUs)"
+            )
+            return []
+        if req.micro_batch > max_mb:
+            need = mem.estimate(req.spec, _setup(req, strategy, n, req.micro_batch, ckpt, attn, chunk))
+            rejected.append(
+                f"{where}: micro-batch {req.micro_batch} needs {need.device_bytes / GIB:.1f} GiB per GPU > "
+                f"{cap / GIB:.1f} GiB"
+            )
+            return []
+        return [req.micro_batch]
 
 
 def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
@@ -556,27 +600,52 @@ def recompute_cost(req: PlanRequest, c: Candidate) -> float:
     return mine / base - 1 if base else 0.0
 
 
-def explain_memory_choice(req: PlanRequest, chosen: Candidate, variants: list[Candidate]) -> str:
-    """One sentence on the chosen checkpointing mode and loss against the other modes on the same strategy and
-    nodes: 'selective checkpointing: micro-batch 4 fits; no checkpointing: only micro-batch 1 fits (12% fewer
-    tokens/s); full checkpointing: recompute would cost 19% more time'."""
-    same = [v for v in variants if (v.strategy, v.nodes) == (chosen.strategy, chosen.nodes)]
+def recompute_seconds(req: PlanRequest, ckpt: str, attention: str, chunk: int) -> float:
+    """Backward seconds of one single-sequence micro-batch: orders setups by their recompute (it scales with the
+    tokens, so the order holds at every micro-batch)."""
+    return compute_times(req, 1, ckpt, attention, False, chunk)[2]
+
+
+def explain_memory_choice(
+    req: PlanRequest, chosen: Candidate, search: _MemorySearch, modes: list[str], chunks: list[int]
+) -> str:
+    """One sentence on the chosen checkpointing mode and loss against the other modes on the same strategy, nodes,
+    kernel and compile: 'selective checkpointing: micro-batch 16 fits, recompute costs 15% more compute time; no
+    checkpointing: only micro-batch 4 fits (18% fewer tokens/s); full checkpointing: recompute would cost 17% more
+    time'."""
+    per_gpu = chosen.micro_batch * chosen.grad_accum
     loss = f", loss in chunks of {chosen.loss_chunk_tokens} tokens" if chosen.loss_chunk_tokens else ""
     cost = recompute_cost(req, chosen)
-    head = f"{ckpt_modes.label(chosen.checkpointing)}{loss}: micro-batch {chosen.micro_batch} fits" + (
-        f", recompute costs {cost:.0%} more compute time" if cost > 0.005 else ""
-    )
-    parts = [head]
-    modes = [req.checkpointing] if req.checkpointing else checkpointing_modes(req.spec)
+    parts = [
+        f"{ckpt_modes.label(chosen.checkpointing)}{loss}: micro-batch {chosen.micro_batch} fits"
+        + (f", recompute costs {cost:.0%} more compute time" if cost > 0.005 else "")
+    ]
     for mode in modes:
         if mode == chosen.checkpointing:
             continue
-        alts = [v for v in same if v.checkpointing == mode]
+        alts = []
+        for chunk in chunks:
+            for mb in search.micro_batches(
+                chosen.strategy, chosen.nodes, mode, chosen.attention, chunk, per_gpu, rejected=[]
+            ):
+                alts.append(
+                    evaluate(
+                        req,
+                        chosen.strategy,
+                        chosen.nodes,
+                        mb,
+                        per_gpu // mb,
+                        mode,
+                        chosen.attention,
+                        chosen.compile,
+                        chunk=chunk,
+                    )
+                )
         label = ckpt_modes.label(mode)
         if not alts:
             parts.append(f"{label}: does not fit")
             continue
-        alt = alts[0]  # variants are ranked: the best of this mode
+        alt = min(alts, key=lambda c: _sort_key(req, c))
         ratio = alt.tokens_per_s / chosen.tokens_per_s if chosen.tokens_per_s else 1.0
         if alt.micro_batch < chosen.micro_batch:
             parts.append(f"{label}: only micro-batch {alt.micro_batch} fits ({1 - ratio:.0%} fewer tokens/s)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -160,29 +160,31 @@ class ModelSpec:
             t.append(("lm_head.weight", (self.vocab_size, h)))
         return t
 
-    @property
+    # Cached on the instance (a frozen dataclass: the fields never change; `replace` makes a new instance): the
+    # planner asks for these thousands of times per plan.
+    @cached_property
     def params_per_layer(self) -> int:
         return sum(math.prod(s) for _, s in self.layer_tensors())
 
-    @property
+    @cached_property
     def embedding_params(self) -> int:
         return sum(math.prod(s) for _, s in self.embedding_tensors())
 
-    @property
+    @cached_property
     def head_params(self) -> int:
         return sum(math.prod(s) for _, s in self.head_tensors())
 
-    @property
+    @cached_property
     def shape_params(self) -> int:
         """Exact parameter count of the described shape."""
         return self.embedding_params + self.num_layers * self.params_per_layer + self.head_params
 
-    @property
+    @cached_property
     def params(self) -> int:
         """Parameter count used everywhere (the stated count for `--params`, else the shape's exact count)."""
         return self.params_override if self.params_override is not None else self.shape_params
 
-    @property
+    @cached_property
     def active_params_per_token(self) -> int:
         """Parameters a token passes through (MoE: only the routed experts), for FLOPs."""
         if not self.num_experts:

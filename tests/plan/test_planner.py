@@ -35,10 +35,11 @@ def best(result: pl.PlanResult, **match) -> pl.Candidate:
 
 def test_seed_story_full_shard_slowest_one_node_beats_it_hybrid_wins() -> None:
     r = pl.plan(seed_request())
+    full_ckpt = pl.plan(seed_request(checkpointing="full"))  # the seed's runs used full recompute
     full2 = best(r, strategy="full_shard", nodes=2)
-    one_ckpt_flash = best(r, nodes=1, checkpointing="full", attention="flash")
+    one_ckpt_flash = best(full_ckpt, nodes=1, attention="flash")
     one = best(r, nodes=1)
-    hybrid_full = best(r, strategy="hybrid_shard", checkpointing="full", attention="flash")
+    hybrid_full = best(full_ckpt, strategy="hybrid_shard", attention="flash")
     hybrid = best(r, strategy="hybrid_shard", attention="flash")
     # HYBRID over both nodes with flash-attention is chosen and is the fastest; of the checkpointing modes, selective
     # (the seed ran full): it keeps the attention output and half the matmul outputs, and recomputes the rest
@@ -256,7 +257,7 @@ def test_selective_is_chosen_when_full_recompute_buys_nothing() -> None:
     recompute, and the explanation gives the figure."""
     r = pl.plan(seed_request(strategy="hybrid_shard", attention="flash", compile=True))
     assert r.chosen.checkpointing == "selective"
-    full = best(r, checkpointing="full")
+    full = pl.plan(seed_request(strategy="hybrid_shard", attention="flash", compile=True, checkpointing="full")).chosen
     assert full.micro_batch == r.chosen.micro_batch and full.tokens_per_s < r.chosen.tokens_per_s
     assert pl.recompute_cost(r.request, full) > pl.recompute_cost(r.request, r.chosen) > 0.05
     assert r.memory_choice.startswith("selective checkpointing: micro-batch 16 fits, recompute costs")
@@ -318,18 +319,40 @@ def test_more_modes_never_lower_the_chosen_throughput(model, gpu, nodes, seq, gb
     assert free >= max(pinned) - 1e-6
     assert free == pytest.approx(max(pinned), rel=1e-9) or max(pinned) == 0.0
     assert free >= chosen(loss_chunk_tokens=0) - 1e-6
-    # a mode that recomputes strictly less at the same memory never loses to full at the same micro-batch
+    # at an equal micro-batch, less recompute is never slower (what lets the planner skip dominated modes)
     try:
         r = pl.plan(pl.PlanRequest(**kw))
     except LlmctlError:
         return
-    for v in r.variants:
-        if v.checkpointing == "full":
-            sel = [
-                w
-                for w in r.variants
-                if w.checkpointing == "selective"
-                and (w.strategy, w.nodes, w.micro_batch, w.attention, w.compile, w.loss_chunk_tokens)
-                == (v.strategy, v.nodes, v.micro_batch, v.attention, v.compile, v.loss_chunk_tokens)
-            ]
-            assert all(w.tokens_per_s >= v.tokens_per_s for w in sel)
+    c = r.chosen
+    timed = {
+        m: pl.evaluate(
+            r.request,
+            c.strategy,
+            c.nodes,
+            c.micro_batch,
+            c.grad_accum,
+            m,
+            c.attention,
+            c.compile,
+            chunk=c.loss_chunk_tokens,
+        ).tokens_per_s
+        for m in ("none", "partial:4", "partial:2", "selective", "full")
+    }
+    assert timed["none"] >= timed["partial:4"] >= timed["partial:2"] >= timed["full"]
+    assert timed["none"] >= timed["selective"] >= timed["full"]
+    # and a larger micro-batch is never slower (why only the largest that fits is timed)
+    if c.micro_batch > 1:
+        smaller = max(d for d in pl.divisors(c.micro_batch * c.grad_accum) if d < c.micro_batch)
+        slower = pl.evaluate(
+            r.request,
+            c.strategy,
+            c.nodes,
+            smaller,
+            c.micro_batch * c.grad_accum // smaller,
+            c.checkpointing,
+            c.attention,
+            c.compile,
+            chunk=c.loss_chunk_tokens,
+        )
+        assert slower.tokens_per_s <= c.tokens_per_s
