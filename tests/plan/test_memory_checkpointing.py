@@ -18,32 +18,9 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (p
 from llmctl.engine.loss import install_loss_forward, whole_loss  # noqa: E402
 from llmctl.engine.memtrack import measure_step  # noqa: E402
 from llmctl.engine.parallelize import apply_activation_checkpointing  # noqa: E402
+from tests.plan.test_memory_measured import GPT2, LLAMA  # noqa: E402
 
-LLAMA = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 2048,
-    "num_hidden_layers": 2,
-    "tie_word_embeddings": False,
-}
 LLAMA4 = {**LLAMA, "num_hidden_layers": 4, "hidden_size": 128, "intermediate_size": 352, "num_attention_heads": 4}
-GPT2 = {
-    "model_type": "gpt2",
-    "n_embd": 256,
-    "n_head": 8,
-    "n_layer": 2,
-    "vocab_size": 512,
-    "n_positions": 2048,
-    "resid_pdrop": 0.0,
-    "embd_pdrop": 0.0,
-    "attn_pdrop": 0.0,
-    "bos_token_id": 0,
-    "eos_token_id": 0,
-}
 # A large vocabulary next to a small model: the loss dominates, as with Llama 3 / Qwen / Gemma.
 BIG_VOCAB = {**LLAMA, "vocab_size": 16384, "hidden_size": 128, "intermediate_size": 344, "num_attention_heads": 4}
 
