@@ -25,9 +25,9 @@ Per row, two measurements:
                 backward_peak_bytes). Predicted = the activation part of `estimate()`'s backward phase for this
                 setup on one device: every backward-phase component except the model-state ledger lines
                 (parameters, gradients, optimizer states), i.e. activations + recomputed block (checkpointed modes)
-                + final norm / LM-head input + whole: logits + loss ((act+4)*b*s*V) and loss backward buffers
-                (2 x 4*b*s*V); chunked: loss_chunk_backward_bytes (8*N*V + act*V*h). The estimate adds these up as
-                if all were alive at once; the measurement says when they really are.
+                + final norm / LM-head input + whole: the fp32 log-softmax (4*b*s*V) and loss backward buffers
+                (2 x 4*b*s*V); chunked: loss_chunk_backward_bytes (max(12*N*V, 8*N*V + act*V*h)). The estimate
+                adds these up as if all were alive at once; the measurement says when they really are.
 (b) A real engine run (`python -m torch.distributed.run --nproc_per_node 2 -m llmctl.engine PLAN`, gloo, 2 ranks,
     full_shard FSDP2, AdamW, synthetic tokens, --steps steps, a step record every step, OMP_NUM_THREADS=1 per rank):
     - step s:       median step_time_s of metrics.jsonl over the steps after the first --warmup (over all

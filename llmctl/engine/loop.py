@@ -169,6 +169,8 @@ def run(plan: Plan) -> dict[str, Any]:
         mesh = build_mesh(plan, device.type, env.world_size)
         dims = plan.parallel_dims  # the data-parallel rank and size, replicas: all from the degrees
         spec = model_spec_for(plan)
+        # The data's tokens must be below the model's real vocabulary, not the padded one: the padded rows are never a
+        # target (the loss is over the real vocabulary).
         blocks, data_desc = build_source(
             plan.data.kind,
             plan.data.paths,
@@ -176,7 +178,7 @@ def run(plan: Plan) -> dict[str, Any]:
             plan.data.jsonl_field,
             t.seq_len,
             t.seed,
-            spec.vocab_size,
+            base_spec(plan).vocab_size,
         )
         weights = None
         if plan.model.weights:

@@ -357,9 +357,11 @@ def loss_chunk_forward_bytes(spec: ModelSpec, chunk: int, act_bytes: int) -> int
 
 
 def loss_chunk_backward_bytes(spec: ModelSpec, chunk: int, act_bytes: int) -> int:
-    """Chunked loss, backward: one chunk's recomputed fp32 log-softmax and its gradient (2 x 4*c*V, measured), and
-    that chunk's LM-head weight gradient (V*h, compute dtype) before it is added to the accumulated one."""
-    return 8 * chunk * spec.vocab_size + act_bytes * spec.vocab_size * spec.hidden_size
+    """Chunked loss, backward, the larger of two moments (measured, fp32 and bf16): one chunk's recomputed fp32
+    log-softmax, its gradient and the logits' gradient (3 x 4*c*V); or, in the LM head's backward, two of them and that
+    chunk's weight gradient (V*h, compute dtype) before it is added to the accumulated one."""
+    v, h = spec.vocab_size, spec.hidden_size
+    return max(12 * chunk * v, 8 * chunk * v + act_bytes * v * h)
 
 
 # --- the estimate ------------------------------------------------------------------------------------------------
@@ -471,10 +473,13 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
             bwd_chunk = loss_chunk_backward_bytes(spec, chunk, cb) // setup.tp
             comps.append(Component(f"loss chunk of {chunk} tokens (backward)", bwd_chunk, ("backward",)))
         else:
-            logits = logits_bytes(spec, b, s, cb) // setup.tp
-            comps.append(Component("logits + loss (b*s*V)", logits, ("forward", "backward")))
+            # The loss keeps its fp32 log-softmax for backward; the logits (and their fp32 upcast) live only until the
+            # loss is computed (the engine's whole_loss, and HF Trainer's compute_loss, drop them before backward).
+            bsv = b * s * spec.vocab_size // setup.tp
+            comps.append(Component("loss log-softmax (fp32, b*s*V)", 4 * bsv, ("forward", "backward")))
+            comps.append(Component("logits (b*s*V, until the loss)", (cb + (4 if cb != 4 else 0)) * bsv, ("forward",)))
             # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.
-            comps.append(Component("loss backward buffers", 2 * 4 * b * s * spec.vocab_size // setup.tp, ("backward",)))
+            comps.append(Component("loss backward buffers", 8 * bsv, ("backward",)))
         if not setup.fused_optimizer:
             # torch's foreach AdamW materialises per-group temporaries about the size of the local fp32 shard.
             shard = next(c.bytes for c in comps if c.bytes_per_param is not None)

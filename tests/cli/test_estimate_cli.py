@@ -160,7 +160,7 @@ def test_checkpointing_modes_and_the_fewest_gpus_for_each():
     assert d["setup"]["checkpointing"] == "selective" and d["setup"]["loss_chunk_tokens"] == 512
     names = [c["name"] for c in d["components"]]
     assert "activations (selective checkpointing)" in names and "loss chunk of 512 tokens (backward)" in names
-    assert "logits + loss (b*s*V)" not in names
+    assert "loss log-softmax (fp32, b*s*V)" not in names
     table = d["min_gpus_by_checkpointing"]
     assert list(table) == ["none", "selective", "partial:2", "full"]
     acts = [table[m]["activations_bytes"] for m in ("none", "partial:2", "selective", "full")]

@@ -70,6 +70,25 @@ def test_inputs_found_bad_after_torch_starts(tmp_path: Path) -> None:
     assert_one_line(engine([str(data)], tmp_path), 2, "data.paths", "does not exist")
 
 
+def test_data_is_checked_against_the_real_vocabulary_not_the_padded_one(tmp_path: Path) -> None:
+    """A vocabulary that is not a multiple of pad_vocab_multiple (500 -> 512): synthetic tokens stay below 500 (they
+    used to reach the padded rows and crash the loss with an IndexError), and a tokenizer larger than the real
+    vocabulary is refused even when it fits the padded one (258 byte tokens, vocabulary 200 padded to 256)."""
+    import json
+
+    one = {"hardware": {"nproc_per_node": 1}, "training": {"max_steps": 2}}
+    plan = write_plan(
+        tmp_path / "synthetic",
+        {**one, "data": {"kind": "synthetic", "paths": []}, "model": {"overrides": {"vocab_size": 500}}},
+    )
+    proc = engine([str(plan)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    start = json.loads((tmp_path / "synthetic" / "logs" / "metrics.jsonl").read_text().splitlines()[0])
+    assert start["vocab_size"] == 512
+    plan = write_plan(tmp_path / "text", {**one, "model": {"overrides": {"vocab_size": 200}}})
+    assert_one_line(engine([str(plan)], tmp_path), 2, "the tokenizer has 258 tokens", "vocabulary is 200")
+
+
 @pytest.mark.slow
 def test_one_plain_process_with_checkpointing_compile_and_bf16(tmp_path: Path) -> None:
     """The one test that compiles: one process (no torchrun), bf16 mixed precision, selective activation

@@ -101,7 +101,7 @@ def test_chunked_loss_drops_the_logits_and_bounds_backward_by_the_chunk(dtype) -
     """Whole: the fp32 log-softmax (4*b*s*V) is held, and backward adds its gradient and the logits' (8*b*s*V).
     Chunked: nothing of the loss is held; backward holds one chunk's pair (8*c*V) plus that chunk's LM-head gradient
     and the accumulated one (V*h each, compute dtype)."""
-    b, s, chunk = 2, 128, 64
+    b, s, chunk = 2, 128, 64  # chunk < h / 2: the LM head's backward is the chunk's peak (8cV + V*h)
     ab = 4 if dtype == torch.float32 else 2
     spec = models.from_hf_config(BIG_VOCAB, name="t")
     V, h = spec.vocab_size, spec.hidden_size
@@ -124,10 +124,38 @@ def test_estimate_lines_follow_the_chunk() -> None:
     whole = mem.estimate(spec, mem.TrainSetup(seq_len=8192, checkpointing="selective"))
     chunked = mem.estimate(spec, mem.TrainSetup(seq_len=8192, checkpointing="selective", loss_chunk_tokens=512))
     names = {c.name for c in chunked.components}
-    assert "logits + loss (b*s*V)" in {c.name for c in whole.components}
-    assert "logits + loss (b*s*V)" not in names and "loss chunk of 512 tokens (backward)" in names
-    # 8k tokens x 128k vocabulary: the whole loss holds (2 + 4) + 8 bytes per logit at the backward peak
+    assert "loss log-softmax (fp32, b*s*V)" in {c.name for c in whole.components}
+    assert "loss log-softmax (fp32, b*s*V)" not in names and "loss chunk of 512 tokens (backward)" in names
+    # 8k tokens x 128k vocabulary: the whole loss holds 4 + 8 bytes per logit at the backward peak
     assert whole.phase_bytes["backward"] - chunked.phase_bytes["backward"] > 10 * 2**30
     # A chunk larger than the micro-batch is the micro-batch
     big = mem.estimate(spec, mem.TrainSetup(seq_len=1024, loss_chunk_tokens=10**6))
     assert "loss chunk of 1024 tokens (forward)" in {c.name for c in big.components}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("chunk", [128, 256], ids=["c128", "c256"])
+def test_a_large_chunk_peaks_in_the_loss_backward(dtype, chunk) -> None:
+    """chunk >= h: the peak is the chunk's recomputed log-softmax and its two gradients (3 x 4*c*V), before the LM
+    head's backward (benchmarks/checkpointing.py found the 8cV + V*h line short there)."""
+    b, s = 2, 256
+    ab = 4 if dtype == torch.float32 else 2
+    spec = models.from_hf_config(BIG_VOCAB, name="t")
+    r = measure(BIG_VOCAB, b, s, dtype, "sdpa", "none", chunk)
+    extra = r.backward_peak_bytes - r.saved_bytes - ab * spec.vocab_size * spec.hidden_size  # accumulated head grad
+    assert mem.loss_chunk_backward_bytes(spec, chunk, ab) == 12 * chunk * spec.vocab_size
+    assert extra == pytest.approx(mem.loss_chunk_backward_bytes(spec, chunk, ab), rel=0.03)
+
+
+def test_whole_loss_phases_match_the_measured_peaks() -> None:
+    """The whole loss: forward peaks with the logits (and their fp32 upcast in bf16) beside what is saved; backward
+    with the two fp32 gradients beside the saved log-softmax; the logits are gone by then."""
+    spec = models.from_hf_config(BIG_VOCAB, name="t")
+    b, s = 2, 128
+    for dtype, precision in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+        r = measure(BIG_VOCAB, b, s, dtype, "sdpa", "none")
+        setup = mem.TrainSetup(precision=precision, micro_batch_size=b, seq_len=s)
+        est = {c.name: c.bytes for c in mem.estimate(spec, setup).components}
+        assert r.forward_peak_bytes - r.saved_bytes == pytest.approx(est["logits (b*s*V, until the loss)"], rel=0.01)
+        assert r.backward_peak_bytes - r.saved_bytes == pytest.approx(est["loss backward buffers"], rel=0.01)
+        assert est["loss log-softmax (fp32, b*s*V)"] == 4 * b * s * spec.vocab_size

@@ -53,7 +53,11 @@ def test_llama2_7b_fsdp2_full_shard_8_gpus():
     rotary = 2 * 1024 * 128 * 2  # cos and sin, 1 x s x head_dim bf16, shared by all layers
     assert c["activations (saved for backward)"] == 32 * 190_980_096 + rotary == 6_111_887_360
     # Logits held in bf16 + fp32 log-softmax: (2 + 4) * b*s*V
-    assert c["logits + loss (b*s*V)"] == 6 * 1024 * 32000
+    # The loss keeps its fp32 log-softmax (4*b*s*V) into backward; the bf16 logits and their fp32 upcast (2 + 4) live
+    # only in forward; backward adds the two fp32 gradients (8*b*s*V).
+    assert c["loss log-softmax (fp32, b*s*V)"] == 4 * 1024 * 32000
+    assert c["logits (b*s*V, until the loss)"] == 6 * 1024 * 32000
+    assert c["loss backward buffers"] == 8 * 1024 * 32000
 
 
 def test_gpt2_fp32_eager_single_gpu():
