@@ -345,12 +345,6 @@ def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> in
     return norm + act_bytes * sb * h + 8 * sb * 2
 
 
-def logits_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> int:
-    """Logits (held by the model output, compute dtype) + the fp32 log-softmax the loss saves: (act+4)*b*s*V.
-    Transformers' loss upcasts logits to fp32; in an fp32 model the upcast is free."""
-    return (act_bytes + 4) * b * s * spec.vocab_size
-
-
 def loss_chunk_forward_bytes(spec: ModelSpec, chunk: int, act_bytes: int) -> int:
     """Chunked loss, forward: one chunk's logits and fp32 copy exist while its loss is computed, then are freed."""
     return (act_bytes + 4) * chunk * spec.vocab_size
