@@ -84,10 +84,10 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from llmctl.engine.data import RankData, build_source
-    from llmctl.engine.loop import build_optimizer, max_rss_bytes
+    from llmctl.engine.data import RankData
+    from llmctl.engine.loop import build_optimizer, max_rss_bytes, plan_source
     from llmctl.engine.materialize import WeightFiles, local_rows, slots
-    from llmctl.engine.model import base_spec, build_meta_model, materialize, model_spec_for
+    from llmctl.engine.model import build_meta_model, materialize, model_spec_for
     from llmctl.engine.parallelize import build_mesh, parallelize
 
     t0 = time.perf_counter()
@@ -97,15 +97,7 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
     t = plan.training
     notes: list[str] = []
     spec = model_spec_for(plan)
-    blocks, data_desc = build_source(
-        plan.data.kind,
-        plan.data.paths,
-        plan.data.tokenizer,
-        plan.data.jsonl_field,
-        t.seq_len,
-        t.seed,
-        base_spec(plan).vocab_size,
-    )
+    blocks, data_desc = plan_source(plan)
     weights = WeightFiles.scan(plan.model.weights) if plan.model.weights else None
     dims = plan.parallel_dims
     RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(rank), dims.dp)

@@ -142,6 +142,13 @@ def init_distributed(env: RankEnv, backend: str) -> None:
         )
 
 
+def plan_source(plan: Plan) -> tuple[Any, str]:
+    """The plan's data (blocks, description). Its tokens must be below the model's real vocabulary, not the padded
+    one: the padded rows are never a target (the loss is over the real vocabulary)."""
+    d, t = plan.data, plan.training
+    return build_source(d.kind, d.paths, d.tokenizer, d.jsonl_field, t.seq_len, t.seed, base_spec(plan).vocab_size)
+
+
 def run(plan: Plan) -> dict[str, Any]:
     """Train per the plan on this rank. Returns a summary (last step, losses seen, why it stopped)."""
     import torch
@@ -169,17 +176,7 @@ def run(plan: Plan) -> dict[str, Any]:
         mesh = build_mesh(plan, device.type, env.world_size)
         dims = plan.parallel_dims  # the data-parallel rank and size, replicas: all from the degrees
         spec = model_spec_for(plan)
-        # The data's tokens must be below the model's real vocabulary, not the padded one: the padded rows are never a
-        # target (the loss is over the real vocabulary).
-        blocks, data_desc = build_source(
-            plan.data.kind,
-            plan.data.paths,
-            plan.data.tokenizer,
-            plan.data.jsonl_field,
-            t.seq_len,
-            t.seed,
-            base_spec(plan).vocab_size,
-        )
+        blocks, data_desc = plan_source(plan)
         weights = None
         if plan.model.weights:
             from llmctl.engine.materialize import WeightFiles
