@@ -19,6 +19,7 @@ and mbs 1 x acc 2 see the same samples per step.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Iterable, Sequence
@@ -45,6 +46,10 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
+    def fingerprint(self) -> str: ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes as tokens; BOS/EOS ids follow the byte range (256, 257), as in the tiny presets."""
@@ -56,6 +61,13 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [list(t.encode("utf-8")) for t in texts]
+
+    def fingerprint(self) -> str:
+        """Identifies the vocabulary: two tokenizers with the same fingerprint map text to the same ids."""
+        return hashlib.sha256(b"llmctl-bytes-v1:bos=256,eos=257").hexdigest()
 
 
 class HFTokenizer:
@@ -77,6 +89,22 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """The fast tokenizer's batch call (Rust, one call for many documents)."""
+        return self._tok(list(texts), add_special_tokens=False)["input_ids"]
+
+    def fingerprint(self) -> str:
+        """sha256 of the tokenizer's canonical serialization (vocabulary, merges, normalizer, pre-tokenizer, added
+        tokens) plus its BOS/EOS ids: independent of file layout, changed by anything that changes the ids."""
+        h = hashlib.sha256()
+        backend = getattr(self._tok, "backend_tokenizer", None)
+        if backend is not None:
+            h.update(backend.to_str().encode())
+        else:  # a slow (Python) tokenizer: its vocabulary, sorted
+            h.update(json.dumps(sorted(self._tok.get_vocab().items())).encode())
+        h.update(f"|bos={self.bos_id}|eos={self.eos_id}".encode())
+        return h.hexdigest()
 
 
 def load_tokenizer(path: str | None) -> Tokenizer:
