@@ -39,8 +39,9 @@ def blocks(seq_len: int, n: int) -> Any:
     import torch
 
     from llmctl.engine.data import build_source
+    from llmctl.spec.planfile import DataSection
 
-    src, _ = build_source("text", [str(CORPUS)], None, "text", seq_len, SEED, 320)
+    src, _ = build_source(DataSection(kind="text", paths=[str(CORPUS)]), seq_len, SEED, 320)
     return torch.from_numpy(src.samples(0, n))
 
 

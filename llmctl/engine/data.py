@@ -1,12 +1,17 @@
 """Training data: tokenize local text, pack it into sequence-length blocks, give each rank its own micro-batches.
 
 Sources (plan `data.kind`):
-- text:      .txt / .jsonl files (or folders of them), tokenized at start with a local Hugging Face tokenizer
-             folder or the built-in byte-level tokenizer (bytes 0..255, BOS 256, EOS 257: the `llama-tiny`
-             and `gpt2-tiny` presets have vocab 320 = 258 padded to 64).
-- tokens:    a memory-mapped `.bin` token file (+ `.bin.json` metadata) built by
-             `python -m llmctl.engine.data build --out corpus.bin FILES...`; only the blocks a rank uses are read.
+- tokens:    a folder made by `llmctl data prepare` (memory-mapped shards, llmctl.data.format; a train and a val
+             split) or a single `.bin` token file (+ `.bin.json`) from `python -m llmctl.engine.data build`. Opening
+             costs O(shards); only the blocks a rank uses are read. Data made with another tokenizer than the plan
+             names (data.tokenizer, or the model.weights folder's) is refused by fingerprint.
+- text:      small local .txt / .jsonl files (or folders of them), read whole and tokenized at start on every
+             rank with a local Hugging Face tokenizer folder or the built-in byte-level tokenizer (bytes 0..255,
+             BOS 256, EOS 257: the `llama-tiny` and `gpt2-tiny` presets have vocab 320 = 258 padded to 64).
 - synthetic: uniform random tokens (benchmarks).
+
+Validation (`data.val`): the val split of the prepared folder, or separate files; its blocks in order, unshuffled
+(llmctl.engine.evaluate picks the fixed set of sequences).
 
 Order: the token stream is cut into blocks of seq_len + 1 tokens (inputs and next-token targets; consecutive
 blocks share one boundary token). Global sample g is block perm_e[g mod n] with e = g // n and perm_e a
@@ -31,6 +36,7 @@ import numpy as np
 
 from llmctl.errors import InputError, LlmctlError, report
 from llmctl.fileio import load_json
+from llmctl.spec.planfile import DataSection
 
 if TYPE_CHECKING:
     import torch
@@ -215,19 +221,22 @@ class Batch:
 class PackedBlocks:
     """Sequence-length blocks over one token stream, in a seeded per-epoch order."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, seed: int) -> None:
+    def __init__(self, tokens: Any, seq_len: int, seed: int, what: str = "data", shuffle: bool = True) -> None:
         self.tokens = tokens
         self.seq_len = seq_len
         self.seed = seed
+        self.shuffle = shuffle
         self.num_blocks = (len(tokens) - 1) // seq_len
         if self.num_blocks < 1:
             raise InputError(
-                f"data: {len(tokens)} tokens is less than one block of training.seq_len {seq_len}",
+                f"{what}: {len(tokens)} tokens is less than one block of training.seq_len {seq_len}",
                 hint="use more text or a shorter seq_len",
             )
         self._perm: tuple[int, np.ndarray] | None = None
 
     def block_of(self, sample: int) -> int:
+        if not self.shuffle:
+            return sample % self.num_blocks
         epoch, pos = divmod(sample, self.num_blocks)
         if self._perm is None or self._perm[0] != epoch:
             self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_blocks))
@@ -287,29 +296,98 @@ class RankData:
         return [Batch(inputs=a[:, :-1], targets=a[:, 1:]) for a in arr.split(self.mbs)]
 
 
-def build_source(
-    kind: str, paths: Sequence[str], tokenizer: str | None, jsonl_field: str, seq_len: int, seed: int, model_vocab: int
-) -> tuple[PackedBlocks | SyntheticBlocks, str]:
-    """The plan's data section -> blocks, and one line describing them for the log."""
-    if kind == "synthetic":
-        return SyntheticBlocks(model_vocab, seq_len, seed), f"synthetic tokens, vocab {model_vocab}"
-    if kind == "tokens":
+@dataclass(frozen=True)
+class Stream:
+    """One token stream the data section names, before it is cut into blocks."""
+
+    tokens: Any  # np.ndarray, np.memmap or llmctl.data.format.TokenShards: len() and contiguous slices
+    vocab_size: int
+    description: str
+
+
+def check_tokenizer(meta_tokenizer: Any, path: str, expected: Sequence[tuple[str, str]]) -> None:
+    """Refuse prepared data whose tokenizer is not the one the plan names (data.tokenizer, or the tokenizer that
+    ships in model.weights): same vocabulary size is not enough, the ids must mean the same text."""
+    if not isinstance(meta_tokenizer, dict) or not meta_tokenizer.get("fingerprint"):
+        return  # an older single .bin token file: only its vocabulary size is known
+    for key, folder in expected:
+        mine = load_tokenizer(folder).fingerprint()
+        if mine != meta_tokenizer["fingerprint"]:
+            raise InputError(
+                f"data.paths: {path} was prepared with tokenizer {meta_tokenizer.get('name')!r} "
+                f"(fingerprint {str(meta_tokenizer['fingerprint'])[:12]}), not the {key} {folder!r} "
+                f"(fingerprint {mine[:12]})",
+                hint="prepare the data again with --tokenizer set to the model's tokenizer",
+            )
+
+
+def open_stream(
+    data: DataSection, paths: Sequence[str], split: str, key: str, expected: Sequence[tuple[str, str]] = ()
+) -> Stream:
+    """The tokens of `paths` (of kind data.kind): a prepared folder's `split`, a .bin token file, or text files
+    tokenized here."""
+    if data.kind == "tokens":
         if len(paths) != 1:
-            raise InputError("data.paths: kind tokens takes exactly one .bin token file")
+            raise InputError(f"{key}: kind tokens takes exactly one prepared folder or .bin token file")
+        if Path(paths[0]).is_dir():  # a prepared folder (open_prepared says it when it is not one)
+            from llmctl.data.format import open_prepared
+
+            tokens, meta = open_prepared(paths[0], split)
+            check_tokenizer(meta.get("tokenizer"), paths[0], expected)
+            name = (meta.get("tokenizer") or {}).get("name")
+            return Stream(tokens, int(meta.get("vocab_size", 0)), f"{paths[0]} [{split}] ({name})")
+        if split != "train":
+            raise InputError(f"{key}: {paths[0]} is a single token file; it has no {split!r} split")
         tokens, meta = open_token_file(paths[0])
-        vocab, what = int(meta.get("vocab_size", 0)), f"{paths[0]} ({meta.get('tokenizer')})"
-    else:
-        tok = load_tokenizer(tokenizer)
-        files = expand_paths(paths)
-        tokens = tokenize(iter_documents(files, jsonl_field), tok)
-        vocab, what = tok.vocab_size, f"{len(files)} text files, tokenizer {tok.name}"
-    if vocab > model_vocab:
+        return Stream(tokens, int(meta.get("vocab_size", 0)), f"{paths[0]} ({meta.get('tokenizer')})")
+    tok = load_tokenizer(data.tokenizer)
+    files = expand_paths(paths, key)
+    tokens = tokenize(iter_documents(files, data.jsonl_field), tok)
+    return Stream(tokens, tok.vocab_size, f"{len(files)} text files, tokenizer {tok.name}")
+
+
+def _check_vocab(stream: Stream, model_vocab: int) -> None:
+    if stream.vocab_size > model_vocab:
         raise InputError(
-            f"data: the tokenizer has {vocab} tokens but the model's vocabulary is {model_vocab}",
+            f"data: the tokenizer of {stream.description} has {stream.vocab_size} tokens but the model's "
+            f"vocabulary is {model_vocab}",
             hint="set model.overrides.vocab_size or use a matching tokenizer",
         )
-    blocks = PackedBlocks(tokens, seq_len, seed)
-    return blocks, f"{what}: {len(tokens):,} tokens, {blocks.num_blocks:,} blocks of {seq_len}"
+
+
+def expected_tokenizers(data: DataSection, weights: str | None) -> list[tuple[str, str]]:
+    """The tokenizers prepared data must have been made with: data.tokenizer, and the one in model.weights."""
+    out = [("data.tokenizer", data.tokenizer)] if data.tokenizer else []
+    if weights and any((Path(weights) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        out.append(("tokenizer of model.weights", weights))
+    return out
+
+
+def build_source(
+    data: DataSection, seq_len: int, seed: int, model_vocab: int, expected: Sequence[tuple[str, str]] = ()
+) -> tuple[PackedBlocks | SyntheticBlocks, str]:
+    """The plan's training data -> blocks, and one line describing them for the log."""
+    if data.kind == "synthetic":
+        return SyntheticBlocks(model_vocab, seq_len, seed), f"synthetic tokens, vocab {model_vocab}"
+    stream = open_stream(data, data.paths, "train", "data.paths", expected)
+    _check_vocab(stream, model_vocab)
+    blocks = PackedBlocks(stream.tokens, seq_len, seed, what="data.paths")
+    return blocks, f"{stream.description}: {len(stream.tokens):,} tokens, {blocks.num_blocks:,} blocks of {seq_len}"
+
+
+def build_val_source(
+    data: DataSection, seq_len: int, model_vocab: int, expected: Sequence[tuple[str, str]] = ()
+) -> tuple[PackedBlocks, str] | None:
+    """The validation blocks (in order, not shuffled), or None without data.val."""
+    if data.val is None:
+        return None
+    if data.val == "split":
+        stream = open_stream(data, data.paths, "val", "data.val", expected)
+    else:
+        stream = open_stream(data, data.val, "train", "data.val", expected)
+    _check_vocab(stream, model_vocab)
+    blocks = PackedBlocks(stream.tokens, seq_len, 0, what="data.val", shuffle=False)
+    return blocks, f"{stream.description}: {len(stream.tokens):,} tokens, {blocks.num_blocks:,} blocks of {seq_len}"
 
 
 # --- `python -m llmctl.engine.data build` ------------------------------------------------------------------------
@@ -324,6 +402,7 @@ def build_main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--out", required=True, help="output token file, e.g. data/corpus.bin")
     b.add_argument("--tokenizer", default=None, help="local Hugging Face tokenizer folder (default: bytes)")
     b.add_argument("--jsonl-field", default="text", help="field holding the text in .jsonl rows")
+    # `llmctl data prepare` is the scalable way (parallel, sharded, parquet and datasets, a validation split).
     args = ap.parse_args(argv)
     try:
         tok = load_tokenizer(args.tokenizer)

@@ -85,7 +85,8 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from llmctl.engine.data import RankData
-    from llmctl.engine.loop import build_optimizer, max_rss_bytes, plan_source
+    from llmctl.engine.loggers import check_installed
+    from llmctl.engine.loop import build_optimizer, max_rss_bytes, plan_source, plan_val_source
     from llmctl.engine.materialize import WeightFiles, local_rows, slots
     from llmctl.engine.model import build_meta_model, materialize, model_spec_for
     from llmctl.engine.parallelize import build_mesh, parallelize
@@ -98,6 +99,8 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
     notes: list[str] = []
     spec = model_spec_for(plan)
     blocks, data_desc = plan_source(plan)
+    plan_val_source(plan)  # validation data: present, same tokenizer, at least one block
+    check_installed(plan.logging)
     weights = WeightFiles.scan(plan.model.weights) if plan.model.weights else None
     dims = plan.parallel_dims
     RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(rank), dims.dp)

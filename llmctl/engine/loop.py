@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
-from llmctl.engine.data import Batch, RankData, build_source
+from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers
+from llmctl.engine.evaluate import Evaluator
+from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
 from llmctl.engine.loss import install_loss_forward, liger_importable, select_loss, whole_loss
 from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (
@@ -145,8 +147,15 @@ def init_distributed(env: RankEnv, backend: str) -> None:
 def plan_source(plan: Plan) -> tuple[Any, str]:
     """The plan's data (blocks, description). Its tokens must be below the model's real vocabulary, not the padded
     one: the padded rows are never a target (the loss is over the real vocabulary)."""
-    d, t = plan.data, plan.training
-    return build_source(d.kind, d.paths, d.tokenizer, d.jsonl_field, t.seq_len, t.seed, base_spec(plan).vocab_size)
+    t = plan.training
+    expected = expected_tokenizers(plan.data, plan.model.weights)
+    return build_source(plan.data, t.seq_len, t.seed, base_spec(plan).vocab_size, expected)
+
+
+def plan_val_source(plan: Plan) -> tuple[Any, str] | None:
+    """The validation blocks (in order) and their description, or None without data.val."""
+    expected = expected_tokenizers(plan.data, plan.model.weights)
+    return build_val_source(plan.data, plan.training.seq_len, base_spec(plan).vocab_size, expected)
 
 
 def run(plan: Plan) -> dict[str, Any]:
@@ -169,6 +178,7 @@ def run(plan: Plan) -> dict[str, Any]:
     loss_impl, loss_why = select_loss(t.loss_chunk_tokens, device.type == "cuda", liger_importable())
     if plan.training.precision in ("bf16-mixed", "bf16") and device.type == "cpu":
         log.info("precision %s on a CPU works but is slower than fp32 without AMX", t.precision)
+    check_installed(plan.logging)
     init_distributed(env, choice.backend)
     is_main = env.rank == 0
     finished = False
@@ -177,6 +187,7 @@ def run(plan: Plan) -> dict[str, Any]:
         dims = plan.parallel_dims  # the data-parallel rank and size, replicas: all from the degrees
         spec = model_spec_for(plan)
         blocks, data_desc = plan_source(plan)
+        val = plan_val_source(plan)
         weights = None
         if plan.model.weights:
             from llmctl.engine.materialize import WeightFiles
@@ -209,9 +220,11 @@ def run(plan: Plan) -> dict[str, Any]:
         data = RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(env.rank), dims.dp)
 
         start = 0
+        run_id = new_run_id()  # a run from step 0 is a new TensorBoard/W&B run; a resumed one continues its own
         if ckpt is not None and found is not None:
             state = ckpt.load(found[1], model, optimizer, scheduler)
             start = int(state["step"])
+            run_id = str(state.get("run_id") or run_id)
             if state.get("samples_consumed") != data.samples_consumed(start):
                 raise SpecError(
                     f"checkpoint {found[1]} was made with a different global batch "
@@ -238,7 +251,20 @@ def run(plan: Plan) -> dict[str, Any]:
             "eager" if attn_impl == "eager" else "sdpa",
             loss_impl == "chunked",
         )
-        metrics = MetricsLog(Path(plan.logging.dir) / "metrics.jsonl", total) if is_main else None
+        evaluator = None
+        if val is not None:
+            evaluator = Evaluator(
+                val[0],
+                t.micro_batch_size,
+                t.grad_accum_steps,
+                dims.dp_rank(env.rank),
+                dims.dp,
+                plan.logging.eval_batches,
+            )
+        metrics = None
+        if is_main:
+            sinks = open_sinks(plan, run_id, start, plan_to_yaml(plan))
+            metrics = MetricsLog(Path(plan.logging.dir) / "metrics.jsonl", total, sinks=sinks)
 
         def emit(record: dict[str, Any]) -> None:
             if metrics is not None:
@@ -266,6 +292,8 @@ def run(plan: Plan) -> dict[str, Any]:
                 "model_flops_per_token": tput.model_flops_per_token,
                 "peak_tflops": peak,
                 "data": data_desc,
+                "val": None if val is None else f"{val[1]}; {evaluator.num_sequences if evaluator else 0} sequences",
+                "run_id": run_id,
                 "init": made.source,
                 "rss_before_model_bytes": rss_base,
                 "rss_peak_setup_bytes": rss_setup,
@@ -329,6 +357,21 @@ def run(plan: Plan) -> dict[str, Any]:
                 emit(with_predictions(rec, plan.predicted))
                 last_t, last_step = now, step
 
+            every = plan.logging.eval_interval_steps
+            if evaluator is not None and ((every and step % every == 0) or step == total):
+                res = evaluator.run(model, loss_impl, vocab, device)
+                emit(
+                    {
+                        "event": "eval",
+                        "step": step,
+                        **res,
+                        "message": f"step {step}: validation loss {res['val_loss']:.4f} (perplexity "
+                        f"{res['val_ppl']:.2f}) on {res['val_sequences']} sequences, {res['val_tokens']:,} tokens, "
+                        f"{res['seconds']:.1f} s",
+                    }
+                )
+                last_t = time.perf_counter()  # keep evaluation time out of the next step-time measurement
+
             stopping = stop.agreed()
             if ckpt is not None and (stopping or step % plan.checkpoint.interval_steps == 0 or step == total):
                 t0 = time.perf_counter()
@@ -342,6 +385,7 @@ def run(plan: Plan) -> dict[str, Any]:
                         "samples_consumed": data.samples_consumed(step),
                         "world_size": env.world_size,
                         "seed": t.seed,
+                        "run_id": run_id,
                     },
                 )
                 emit(

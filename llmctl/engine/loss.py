@@ -85,8 +85,10 @@ def chunked_loss(
     vocab: int,
     chunk_tokens: int,
     softcap: float | None = None,
+    reduction: str = "mean",
 ) -> torch.Tensor:
-    """Mean cross-entropy over all tokens, computed chunk by chunk (each chunk recomputed in backward)."""
+    """Cross-entropy over all tokens (mean, or sum over targets other than -100), computed chunk by chunk (each chunk
+    recomputed in backward)."""
     from torch.utils.checkpoint import checkpoint
 
     h = hidden.reshape(-1, hidden.shape[-1])
@@ -107,7 +109,7 @@ def chunked_loss(
         )
         total = part if total is None else total + part
     assert total is not None
-    return total / n
+    return total if reduction == "sum" else total / n
 
 
 def liger_loss(
@@ -117,32 +119,50 @@ def liger_loss(
     targets: torch.Tensor,
     vocab: int,
     softcap: float | None = None,
+    reduction: str = "mean",
 ) -> torch.Tensor:
-    """Liger's fused linear cross-entropy over the real vocabulary rows of the head (mean over tokens)."""
+    """Liger's fused linear cross-entropy over the real vocabulary rows of the head (mean over tokens, or sum)."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 
     h = hidden.reshape(-1, hidden.shape[-1])
-    fused = LigerFusedLinearCrossEntropyLoss(softcap=softcap) if softcap else LigerFusedLinearCrossEntropyLoss()
+    kw: dict[str, object] = {"reduction": reduction}
+    if softcap:
+        kw["softcap"] = softcap
+    fused = LigerFusedLinearCrossEntropyLoss(**kw)
     return fused(weight[:vocab], h, targets.reshape(-1), None if bias is None else bias[:vocab])
 
 
 def install_loss_forward(model: torch.nn.Module, impl: str, vocab: int, chunk_tokens: int) -> None:
-    """Replace this model's forward by `forward(input_ids, labels) -> mean loss` computed with `impl` (chunked or
-    liger). Module hooks (FSDP2's) still run around it: nn.Module.__call__ reads self.forward."""
+    """Replace this model's forward by `forward(input_ids, labels, reduction="mean") -> loss` computed with `impl`
+    (chunked or liger; reduction "sum" skips targets of -100, for evaluation). Module hooks (FSDP2's) still run around
+    it: nn.Module.__call__ reads self.forward."""
     base, head, cap = _head_parts(model)
 
-    def forward(self: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+    ) -> torch.Tensor:
         hidden = base(input_ids=input_ids, use_cache=False).last_hidden_state
         if impl == "liger":
-            return liger_loss(hidden, head.weight, head.bias, labels, vocab, cap)
-        return chunked_loss(hidden, head.weight, head.bias, labels, vocab, chunk_tokens, cap)
+            return liger_loss(hidden, head.weight, head.bias, labels, vocab, cap, reduction)
+        return chunked_loss(hidden, head.weight, head.bias, labels, vocab, chunk_tokens, cap, reduction)
 
     model.forward = types.MethodType(forward, model)
 
 
-def whole_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, vocab: int) -> torch.Tensor:
+def whole_loss(
+    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, vocab: int, reduction: str = "mean"
+) -> torch.Tensor:
     """Hugging Face's forward (b*s*V logits) and cross-entropy in fp32 over the real vocabulary."""
     import torch.nn.functional as F
 
     logits = model(input_ids=inputs).logits
-    return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), targets.reshape(-1))
+    return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), targets.reshape(-1), reduction=reduction)
+
+
+def loss_sum(
+    model: torch.nn.Module, impl: str, inputs: torch.Tensor, targets: torch.Tensor, vocab: int
+) -> torch.Tensor:
+    """Summed cross-entropy over the targets that are not -100, with the run's loss implementation."""
+    if impl == "whole":
+        return whole_loss(model, inputs, targets, vocab, reduction="sum")
+    return model(input_ids=inputs, labels=targets, reduction="sum")

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import resource
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from llmctl.engine.loggers import Sink, scalars
 from llmctl.plan.flops import hardware_flops_per_token, model_flops_per_token
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.planfile import Predicted
@@ -107,9 +109,13 @@ def with_predictions(record: dict[str, Any], predicted: Predicted) -> dict[str, 
 class MetricsLog:
     """metrics.jsonl (appended across resumes: one line per event) and the human display, rank 0 only."""
 
-    def __init__(self, path: Path | None, total_steps: int, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, path: Path | None, total_steps: int, stream: TextIO | None = None, sinks: Sequence[Sink] = ()
+    ) -> None:
         self.path = path
         self.total_steps = total_steps
+        self.sinks = list(sinks)
+        """TensorBoard / W&B (llmctl.engine.loggers): they get the numbers of step and eval records."""
         self.stream = stream if stream is not None else sys.stdout
         self._file = None
         if path is not None:
@@ -135,6 +141,10 @@ class MetricsLog:
     def event(self, record: dict[str, Any]) -> None:
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")
+        if record.get("event") in ("step", "eval") and self.sinks:
+            values = scalars(record)
+            for sink in self.sinks:
+                sink.log(int(record["step"]), values)
         if record.get("event") == "step":
             info = (
                 f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {record['tokens_per_s']:,.0f} tok/s  "
@@ -152,6 +162,8 @@ class MetricsLog:
                 print(text, file=self.stream, flush=True)
 
     def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
         if self._progress is not None:
             self._progress.stop()
         if self._file is not None:

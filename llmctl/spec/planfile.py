@@ -148,17 +148,28 @@ class ModelSection(_Strict):
 
 class DataSection(_Strict):
     kind: Literal["text", "tokens", "synthetic"] = "text"
-    """text: local .txt/.jsonl files tokenized on the fly; tokens: a memory-mapped .bin token file; synthetic:
-    random tokens (benchmarks)."""
+    """tokens: a dataset folder made by `llmctl data prepare` (memory-mapped shards; each rank reads only its
+    blocks), or a single .bin token file; text: small local .txt/.jsonl files, tokenized whole on every rank at
+    start; synthetic: random tokens (benchmarks)."""
     paths: list[Text] = Field(default_factory=list)
     tokenizer: Text | None = None
-    """Local tokenizer folder; None uses the built-in byte-level tokenizer."""
+    """Local tokenizer folder; None uses the built-in byte-level tokenizer. With kind tokens: when given, it must be
+    the tokenizer the data was prepared with (compared by fingerprint)."""
     jsonl_field: Text = "text"
+    val: Literal["split"] | list[Text] | None = None
+    """Validation data: `split` (the val split of the prepared folder in `paths`), or separate files of the same
+    kind (text files; or prepared folders, read whole as their train split); None: no validation."""
 
     @model_validator(mode="after")
     def _paths(self) -> DataSection:
         if self.kind != "synthetic" and not self.paths:
             raise ValueError(f"data.paths is empty but data.kind is {self.kind!r}")
+        if self.val == "split" and self.kind != "tokens":
+            raise ValueError("data.val: split needs data.kind tokens (a folder made by `llmctl data prepare`)")
+        if self.val is not None and self.kind == "synthetic":
+            raise ValueError("data.val: synthetic data has no validation set")
+        if isinstance(self.val, list) and not self.val:
+            raise ValueError("data.val is an empty list (give files, `split`, or leave it out)")
         return self
 
 
@@ -251,9 +262,30 @@ class CheckpointSection(_Strict):
     keep_last: Int = Field(2, ge=1, le=MAX_STEPS)
 
 
+class WandbSection(_Strict):
+    """Weights & Biases (extra [logging]). The API key only ever comes from the environment (WANDB_API_KEY or
+    `wandb login`); a plan cannot hold it."""
+
+    project: Text
+    name: Text | None = None
+    """The run's display name (default: the plan's name)."""
+    entity: Text | None = None
+    mode: Literal["online", "offline", "disabled"] = "online"
+    """offline: written under logging.dir/wandb, synced later with `wandb sync` (no network needed)."""
+    tags: list[Text] = Field(default_factory=list)
+
+
 class LoggingSection(_Strict):
     dir: Text = "runs/llmctl"
     interval_steps: Int = Field(1, ge=1, le=MAX_STEPS)
+    eval_interval_steps: Int = Field(0, ge=0, le=MAX_STEPS)
+    """With data.val: the validation loss every N steps and at the last step (0: at the last step only)."""
+    eval_batches: Int = Field(8, ge=1, le=MAX_STEPS)
+    """Validation set: the first eval_batches x (global batch) sequences of data.val, in order; the same sequences
+    on any world size with the same global batch, and after a resume."""
+    tensorboard: bool = False
+    """Event files under logging.dir/tensorboard (rank 0; extra [logging])."""
+    wandb: WandbSection | None = None
 
 
 class Predicted(_Strict):

@@ -117,9 +117,13 @@ def test_liger_path_passes_the_real_vocabulary_rows(monkeypatch) -> None:
     calls = []
 
     class FusedLinearCrossEntropy(torch.nn.Module):
+        def __init__(self, reduction: str = "mean", softcap: float | None = None) -> None:
+            super().__init__()
+            self.reduction = reduction
+
         def forward(self, lin_weight, _input, target, bias=None):
             calls.append((tuple(lin_weight.shape), tuple(_input.shape), tuple(target.shape), bias))
-            return torch.nn.functional.cross_entropy(_input @ lin_weight.T, target)
+            return torch.nn.functional.cross_entropy(_input @ lin_weight.T, target, reduction=self.reduction)
 
     fake = types.ModuleType("liger_kernel.transformers")
     fake.LigerFusedLinearCrossEntropyLoss = FusedLinearCrossEntropy
@@ -133,6 +137,8 @@ def test_liger_path_passes_the_real_vocabulary_rows(monkeypatch) -> None:
     got = model(input_ids=ids, labels=ids)
     assert calls == [((300, 64), (32, 64), (32,), None)]
     assert float(got.detach()) == pytest.approx(float(ref.detach()), abs=1e-6)
+    summed = model(input_ids=ids, labels=ids, reduction="sum")  # evaluation's call
+    assert float(summed.detach()) == pytest.approx(float(ref.detach()) * ids.numel(), rel=1e-6)
 
 
 def test_the_installed_liger_takes_the_call_the_engine_makes() -> None:
@@ -145,7 +151,7 @@ def test_the_installed_liger_takes_the_call_the_engine_makes() -> None:
     )
     cls = liger.LigerFusedLinearCrossEntropyLoss
     assert list(inspect.signature(cls.forward).parameters)[:5] == ["self", "lin_weight", "_input", "target", "bias"]
-    assert "softcap" in inspect.signature(cls.__init__).parameters
+    assert {"softcap", "reduction"} <= set(inspect.signature(cls.__init__).parameters)
     assert loss_mod.liger_importable()
 
 

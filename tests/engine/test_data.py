@@ -19,6 +19,7 @@ from llmctl.engine.data import (
     tokenize,
 )
 from llmctl.errors import InputError
+from llmctl.spec.planfile import DataSection
 
 CORPUS = Path(__file__).resolve().parents[2] / "examples" / "corpus"
 
@@ -73,15 +74,15 @@ def test_build_token_file_round_trip(tmp_path: Path, capsys: pytest.CaptureFixtu
     tokens, meta = open_token_file(out)
     assert meta["num_tokens"] == 14 and meta["dtype"] == "uint16"
     assert bytes(tokens[1:6].tolist()) == b"hello" and tokens[0] == 256 and tokens[6] == 257
-    blocks, desc = build_source("tokens", [str(out)], None, "text", 4, 0, 320)
+    blocks, desc = build_source(DataSection(kind="tokens", paths=[str(out)]), 4, 0, 320)
     assert blocks.num_blocks == 3 and "14 tokens" in desc
 
 
 def test_text_source_matches_token_file(tmp_path: Path) -> None:
     out = tmp_path / "c.bin"
     assert build_main(["build", "--out", str(out), str(CORPUS)]) == 0
-    a, _ = build_source("text", [str(CORPUS)], None, "text", 64, 0, 320)
-    b, _ = build_source("tokens", [str(out)], None, "text", 64, 0, 320)
+    a, _ = build_source(DataSection(kind="text", paths=[str(CORPUS)]), 64, 0, 320)
+    b, _ = build_source(DataSection(kind="tokens", paths=[str(out)]), 64, 0, 320)
     assert (a.samples(0, 8) == b.samples(0, 8)).all()
 
 
@@ -95,19 +96,19 @@ def test_text_source_matches_token_file(tmp_path: Path) -> None:
 )
 def test_bad_data_is_one_clear_line(kind: str, paths: list[str], needle: str) -> None:
     with pytest.raises(InputError, match=needle):
-        build_source(kind, paths, None, "text", 64, 0, 320)
+        build_source(DataSection.model_construct(kind=kind, paths=paths, val=None), 64, 0, 320)
 
 
 def test_tokenizer_bigger_than_model_vocab() -> None:
     with pytest.raises(InputError, match="vocabulary is 128"):
-        build_source("text", [str(CORPUS)], None, "text", 64, 0, 128)
+        build_source(DataSection(kind="text", paths=[str(CORPUS)]), 64, 0, 128)
 
 
 def test_bad_jsonl(tmp_path: Path) -> None:
     f = tmp_path / "x.jsonl"
     f.write_text('{"body": "a"}\n')
     with pytest.raises(InputError, match="x.jsonl:1: no string field 'text'"):
-        build_source("text", [str(f)], None, "text", 4, 0, 320)
+        build_source(DataSection(kind="text", paths=[str(f)]), 4, 0, 320)
     assert build_main(["build", "--out", str(tmp_path / "o.bin"), str(f)]) == 2
 
 
@@ -125,11 +126,15 @@ def test_local_hf_tokenizer_folder(tmp_path: Path) -> None:
     PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(
         tmp_path / "tok"
     )
-    blocks, desc = build_source("text", [str(CORPUS)], str(tmp_path / "tok"), "text", 32, 0, 320)
+    blocks, desc = build_source(
+        DataSection(kind="text", paths=[str(CORPUS)], tokenizer=str(tmp_path / "tok")), 32, 0, 320
+    )
     assert "tok" in desc and blocks.samples(0, 2).max() < 300
     assert int(blocks.tokens[0]) == 1  # <s> opens the first document
     with pytest.raises(InputError, match="data.tokenizer"):
-        build_source("text", [str(CORPUS)], str(tmp_path / "nothing-here"), "text", 32, 0, 320)
+        build_source(
+            DataSection(kind="text", paths=[str(CORPUS)], tokenizer=str(tmp_path / "nothing-here")), 32, 0, 320
+        )
 
 
 @pytest.mark.parametrize(

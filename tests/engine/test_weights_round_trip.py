@@ -115,9 +115,7 @@ def transformers_step0_loss(plan_path: Path) -> float:
     t = plan.training
     model = AutoModelForCausalLM.from_pretrained(plan.model.weights, dtype=torch.float32, local_files_only=True)
     model.eval()
-    blocks, _ = build_source(
-        plan.data.kind, plan.data.paths, plan.data.tokenizer, plan.data.jsonl_field, t.seq_len, t.seed, 320
-    )
+    blocks, _ = build_source(plan.data, t.seq_len, t.seed, 320)
     dims = plan.parallel_dims
     per_batch = []
     with torch.no_grad():

@@ -1,0 +1,99 @@
+"""The validation loss: the mean next-token cross-entropy over a fixed set of sequences, the same on any world size.
+
+The set is the first N = min(eval_batches x G, blocks) blocks of data.val, in order (G = the global batch in
+sequences), as Megatron-LM defines its evaluation (eval_iters x global batch). Evaluation batch e is laid out like
+a training step: rank r takes sequences e*G + r*mbs*acc ... in `acc` micro-batches of `mbs`, so every rank runs the
+same number of forwards (FSDP's collectives need that) and a 1-rank and a 4-rank run with the same global batch see
+the same sequences. Slots past N (a validation set smaller than eval_batches x G) carry targets of -100: they run
+but count nothing. Each rank sums the per-token losses and counts its tokens in float64; one all-reduce gives the
+mean, so the result depends on the world size only through float rounding inside a micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llmctl.engine.data import Batch, PackedBlocks
+from llmctl.engine.loss import loss_sum
+
+if TYPE_CHECKING:
+    import torch
+
+IGNORE = -100
+"""torch.nn.functional.cross_entropy's default ignore_index."""
+
+
+@dataclass
+class Evaluator:
+    blocks: PackedBlocks
+    micro_batch_size: int
+    grad_accum_steps: int
+    dp_rank: int
+    dp_size: int
+    eval_batches: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.grad_accum_steps * self.dp_size
+
+    @property
+    def num_sequences(self) -> int:
+        return min(self.eval_batches * self.global_batch, self.blocks.num_blocks)
+
+    def micro_batches(self) -> list[Batch]:
+        """This rank's evaluation micro-batches (the same count on every rank)."""
+        import numpy as np
+        import torch
+
+        g, n, mbs = self.global_batch, self.num_sequences, self.micro_batch_size
+        out = []
+        for e in range(math.ceil(n / g)):
+            first = e * g + self.dp_rank * mbs * self.grad_accum_steps
+            for m in range(self.grad_accum_steps):
+                idx = np.arange(first + m * mbs, first + (m + 1) * mbs)
+                real = idx < n
+                rows = torch.from_numpy(self._rows(idx, real))
+                targets = rows[:, 1:].clone()
+                targets[torch.from_numpy(~real)] = IGNORE
+                out.append(Batch(inputs=rows[:, :-1], targets=targets))
+        return out
+
+    def _rows(self, idx: Any, real: Any) -> Any:
+        import numpy as np
+
+        # Real slots are a prefix of the micro-batch; an all-padding micro-batch runs on block 0.
+        rows = self.blocks.samples(int(idx[0]), int(real.sum())) if real.any() else self.blocks.samples(0, 1)
+        if len(rows) < len(idx):  # pad with copies of the last row (their targets are ignored)
+            rows = np.concatenate([rows, np.repeat(rows[-1:], len(idx) - len(rows), axis=0)])
+        return rows
+
+    def run(self, model: torch.nn.Module, loss_impl: str, vocab: int, device: torch.device) -> dict[str, Any]:
+        """Mean validation loss and perplexity over the set (every rank returns the same)."""
+        import torch
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        was_training = model.training
+        model.eval()  # no dropout
+        acc = torch.zeros(2, dtype=torch.float64, device=device)
+        try:
+            with torch.no_grad():
+                for b in self.micro_batches():
+                    inputs, targets = b.inputs.to(device), b.targets.to(device)
+                    acc[0] += loss_sum(model, loss_impl, inputs, targets, vocab).double()
+                    acc[1] += (targets != IGNORE).sum()
+        finally:
+            model.train(was_training)
+        dist.all_reduce(acc, op=dist.ReduceOp.SUM)
+        total, tokens = acc.tolist()
+        loss = total / tokens
+        return {
+            "val_loss": loss,
+            "val_ppl": math.exp(min(loss, 700.0)),  # exp overflows a float past ~709
+            "val_tokens": int(tokens),
+            "val_sequences": self.num_sequences,
+            "seconds": time.perf_counter() - t0,
+        }

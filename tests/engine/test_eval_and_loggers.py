@@ -1,0 +1,177 @@
+"""Validation loss (a fixed set of sequences, the same on any world size) and the TensorBoard / W&B sinks, one run
+across a crash and a preemption."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from llmctl.engine.data import PackedBlocks
+from llmctl.engine.evaluate import IGNORE, Evaluator
+from llmctl.engine.loggers import scalars
+from tests.engine.conftest import CORPUS, REPO, check_ok, engine_cmd, engine_env, records, run_engine, write_plan
+from tests.engine.test_dist import _worker
+
+
+def _val_file(folder: Path, blocks: int, seq_len: int = 64) -> Path:
+    """Text whose byte tokens make exactly `blocks` blocks of seq_len (BOS + bytes + EOS)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = (CORPUS / sorted(p.name for p in CORPUS.iterdir())[0]).read_text()
+    need = blocks * seq_len + 1 - 2
+    f = folder / "val.txt"
+    f.write_bytes((text.encode() * (need // len(text.encode()) + 1))[:need])
+    return f
+
+
+@pytest.mark.parametrize(("dp", "mbs", "acc"), [(1, 2, 2), (2, 2, 1), (4, 1, 1), (3, 1, 2)])
+def test_every_sequence_of_the_set_is_evaluated_once_on_any_layout(dp: int, mbs: int, acc: int) -> None:
+    """10 blocks, eval_batches 3 of a global batch of 4 (or 6): ranks together see blocks 0..9 once each, in equal
+    numbers of micro-batches; the slots past the set carry only ignored targets."""
+    tokens = np.arange(10 * 8 + 1, dtype=np.uint16)
+    blocks = PackedBlocks(tokens, 8, seed=0, shuffle=False)
+    seen: list[int] = []
+    counts = set()
+    for r in range(dp):
+        mb = Evaluator(blocks, mbs, acc, r, dp, eval_batches=3).micro_batches()
+        counts.add(len(mb))
+        for b in mb:
+            assert tuple(b.inputs.shape) == (mbs, 8)
+            for row_in, row_t in zip(b.inputs.numpy(), b.targets.numpy(), strict=True):
+                if (row_t == IGNORE).all():
+                    continue
+                assert (row_t != IGNORE).all()
+                seen.append(int(row_in[0]) // 8)
+                assert (row_t == row_in + 1).all()
+    assert len(counts) == 1
+    assert sorted(seen) == list(range(10))
+
+
+def test_metric_names() -> None:
+    rec = {"event": "step", "step": 3, "loss": 2.5, "lr": 1e-3, "grad_norm": None, "tokens_per_s": 10.0}
+    rec |= {"tokens_per_s_predicted": 12.0, "mfu": None, "peak_rss_bytes": 7, "peak_rss_bytes_predicted": 9}
+    assert scalars(rec) == {
+        "train/loss": 2.5,
+        "train/lr": 1e-3,
+        "perf/tokens_per_s": 10.0,
+        "predicted/tokens_per_s": 12.0,
+        "memory/peak_rss_bytes": 7.0,
+        "predicted/peak_rss_bytes": 9.0,
+    }
+    assert scalars({"event": "eval", "step": 3, "val_loss": 1.5, "val_ppl": math.exp(1.5)}) == {
+        "eval/loss": 1.5,
+        "eval/ppl": math.exp(1.5),
+    }
+
+
+@pytest.mark.dist
+def test_validation_loss_is_the_same_on_1_2_and_4_ranks(tmp_path: Path) -> None:
+    """The same global batch of 4 laid out as 1 rank x mbs 2 x acc 2, 2 ranks x mbs 2, 4 ranks x mbs 1; a validation
+    set of 10 blocks (eval_batches 3 asks for 12: two slots are padding). The learning rate is tiny so that the
+    weights are the same to float rounding (this pins the evaluation, not training equality, which test_dist
+    covers): the validation losses agree within 1e-6."""
+    val = _val_file(tmp_path / "val", 10)
+    got = {}
+    for nproc, mbs, acc in ((1, 2, 2), (2, 2, 1), (4, 1, 1)):
+        plan = write_plan(
+            tmp_path / f"w{nproc}",
+            {
+                "data": {"val": [str(val)]},
+                "hardware": {"nproc_per_node": nproc},
+                "training": {"max_steps": 2, "micro_batch_size": mbs, "grad_accum_steps": acc},
+                "optimizer": {"lr": 1e-9},
+                "logging": {"eval_interval_steps": 1, "eval_batches": 3},
+            },
+        )
+        check_ok(run_engine(plan, nproc, tmp_path))
+        evals = records(plan, "eval")
+        assert [e["step"] for e in evals] == [1, 2]
+        assert all(e["val_sequences"] == 10 and e["val_tokens"] == 10 * 64 for e in evals)
+        got[nproc] = [e["val_loss"] for e in evals]
+        assert "10 blocks of 64" in records(plan, "start")[0]["val"]
+    for nproc in (2, 4):
+        for a, b in zip(got[nproc], got[1], strict=True):
+            assert a == pytest.approx(b, abs=1e-6, rel=0), got
+    assert 4.0 < got[1][0] < 7.0  # near ln(320) = 5.77 at initialization
+
+
+def _tensorboard_steps(folder: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+@pytest.mark.dist
+def test_one_tensorboard_and_wandb_run_across_a_crash_and_a_preemption(tmp_path: Path) -> None:
+    """Three attempts of one 2-rank run, TensorBoard and W&B (offline) on: (1) rank 0 dies in the middle of the
+    step-6 save after logging steps 4-6 (checkpoint every 3 steps); (2) the restart resumes at step 3, relogs 4-6 and
+    is preempted (SIGTERM) at step 7 or later; (3) the restart finishes. TensorBoard reads one run with steps 1..12,
+    each once, equal to metrics.jsonl's last value for that step; W&B wrote one run id for all three attempts; the
+    API key from the environment is in no file."""
+    for mod in ("tensorboard", "wandb"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"{mod} not installed (pip install 'llmctl[logging]')")
+    secret = "llmctl-test-wandb-key-0123456789abcdef"
+    env = {"WANDB_API_KEY": secret, "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config")}
+    plan = write_plan(
+        tmp_path,
+        {
+            "data": {"val": [str(_val_file(tmp_path / "val", 4))]},
+            "training": {"max_steps": 12},
+            "checkpoint": {"interval_steps": 3},
+            "logging": {
+                "tensorboard": True,
+                "wandb": {"project": "llmctl-test", "mode": "offline"},
+                "eval_interval_steps": 4,
+                "eval_batches": 1,
+            },
+        },
+        ckpt=True,
+    )
+    crashed = run_engine(plan, 2, tmp_path, {**env, "LLMCTL_ENGINE_TEST_CRASH_IN_SAVE": "6"})
+    assert crashed.returncode != 0
+    assert max(r["step"] for r in records(plan, "step")) == 6
+
+    metrics = plan.parent / "logs" / "metrics.jsonl"
+    proc = subprocess.Popen(
+        engine_cmd(plan, 2), cwd=REPO, env=engine_env(tmp_path, env), text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline, sent = time.time() + 180, False
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and len(records(plan, "start")) == 2 and any(r["step"] >= 7 for r in records(plan, "step")):
+            worker = _worker(proc, rank=1)
+            assert worker is not None
+            worker.send_signal(signal.SIGTERM)
+            sent = True
+            break
+        time.sleep(0.02)
+    out, _ = proc.communicate(timeout=180)
+    assert sent and proc.returncode == 0, out[-4000:]
+    assert len(records(plan, "stop")) == 1
+    check_ok(run_engine(plan, 2, tmp_path, env))
+
+    starts = records(plan, "start")
+    assert [s["step"] for s in starts][:2] == [0, 3] and len(starts) == 3
+    assert len({s["run_id"] for s in starts}) == 1
+    last = {r["step"]: r["loss"] for r in records(plan, "step")}  # later lines win: the attempt that counted
+    tb = _tensorboard_steps(plan.parent / "logs" / "tensorboard", "train/loss")
+    assert [s for s, _ in tb] == list(range(1, 13)), tb
+    for s, v in tb:
+        assert v == pytest.approx(last[s], rel=1e-6)
+    assert [s for s, _ in _tensorboard_steps(plan.parent / "logs" / "tensorboard", "eval/loss")] == [4, 8, 12]
+
+    runs = sorted((plan.parent / "logs" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 3, runs
+    assert {r.name.rsplit("-", 1)[1] for r in runs} == {starts[0]["run_id"]}
+    for f in tmp_path.rglob("*"):
+        if f.is_file() and f.stat().st_size < 50_000_000:
+            assert secret.encode() not in f.read_bytes(), f
