@@ -112,8 +112,8 @@ def test_bad_jsonl(tmp_path: Path) -> None:
     assert build_main(["build", "--out", str(tmp_path / "o.bin"), str(f)]) == 2
 
 
-def test_local_hf_tokenizer_folder(tmp_path: Path) -> None:
-    """A tokenizer from a local folder (built here from the corpus: nothing is downloaded)."""
+def _train_tokenizer(folder: Path) -> Path:
+    """A 300-token byte-level BPE tokenizer trained on the shipped corpus, saved to `folder` (no download)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -123,9 +123,14 @@ def test_local_hf_tokenizer_folder(tmp_path: Path) -> None:
         [str(CORPUS / "stdlib-docstrings.txt")],
         trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"]),
     )
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>").save_pretrained(
-        tmp_path / "tok"
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(folder)
+    return folder
+
+
+def test_local_hf_tokenizer_folder(tmp_path: Path) -> None:
+    """A tokenizer from a local folder (built here from the corpus: nothing is downloaded)."""
+    _train_tokenizer(tmp_path / "tok")
     blocks, desc = build_source(
         DataSection(kind="text", paths=[str(CORPUS)], tokenizer=str(tmp_path / "tok")), 32, 0, 320
     )

@@ -175,3 +175,25 @@ def test_one_tensorboard_and_wandb_run_across_a_crash_and_a_preemption(tmp_path:
     for f in tmp_path.rglob("*"):
         if f.is_file() and f.stat().st_size < 50_000_000:
             assert secret.encode() not in f.read_bytes(), f
+
+
+def test_a_logger_that_is_not_installed_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmctl.engine import loggers
+    from llmctl.errors import InputError
+    from llmctl.spec.planfile import LoggingSection
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(loggers.importlib.util, "find_spec", lambda m: None if m == "wandb" else real(m))
+    loggers.check_installed(LoggingSection(tensorboard=True))
+    with pytest.raises(InputError, match=r"logging.wandb: the wandb package is not installed") as e:
+        loggers.check_installed(LoggingSection(wandb={"project": "p"}))
+    assert "llmctl[logging]" in (e.value.hint or "")
+
+
+def test_a_plan_cannot_hold_the_wandb_key() -> None:
+    from llmctl.errors import SpecError
+    from llmctl.spec.planfile import plan_from_dict
+
+    plan = {"model": {"preset": "llama-tiny"}, "training": {"max_steps": 1}}
+    with pytest.raises(SpecError, match="logging.wandb.api_key: unknown key"):
+        plan_from_dict({**plan, "logging": {"wandb": {"project": "p", "api_key": "x"}}})
