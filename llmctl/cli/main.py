@@ -85,7 +85,7 @@ def _register() -> None:
     from llmctl.cli import estimate
 
     estimate.register(app)
-    for mod in ("bench_net", "plan", "launch", "export"):
+    for mod in ("bench_net", "plan", "launch", "export", "data"):
         # A command module that fails to import is a broken install: fail loudly, never drop the command.
         __import__(f"llmctl.cli.{mod}", fromlist=["register"]).register(app)
 
