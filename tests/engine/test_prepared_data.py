@@ -3,6 +3,7 @@ val splits, and data made with another tokenizer refused."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -130,3 +131,36 @@ def test_engine_trains_on_a_prepared_folder_with_its_val_split(tmp_path: Path) -
     check_ok(run_engine(plan, 2, tmp_path))
     assert [e["step"] for e in records(plan, "eval")] == [2, 4]
     assert "[val]" in records(plan, "start")[0]["val"]
+
+
+@pytest.mark.dist
+def test_the_readme_flow_raw_files_to_validation_loss_on_tensorboard(tmp_path: Path) -> None:
+    """README "From raw files to a run": build_corpus --jsonl, `llmctl data prepare` with a val split,
+    examples/tiny-cpu-prepared.yaml (shortened) on 2 ranks: eval events, and TensorBoard reads them back."""
+    import yaml
+
+    if importlib.util.find_spec("tensorboard") is None:
+        pytest.skip("tensorboard not installed (pip install 'llmctl[logging]')")
+    raw, data = tmp_path / "raw" / "docstrings.jsonl", tmp_path / "data"
+    for cmd in (
+        [sys.executable, "examples/corpus/build_corpus.py", "--jsonl", str(raw), "--max-bytes", "200000"],
+        [sys.executable, "-m", "llmctl", "data", "prepare", str(raw.parent), "--out", str(data)]
+        + ["--val-fraction", "0.05", "--seq-len", "128"],
+    ):
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = yaml.safe_load((REPO / "examples" / "tiny-cpu-prepared.yaml").read_text())
+    plan["data"]["paths"] = [str(data)]
+    plan["training"]["max_steps"] = 4
+    plan["checkpoint"]["dir"] = str(tmp_path / "ckpt")
+    plan["logging"] |= {"dir": str(tmp_path / "logs"), "eval_interval_steps": 2, "eval_batches": 1}
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(plan))
+    check_ok(run_engine(path, 2, tmp_path))
+    evals = records(path, "eval")
+    assert [e["step"] for e in evals] == [2, 4] and all(4.0 < e["val_loss"] < 6.0 for e in evals)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(tmp_path / "logs" / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("eval/loss")] == [2, 4]
