@@ -100,12 +100,12 @@ def prepare(
         shard_tokens=shard_tokens,
         force=force,
     )
-    with _progress_bar() as on_progress:
+    with _ProgressBar() as on_progress:
         result = prepare(cfg, on_progress)
     typer.echo(summary_line(result))
 
 
-class _progress_bar:
+class _ProgressBar:
     """A rich progress bar on stderr when it is a terminal (documents, tokens, tokens/s); else nothing, the summary
     line says it all at the end (a log file gets no bar redrawn thousands of times)."""
 

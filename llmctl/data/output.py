@@ -86,7 +86,9 @@ def remove_stale_temps(out: Path) -> list[Path]:
     """Temporary folders of prepares of `out` on this host whose process is gone (killed: SIGKILL, a power cut)."""
     removed = []
     prefix = temp_prefix(out)
-    for p in out.parent.glob(f"{prefix}*"):
+    for p in out.parent.iterdir() if out.parent.is_dir() else ():
+        if not p.name.startswith(prefix):  # not glob: --out may hold "[" or "*"
+            continue
         pid = p.name[len(prefix) :]
         if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)

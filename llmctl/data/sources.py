@@ -244,7 +244,8 @@ class SavedDataset:
                     hint=f"give the split's folder, e.g. {self.path / next(iter(ds), 'SPLIT')}",
                 )
             ds = ds["train"]
-        _check_string_column(self.path, self.text_field, ds.column_names, lambda n: ds.features[n].pa_type)
+        schema = ds.features.arrow_schema  # a nested feature (a list, a dict) has no single pa_type of its own
+        _check_string_column(self.path, self.text_field, ds.column_names, lambda n: schema.field(n).type)
         self._ds = ds.select_columns([self.text_field]).with_format("arrow")
         self.num_documents = len(ds)
 

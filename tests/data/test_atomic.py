@@ -63,29 +63,38 @@ def test_a_failure_leaves_no_output_and_keeps_the_old_one(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "old"]  # no temporary folder left
 
 
-def test_a_killed_prepare_leaves_nothing_complete_and_the_next_run_cleans_up(tmp_path: Path, hf_tokenizer: str) -> None:
-    """SIGKILL (the OOM killer, a preempted job) mid-way: no --out, only a hidden temporary folder, which the next
-    prepare of the same --out removes."""
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_a_killed_prepare_leaves_nothing_complete_and_the_next_run_cleans_up(
+    tmp_path: Path, hf_tokenizer: str, sig: signal.Signals
+) -> None:
+    """Mid-way, SIGKILL (the OOM killer, a preempted job) leaves no --out, only a hidden temporary folder, which the
+    next prepare of the same --out removes; Ctrl-C (SIGINT to the whole process group) ends in one line, exit 130,
+    nothing left."""
     src = write_docs(tmp_path / "in.jsonl", make_docs(6000, seed=5, words=(50, 150)))
-    out = tmp_path / "out"
+    out = tmp_path / "o[u]t *"  # a name that a glob would misread
     cmd = [sys.executable, "-m", "llmctl", "data", "prepare", str(src), "--out", str(out), "--workers", "1"]
     cmd += ["--tokenizer", hf_tokenizer, "--shard-tokens", "20000"]
     proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while not list(tmp_path.glob(".out.tmp-*/train-00001.bin")):  # mid-way: one shard complete, more to come
+        while not list(tmp_path.glob(".o?u?t ?.tmp-*/train-00001.bin")):  # one shard complete, more to come
             assert proc.poll() is None, f"finished before it could be killed: {proc.stderr.read()}"  # type: ignore[union-attr]
             assert time.monotonic() < deadline
             time.sleep(0.02)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the command, its forkserver and workers
-        proc.wait()
+        os.killpg(proc.pid, sig)  # the command, its forkserver and workers
+        _, stderr = proc.communicate(timeout=60)
     assert not out.exists()
-    (temp,) = [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-    assert temp.name.startswith(".out.tmp-") and not (temp / "meta.json").exists()
+    temps = [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+    if sig == signal.SIGINT:
+        assert proc.returncode == 130 and stderr.strip() == "llmctl: error: interrupted", stderr
+        assert temps == []
+        return
+    (temp,) = temps
+    assert temp.name.startswith(f".{out.name}.tmp-") and not (temp / "meta.json").exists()
     code, said = run("data", "prepare", src, "--out", out, "--tokenizer", hf_tokenizer)
     assert code == 0, said
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", "out"]  # the dead run's folder is gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl", out.name]  # the dead run's folder is gone
     assert len(stream(out)) == json.loads((out / "meta.json").read_text())["splits"]["train"]["tokens"]
 
 
