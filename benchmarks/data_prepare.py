@@ -11,8 +11,8 @@ made-up words, with punctuation and line breaks) in a temporary folder. The toke
 Both timed from process start to exit (what a user waits for: each pays ~3-4 s importing transformers once), best of
 --repeat runs. Then the check that both wrote the same token stream, byte for byte.
 
-Run: .venv/bin/python benchmarks/data_prepare.py [--mb 24] [--repeat 1] [--quick]
-(default ~1 min on 2 cores; --quick: a 1 MB corpus, ~15 s, nearly all of it each process importing transformers)
+Run: .venv/bin/python benchmarks/data_prepare.py [--mb 16] [--repeat 2] [--quick]
+(default ~1.5 min on 2 cores; --quick: a 1 MB corpus, ~15 s, nearly all of it each process importing transformers)
 """
 
 from __future__ import annotations
@@ -96,9 +96,9 @@ def timed(cmd: list[str]) -> tuple[float, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=float, default=24.0, help="corpus size in MB of JSON lines")
+    ap.add_argument("--mb", type=float, default=16.0, help="corpus size in MB of JSON lines")
     ap.add_argument("--vocab", type=int, default=8000, help="BPE vocabulary of the trained tokenizer")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per method (the best is shown)")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per method (the best is shown)")
     ap.add_argument("--quick", action="store_true", help="a 1 MB corpus: startup-bound, for checking the script")
     args = ap.parse_args()
     if args.quick:
@@ -117,10 +117,10 @@ def main() -> None:
         )
 
         rows = []
-        best, plain_stdout = None, ""
-        for _ in range(args.repeat):
-            seconds, plain_stdout = timed([py, "-c", PLAIN_LOOP, str(tok), str(corpus), str(tmp / "plain.bin")])
-            best = seconds if best is None else min(best, seconds)
+        runs = [
+            timed([py, "-c", PLAIN_LOOP, str(tok), str(corpus), str(tmp / "plain.bin")]) for _ in range(args.repeat)
+        ]
+        best, plain_stdout = min(runs)
         tokens, loop_seconds = int(plain_stdout.split()[0]), float(plain_stdout.split()[1])
         rows.append(("plain loop: tok.encode(doc) per document", 1, best))
         worker_counts = sorted({1, 2, cores})
