@@ -74,7 +74,10 @@ def test_a_killed_prepare_leaves_nothing_complete_and_the_next_run_cleans_up(
     out = tmp_path / "o[u]t *"  # a name that a glob would misread
     cmd = [sys.executable, "-m", "llmctl", "data", "prepare", str(src), "--out", str(out), "--workers", "1"]
     cmd += ["--tokenizer", hf_tokenizer, "--shard-tokens", "20000"]
-    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    # Its forkserver's socket folder goes to TMPDIR; a SIGKILL leaves it behind: keep it under pytest's own folder.
+    env = {**os.environ, "TMPDIR": str(tmp_path.parent / f"{tmp_path.name}-tmpdir")}
+    os.makedirs(env["TMPDIR"], exist_ok=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 60
         while not list(tmp_path.glob(".o?u?t ?.tmp-*/train-00001.bin")):  # one shard complete, more to come
