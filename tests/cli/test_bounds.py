@@ -22,19 +22,27 @@ BASE = {
     "launch": ["plan.yaml", "--dry-run"],
     "logs": ["1"],
     "cancel": ["1"],
+    "data prepare": ["corpus.txt", "--out", "prepared"],
 }
 BAD_FLOATS = ["nan", "inf", "-inf", "1e30", "-1e30", "abc", "", "$(id)"]
 BAD_INTS = ["9" * 25, "-" + "9" * 25, "nan", "inf", "1.5", "abc", "", "$(id)"]
 
 
 def numeric_options() -> list[tuple[str, str, type]]:
-    group = typer.main.get_command(app)
+    """(command path, flag, kind) of every numeric option, sub-commands included (`data prepare`)."""
     out = []
-    for name, command in group.commands.items():
-        for param in command.params:
-            kind = bounds._kind(param)
-            if kind is not None and getattr(param, "opts", None):
-                out.append((name, param.opts[0], kind))
+    stack = [("", typer.main.get_command(app))]
+    while stack:
+        prefix, group = stack.pop()
+        for name, command in group.commands.items():
+            path = f"{prefix} {name}".strip()
+            if hasattr(command, "commands"):
+                stack.append((path, command))
+                continue
+            for param in command.params:
+                kind = bounds._kind(param)
+                if kind is not None and getattr(param, "opts", None):
+                    out.append((path, param.opts[0], kind))
     return out
 
 
@@ -44,6 +52,7 @@ OPTIONS = numeric_options()
 def test_the_app_has_numeric_options_to_check() -> None:
     flags = {flag for _, flag, _ in OPTIONS}
     assert {"--nodes", "--seq-len", "--inter-gbps", "--price", "--timeout", "--cuda-context-gib"} <= flags
+    assert {("data prepare", "--workers"), ("data prepare", "--val-fraction")} <= {(c, f) for c, f, _ in OPTIONS}
     assert set(bounds.LIMITS) <= flags | {"--nproc-per-node"}, set(bounds.LIMITS) - flags  # no stale limit
 
 
@@ -52,7 +61,7 @@ def test_bad_numbers_are_one_line_exit_2(command: str, flag: str, kind: type, tm
     monkeypatch.chdir(tmp_path)
     for value in BAD_FLOATS if kind is float else BAD_INTS:
         start = time.monotonic()
-        result = CliRunner().invoke(app, [command, *BASE.get(command, []), f"{flag}={value}"])
+        result = CliRunner().invoke(app, [*command.split(), *BASE.get(command, []), f"{flag}={value}"])
         lines = result.output.strip().splitlines()
         assert result.exit_code == 2, (value, result.output)
         assert len(lines) == 1 and lines[0].startswith("llmctl: error: "), (value, result.output)

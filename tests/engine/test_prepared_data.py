@@ -51,26 +51,36 @@ def prepared(folder: Path, train_tokens: int, val_tokens: int, shards: int = 4, 
 
 
 _PROBE = """
-import json, resource, sys, time
+import json, sys, time
 import torch  # what a rank has imported before it reads data
 from llmctl.engine.data import RankData
 from llmctl.engine.loop import plan_source, plan_val_source
 from llmctl.spec.planfile import load_plan
+
+def status(key):  # /proc/self/status, bytes. VmHWM (peak resident) is reset by exec; ru_maxrss is inherited.
+    line = next(x for x in open("/proc/self/status") if x.startswith(key + ":"))
+    return int(line.split()[1]) * 1024
+
 plan = load_plan(sys.argv[1])
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rss0, anon0 = status("VmHWM"), status("RssAnon")
 t0 = time.perf_counter()
 blocks, _ = plan_source(plan)
 plan_val_source(plan)
 t = plan.training
 RankData(blocks, t.micro_batch_size, t.grad_accum_steps, 0, 2).micro_batches(0)
-print(json.dumps({"seconds": time.perf_counter() - t0,
-                  "rss_bytes": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) * 1024}))
+if len(sys.argv) > 2:  # the mutation check: what reading the corpus whole would cost
+    blocks.tokens[0 : len(blocks.tokens)].sum()
+print(json.dumps({"seconds": time.perf_counter() - t0, "rss_bytes": status("VmHWM") - rss0,
+                  "anon_bytes": status("RssAnon") - anon0}))
 """
 
 
 def test_start_cost_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
     """Opening a 4M-token and a 40M-token (80 MB) prepared corpus and reading a rank's first micro-batches: the
-    resident memory the data adds and the time it takes stay flat (reading the corpus whole would add 72 MB)."""
+    memory the data adds and the time it takes stay flat (reading the corpus whole would add 72 MB more).
+    Private memory must not grow at all; the peak resident set may grow by the page-cache pages the touched blocks
+    map (the kernel maps file pages in folios of up to 2 MB here: 12 MB for 4 blocks of the large corpus vs 5 MB
+    when they fall in the small one's few folios), bounded by the blocks read, not the corpus."""
     out = {}
     for name, n in (("small", 4_000_000), ("large", 40_000_000)):
         folder = prepared(tmp_path / name, n, n // 100)
@@ -84,7 +94,8 @@ def test_start_cost_does_not_grow_with_the_corpus(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = json.loads(proc.stdout.splitlines()[-1])
     small, large = out["small"], out["large"]
-    assert large["rss_bytes"] < small["rss_bytes"] + 8 * 2**20, out
+    assert large["anon_bytes"] < small["anon_bytes"] + 2 * 2**20, out
+    assert large["rss_bytes"] < small["rss_bytes"] + 16 * 2**20, out
     assert large["seconds"] < small["seconds"] + 0.5, out
 
 
