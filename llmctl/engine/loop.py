@@ -301,7 +301,7 @@ def run(plan: Plan) -> dict[str, Any]:
                 "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
                 f"attention {attn_impl} ({attn_why}), loss {loss_impl} ({loss_why}), mesh {tuple(mesh.shape)} "
                 f"{mesh.mesh_dim_names}{'' if fsdp else ' (one rank: no FSDP)'}, {choice.backend}, "
-                f"{data_desc}; {made.source}",
+                f"{data_desc}; {'validation: ' + val[1] + '; ' if val else ''}{made.source}",
             }
         )
 
