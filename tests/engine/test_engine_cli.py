@@ -86,7 +86,7 @@ def test_data_is_checked_against_the_real_vocabulary_not_the_padded_one(tmp_path
     start = json.loads((tmp_path / "synthetic" / "logs" / "metrics.jsonl").read_text().splitlines()[0])
     assert start["vocab_size"] == 512
     plan = write_plan(tmp_path / "text", {**one, "model": {"overrides": {"vocab_size": 200}}})
-    assert_one_line(engine([str(plan)], tmp_path), 2, "the tokenizer has 258 tokens", "vocabulary is 200")
+    assert_one_line(engine([str(plan)], tmp_path), 2, "has 258 tokens", "vocabulary is 200")
 
 
 @pytest.mark.slow
