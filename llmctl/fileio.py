@@ -194,3 +194,14 @@ class _LazyLoader:
 
 
 _StrictLoader = _LazyLoader()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (a folder named after a dead writer's pid is stale)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

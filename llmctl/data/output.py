@@ -18,6 +18,7 @@ import numpy as np
 
 from llmctl.data.format import META_FILE, is_prepared, shard_name
 from llmctl.errors import InputError
+from llmctl.fileio import pid_alive
 
 
 # --- the shards ------------------------------------------------------------------------------------------------
@@ -72,16 +73,6 @@ def temp_prefix(out: Path) -> str:
     return f".{out.name}.tmp-{socket.gethostname()}-"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
 def remove_stale_temps(out: Path) -> list[Path]:
     """Temporary folders of prepares of `out` on this host whose process is gone (killed: SIGKILL, a power cut)."""
     removed = []
@@ -90,7 +81,7 @@ def remove_stale_temps(out: Path) -> list[Path]:
         if not p.name.startswith(prefix):  # not glob: --out may hold "[" or "*"
             continue
         pid = p.name[len(prefix) :]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed

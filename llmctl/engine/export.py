@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.engine.checkpoint import PLAN_FILE, TMP_PREFIX, complete_checkpoints, latest_checkpoint
 from llmctl.engine.model import base_spec, padded_vocab_size
 from llmctl.errors import InputError, RuntimeFailure, SpecError
-from llmctl.fileio import fsync_dir
+from llmctl.fileio import fsync_dir, pid_alive
 from llmctl.spec.planfile import Plan, load_plan
 
 if TYPE_CHECKING:
@@ -518,18 +518,8 @@ def _remove_stale_temps(out: Path) -> None:
         return
     for p in out.parent.iterdir():
         pid = p.name[len(prefix) :]
-        if p.name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if p.name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:
