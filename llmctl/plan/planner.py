@@ -460,7 +460,9 @@ def plan(req: PlanRequest) -> PlanResult:
                     if largest >= top:
                         break
                     mbs = search.micro_batches(strategy, n, ckpt, attn, chunk, per_gpu, rejected)
-                    if not mbs or mbs[-1] <= largest:
+                    # At an equal micro-batch the order by recompute (priced at mb 1, without compile) can disagree
+                    # with the timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
+                    if not mbs or mbs[-1] < largest:
                         continue
                     largest = mb = mbs[-1]
                     # Only the largest micro-batch that fits is timed: a step's compute time falls with the
