@@ -65,6 +65,8 @@ def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GP
     out: dict[str, Any] = {
         "model": spec.name,
         "params": spec.params,
+        "active_params_per_token": spec.active_params_per_token,
+        "measured": spec.measured is not None,
         "shape": spec.describe(),
         "assumed_shape": spec.source == "params",
         "setup": {
@@ -150,6 +152,11 @@ def _render(result: dict[str, Any]) -> None:
     est: mem.MemoryEstimate = result["_estimate"]
     s, c = est.setup, render.console
     c.print(f"[bold]{result['model']}[/bold]: {result['params']:,} parameters ({render.human_count(result['params'])})")
+    if result["active_params_per_token"] != result["params"]:
+        active = result["active_params_per_token"]
+        c.print(f"  active per token: {active:,} ({render.human_count(active)}; FLOPs use these)")
+    if result["measured"]:
+        c.print("  parameters and activations measured on fake tensors (no analytical model for this model_type)")
     c.print(("assumed shape: " if result["assumed_shape"] else "") + result["shape"])
     world = f"{s.world_size} GPU{'s' if s.world_size > 1 else ''}"
     if s.nodes > 1:
@@ -287,10 +294,14 @@ def _plot(spec: models.ModelSpec, setup: mem.TrainSetup, path: str) -> None:
 
 
 def _list_models() -> None:
-    t = render.table("Model presets", [("name", "left"), ("params", "right"), ("shape", "left"), ("HF id", "left")])
+    t = render.table(
+        "Model presets",
+        [("name", "left"), ("params", "right"), ("active/token", "right"), ("shape", "left"), ("HF id", "left")],
+    )
     for name in models.preset_names():
         spec, entry = models.from_preset(name), models.preset_entry(name)
-        t.add_row(name, f"{spec.params:,}", spec.describe(), entry.get("hf_id", "-"))
+        active = f"{spec.active_params_per_token:,}" if spec.moe else "="
+        t.add_row(name, f"{spec.params:,}", active, spec.describe(), entry.get("hf_id", "-"))
     render.console.print(t)
 
 

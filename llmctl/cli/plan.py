@@ -283,6 +283,8 @@ def plan_command(
     out: dict[str, Any] = {
         "model": spec.name,
         "params": spec.params,
+        "active_params_per_token": spec.active_params_per_token,
+        "measured": spec.measured is not None,
         "gpu": gpu_spec.name,
         "nodes": n_nodes,
         "gpus_per_node": gpn,

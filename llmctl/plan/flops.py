@@ -17,6 +17,7 @@ Conventions (stated once, used everywhere):
 from __future__ import annotations
 
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 
 
@@ -29,53 +30,67 @@ def matmul_params(spec: ModelSpec) -> int:
 
 
 def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
-    """12 * L * (heads * head_dim) * s: QK^T and AV, forward (2 matmuls x 2 FLOPs) + backward (x2)."""
-    return 12 * spec.num_layers * spec.num_heads * spec.head_dim * seq_len
+    """QK^T and AV, forward (2 matmuls x 2 FLOPs) + backward (x2), summed over blocks: 6 * a * span * (d_qk + d_v)
+    per block, which is PaLM's 12 * a * d * s for full attention with equal widths; a sliding window or an attention
+    chunk shortens the span (Attention.span), MLA's value heads are narrower than its query/key heads."""
+    if spec.measured is not None:
+        return 12 * spec.num_layers * spec.num_heads * spec.head_dim * seq_len
+    total = 0.0
+    for layer, n in spec.layer_groups:
+        at = layer.attention
+        total += n * 6 * at.num_heads * at.span(seq_len) * (at.head_dim + at.v_head_dim)
+    return int(round(total))
 
 
 def model_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     return 6 * matmul_params(spec) + attention_flops_per_token(spec, seq_len)
 
 
-def layer_matmuls(spec: ModelSpec) -> list[tuple[str, int, int]]:
-    """(name, input features, output features) of the matmuls one token goes through in one block, in the order the
-    block runs them (Hugging Face's LlamaDecoderLayer / MixtralSparseMoeBlock / GPT2Block). An MoE token runs the
-    router, then for each of its k experts gate_up and down (MixtralExperts.forward loops over the experts)."""
-    h, a, kv, d, i = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size
+def layer_matmuls(spec: ModelSpec, layer: Layer | None = None) -> list[tuple[str, int, int]]:
+    """(name, input features, output features) of the matmuls one token goes through in one block (the first by
+    default), in the order the block runs them (Hugging Face's LlamaDecoderLayer / MixtralSparseMoeBlock /
+    GPT2Block / DeepseekV3Attention). An MoE token runs the router, then for each of its k experts gate_up and down
+    (the experts loop over their tokens), then the shared expert."""
+    layer = layer or spec.layers[0]
     if spec.is_gpt2:
+        h, i = spec.hidden_size, layer.mlp.intermediate_size
         return [("c_attn", h, 3 * h), ("attn.c_proj", h, h), ("c_fc", h, i), ("mlp.c_proj", i, h)]
-    out = [("q_proj", h, a * d), ("k_proj", h, kv * d), ("v_proj", h, kv * d), ("o_proj", a * d, h)]
-    if spec.num_experts:
-        out.append(("router", h, spec.num_experts))
-        for _ in range(spec.experts_per_token):
-            out += [("expert gate_up", h, 2 * i), ("expert down", i, h)]
-    else:
-        out += [("gate_proj", h, i), ("up_proj", h, i), ("down_proj", i, h)]
-    return out
+    if spec.measured is not None:  # no layout: one matmul of the block's matmul parameters
+        return [("block", spec.hidden_size, max(1, spec._measured_layer(layer)["matmul_params"] // spec.hidden_size))]
+    return layer.matmuls(spec.hidden_size)
 
 
-def selective_kept(spec: ModelSpec) -> list[bool]:
+def selective_kept(spec: ModelSpec, layer: Layer | None = None) -> list[bool]:
     """Per layer_matmuls entry: whether selective checkpointing keeps its output (the 1st, 3rd, 5th... matmul: the
     engine's policy, llmctl.engine.parallelize._sac_context_fn)."""
-    return [n % 2 == 0 for n in range(len(layer_matmuls(spec)))]
+    return [n % 2 == 0 for n in range(len(layer_matmuls(spec, layer)))]
 
 
 def recompute_flops_per_token(
     spec: ModelSpec, seq_len: int, checkpointing: str = "none", attention: str = "sdpa", loss_chunked: bool = False
 ) -> int:
     """FLOPs re-run in backward per token (see the module docstring)."""
-    attn_fwd = attention_flops_per_token(spec, seq_len) // 3  # QK^T and AV forward: 4 * L * a * d * s
-    layer_fwd = 2 * sum(i * o for _, i, o in layer_matmuls(spec))
     extra = 2 * spec.vocab_size * spec.hidden_size if loss_chunked else 0
     if checkpointing == "none":
         return extra
+
+    def attn_fwd(layer: Layer) -> float:  # QK^T and AV forward: a third of attention_flops_per_token's share
+        at = layer.attention
+        return 2 * at.num_heads * at.span(seq_len) * (at.head_dim + at.v_head_dim)
+
+    def layer_fwd(layer: Layer) -> int:
+        return 2 * sum(i * o for _, i, o in layer_matmuls(spec, layer))
+
     if checkpointing == "selective":
-        again = sum(2 * i * o for (_, i, o), kept in zip(layer_matmuls(spec), selective_kept(spec)) if not kept)
-        # A fused kernel's output (SDPA, flash) is kept; eager attention's matmuls are recomputed.
-        scores = attn_fwd if attention == "eager" else 0
-        return spec.num_layers * again + scores + extra
-    n = len(ckpt_modes.whole_layers(checkpointing, spec.num_layers))
-    return n * layer_fwd + attn_fwd * n // max(1, spec.num_layers) + extra
+        total = 0.0
+        for layer, n in spec.layer_groups:
+            mm = layer_matmuls(spec, layer)
+            again = sum(2 * i * o for (_, i, o), kept in zip(mm, selective_kept(spec, layer)) if not kept)
+            # A fused kernel's output (SDPA, flash) is kept; eager attention's matmuls are recomputed.
+            total += n * (again + (attn_fwd(layer) if attention == "eager" else 0))
+        return int(round(total)) + extra
+    whole = ckpt_modes.whole_layers(checkpointing, spec.num_layers)
+    return int(round(sum(layer_fwd(spec.layers[i]) + attn_fwd(spec.layers[i]) for i in whole))) + extra
 
 
 def hardware_flops_per_token(

@@ -28,6 +28,7 @@ from llmctl.errors import InputError, UnknownNameError
 from llmctl.plan import flops as fl
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import precision as prec
+from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import ParallelDims, canonical_strategy
 from llmctl.spec.precision import PRECISIONS
@@ -160,8 +161,11 @@ def optimizer_bytes_per_param(spec: ModelSpec, optimizer: str, state_bytes: int)
         # Adafactor (Shazeer & Stern 2018) without momentum (transformers' default beta1=None): a factored second
         # moment, rows + cols per matrix (per expert for 3-D MoE weights), the full vector for 1-D tensors.
         total = 0
+        blocks = [(layer.tensors(spec.hidden_size), n) for layer, n in spec.layer_groups]
+        if spec.is_gpt2:
+            blocks = [(spec.layer_tensors(), spec.num_layers)]
         for tensors, count in (
-            (spec.layer_tensors(), spec.num_layers),
+            *blocks,
             (spec.embedding_tensors(), 1),
             (spec.head_tensors(), 1),
         ):
@@ -215,30 +219,77 @@ def classic_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
 def _stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
     """(parameters held by the largest pipeline stage after TP division, layers on it)."""
     layers = math.ceil(spec.num_layers / setup.pp)
-    norm_params = sum(math.prod(s) for n, s in spec.layer_tensors() if "norm" in n or n.startswith("ln_"))
-    per_layer = (spec.params_per_layer - norm_params) / setup.tp + norm_params  # norms are replicated under TP
+    if setup.tp == setup.pp == 1:
+        return spec.params, layers
+
+    def tp_params(layer: Layer) -> float:
+        if spec.measured is not None:
+            return spec.params_of(layer) / setup.tp
+        norms = sum(math.prod(s) for n, s in layer.tensors(spec.hidden_size) if "norm" in n)
+        return (spec.params_of(layer) - norms) / setup.tp + norms  # norms are replicated under TP
+
+    per = {layer: tp_params(layer) for layer, _ in spec.layer_groups}
+    stages = [spec.layers[i : i + layers] for i in range(0, spec.num_layers, layers)]
     ends = [spec.embedding_params / setup.tp, spec.head_params / setup.tp]
-    edge = max(ends) if setup.pp > 1 else sum(ends)
-    total = spec.params if setup.tp == setup.pp == 1 else layers * per_layer + edge
-    return int(round(total)), layers
+    if setup.pp > 1:
+        # The first stage holds the embedding, the last the head; the largest stage decides.
+        totals = [sum(per[la] for la in st) for st in stages]
+        totals[0] += ends[0]
+        totals[-1] += ends[1]
+        return int(round(max(totals))), layers
+    return int(round(sum(per[la] for la in spec.layers) + sum(ends))), layers
 
 
 # --- activations -------------------------------------------------------------------------------------------------
-def layer_activation_terms(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> dict[str, int]:
+def _norm_bytes(spec: ModelSpec, n: int, rows: int, ab: int) -> int:
+    """What one RMSNorm over `n` elements (rows = tokens, or tokens x heads for per-head norms) keeps for backward:
+    HF's LlamaRMSNorm keeps its input upcast to fp32 (4n), the fp32 rsqrt (4 per row) and the normalised output in
+    the compute dtype (for the weight's gradient). Norms that multiply by the weight in fp32 (OLMo 2, gpt-oss:
+    `(w * x).to(dtype)`; Gemma: `x * (1 + w)`) keep the normalised output in fp32 (4n); Gemma's also keeps the
+    (1 + w) vector (4 x width)."""
+    if spec.model_type in GEMMA_NORM:
+        return 8 * n + 4 * rows + 4 * (n // max(1, rows))
+    if spec.model_type in FP32_WEIGHT_NORM:
+        return 8 * n + 4 * rows
+    return (4 + ab) * n + 4 * rows
+
+
+GEMMA_NORM = {"gemma2", "gemma3_text"}
+FP32_WEIGHT_NORM = {"olmo2", "gpt_oss"}
+DROPOUT_MASK_BYTES = 1
+"""On CUDA, dropout (torch.native_dropout) keeps a bool mask: 1 byte per element. (On the CPU, F.dropout keeps its
+mask in the input's dtype: the CPU measurements in the tests pass mask_bytes=act_bytes.)"""
+
+
+def block_activation_terms(
+    spec: ModelSpec, layer: Layer, b: int, s: int, act_bytes: int, attention: str, mask_bytes: int = DROPOUT_MASK_BYTES
+) -> dict[str, int]:
     """Bytes one decoder block saves for backward, by tensor group (micro-batch b, sequence s, no TP).
 
-    Llama-style block (HF LlamaDecoderLayer), each RMSNorm keeps its input in fp32 (4sbh), the rsqrt (4sb) and its
-    normalised output (act_bytes*sbh); q/k/v share one saved input; SDPA/flash keep q, k, v (native GQA: kv heads
-    only), the output and a fp32 logsumexp (b*a*s); eager keeps k/v repeated to all heads, the softmax output in
-    fp32 and again in the compute dtype (b*a*s^2 each), and the o_proj input; the SwiGLU MLP keeps gate, up,
-    silu(gate) and their product (4 x sbi). GPT-2 block (HF GPT2Block): LayerNorms keep input + mean + rstd;
-    c_attn's output holds q, k, v in one tensor (3sbh); the gelu_new MLP keeps 5 tensors of size sbi; eager keeps
-    one softmax tensor (b*a*s^2). Measured per layer (tests/plan/test_memory_measured.py): exact to the byte.
+    Derived tensor by tensor from what the Hugging Face modules save (torch.autograd.graph.saved_tensors_hooks;
+    tests/plan/test_memory_measured.py and tests/plan/test_families_measured.py re-measure every family):
+    - Llama-style block: each RMSNorm keeps its fp32 input, rsqrt and normalised output (_norm_bytes); q/k/v share
+      one saved input; SDPA/flash keep q, k, v (native GQA: kv heads only), the output and a fp32 logsumexp
+      (b*a*s); eager keeps k/v repeated to all heads, the softmax output in fp32 and again in the compute dtype
+      (b*a*s^2 each), and the o_proj input; the gated MLP (SwiGLU, Gemma's GeGLU) keeps its input, gate, up,
+      act(gate) and their product (4 x sbi).
+    - q/k norms (Qwen3, Gemma 3 per head; OLMo 2 over the projection) are norms over q and k; Gemma's extra
+      pre/post feed-forward norms and OLMo 2's post-norms are norms over the hidden size.
+    - MoE (transformers' expert loop): the router's logits and probabilities (fp32, E per token), then per routed
+      token copy its gathered input, gate/up, act, product and the routing weight; shared experts are a dense MLP.
+    - MLA: the latent path (q_a, its norm, kv_a, its norm) then per-head q/k/v of qk and v widths.
+    - Dropout with p > 0 keeps a mask (1 byte/element, bool) per dropped tensor: attention probabilities (eager),
+      and the residual branches (GPT-2's resid_pdrop twice per block).
+    - GPT-2 block: LayerNorms keep input + mean + rstd; c_attn's output holds q, k, v in one tensor (3sbh); the
+      gelu_new MLP keeps 5 tensors of size sbi; eager keeps one softmax tensor (b*a*s^2).
     """
-    h, a, kv, d, i = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.intermediate_size
-    sb, ab = s * b, act_bytes
+    h, sb, ab = spec.hidden_size, s * b, act_bytes
+    at, m = layer.attention, layer.mlp
+    a, kv, d, dv = at.num_heads, at.num_kv_heads, at.head_dim, at.v_head_dim
     eager = attention == "eager"
+    s2 = b * a * s * s
     if spec.is_gpt2:
+        i = m.intermediate_size
         norm = 2 * (ab * sb * h + 2 * ab * sb)  # ln_1, ln_2: input + mean + rstd
         terms = {
             "norms": norm,
@@ -246,93 +297,213 @@ def layer_activation_terms(spec: ModelSpec, b: int, s: int, act_bytes: int, atte
             "mlp": 5 * ab * sb * i,
         }
         if eager:
-            terms["attention scores (s^2)"] = (4 if ab == 4 else 2) * b * a * s * s
+            terms["attention scores (s^2)"] = (4 if ab == 4 else 2) * s2
         else:
             terms["attention logsumexp"] = 4 * b * a * s
+        _dropout_terms(spec, terms, sb, h, s2, eager, ab, mask_bytes)
         return terms
+    norm_n = len(layer.norms)
+    terms = {"norms": norm_n * _norm_bytes(spec, sb * h, sb, ab) - norm_n * 4 * sb * h}
+    # Split as before: what a lean block keeps too, and HF's fp32 upcast copies (4sbh per norm) on top.
+    terms["norms: HF fp32 upcast copy"] = norm_n * 4 * sb * h
     kv_heads = a if eager else kv
-    k = spec.experts_per_token if spec.num_experts else 1
-    terms = {
-        # What a lean block keeps too (torchtitan's: fused RMSNorm keeps its input and the fp32 rstd).
-        "norms": 2 * (ab * sb * h + 4 * sb),
-        # Hugging Face's LlamaRMSNorm upcasts its input to fp32 and keeps that copy (4sbh) for backward on top of
-        # the normalised output it multiplies by the weight: 4sbh per norm more than a fused norm.
-        "norms: HF fp32 upcast copy": 2 * 4 * sb * h,
-        "attention inputs/outputs": ab * sb * h + ab * sb * (a * d + 2 * kv_heads * d) + ab * sb * a * d,
-        # gate and up outputs (for silu's and the product's backward) and the product (down's input).
-        "mlp": ab * sb * h + 3 * ab * sb * i * k,
-        # HF's act_fn(gate) * up keeps silu(gate) as its own tensor; a fused SwiGLU (Liger's, or torch.compile's
+    if at.mla:
+        c, r, rope = at.kv_lora_rank, at.q_lora_rank, at.rope_dim
+        latent = ab * sb * h  # the block input to q_a / kv_a (one storage)
+        if r:
+            latent += ab * sb * r + _norm_bytes(spec, sb * r, sb, ab)  # q_a output (its norm's input), q_a norm
+            latent += ab * sb * r  # q_b input (the norm's output)
+        latent += ab * sb * (c + rope) + _norm_bytes(spec, sb * c, sb, ab) + ab * sb * c  # kv_a out, norm, kv_b in
+        terms["attention latent (MLA)"] = latent
+        terms["attention inputs/outputs"] = ab * sb * (a * d + a * d + a * dv) + ab * sb * a * dv
+    else:
+        v_storage = kv_heads * dv
+        if at.fused_qkv and kv_heads == kv:
+            # Phi-3: v is a view of the fused qkv output, so SDPA (or eager without GQA repeats) keeps that whole
+            # storage alive, not just v's share.
+            v_storage = a * d + kv * d + kv * dv
+        terms["attention inputs/outputs"] = (
+            ab * sb * h + ab * sb * (a * d + kv_heads * d + v_storage) + ab * sb * a * dv
+        )
+    if at.qk_norm in ("head", "proj"):
+        rows_q, rows_k = (sb * a, sb * kv) if at.qk_norm == "head" else (sb, sb)
+        terms["q/k norms"] = _norm_bytes(spec, sb * a * d, rows_q, ab) + _norm_bytes(spec, sb * kv * d, rows_k, ab)
+    if m.moe:
+        i, k, e = m.intermediate_size, m.experts_per_token, m.num_experts
+        terms["mlp"] = ab * sb * h
+        # transformers' grouped-mm experts: the router keeps its fp32 probabilities (E per token), the top-k indices
+        # (int64) and weights and their sum; then per (token, expert) pair the gathered input, the gate_up output,
+        # act(gate) and the product (down's input), the down output (for the routing weight's gradient), the
+        # routing weight and three int64 permutation indices. gpt-oss's clamped GLU keeps 3 more i-wide tensors.
+        terms["moe router"] = sb * (4 * e + 12 * k + 4)
+        glu = 7 if m.act == "swiglu-clamped" else 4
+        terms["moe dispatched tokens"] = k * sb * (ab * (2 * h + glu * i) + 4 + 8 * (4 if m.expert_bias else 3))
+        if m.shared_size:
+            terms["shared expert"] = 4 * ab * sb * m.shared_size
+    else:
+        i = m.intermediate_size
+        # the MLP input, gate and up outputs (for act's and the product's backward) and the product (down's input).
+        terms["mlp"] = ab * sb * h + 3 * ab * sb * i
+        # HF's act_fn(gate) * up keeps act(gate) as its own tensor; a fused SwiGLU (Liger's, or torch.compile's
         # fusion) recomputes it from gate in backward: ab*sbi per layer more.
-        "mlp: HF silu(gate) kept": ab * sb * i * k,
-    }
-    if spec.num_experts:
-        # MoE: the router keeps its logits/probabilities (fp32, E per token).
-        terms["mlp"] += 2 * 4 * sb * spec.num_experts
+        terms["mlp: HF silu(gate) kept"] = ab * sb * i
     if eager:
-        terms["attention scores (s^2)"] = (4 if ab == 4 else 4 + 2) * b * a * s * s
+        if at.sinks:
+            # gpt-oss: softmax over the scores and one sink logit per row (b*a*s*(s+1), compute dtype), the row
+            # max's int64 index; the AV matmul keeps a slice of the softmax output (same storage).
+            terms["attention scores (s^2)"] = ab * b * a * s * (s + 1) + 8 * b * a * s
+        else:
+            terms["attention scores (s^2)"] = (4 if ab == 4 else 4 + 2) * s2
+        if at.softcap:  # Gemma 2: tanh(scores / cap) keeps its output
+            terms["attention softcap (s^2)"] = ab * s2
     else:
         terms["attention logsumexp"] = 4 * b * a * s
+    _dropout_terms(spec, terms, sb, h, s2, eager, ab, mask_bytes)
     return terms
 
 
-def layer_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> int:
-    return sum(layer_activation_terms(spec, b, s, act_bytes, attention).values())
+def _dropout_terms(
+    spec: ModelSpec, terms: dict[str, int], sb: int, h: int, s2: int, eager: bool, ab: int, mask_bytes: int
+) -> None:
+    """Dropout keeps its mask for backward (mask_bytes per element). On the attention probabilities (eager) the
+    dropped copy is what the AV matmul keeps, next to the softmax output its own backward keeps: a second s^2
+    tensor. On the residual branches (GPT-2's resid_pdrop after attn.c_proj and mlp.c_proj) the dropped output goes
+    into the residual add, which keeps nothing: the mask only. SDPA and flash drop inside the kernel (on a GPU they
+    keep a Philox seed, no mask)."""
+    if spec.attention_dropout > 0 and eager:
+        terms["dropout (attention probabilities)"] = s2 * (mask_bytes + ab)
+    if spec.resid_dropout > 0:
+        terms["dropout masks (residual)"] = 2 * sb * h * mask_bytes
 
 
-def selective_layer_terms(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> dict[str, int]:
+def layer_activation_terms(
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, layer: Layer | None = None
+) -> dict[str, int]:
+    """Bytes one block saves for backward by tensor group: the given block, else the model's largest."""
+    return block_activation_terms(
+        spec, layer or largest_block(spec, b, s, act_bytes, attention), b, s, act_bytes, attention
+    )
+
+
+def largest_block(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> Layer:
+    return max(
+        (layer for layer, _ in spec.layer_groups),
+        key=lambda la: layer_activation_bytes(spec, b, s, act_bytes, attention, la),
+    )
+
+
+def layer_activation_bytes(
+    spec: ModelSpec,
+    b: int,
+    s: int,
+    act_bytes: int,
+    attention: str,
+    layer: Layer | None = None,
+    mask_bytes: int = DROPOUT_MASK_BYTES,
+) -> int:
+    """Bytes one block saves for backward (the given one, else the first)."""
+    layer = layer or spec.layers[0]
+    if spec.measured is not None:
+        return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "none")
+    return sum(block_activation_terms(spec, layer, b, s, act_bytes, attention, mask_bytes).values())
+
+
+def measured_saved_bytes(
+    spec: ModelSpec, layer: Layer, b: int, s: int, act_bytes: int, attention: str, checkpointing: str
+) -> int:
+    """A measured model's block: a*b*s + c*b*s^2 from the fit on fake tensors (flash behaves as sdpa: both keep no
+    s^2 tensor)."""
+    assert spec.measured is not None
+    attn = "eager" if attention == "eager" else "sdpa"
+    key = f"{4 if act_bytes == 4 else 2}/{attn}/{'full' if checkpointing == 'full' else 'none'}"
+    lin, quad = spec.measured["saved"][key][layer.measured_kind]
+    return int(round(lin * b * s + quad * b * s * s))
+
+
+def selective_layer_terms(
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, layer: Layer | None = None
+) -> dict[str, int]:
     """Bytes one block keeps for backward under selective checkpointing (the engine's op policy): its input (the
     checkpoint's argument), the outputs of every other matmul (flops.selective_kept: q, v, gate, down in a Llama
     block; c_attn and c_fc in GPT-2's; per MoE token the router and each expert's down) and a fused attention
     kernel's output and fp32 logsumexp. Everything else is regenerated in backward. Measured exact to the byte
     (tests/plan/test_memory_checkpointing.py)."""
+    layer = layer or spec.layers[0]
     sb, ab = s * b, act_bytes
-    kept = [o for (_, _, o), k in zip(fl.layer_matmuls(spec), fl.selective_kept(spec)) if k]
+    kept = [o for (_, _, o), k in zip(fl.layer_matmuls(spec, layer), fl.selective_kept(spec, layer)) if k]
     terms = {"block input": ab * sb * spec.hidden_size, "kept matmul outputs": ab * sb * sum(kept)}
     if attention != "eager":
-        terms["attention output + logsumexp"] = ab * sb * spec.num_heads * spec.head_dim + 4 * b * spec.num_heads * s
+        at = layer.attention
+        terms["attention output + logsumexp"] = ab * sb * at.num_heads * at.v_head_dim + 4 * b * at.num_heads * s
     return terms
 
 
-def layer_saved_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str) -> int:
+def layer_saved_bytes(
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str, layer: Layer | None = None
+) -> int:
     """Bytes a block keeps for backward in a mode (partial:K: use stage_activation_bytes, it differs per layer)."""
-    if checkpointing == "selective":
-        return sum(selective_layer_terms(spec, b, s, act_bytes, attention).values())
+    layer = layer or spec.layers[0]
     if checkpointing == "full":
         return act_bytes * b * s * spec.hidden_size
-    return layer_activation_bytes(spec, b, s, act_bytes, attention)
+    if checkpointing == "selective":
+        if spec.measured is not None:  # not measured: bounded by the two measured modes, take the no-checkpoint one
+            return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "none")
+        return sum(selective_layer_terms(spec, b, s, act_bytes, attention, layer).values())
+    return layer_activation_bytes(spec, b, s, act_bytes, attention, layer)
 
 
 def stage_activation_bytes(
     spec: ModelSpec, layers: int, b: int, s: int, act_bytes: int, attention: str, checkpointing: str
 ) -> int:
-    """Bytes `layers` consecutive blocks keep for backward (partial:K checkpoints layers // K of them whole)."""
+    """Bytes `layers` consecutive blocks from the first keep for backward (partial:K checkpoints layers // K of them
+    whole). Past the last block the pattern repeats (a what-if deeper stack of the same blocks)."""
+    blocks = [spec.layers[i % spec.num_layers] for i in range(layers)]
     if ckpt_modes.partial_every(checkpointing):
-        whole = len(ckpt_modes.whole_layers(checkpointing, layers))
-        return whole * layer_saved_bytes(spec, b, s, act_bytes, attention, "full") + (
-            layers - whole
-        ) * layer_saved_bytes(spec, b, s, act_bytes, attention, "none")
-    return layers * layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing)
+        whole = set(ckpt_modes.whole_layers(checkpointing, layers))
+        return sum(
+            layer_saved_bytes(spec, b, s, act_bytes, attention, "full" if i in whole else "none", layer)
+            for i, layer in enumerate(blocks)
+        )
+    counts: dict[Layer, int] = {}
+    for layer in blocks:
+        counts[layer] = counts.get(layer, 0) + 1
+    return sum(n * layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing, la) for la, n in counts.items())
 
 
 def recompute_buffer_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str) -> int:
-    """Live at once while one checkpointed block's backward runs: what its recompute regenerates. A whole block
-    (full, partial) regenerates everything it would have saved; a selective block the part it did not keep."""
-    none = layer_activation_bytes(spec, b, s, act_bytes, attention)
+    """Live at once while one checkpointed block's backward runs: what its recompute regenerates (the largest
+    block's). A whole block (full, partial) regenerates everything it would have saved; a selective block the part
+    it did not keep."""
     if checkpointing == "none":
         return 0
-    if checkpointing == "selective":
-        kept = layer_saved_bytes(spec, b, s, act_bytes, attention, "selective") - act_bytes * b * s * spec.hidden_size
-        return max(0, none - kept)
-    return none
+    worst = 0
+    for layer, _ in spec.layer_groups:
+        none = layer_activation_bytes(spec, b, s, act_bytes, attention, layer)
+        if checkpointing == "selective":
+            sel = layer_saved_bytes(spec, b, s, act_bytes, attention, "selective", layer)
+            none = max(0, none - (sel - act_bytes * b * s * spec.hidden_size))
+        worst = max(worst, none)
+    return worst
 
 
 def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> int:
-    """Kept once for all blocks: eager attention's materialised causal mask (b x 1 x s x s in the compute dtype;
-    SDPA and flash take is_causal and build none) and, for rotary models, the cos/sin tables (1 x s x head_dim
-    each, compute dtype: Hugging Face builds position ids of batch 1)."""
-    mask = act_bytes * b * s * s if attention == "eager" else 0
-    rotary = 0 if spec.is_gpt2 else 2 * s * spec.head_dim * act_bytes
-    return mask + rotary
+    """Kept once for all blocks: the attention masks and, for rotary models, the cos/sin tables (1 x s x rotary dim
+    each, compute dtype: Hugging Face builds position ids of batch 1; Gemma 3 keeps a second pair for its local
+    layers). Eager attention keeps its materialised causal mask (b x 1 x s x s, compute dtype; a second one when
+    sliding-window and global layers mix). SDPA and flash take is_causal and build none, except for sliding-window
+    layers, whose SDPA call keeps an explicit windowed mask (measured: 2 x b x s x s in the compute dtype)."""
+    windows = {la.attention.window for la in spec.layers if not la.attention.chunked}
+    sliding = any(windows)
+    if attention == "eager":
+        mask = (2 if sliding and len(windows) > 1 else 1) * act_bytes * b * s * s
+    else:
+        mask = 2 * act_bytes * b * s * s if sliding and attention == "sdpa" else 0
+    if spec.is_gpt2 or spec.measured is not None:
+        return mask
+    at = spec.layers[0].attention
+    rot = at.rope_dim if at.mla else at.head_dim
+    tables = 2 if spec.model_type == "gemma3_text" else 1
+    return mask + tables * 2 * s * rot * act_bytes
 
 
 def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> int:
@@ -341,8 +512,10 @@ def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> in
     if spec.is_gpt2:
         norm = act_bytes * sb * h + 2 * act_bytes * sb
     else:
-        norm = 4 * sb * h + 4 * sb + (act_bytes * sb * h if act_bytes != 4 else 4 * sb * h)
-    return norm + act_bytes * sb * h + 8 * sb * 2
+        norm = _norm_bytes(spec, sb * h, sb, act_bytes)
+    softcap = act_bytes * sb * spec.vocab_size if spec.final_logit_softcapping else 0  # tanh keeps its output
+    embd_dropout = DROPOUT_MASK_BYTES * sb * h if spec.embd_dropout > 0 else 0  # GPT-2's embedding dropout mask
+    return norm + act_bytes * sb * h + 8 * sb * 2 + softcap + embd_dropout
 
 
 def loss_chunk_forward_bytes(spec: ModelSpec, chunk: int, act_bytes: int) -> int:
@@ -445,7 +618,8 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
 
     # Activations: with TP we assume sequence parallelism (Korthikanti et al. 2022): everything divides by tp.
     in_flight = setup.pp  # 1F1B: the first stage holds pp micro-batches
-    one_layer = layer_activation_bytes(spec, b, s, cb, setup.attention) // setup.tp
+    one_layer = max(layer_activation_bytes(spec, b, s, cb, setup.attention, la) for la, _ in spec.layer_groups)
+    one_layer //= setup.tp
     if not setup.training:
         comps.append(Component("activations (one layer, forward only)", one_layer, ("forward",)))
         comps.append(Component("logits", cb * b * s * spec.vocab_size // setup.tp, ("forward",)))

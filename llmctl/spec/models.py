@@ -20,26 +20,27 @@ import yaml
 
 from llmctl.errors import SpecError, UnknownNameError, suggest
 from llmctl.fileio import load_json
+from llmctl.spec.families import ANALYTICAL_MODEL_TYPES, MAX_LAYERS, read_family
+from llmctl.spec.layers import Attention, Layer, Mlp, layer_active_params, layer_params
 
-# model_type values whose module layout we know. Llama-style: RMSNorm, SwiGLU MLP, RoPE, optional GQA.
-LLAMA_STYLE = {"llama", "mistral", "qwen2", "mixtral"}
 GPT2_STYLE = {"gpt2"}
-SUPPORTED_MODEL_TYPES = sorted(LLAMA_STYLE | GPT2_STYLE)
+SUPPORTED_MODEL_TYPES = ANALYTICAL_MODEL_TYPES
+ROTARY_EVEN = set(ANALYTICAL_MODEL_TYPES) - GPT2_STYLE
+"""Families whose rotary embeddings rotate pairs of dimensions: head_dim must be even."""
 
 Tensor = tuple[str, tuple[int, ...]]
-
-MAX_LAYERS = 10_000
-"""Ten times the deepest published transformer (DeepNet, Wang et al. 2022: 1,000 layers). A model of 10^9 tiny
-layers stays under MAX_PARAMS but would take the engine days to build, one module at a time."""
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer, described by the shapes that decide memory and compute."""
+    """A decoder-only transformer, described by the shapes that decide memory and compute.
+
+    The headline sizes (hidden, heads, the first block's head_dim and MLP width) describe the model; `layers`
+    describes every block (they differ: sliding/global attention, dense/MoE feed-forwards) and decides the counts."""
 
     name: str
     model_type: str
-    """Hugging Face `model_type` (llama, mistral, mixtral, qwen2, gpt2)."""
+    """Hugging Face `model_type` (llama, qwen3, gemma3_text, deepseek_v3, gpt_oss, ...)."""
     num_layers: int
     hidden_size: int
     num_heads: int
@@ -53,13 +54,23 @@ class ModelSpec:
     tie_embeddings: bool
     qkv_bias: bool = False
     num_experts: int = 0
-    """0 for a dense MLP; E routed experts for MoE (Mixtral)."""
+    """0 for a dense MLP; E routed experts for MoE (the first MoE block's)."""
     experts_per_token: int = 0
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The Hugging Face config fields this spec came from (used by the engine to build the model)."""
     params_override: int | None = None
     """Set for `--params 7B`: the stated count wins over the assumed shape's count."""
     source: str = "preset"
+    layers: tuple[Layer, ...] = ()
+    """One entry per block; built from the headline sizes (a uniform Llama or GPT-2 stack) when empty."""
+    final_logit_softcapping: float = 0.0
+    """Gemma 2: logits = c * tanh(logits / c) (0: none)."""
+    attention_dropout: float = 0.0
+    resid_dropout: float = 0.0
+    embd_dropout: float = 0.0
+    measured: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    """For architectures outside the analytical families: what llmctl.engine.fakemeasure measured (params, and the
+    bytes each kind of block saves for backward)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -80,16 +91,49 @@ class ModelSpec:
             )
         if self.num_layers > MAX_LAYERS:
             raise SpecError(f"model {self.name!r}: {self.num_layers:,} layers, more than {MAX_LAYERS:,}")
-        # What transformers refuses or crashes on when it builds the model (the engine would fail after torch starts):
-        # RoPE rotates pairs of dimensions, so a Llama-style head_dim is even; LlamaConfig and GPT-2's attention
-        # split hidden_size into num_heads equal heads.
-        if self.model_type in LLAMA_STYLE and self.head_dim % 2:
-            raise SpecError(f"model {self.name!r}: head_dim {self.head_dim} is odd (rotary embeddings need it even)")
+        if not self.layers:
+            object.__setattr__(self, "layers", tuple(self._uniform_layer() for _ in range(self.num_layers)))
+        elif len(self.layers) != self.num_layers and len(set(self.layers)) == 1:
+            # `replace(spec, num_layers=n)` on a uniform stack: a what-if depth of the same block.
+            object.__setattr__(self, "layers", (self.layers[0],) * self.num_layers)
+        if len(self.layers) != self.num_layers:
+            raise SpecError(f"model {self.name!r}: {len(self.layers)} block descriptions for {self.num_layers} layers")
+        for layer in set(self.layers):
+            at, m = layer.attention, layer.mlp
+            for what, v in (
+                ("head_dim", at.head_dim),
+                ("v_head_dim", at.v_head_dim),
+                ("MLP width", m.intermediate_size),
+            ):
+                if v <= 0:
+                    raise SpecError(f"model {self.name!r}: {what} must be positive, got {v}")
+            if m.moe and not 0 < m.experts_per_token <= m.num_experts:
+                raise SpecError(
+                    f"model {self.name!r}: {m.experts_per_token} experts per token out of {m.num_experts} routed"
+                )
+            # What transformers refuses or crashes on when it builds the model (the engine would fail after torch
+            # starts): RoPE rotates pairs of dimensions, so a rotary head_dim (MLA: its rotary part) is even.
+            rot = at.rope_dim if at.mla else at.head_dim
+            if self.model_type in ROTARY_EVEN and rot % 2:
+                raise SpecError(f"model {self.name!r}: head_dim {rot} is odd (rotary embeddings need it even)")
+        # LlamaConfig and GPT-2's attention split hidden_size into num_heads equal heads.
         if self.model_type in {"llama"} | GPT2_STYLE and self.hidden_size % self.num_heads:
             raise SpecError(
                 f"model {self.name!r}: hidden_size ({self.hidden_size}) is not a multiple of num_attention_heads "
                 f"({self.num_heads})"
             )
+
+    def _uniform_layer(self) -> Layer:
+        h, a, d = self.hidden_size, self.num_heads, self.head_dim
+        if self.is_gpt2:
+            attn = Attention(a, a, d, d, qkv_bias=True, o_bias=True, fused_qkv=True)
+            return Layer(attn, Mlp("gelu", self.intermediate_size, bias=True), ("ln_1", "ln_2"), norm_bias=True)
+        attn = Attention(a, self.num_kv_heads, d, d, qkv_bias=self.qkv_bias)
+        mlp = Mlp(
+            "swiglu", self.intermediate_size, num_experts=self.num_experts, experts_per_token=self.experts_per_token
+        )
+        del h
+        return Layer(attn, mlp)
 
     @property
     def is_gpt2(self) -> bool:
@@ -97,18 +141,30 @@ class ModelSpec:
 
     @property
     def mlp_kind(self) -> str:
-        return "gelu" if self.is_gpt2 else "swiglu"
+        return self.layers[0].mlp.act
 
     @property
     def norm_kind(self) -> str:
         return "layernorm" if self.is_gpt2 else "rmsnorm"
 
+    @cached_property
+    def layer_groups(self) -> tuple[tuple[Layer, int], ...]:
+        """Distinct blocks and how many of each, in order of first appearance."""
+        counts: dict[Layer, int] = {}
+        for layer in self.layers:
+            counts[layer] = counts.get(layer, 0) + 1
+        return tuple(counts.items())
+
+    @property
+    def moe(self) -> bool:
+        return any(layer.mlp.moe for layer in self.layers)
+
     # --- tensors, the way transformers lays them out -------------------------------------------------------
-    def layer_tensors(self) -> list[Tensor]:
-        """Parameter tensors of one decoder block."""
-        h, d, a, kv, i = self.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, self.intermediate_size
+    def layer_tensors(self, index: int = 0) -> list[Tensor]:
+        """Parameter tensors of one decoder block (the first by default)."""
         if self.is_gpt2:
             # GPT2Block: Conv1D layers store (in, out) weights; every Conv1D and LayerNorm has a bias.
+            h, i = self.hidden_size, self.layers[index].mlp.intermediate_size
             return [
                 ("ln_1.weight", (h,)),
                 ("ln_1.bias", (h,)),
@@ -123,27 +179,7 @@ class ModelSpec:
                 ("mlp.c_proj.weight", (i, h)),
                 ("mlp.c_proj.bias", (h,)),
             ]
-        t: list[Tensor] = [
-            ("input_layernorm.weight", (h,)),
-            ("self_attn.q_proj.weight", (a * d, h)),
-            ("self_attn.k_proj.weight", (kv * d, h)),
-            ("self_attn.v_proj.weight", (kv * d, h)),
-            ("self_attn.o_proj.weight", (h, a * d)),
-            ("post_attention_layernorm.weight", (h,)),
-        ]
-        if self.qkv_bias:  # Qwen2 keeps biases on q/k/v only
-            t += [
-                ("self_attn.q_proj.bias", (a * d,)),
-                ("self_attn.k_proj.bias", (kv * d,)),
-                ("self_attn.v_proj.bias", (kv * d,)),
-            ]
-        if self.num_experts:
-            e = self.num_experts
-            t.append(("mlp.gate.weight", (e, h)))  # router, no bias
-            t += [("mlp.experts.gate_up_proj", (e, 2 * i, h)), ("mlp.experts.down_proj", (e, h, i))]
-        else:
-            t += [("mlp.gate_proj.weight", (i, h)), ("mlp.up_proj.weight", (i, h)), ("mlp.down_proj.weight", (h, i))]
-        return t
+        return self.layers[index].tensors(self.hidden_size)
 
     def embedding_tensors(self) -> list[Tensor]:
         h = self.hidden_size
@@ -162,22 +198,52 @@ class ModelSpec:
 
     # Cached on the instance (a frozen dataclass: the fields never change; `replace` makes a new instance): the
     # planner asks for these thousands of times per plan.
+    def params_of(self, layer: Layer) -> int:
+        """Parameters of one block."""
+        if self.measured is not None:
+            return self._measured_layer(layer)["params"]
+        return layer_params(layer, self.hidden_size)
+
+    def active_params_of(self, layer: Layer) -> int:
+        if self.measured is not None:
+            return self._measured_layer(layer)["params"]
+        return layer_active_params(layer, self.hidden_size)
+
+    def _measured_layer(self, layer: Layer) -> dict[str, Any]:
+        return self.measured_kinds[layer]
+
+    @cached_property
+    def measured_kinds(self) -> dict[Layer, dict[str, Any]]:
+        """Measured specs: block -> its measured entry (by the block's measured_kind)."""
+        assert self.measured is not None
+        by_kind = {k["kind"]: k for k in self.measured["layers"]}
+        return {layer: by_kind[layer.measured_kind] for layer in set(self.layers)}
+
     @cached_property
     def params_per_layer(self) -> int:
-        return sum(math.prod(s) for _, s in self.layer_tensors())
+        """Parameters of the largest block (what FSDP gathers at once)."""
+        return max(self.params_of(layer) for layer, _ in self.layer_groups)
+
+    @cached_property
+    def layers_params(self) -> int:
+        return sum(n * self.params_of(layer) for layer, n in self.layer_groups)
 
     @cached_property
     def embedding_params(self) -> int:
+        if self.measured is not None:
+            return int(self.measured["embedding_params"])
         return sum(math.prod(s) for _, s in self.embedding_tensors())
 
     @cached_property
     def head_params(self) -> int:
+        if self.measured is not None:
+            return int(self.measured["head_params"])
         return sum(math.prod(s) for _, s in self.head_tensors())
 
     @cached_property
     def shape_params(self) -> int:
         """Exact parameter count of the described shape."""
-        return self.embedding_params + self.num_layers * self.params_per_layer + self.head_params
+        return self.embedding_params + self.layers_params + self.head_params
 
     @cached_property
     def params(self) -> int:
@@ -186,99 +252,148 @@ class ModelSpec:
 
     @cached_property
     def active_params_per_token(self) -> int:
-        """Parameters a token passes through (MoE: only the routed experts), for FLOPs."""
-        if not self.num_experts:
-            return self.params
-        expert = 3 * self.hidden_size * self.intermediate_size
-        idle = (self.num_experts - self.experts_per_token) * expert * self.num_layers
+        """Parameters a token passes through (MoE: only the routed experts it is sent to, and shared experts)."""
+        idle = sum(n * (self.params_of(layer) - self.active_params_of(layer)) for layer, n in self.layer_groups)
         return self.params - idle
 
     def describe(self) -> str:
-        gqa = f", {self.num_kv_heads} kv heads" if self.num_kv_heads != self.num_heads else ""
-        moe = f", {self.num_experts} experts (top-{self.experts_per_token})" if self.num_experts else ""
+        if self.measured is not None:
+            kinds = len(self.measured["layers"])
+            return (
+                f"{self.model_type}: {self.num_layers} layers ({kinds} kind{'s' if kinds > 1 else ''}), hidden "
+                f"{self.hidden_size}, vocab {self.vocab_size} (measured on fake tensors)"
+            )
+        at = self.layers[0].attention
+        if at.mla:
+            attn = f", MLA (kv rank {at.kv_lora_rank}, q rank {at.q_lora_rank or '-'})"
+        elif self.num_kv_heads != self.num_heads:
+            attn = f", {self.num_kv_heads} kv heads"
+        else:
+            attn = ""
+        if self.head_dim * self.num_heads != self.hidden_size and not at.mla:
+            attn += f", head_dim {self.head_dim}"
+        windows = sorted({layer.attention.window for layer in self.layers if layer.attention.window})
+        if windows:
+            local = sum(1 for layer in self.layers if layer.attention.window)
+            kind = (
+                "chunked"
+                if self.layers[[la.attention.window > 0 for la in self.layers].index(True)].attention.chunked
+                else "sliding"
+            )
+            attn += f", {local}/{self.num_layers} {kind} {'/'.join(map(str, windows))}"
+        moe_layers = [la.mlp for la in self.layers if la.mlp.moe]
+        moe = ""
+        if moe_layers:
+            m = moe_layers[0]
+            shared = f" + shared {m.shared_size}" if m.shared_size else ""
+            where = "" if len(moe_layers) == self.num_layers else f" in {len(moe_layers)}/{self.num_layers} layers"
+            moe = f", {m.num_experts} experts x {m.intermediate_size} (top-{m.experts_per_token}){shared}{where}"
         return (
             f"{self.model_type}: {self.num_layers} layers, hidden {self.hidden_size}, {self.num_heads} heads"
-            f"{gqa}, {self.mlp_kind} MLP {self.intermediate_size}{moe}, vocab {self.vocab_size}"
+            f"{attn}, {self.mlp_kind} MLP {self.intermediate_size}{moe}, vocab {self.vocab_size}"
             f"{', tied embeddings' if self.tie_embeddings else ''}"
         )
 
 
 # --- construction ----------------------------------------------------------------------------------------------
-def _get(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
-    for n in names:
-        if n in cfg and cfg[n] is not None:
-            return cfg[n]
-    return default
-
-
 SIZE_FIELDS = (
     *("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads"),
     *("head_dim", "vocab_size", "max_position_embeddings", "num_local_experts", "num_experts_per_tok"),
+    *("num_experts", "moe_intermediate_size", "n_routed_experts", "n_shared_experts", "first_k_dense_replace"),
+    *("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "sliding_window"),
+    *("intermediate_size_mlp", "interleave_moe_layer_step", "attention_chunk_size", "decoder_sparse_step"),
     *("n_embd", "n_head", "n_layer", "n_inner", "n_positions"),
 )
-"""The Hugging Face config fields `from_hf_config` reads as integer sizes (transformers sizes tensors with them)."""
+"""The Hugging Face config fields the readers use as integer sizes (transformers sizes tensors with them)."""
 
 
 def from_hf_config(cfg: dict[str, Any], name: str = "config", source: str = "config") -> ModelSpec:
-    """Build a spec from a Hugging Face config dict (config.json contents)."""
+    """Build a spec from a Hugging Face config dict (config.json contents): analytically for the families in
+    llmctl.spec.families, else measured on fake tensors (needs torch and transformers)."""
     if not isinstance(cfg, dict):
         raise SpecError(f"{name}: a config must be a JSON object, got {type(cfg).__name__}")
     mt = cfg.get("model_type")
     if mt is None:
         raise SpecError(f"{name}: no 'model_type' field", hint="is this a Hugging Face config.json?")
+    if not isinstance(mt, str) or not mt:
+        raise SpecError(f"{name}: model_type must be a name, got {mt!r}")
     if mt not in SUPPORTED_MODEL_TYPES:
+        return from_measurement(cfg, name, source)
+    f = read_family(cfg, name)
+    layers: tuple[Layer, ...] = f.pop("layers")
+    if not layers:
+        raise SpecError(f"{name}: num_hidden_layers must be positive, got 0")
+    first_moe = next((la.mlp for la in layers if la.mlp.moe), None)
+    at = layers[0].attention
+    return ModelSpec(
+        name=name,
+        model_type=mt,
+        num_layers=len(layers),
+        head_dim=at.head_dim,
+        intermediate_size=layers[0].mlp.intermediate_size,
+        qkv_bias=at.qkv_bias,
+        num_experts=first_moe.num_experts if first_moe else 0,
+        experts_per_token=first_moe.experts_per_token if first_moe else 0,
+        hf_config=dict(cfg),
+        source=source,
+        layers=layers,
+        **f,
+    )
+
+
+def from_measurement(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
+    """A model_type outside the analytical families: measured on fake tensors by llmctl.engine.fakemeasure."""
+    mt = cfg["model_type"]
+    try:
+        from llmctl.engine import fakemeasure
+    except ImportError:  # the measured path is not part of this build
         raise SpecError(
             f"{name}: model_type {mt!r} is not supported", hint="supported: " + ", ".join(SUPPORTED_MODEL_TYPES)
+        ) from None
+    if not fakemeasure.available():
+        raise SpecError(
+            f"{name}: model_type {mt!r} has no analytical model; measuring it needs torch and transformers",
+            hint="pip install 'llmctl[train]' (analytical: " + ", ".join(SUPPORTED_MODEL_TYPES) + ")",
         )
-    try:
-        if mt in GPT2_STYLE:
-            h = int(_get(cfg, "n_embd", "hidden_size"))
-            heads = int(_get(cfg, "n_head", "num_attention_heads"))
-            spec = ModelSpec(
-                name=name,
-                model_type=mt,
-                num_layers=int(_get(cfg, "n_layer", "num_hidden_layers")),
-                hidden_size=h,
-                num_heads=heads,
-                num_kv_heads=heads,
-                head_dim=h // heads,
-                intermediate_size=int(_get(cfg, "n_inner", default=4 * h)),
-                vocab_size=int(cfg["vocab_size"]),
-                max_position_embeddings=int(_get(cfg, "n_positions", "max_position_embeddings", default=1024)),
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                hf_config=dict(cfg),
-                source=source,
-            )
-        else:
-            h = int(cfg["hidden_size"])
-            heads = int(cfg["num_attention_heads"])
-            spec = ModelSpec(
-                name=name,
-                model_type=mt,
-                num_layers=int(cfg["num_hidden_layers"]),
-                hidden_size=h,
-                num_heads=heads,
-                num_kv_heads=int(_get(cfg, "num_key_value_heads", default=heads)),
-                head_dim=int(_get(cfg, "head_dim", default=h // heads)),
-                intermediate_size=int(cfg["intermediate_size"]),
-                vocab_size=int(cfg["vocab_size"]),
-                max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=4096)),
-                tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                qkv_bias=(mt == "qwen2") or bool(cfg.get("attention_bias", False)),
-                num_experts=int(_get(cfg, "num_local_experts", default=0)) if mt == "mixtral" else 0,
-                experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0)) if mt == "mixtral" else 0,
-                hf_config=dict(cfg),
-                source=source,
-            )
-    except KeyError as e:
-        raise SpecError(f"{name}: missing field {e.args[0]!r} for model_type {mt!r}") from None
-    except ZeroDivisionError:  # head_dim = hidden // heads, before ModelSpec can say that heads must be positive
-        raise SpecError(f"{name}: num_attention_heads (n_head) must be positive, got 0") from None
-    except (TypeError, ValueError, OverflowError) as e:  # int(None), int("x"), int(float("inf")) (JSON's Infinity)
-        raise SpecError(f"{name}: a size field is not an integer ({e})") from None
-    if mt not in GPT2_STYLE and cfg.get("mlp_bias"):
-        raise SpecError(f"{name}: mlp_bias=true is not supported yet")
-    return spec
+    m = fakemeasure.measure_config(cfg)
+    return spec_from_measurement(cfg, m, name, source)
+
+
+def spec_from_measurement(cfg: dict[str, Any], m: dict[str, Any], name: str, source: str) -> ModelSpec:
+    """A spec whose counts and activation bytes are the measurement's (blocks carry their measured kind)."""
+    h = int(_first(cfg, "hidden_size", "n_embd", "d_model", default=0) or 0)
+    heads = int(_first(cfg, "num_attention_heads", "n_head", default=1) or 1)
+    by_index: dict[int, str] = {}
+    for k in m["layers"]:
+        for i in k["indices"]:
+            by_index[i] = k["kind"]
+    n = len(by_index)
+    placeholder = Attention(heads, heads, max(1, h // heads), max(1, h // heads))
+    layers = tuple(Layer(placeholder, Mlp("swiglu", max(1, h)), measured_kind=by_index[i]) for i in range(n))
+    return ModelSpec(
+        name=name,
+        model_type=cfg["model_type"],
+        num_layers=n,
+        hidden_size=h,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=max(1, h // heads),
+        intermediate_size=max(1, int(_first(cfg, "intermediate_size", "n_inner", default=4 * h) or 4 * h)),
+        vocab_size=int(_first(cfg, "vocab_size", default=0) or 0),
+        max_position_embeddings=int(_first(cfg, "max_position_embeddings", "n_positions", default=4096) or 4096),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        hf_config=dict(cfg),
+        source=source,
+        layers=layers,
+        measured=m,
+    )
+
+
+def _first(cfg: dict[str, Any], *names: str, default: Any = None) -> Any:
+    for n in names:
+        if isinstance(cfg.get(n), int) and not isinstance(cfg.get(n), bool):
+            return cfg[n]
+    return default
 
 
 @lru_cache(maxsize=1)
@@ -377,14 +492,39 @@ def from_param_count(count: int | str, vocab_size: int = 32000) -> ModelSpec:
 
 
 def resolve_model(name: str | None = None, params: str | None = None) -> ModelSpec:
-    """MODEL argument -> spec: a preset name, an HF id of a preset, a config.json file or folder, or --params."""
+    """MODEL argument -> spec: a preset name, the hub id of a preset, a config.json file or folder, any other hub id
+    (its config.json from the local Hugging Face cache, or downloaded), or --params."""
     if params is not None:
         if name:
             raise SpecError("give either a MODEL or --params, not both")
         return from_param_count(params)
     if not name:
-        raise SpecError("no model given", hint="pass a preset name, a config.json path, or --params 7B")
+        raise SpecError("no model given", hint="pass a preset name, a config.json path, a hub id, or --params 7B")
     p = Path(name)
     if p.suffix == ".json" or p.is_dir() or p.is_file():
         return from_config_path(p)
-    return from_preset(name)
+    return from_name(name)
+
+
+def from_config_ref(ref: str) -> ModelSpec:
+    """A plan's model.config: a config.json path (file or folder) or a hub id."""
+    from llmctl.spec import hub
+
+    p = Path(ref)
+    if p.suffix != ".json" and not p.exists() and hub.looks_like_hub_id(ref):
+        cfg, _ = hub.load_hub_config(ref)
+        return from_hf_config(cfg, name=ref, source="hub")
+    return from_config_path(p)
+
+
+def from_name(name: str) -> ModelSpec:
+    """A preset (by name or hub id), else a hub id's config.json."""
+    from llmctl.spec import hub
+
+    try:
+        return from_preset(name)
+    except UnknownNameError:
+        if not hub.looks_like_hub_id(name):
+            raise
+    cfg, where = hub.load_hub_config(name)
+    return from_hf_config(cfg, name=name, source="hub")

@@ -1,0 +1,112 @@
+"""The activation model of every analytical family against what autograd really saves, block by block.
+
+One tiny config per family (tests/family_configs.py), real tensors on the CPU, saved_tensors_hooks attributing each
+saved storage to the decoder block that saved it. The estimate of each block must be within 2% (most are exact to
+the byte). Not yet covered to 2% (see the README's model-families section): MLA (deepseek_v3), Llama 4's expert
+layout, Phi-3's fused-qkv view under SDPA.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from llmctl.plan import memory as mem
+from llmctl.spec import models
+from tests.family_configs import tiny
+
+torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
+
+B, S = 2, 64
+
+
+def saved_per_block(cfg: dict, dtype, attention: str, checkpointing: bool = False) -> dict:
+    """Bytes of distinct storages each decoder block saves for backward in one forward (parameters and buffers
+    excluded); key "outside" for everything saved outside the blocks."""
+    cfg = dict(cfg)
+    mt = cfg.pop("model_type")
+    config = transformers.AutoConfig.for_model(mt, **cfg)
+    config.use_cache = False
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention).to(dtype)
+    model.train()
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    blocks = model.model.layers if hasattr(model, "model") else model.transformer.h
+    current: list = ["outside"]
+    for i, block in enumerate(blocks):
+        block.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__(0, i))
+        block.register_forward_hook(lambda m, a, o: current.__setitem__(0, "outside"))
+    seen: set[int] = set()
+    total: dict = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in skip and ptr not in seen:
+            seen.add(ptr)
+            total[current[0]] = total.get(current[0], 0) + t.untyped_storage().nbytes()
+        return t
+
+    ids = torch.randint(0, config.vocab_size, (B, S))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(input_ids=ids, labels=ids).loss
+    assert loss.requires_grad
+    return total
+
+
+# (family, attention kernels transformers offers it for training)
+FAMILIES = [
+    ("llama", ("sdpa", "eager")),
+    ("mistral", ("sdpa", "eager")),
+    ("qwen3", ("sdpa", "eager")),
+    ("qwen3_moe", ("sdpa", "eager")),
+    ("mixtral", ("sdpa", "eager")),
+    ("smollm3", ("sdpa", "eager")),
+    ("olmo2", ("sdpa", "eager")),
+    ("gemma3_text", ("sdpa", "eager")),
+    ("gemma2", ("eager",)),  # soft-capped attention: transformers refuses SDPA
+    ("gpt_oss", ("eager",)),  # attention sinks: eager (or flex / kernels on a GPU)
+    ("phi3", ("eager",)),
+    ("gpt2", ("eager",)),  # with GPT-2's default dropout (0.1 on attention, residual and embedding)
+]
+CASES = [(f, a, d) for f, kernels in FAMILIES for a in kernels for d in ("float32", "bfloat16")]
+
+
+@pytest.mark.parametrize("family,attention,dtype", CASES, ids=[f"{f}-{a}-{d}" for f, a, d in CASES])
+def test_every_block_within_2_percent(family, attention, dtype):
+    cfg = tiny(family)
+    spec = models.from_hf_config(cfg, name=family)
+    measured = saved_per_block(cfg, getattr(torch, dtype), attention)
+    ab = 4 if dtype == "float32" else 2
+    # The first block is where the rotary cos/sin tables (and SDPA's windowed mask) are first saved, shared by all;
+    # eager's causal mask is saved outside the blocks.
+    shared = mem.shared_activation_bytes(spec, B, S, ab, "sdpa" if attention == "sdpa" else "flash")
+    for i, layer in enumerate(spec.layers):
+        # CPU dropout keeps its mask in the input's dtype (CUDA's native_dropout: bool, the estimator's default).
+        predicted = mem.layer_activation_bytes(spec, B, S, ab, attention, layer, mask_bytes=ab)
+        got = measured[i] - (shared if i == 0 else 0)
+        assert predicted == pytest.approx(got, rel=0.02), (i, layer.kind(), predicted, got)
+
+
+def test_gpt2_dropout_is_modelled():
+    """GPT-2's default dropout keeps masks and a dropped copy of the attention probabilities: without modelling them
+    the estimate was a third below what autograd saves."""
+    cfg = tiny("gpt2")
+    with_dropout = models.from_hf_config(cfg, name="gpt2")
+    without = models.from_hf_config({**cfg, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}, name="gpt2")
+    a = mem.layer_activation_bytes(with_dropout, B, S, 4, "eager", mask_bytes=4)
+    b = mem.layer_activation_bytes(without, B, S, 4, "eager", mask_bytes=4)
+    assert a > 1.2 * b
+    got = saved_per_block({**cfg, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}, torch.float32, "eager")
+    assert b == pytest.approx(got[1], rel=0.02)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gemma3_text", "gpt_oss"])
+def test_full_checkpointing_keeps_the_block_input(family):
+    cfg = tiny(family)
+    spec = models.from_hf_config(cfg, name=family)
+    attention = "eager" if family == "gpt_oss" else "sdpa"
+    measured = saved_per_block(cfg, torch.bfloat16, attention, checkpointing=True)
+    for i in range(1, spec.num_layers):
+        assert measured[i] == mem.layer_saved_bytes(spec, B, S, 2, attention, "full", spec.layers[i])
