@@ -342,21 +342,12 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", source: str = "con
 
 
 def from_measurement(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
-    """A model_type outside the analytical families: measured on fake tensors by llmctl.engine.fakemeasure."""
-    mt = cfg["model_type"]
-    try:
-        from llmctl.engine import fakemeasure
-    except ImportError:  # the measured path is not part of this build
-        raise SpecError(
-            f"{name}: model_type {mt!r} is not supported", hint="supported: " + ", ".join(SUPPORTED_MODEL_TYPES)
-        ) from None
-    if not fakemeasure.available():
-        raise SpecError(
-            f"{name}: model_type {mt!r} has no analytical model; measuring it needs torch and transformers",
-            hint="pip install 'llmctl[train]' (analytical: " + ", ".join(SUPPORTED_MODEL_TYPES) + ")",
-        )
-    m = fakemeasure.measure_config(cfg)
-    return spec_from_measurement(cfg, m, name, source)
+    """A model_type outside the analytical families. Measuring it on fake tensors needs torch, which spec/ must not
+    import: that path belongs to the CLI layer (not landed yet), so here it is refused in one line."""
+    raise SpecError(
+        f"{name}: model_type {cfg['model_type']!r} is not supported",
+        hint="supported: " + ", ".join(SUPPORTED_MODEL_TYPES),
+    )
 
 
 def spec_from_measurement(cfg: dict[str, Any], m: dict[str, Any], name: str, source: str) -> ModelSpec:
