@@ -173,3 +173,50 @@ def tiny(model_type: str, **over: Any) -> dict[str, Any]:
         cfg = {**COMMON, **cfg}
     cfg.update(over)
     return cfg
+
+
+# --- measured types: outside the analytical families, measured on fake tensors (llmctl.engine.fakemeasure) -----------
+TOKENS: dict[str, Any] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+SMALL: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 2048,
+    **TOKENS,
+}
+"""The widths the measured configs share (positions up to 2048: the fit measures at several sequence lengths)."""
+
+OTHERS: list[dict[str, Any]] = [
+    {
+        "model_type": "granite",
+        **SMALL,
+        "num_hidden_layers": 2,
+        "embedding_multiplier": 12.0,
+        "residual_multiplier": 0.2,
+    },
+    {"model_type": "cohere2", **SMALL, "num_hidden_layers": 4, "sliding_window": 128, "sliding_window_pattern": 4},
+    {"model_type": "exaone4", **SMALL, "num_hidden_layers": 4, "sliding_window": 128, "sliding_window_pattern": 4},
+]
+"""Architectures outside the analytical families: granite (embedding/residual/logit multipliers), cohere2 (parallel
+attention + MLP, LayerNorm, 3 sliding-window layers then a global one), exaone4 (post-norms, q/k norms, the same
+sliding/global pattern): measured only, never described."""
+
+KINDS: dict[str, dict[str, list[int]]] = {
+    "granite": {"GraniteDecoderLayer": [0, 1]},
+    "cohere2": {"Cohere2DecoderLayer/sliding_attention": [0, 1, 2], "Cohere2DecoderLayer/full_attention": [3]},
+    "exaone4": {"Exaone4DecoderLayer/sliding_attention": [0, 1, 2], "Exaone4DecoderLayer/full_attention": [3]},
+}
+"""model_type of OTHERS -> the decoder-layer kinds the measurement finds and the layer indices of each."""
+
+OTHER_MOE: dict[str, Any] = {
+    "model_type": "granitemoe",
+    **SMALL,
+    "intermediate_size": 32,  # each expert's
+    "num_hidden_layers": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+}
+"""An MoE type outside the analytical families (every layer 4 experts, top-2): fewer parameters per token than in
+total."""

@@ -55,8 +55,10 @@ def layer_matmuls(spec: ModelSpec, layer: Layer | None = None) -> list[tuple[str
     if spec.is_gpt2:
         h, i = spec.hidden_size, layer.mlp.intermediate_size
         return [("c_attn", h, 3 * h), ("attn.c_proj", h, h), ("c_fc", h, i), ("mlp.c_proj", i, h)]
-    if spec.measured is not None:  # no layout: one matmul of the block's matmul parameters
-        return [("block", spec.hidden_size, max(1, spec._measured_layer(layer)["matmul_params"] // spec.hidden_size))]
+    if spec.measured is not None:  # no layout: one matmul of the matmul parameters a token passes through
+        entry = spec._measured_layer(layer)
+        active = entry.get("active_matmul_params", entry["matmul_params"])
+        return [("block", spec.hidden_size, max(1, active // spec.hidden_size))]
     return layer.matmuls(spec.hidden_size)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from importlib import resources
@@ -29,6 +30,11 @@ ROTARY_EVEN = set(ANALYTICAL_MODEL_TYPES) - GPT2_STYLE
 """Families whose rotary embeddings rotate pairs of dimensions: head_dim must be even."""
 
 Tensor = tuple[str, tuple[int, ...]]
+
+NO_FLASH_MODEL_TYPES = {"llama4_text"}
+"""transformers builds these without a flash-attention path (Llama4PreTrainedModel._supports_flash_attn = False in
+transformers 5.x, models/llama4/modeling_llama4.py): the engine runs sdpa instead."""
+KERNEL_FALLBACK = {"flash": "sdpa", "sdpa": "eager"}
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,26 @@ class ModelSpec:
     def moe(self) -> bool:
         return any(layer.mlp.moe for layer in self.layers)
 
+    def runs_kernel(self, kernel: str) -> bool:
+        """Whether transformers builds this model with that attention kernel (eager always). Gemma 2 (soft-capped
+        attention logits) and gpt-oss (attention sinks) declare no SDPA path (`_supports_sdpa = False`); Llama 4
+        text no flash-attention one; a measured model has no SDPA path when transformers built it eager."""
+        if kernel == "sdpa":
+            if self.measured is not None:
+                return self.measured.get("attention_used", {}).get("sdpa", "sdpa") == "sdpa"
+            return not any(layer.attention.softcap or layer.attention.sinks for layer in self.layers)
+        if kernel == "flash":
+            return self.model_type not in NO_FLASH_MODEL_TYPES
+        return True
+
+    def attention_kernel(self, requested: str) -> str:
+        """The kernel the engine runs for `requested` (eager, sdpa, flash): it, or the next one down (flash, sdpa,
+        eager) that this model has, as llmctl.engine.model.fit_attention falls back."""
+        kernel = requested
+        while not self.runs_kernel(kernel):
+            kernel = KERNEL_FALLBACK[kernel]
+        return kernel
+
     # --- tensors, the way transformers lays them out -------------------------------------------------------
     def layer_tensors(self, index: int = 0) -> list[Tensor]:
         """Parameter tensors of one decoder block (the first by default)."""
@@ -206,7 +232,8 @@ class ModelSpec:
 
     def active_params_of(self, layer: Layer) -> int:
         if self.measured is not None:
-            return self._measured_layer(layer)["params"]
+            entry = self._measured_layer(layer)
+            return entry.get("active_params", entry["params"])
         return layer_active_params(layer, self.hidden_size)
 
     def _measured_layer(self, layer: Layer) -> dict[str, Any]:
@@ -341,25 +368,42 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", source: str = "con
     )
 
 
+Measurer = Callable[[dict[str, Any]], dict[str, Any]]
+_measurer: list[Measurer] = []
+
+
+def set_measurer(measure: Measurer | None) -> None:
+    """Install the function that measures a config outside the analytical families (the CLI and the engine install
+    llmctl.engine.fakemeasure's; spec/ never imports torch itself). None removes it."""
+    _measurer[:] = [measure] if measure is not None else []
+
+
 def from_measurement(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
-    """A model_type outside the analytical families. Measuring it on fake tensors needs torch, which spec/ must not
-    import: that path belongs to the CLI layer (not landed yet), so here it is refused in one line."""
-    raise SpecError(
-        f"{name}: model_type {cfg['model_type']!r} is not supported",
-        hint="supported: " + ", ".join(SUPPORTED_MODEL_TYPES),
-    )
+    """A model_type outside the analytical families: measured by the installed measurer (on fake tensors), or refused
+    in one line when none is installed."""
+    if not _measurer:
+        raise SpecError(
+            f"{name}: model_type {cfg['model_type']!r} is not supported",
+            hint="supported: " + ", ".join(SUPPORTED_MODEL_TYPES),
+        )
+    return spec_from_measurement(cfg, _measurer[0](cfg), name, source)
 
 
 def spec_from_measurement(cfg: dict[str, Any], m: dict[str, Any], name: str, source: str) -> ModelSpec:
     """A spec whose counts and activation bytes are the measurement's (blocks carry their measured kind)."""
+    vocab = int(_first(cfg, "vocab_size", default=0) or 0)
     h = int(_first(cfg, "hidden_size", "n_embd", "d_model", default=0) or 0)
+    h = h or (int(m["embedding_params"]) // vocab if vocab else 0)
+    if h <= 0:
+        raise SpecError(f"{name}: cannot tell the hidden size of model_type {cfg['model_type']!r}")
     heads = int(_first(cfg, "num_attention_heads", "n_head", default=1) or 1)
+    head_dim = int(_first(cfg, "head_dim", default=0) or 0) or max(1, h // heads)
     by_index: dict[int, str] = {}
     for k in m["layers"]:
         for i in k["indices"]:
             by_index[i] = k["kind"]
     n = len(by_index)
-    placeholder = Attention(heads, heads, max(1, h // heads), max(1, h // heads))
+    placeholder = Attention(heads, heads, head_dim, head_dim)
     layers = tuple(Layer(placeholder, Mlp("swiglu", max(1, h)), measured_kind=by_index[i]) for i in range(n))
     return ModelSpec(
         name=name,
@@ -368,9 +412,9 @@ def spec_from_measurement(cfg: dict[str, Any], m: dict[str, Any], name: str, sou
         hidden_size=h,
         num_heads=heads,
         num_kv_heads=heads,
-        head_dim=max(1, h // heads),
+        head_dim=head_dim,
         intermediate_size=max(1, int(_first(cfg, "intermediate_size", "n_inner", default=4 * h) or 4 * h)),
-        vocab_size=int(_first(cfg, "vocab_size", default=0) or 0),
+        vocab_size=vocab,
         max_position_embeddings=int(_first(cfg, "max_position_embeddings", "n_positions", default=4096) or 4096),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         hf_config=dict(cfg),
