@@ -201,6 +201,9 @@ def run(plan: Plan) -> dict[str, Any]:
             dist.barrier()
             found = latest_checkpoint(ckpt.root)
         model = build_meta_model(plan, attn_impl)
+        built = str(getattr(model.config, "_attn_implementation", None) or attn_impl)
+        if built != attn_impl:  # the model class has no such path (Gemma 2, gpt-oss: no SDPA): fit_attention's pick
+            attn_why, attn_impl = f"{model.__class__.__name__} has no {attn_impl} path", built
         rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet
         fsdp = parallelize(model, plan, mesh)
         made = materialize(model, plan, device, weights=weights, resuming=found is not None)

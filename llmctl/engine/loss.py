@@ -48,12 +48,23 @@ def select_loss(chunk_tokens: int, cuda_available: bool, liger_available: bool) 
 def _head_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, float | None]:
     """(base model, LM head, final logit soft-cap or None) of a Hugging Face causal LM."""
     base = getattr(model, "base_model", None)
+    if base is model:  # Llama 4's text LM keeps the multimodal prefix ("language_model") but its body in `model`
+        base = getattr(model, "model", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if base is None or base is model or head is None or not hasattr(head, "weight"):
         raise SpecError(
             f"chunked loss: cannot find the base model and LM head of {type(model).__name__}",
             hint="set training.loss_chunk_tokens: 0",
         )
+    for attr in ("logit_scale", "logits_scaling"):  # Cohere multiplies its logits by one, Granite divides by the other
+        v = getattr(model.config, attr, None)
+        if v is not None and v != 1:
+            raise SpecError(
+                f"chunked loss: {type(model).__name__} scales its logits ({attr} {v}), which the chunked loss does not do",
+                hint="set training.loss_chunk_tokens: 0",
+            )
+    # Gemma 2's cap (tanh(x / c) * c, after the LM head): transformers applies it in the compute dtype and then
+    # upcasts; chunk_loss_sum upcasts first (the same numbers in fp32, a rounding step fewer in bf16).
     cap = getattr(model.config, "final_logit_softcapping", None)
     return base, head, cap
 

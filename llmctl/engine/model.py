@@ -12,7 +12,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import InputError, SpecError
-from llmctl.spec.models import ModelSpec, from_config_path, from_hf_config, from_preset
+from llmctl.spec.models import (
+    ModelSpec,
+    from_config_path,
+    from_config_ref,
+    from_hf_config,
+    from_preset,
+    spec_from_measurement,
+)
 from llmctl.spec.planfile import Plan
 from llmctl.spec.precision import compute_dtype
 
@@ -66,6 +73,27 @@ def select_attention(requested: str, cuda_available: bool, flash_available: bool
     raise InputError(f"training.attention: unknown kernel {requested!r}", hint="auto, flash, sdpa or eager")
 
 
+def fit_attention(impl: str, requested: str, model_name: str, supports_sdpa: bool, supports_flash: bool) -> str:
+    """The kernel a model class can run: `impl` (from `select_attention`), or, where the class has no such path and
+    the plan did not ask for that kernel by name, the next one down (flash -> sdpa -> eager). Gemma 2 (attention
+    soft-capping) and gpt-oss (attention sinks) declare no SDPA path; transformers refuses to build them with it."""
+    if impl == "flash_attention_2" and not supports_flash:
+        if requested == "flash":
+            raise InputError(
+                f"training.attention: {model_name} has no flash-attention path in transformers",
+                hint="use attention: auto",
+            )
+        impl = "sdpa"
+    if impl == "sdpa" and not supports_sdpa:
+        if requested == "sdpa":
+            raise InputError(
+                f"training.attention: {model_name} has no SDPA path in transformers",
+                hint="use attention: auto or eager",
+            )
+        impl = "eager"
+    return impl
+
+
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
     """Round the vocabulary up to a multiple (64 gives tensor-core friendly LM-head shapes)."""
     return -(-vocab_size // multiple) * multiple
@@ -83,7 +111,7 @@ def base_spec(plan: Plan) -> ModelSpec:
     if m.preset:
         base = from_preset(m.preset)
     else:
-        base = from_config_path(m.config or m.weights or "")
+        base = from_config_ref(m.config) if m.config else from_config_path(m.weights or "")
     cfg: dict[str, Any] = dict(base.hf_config)
     cfg.update(m.overrides)
     return from_hf_config(cfg, name=base.name, source=base.source)
@@ -95,13 +123,23 @@ def model_spec_for(plan: Plan) -> ModelSpec:
     base = base_spec(plan)
     cfg: dict[str, Any] = dict(base.hf_config)
     cfg["vocab_size"] = padded_vocab_size(int(cfg["vocab_size"]), plan.model.pad_vocab_multiple)
+    if base.measured is not None:
+        # Measured on fake tensors: the padding adds rows to the token embedding (and an untied LM head), nothing
+        # else; derived from the base measurement rather than measured again on every rank.
+        extra = (cfg["vocab_size"] - base.vocab_size) * base.hidden_size
+        m = dict(base.measured)
+        m["embedding_params"] = int(m["embedding_params"]) + extra
+        m["head_params"] = int(m["head_params"]) + (0 if base.tie_embeddings else extra)
+        m["total_params"] = int(m["total_params"]) + extra * (1 if base.tie_embeddings else 2)
+        return spec_from_measurement(cfg, m, name=base.name, source=base.source)
     return from_hf_config(cfg, name=base.name, source=base.source)
 
 
 def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
-    """The plan's model on the meta device (no memory, no values): padded vocabulary, use_cache off. `materialize`
-    gives it values after it is sharded. The config is the preset's, the config.json's, or the weights folder's,
-    with model.overrides applied."""
+    """The plan's model on the meta device (no memory, no values): padded vocabulary, use_cache off, the attention
+    kernel `attn_impl` or the one `fit_attention` falls back to (model.config._attn_implementation says which).
+    `materialize` gives it values after it is sharded. The config is the preset's, the config.json's, or the weights
+    folder's, with model.overrides applied."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -116,6 +154,20 @@ def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
     except Exception as e:  # noqa: BLE001 - transformers' config checks raise several types (StrictDataclassError,
         # TypeError, ValueError, KeyError) for values the user wrote: each is a bad input, not a bug
         raise SpecError(f"model: cannot build a {model_type!r} config: {str(e).splitlines()[0][:200]}") from None
+    try:
+        cls = AutoModelForCausalLM._model_mapping[type(config)]
+    except KeyError:
+        raise SpecError(f"model: transformers has no causal LM class for model_type {model_type!r}") from None
+    fitted = fit_attention(
+        attn_impl,
+        plan.training.attention,
+        cls.__name__,
+        bool(getattr(cls, "_supports_sdpa", True)),
+        bool(getattr(cls, "_supports_flash_attn", True)),
+    )
+    if fitted != attn_impl:
+        log.info("attention: %s has no %s path in transformers, using %s", cls.__name__, attn_impl, fitted)
+        attn_impl = fitted
     config._attn_implementation = attn_impl
     config.use_cache = False  # a KV cache is useless in training and breaks checkpointed backward
     with torch.device("meta"):

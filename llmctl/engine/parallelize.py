@@ -169,8 +169,36 @@ def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, precision: str) -> None
     for i, layer in enumerate(layers):
         # The last layer's parameters are needed again right at the start of backward: keep them gathered
         # (torchtitan's reshard_after_forward choice).
-        fully_shard(layer, reshard_after_forward=i < len(layers) - 1, **kwargs)
+        reshard = i < len(layers) - 1
+        for part in odd_dtype_modules(layer):
+            fully_shard(part, reshard_after_forward=reshard, **kwargs)
+        fully_shard(layer, reshard_after_forward=reshard, **kwargs)
     fully_shard(model, **kwargs)
+
+
+def odd_dtype_modules(layer: torch.nn.Module) -> list[torch.nn.Module]:
+    """The largest submodules whose parameters all have one dtype other than the layer's main one. FSDP2 all-gathers
+    a group's parameters as one flat buffer and refuses mixed dtypes; transformers keeps some parameters in fp32 in
+    a bf16 model (DeepSeek-V3's router `gate.weight`, its `_keep_in_fp32_modules_strict`), so each such module is
+    sharded as a group of its own, before its layer."""
+    from collections import Counter
+
+    counts = Counter(p.dtype for p in layer.parameters())
+    if len(counts) < 2:
+        return []
+    main = counts.most_common(1)[0][0]
+    found: list[torch.nn.Module] = []
+
+    def visit(module: torch.nn.Module) -> None:
+        dtypes = {p.dtype for p in module.parameters()}
+        if len(dtypes) == 1 and main not in dtypes:
+            found.append(module)
+            return
+        for child in module.children():
+            visit(child)
+
+    visit(layer)
+    return found
 
 
 def needs_fsdp(mesh_size: int, precision: str) -> bool:

@@ -130,7 +130,8 @@ class ModelSection(_Strict):
 
     preset: Text | None = None
     config: Text | None = None
-    """Path to a Hugging Face config.json (file or folder); random init."""
+    """A Hugging Face config.json (file or folder), or a hub id (Qwen/Qwen3-8B: config.json from the local Hugging
+    Face cache, or that one file downloaded); random init."""
     weights: Text | None = None
     """Path to a local Hugging Face model folder with weights."""
     overrides: Annotated[dict[str, Any], AfterValidator(_check_overrides)] = Field(default_factory=dict)
