@@ -367,6 +367,14 @@ def estimate_memory(
         if v < 1:  # named by its flag here; the memory model's own check names the field
             raise InputError(f"{flag} must be a positive integer, got {v}")
     spec = models.resolve_model(model, params)
+    asked = mem.canonical(attention, mem.ATTENTIONS, "attention")
+    if spec.attention_kernel(asked) != asked:  # what the engine will run (Gemma 2 and gpt-oss have no SDPA path)
+        attention = spec.attention_kernel(asked)
+        render.err_console.print(
+            f"note: {spec.name} ({spec.model_type}) has no {asked} attention in transformers; the engine runs "
+            f"{attention}, estimated here",
+            soft_wrap=True,
+        )
     n_nodes, gpn = cluster_shape(gpus, nodes, gpus_per_node)
     gpu_spec = hardware.resolve_gpu(gpu) if gpu else None
     if (

@@ -277,6 +277,7 @@ def block_activation_terms(
       pre/post feed-forward norms and OLMo 2's post-norms are norms over the hidden size.
     - MoE (transformers' expert loop): the router's logits and probabilities (fp32, E per token), then per routed
       token copy its gathered input, gate/up, act, product and the routing weight; shared experts are a dense MLP.
+      Llama 4's MoE (Llama4TextMoe) is dense over experts instead: every token through all E experts.
     - MLA: the latent path (q_a, its norm, kv_a, its norm) then per-head q/k/v of qk and v widths.
     - Dropout with p > 0 keeps a mask (1 byte/element, bool) per dropped tensor: attention probabilities (eager),
       and the residual branches (GPT-2's resid_pdrop twice per block).
@@ -306,7 +307,13 @@ def block_activation_terms(
     terms = {"norms": norm_n * _norm_bytes(spec, sb * h, sb, ab) - norm_n * 4 * sb * h}
     # Split as before: what a lean block keeps too, and HF's fp32 upcast copies (4sbh per norm) on top.
     terms["norms: HF fp32 upcast copy"] = norm_n * 4 * sb * h
-    kv_heads = a if eager else kv
+    # SDPA with an explicit mask (a sliding-window or chunked layer past its window): transformers repeats k and v to every head
+    # (no native GQA with a mask) and torch turns the boolean mask into an additive one in the compute dtype, which
+    # the kernel keeps for backward; each layer converts its own.
+    masked = attention == "sdpa" and bool(at.window) and s > at.window
+    kv_heads = a if eager or masked else kv
+    if masked:
+        terms["sliding-window mask (sdpa, b*s^2)"] = ab * b * s * s
     if at.mla:
         c, r, rope = at.kv_lora_rank, at.q_lora_rank, at.rope_dim
         latent = ab * sb * h  # the block input to q_a / kv_a (one storage)
@@ -325,10 +332,32 @@ def block_activation_terms(
         terms["attention inputs/outputs"] = (
             ab * sb * h + ab * sb * (a * d + kv_heads * d + v_storage) + ab * sb * a * dv
         )
+        if spec.model_type == "phi3" and not eager:
+            # Phi-3 rotates with torch.cat, which leaves q contiguous as (b, a, s, d); a fused kernel writes its
+            # output in q's layout (CUDA flash: empty_like(q)), so transformers' transpose(1, 2).contiguous() copies
+            # it: o_proj keeps that copy next to the kernel's own output (Llama's q stays (b, s, a, d): no copy).
+            terms["attention output copy (rotary by cat)"] = ab * sb * a * dv
     if at.qk_norm in ("head", "proj"):
         rows_q, rows_k = (sb * a, sb * kv) if at.qk_norm == "head" else (sb, sb)
         terms["q/k norms"] = _norm_bytes(spec, sb * a * d, rows_q, ab) + _norm_bytes(spec, sb * kv * d, rows_k, ab)
-    if m.moe:
+    elif at.qk_norm == "l2":
+        # Llama 4's weightless L2 norm per head, x.float() * rsqrt(mean(x^2)): it keeps its fp32 input (fp32: the
+        # rotary complex product itself; bf16: the upcast copy) and an fp32 rsqrt per head row. No weight: its
+        # output is kept only by attention (q, k above).
+        terms["q/k norms (l2)"] = 4 * sb * (a + kv) * d + 4 * sb * (a + kv)
+    if m.moe and spec.model_type == "llama4_text":
+        i, k, e = m.intermediate_size, m.experts_per_token, m.num_experts
+        terms["mlp"] = ab * sb * h  # the MoE input: router, routed copies and shared expert read it
+        # Llama4Router: top-k of the logits scattered into -inf, sigmoid in fp32 (kept: E per token), the top-k
+        # indices (int64, scatter's backward) and the scores in the compute dtype, transposed to (E*tokens, 1) (a
+        # copy, kept by the multiply for the expert inputs' gradient).
+        terms["moe router"] = sb * (4 * e + 8 * k + ab * e)
+        # Llama4TextMoe runs every token through every expert, scaled by its score (0 off its top-k): the input
+        # repeated E times (kept for the scores' gradient), its scaled copy (the bmm input), the gate_up output,
+        # act(gate) and the product (down's input), all E x tokens rows.
+        terms["moe experts (every token, every expert)"] = e * sb * ab * (2 * h + 4 * i)
+        terms["shared expert"] = 4 * ab * sb * m.shared_size
+    elif m.moe:
         i, k, e = m.intermediate_size, m.experts_per_token, m.num_experts
         terms["mlp"] = ab * sb * h
         # transformers' grouped-mm experts: the router keeps its fp32 probabilities (E per token), the top-k indices
@@ -336,6 +365,11 @@ def block_activation_terms(
         # act(gate) and the product (down's input), the down output (for the routing weight's gradient), the
         # routing weight and three int64 permutation indices. gpt-oss's clamped GLU keeps 3 more i-wide tensors.
         terms["moe router"] = sb * (4 * e + 12 * k + 4)
+        if spec.model_type == "deepseek_v3" and ab != 4:
+            # DeepSeek-V3's router runs in fp32: its linear keeps an fp32 copy of the block's hidden states, and the
+            # routing weights gathered from the fp32 sigmoid scores keep E more fp32 values per token (measured on
+            # fake tensors, tests/engine/test_fakemeasure.py).
+            terms["moe router fp32 input"] = 4 * sb * (h + e)
         glu = 7 if m.act == "swiglu-clamped" else 4
         terms["moe dispatched tokens"] = k * sb * (ab * (2 * h + glu * i) + 4 + 8 * (4 if m.expert_bias else 3))
         if m.shared_size:
@@ -352,6 +386,9 @@ def block_activation_terms(
             # gpt-oss: softmax over the scores and one sink logit per row (b*a*s*(s+1), compute dtype), the row
             # max's int64 index; the AV matmul keeps a slice of the softmax output (same storage).
             terms["attention scores (s^2)"] = ab * b * a * s * (s + 1) + 8 * b * a * s
+        elif spec.model_type == "llama4_text":
+            # Llama 4's eager softmax runs in the compute dtype (no fp32 upcast): one s^2 tensor.
+            terms["attention scores (s^2)"] = ab * s2
         else:
             terms["attention scores (s^2)"] = (4 if ab == 4 else 4 + 2) * s2
         if at.softcap:  # Gemma 2: tanh(scores / cap) keeps its output
@@ -379,7 +416,11 @@ def _dropout_terms(
 def layer_activation_terms(
     spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, layer: Layer | None = None
 ) -> dict[str, int]:
-    """Bytes one block saves for backward by tensor group: the given block, else the model's largest."""
+    """Bytes one block saves for backward by tensor group: the given block, else the model's largest. A measured
+    model has no groups: its block's measured bytes, as one line."""
+    if spec.measured is not None:
+        layer = layer or largest_block(spec, b, s, act_bytes, attention)
+        return {"block, measured on fake tensors": layer_activation_bytes(spec, b, s, act_bytes, attention, layer)}
     return block_activation_terms(
         spec, layer or largest_block(spec, b, s, act_bytes, attention), b, s, act_bytes, attention
     )
@@ -444,6 +485,8 @@ def layer_saved_bytes(
     """Bytes a block keeps for backward in a mode (partial:K: use stage_activation_bytes, it differs per layer)."""
     layer = layer or spec.layers[0]
     if checkpointing == "full":
+        if spec.measured is not None:  # what the checkpoint keeps, measured (the block input, or more)
+            return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "full")
         return act_bytes * b * s * spec.hidden_size
     if checkpointing == "selective":
         if spec.measured is not None:  # not measured: bounded by the two measured modes, take the no-checkpoint one
@@ -490,18 +533,21 @@ def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, att
     """Kept once for all blocks: the attention masks and, for rotary models, the cos/sin tables (1 x s x rotary dim
     each, compute dtype: Hugging Face builds position ids of batch 1; Gemma 3 keeps a second pair for its local
     layers). Eager attention keeps its materialised causal mask (b x 1 x s x s, compute dtype; a second one when
-    sliding-window and global layers mix). SDPA and flash take is_causal and build none, except for sliding-window
-    layers, whose SDPA call keeps an explicit windowed mask (measured: 2 x b x s x s in the compute dtype)."""
+    sliding-window and global layers mix). SDPA and flash take is_causal and build none (a sliding-window layer's
+    SDPA mask is that layer's: block_activation_terms)."""
     windows = {la.attention.window for la in spec.layers if not la.attention.chunked}
     sliding = any(windows)
-    if attention == "eager":
-        mask = (2 if sliding and len(windows) > 1 else 1) * act_bytes * b * s * s
-    else:
-        mask = 2 * act_bytes * b * s * s if sliding and attention == "sdpa" else 0
+    # SDPA: the sliding-window layers' masks are the layers' own (block_activation_terms); flash takes the window.
+    mask = (2 if sliding and len(windows) > 1 else 1) * act_bytes * b * s * s if attention == "eager" else 0
     if spec.is_gpt2 or spec.measured is not None:
         return mask
     at = spec.layers[0].attention
     rot = at.rope_dim if at.mla else at.head_dim
+    if spec.model_type == "llama4_text":
+        # Llama 4 builds a mask per layer type present (chunked, full: eager materialises each, b x 1 x s x s), and
+        # its rotary table is one complex64 freqs_cis (1 x s x d/2: 4 bytes per rotary dim) whatever the dtype.
+        types = len({la.attention.chunked for la in spec.layers})
+        return (types * act_bytes * b * s * s if attention == "eager" else 0) + 4 * s * rot
     tables = 2 if spec.model_type == "gemma3_text" else 1
     return mask + tables * 2 * s * rot * act_bytes
 
@@ -628,6 +674,7 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck) // setup.tp
         saved += shared_activation_bytes(spec, b, s, cb, attn) // setup.tp
         what = {"none": "saved for backward", "full": "block inputs, checkpointed"}.get(ck, f"{ck} checkpointing")
+        what += ", measured on fake tensors" if spec.measured is not None else ""
         comps.append(Component(f"activations ({what})", saved, ("forward", "backward")))
         if ck != "none":
             rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck) // setup.tp

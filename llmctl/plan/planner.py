@@ -424,6 +424,12 @@ def plan(req: PlanRequest) -> PlanResult:
         if req.attention == "flash":
             rejected.append(f"--attention flash: {why}")
         attns = [a for a in attns if a != "flash"]
+    if req.attention and not spec.runs_kernel(req.attention):  # a pin the model cannot run: bad input
+        raise InputError(
+            f"--attention {req.attention}: {spec.name} ({spec.model_type}) has no {req.attention} path in transformers",
+            hint=f"use --attention {spec.attention_kernel(req.attention)}, or no pin",
+        )
+    attns = [a for a in attns if spec.runs_kernel(a)]
     if req.strategy == "hybrid_shard" and req.nodes < 2:
         rejected.append("--strategy hybrid_shard: needs at least 2 nodes (on one node it is full_shard)")
 
@@ -572,7 +578,9 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
         raise DoesNotFitError(
             f"no setup satisfies {' '.join(pinned)}: {reasons}", hint="drop a pin to let the planner choose"
         )
-    best_attn = "sdpa" if req.compute_dtype == "fp32" or not req.gpu.flash_attention else "flash"
+    best_attn = req.spec.attention_kernel(
+        "sdpa" if req.compute_dtype == "fp32" or not req.gpu.flash_attention else "flash"
+    )
     setup = _setup(req, "full_shard", 1, 1, "full", best_attn)
     m = mem.min_gpus(req.spec, setup, req.gpu.memory_bytes, "full_shard")
     where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"

@@ -49,7 +49,7 @@ def test_presets_by_name_and_hub_id(model, params, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # empty: a preset's hub id never needs the cache
     r = run("estimate-memory", model, "--gpu", "H100-SXM", "--gpus", "8", "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["params"] == params
+    assert json.loads(r.stdout)["params"] == params  # stderr may note the kernel the engine runs (gpt-oss: eager)
 
 
 def test_hub_id_from_the_local_cache(monkeypatch, tmp_path):
@@ -100,3 +100,38 @@ def test_sliding_window_layers_do_less_attention_work():
     assert flops.attention_flops_per_token(spec, s) < 0.3 * flops.attention_flops_per_token(all_global, s)
     # At a sequence no longer than the window every layer sees every key.
     assert flops.attention_flops_per_token(spec, 1024) == flops.attention_flops_per_token(all_global, 1024)
+
+
+# --- the attention kernel the engine will run ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "preset,asked,runs",
+    [
+        ("gemma-2-9b", "sdpa", "eager"),  # soft-capped attention logits: no SDPA path in transformers
+        ("gpt-oss-20b", "flash", "flash"),
+        ("gpt-oss-20b", "sdpa", "eager"),  # attention sinks
+        ("llama-4-scout", "flash", "sdpa"),  # Llama4PreTrainedModel._supports_flash_attn = False
+        ("qwen3-8b", "sdpa", "sdpa"),
+        ("qwen3-8b", "eager", "eager"),
+    ],
+)
+def test_estimate_counts_the_kernel_the_engine_runs(preset, asked, runs):
+    spec = models.from_preset(preset)
+    assert spec.attention_kernel(asked) == runs
+    r = run("estimate-memory", preset, "--attention", asked, "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["setup"]["attention"] == runs
+    assert (f"the engine runs {runs}" in r.stderr) == (runs != asked)
+    same = json.loads(run("estimate-memory", preset, "--attention", runs, "--json").stdout)
+    assert out["per_gpu_total_bytes"] == same["per_gpu_total_bytes"]
+
+
+def test_plan_never_picks_a_kernel_the_model_lacks():
+    r = run("plan", "gemma-2-9b", "--gpu", "H100-SXM", "--gpus-per-node", "8", "--no-write", "--json", "--top", "50")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    kernels = {c["attention"] for c in out["candidates"]}
+    assert "sdpa" not in kernels and kernels <= {"flash", "eager"}, kernels
+    r = run("plan", "gemma-2-9b", "--gpu", "H100-SXM", "--gpus-per-node", "8", "--no-write", "--attention", "sdpa")
+    assert r.exit_code == 2
+    assert "gemma-2-9b (gemma2) has no sdpa path in transformers" in r.output
