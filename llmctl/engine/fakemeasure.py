@@ -857,7 +857,7 @@ def _run(model: Any, layers: Any, seq: int, checkpointing: str, mode: Any, model
     except SpecError:
         raise
     except Exception as e:  # noqa: BLE001 - model code that needs values (data-dependent routing, .item()) fails
-        # here: a limit of the method for this architecture, said in one line (LLMCTL_DEBUG=1 shows the cause)
+        # here: a limit of the method for this architecture, said in one line (the debug switch shows the cause)
         raise SpecError(
             f"model_type {model_type!r}: cannot run its forward on fake tensors: {_first_line(e)}",
             hint="this architecture needs an analytical model in llmctl.spec.families",

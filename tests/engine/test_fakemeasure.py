@@ -175,7 +175,7 @@ def test_measures_architectures_without_an_analytical_model(cfg, tmp_path, monke
     monkeypatch.setattr(fm, "_measure", no_measuring)
     assert fm.measure_config(cfg, cache_dir=tmp_path) == result
     calls = []
-    monkeypatch.setattr(fm, "_measure", lambda cfg, mt, key: calls.append(mt) or {**result, "seconds": -1.0})
+    monkeypatch.setattr(fm, "_measure", lambda cfg, mt, key, *started: calls.append(mt) or {**result, "seconds": -1.0})
     assert fm.measure_config(cfg, cache_dir=tmp_path, refresh=True)["seconds"] == -1.0
     assert calls == [cfg["model_type"]]
     assert json.loads(path.read_text())["seconds"] == -1.0
@@ -186,7 +186,7 @@ def test_a_corrupt_cache_file_is_measured_again(llama, tmp_path, monkeypatch, ju
     path = tmp_path / f"{fm.config_hash(LLAMA)}.json"
     path.write_bytes(junk.encode("utf-8", "surrogateescape"))
     calls = []
-    monkeypatch.setattr(fm, "_measure", lambda cfg, mt, key: calls.append(mt) or llama)
+    monkeypatch.setattr(fm, "_measure", lambda cfg, mt, key, *started: calls.append(mt) or llama)
     assert fm.measure_config(LLAMA, cache_dir=tmp_path) == llama
     assert calls == ["llama"]
     assert json.loads(path.read_text()) == llama

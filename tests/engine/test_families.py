@@ -320,13 +320,8 @@ def test_gemma2_chunked_loss_trains_like_the_whole_loss(trained: dict) -> None:
     assert got["grad_norms"] == pytest.approx(ref["grad_norms"], abs=1e-5, rel=0)
 
 
-@pytest.mark.dist
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_family_trains_through_the_engine_cli(tmp_path: Path, family: str) -> None:
-    """`torchrun --nproc_per_node 2 -m llmctl.engine PLAN` with the family's config.json and full checkpointing: the
-    plan, spec, build, FSDP2 and the training loop end to end; the repeated sentence is a fixed batch."""
-    plan = family_plan(tmp_path, family, {"activation_checkpointing": "full"})
-    proc = run_engine(plan, 2, tmp_path)
+def _trained_three_fully_checkpointed_steps(plan: Path, proc: subprocess.CompletedProcess[str]) -> None:
+    """The run finished on 2 FSDP2 ranks with full checkpointing; its loss is finite and falls over 3 steps."""
     check_ok(proc)
     start = records(plan, "start")[0]
     assert start["fsdp2"] is True and start["mesh"] == [2] and start["vocab_size"] == 320
@@ -334,6 +329,16 @@ def test_family_trains_through_the_engine_cli(tmp_path: Path, family: str) -> No
     loss = losses(plan)
     assert sorted(loss) == [1, 2, 3]
     _finite_and_falling([loss[1], loss[2], loss[3]], [r["grad_norm"] for r in records(plan, "step")])
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_trains_through_the_engine_cli(tmp_path: Path, family: str) -> None:
+    """`torchrun --nproc_per_node 2 -m llmctl.engine PLAN` with the family's config.json and full checkpointing: the
+    plan, spec, build, FSDP2 and the training loop end to end; the repeated sentence is a fixed batch."""
+    plan = family_plan(tmp_path, family, {"activation_checkpointing": "full"})
+    proc = run_engine(plan, 2, tmp_path)
+    _trained_three_fully_checkpointed_steps(plan, proc)
     if family in NO_SDPA:
         assert "has no sdpa path in transformers, using eager" in proc.stderr
 
@@ -352,12 +357,6 @@ def test_a_measured_type_trains_through_the_engine_cli(tmp_path: Path) -> None:
     plan = family_plan(tmp_path, "granite", {"activation_checkpointing": "full"}, cfg=GRANITE)
     cache = tmp_path / "measured"
     proc = run_engine(plan, 2, tmp_path, {"LLMCTL_CACHE_DIR": str(cache)})
-    check_ok(proc)
-    start = records(plan, "start")[0]
-    assert start["fsdp2"] is True and start["mesh"] == [2] and start["vocab_size"] == 320
-    assert start["checkpointing"] == "full"
-    loss = losses(plan)
-    assert sorted(loss) == [1, 2, 3]
-    _finite_and_falling([loss[1], loss[2], loss[3]], [r["grad_norm"] for r in records(plan, "step")])
+    _trained_three_fully_checkpointed_steps(plan, proc)
     # One measurement (the plan's config): the padded vocabulary is derived from it, not measured again.
     assert len(list(cache.glob("*.json"))) == 1, sorted(cache.iterdir())
