@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
 from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers
 from llmctl.engine.evaluate import Evaluator
+from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
 from llmctl.engine.loss import install_loss_forward, liger_importable, select_loss, whole_loss
 from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
@@ -316,6 +317,10 @@ def run(plan: Plan) -> dict[str, Any]:
         reason = "done"
         last_t, last_step = time.perf_counter(), start
         step = start
+        # Measured vs planned, once, on the first logged window that starts check_after_steps past the (re)start.
+        lg = plan.logging
+        check_pending = lg.check_after_steps > 0
+        data_wait, frames = 0.0, compiled_frames()
         while step < total:
             loss_sum = torch.zeros((), device=device)
             for m in range(acc):
@@ -326,7 +331,9 @@ def run(plan: Plan) -> dict[str, Any]:
                     # unsharded gradients alive across micro-batches (+4 bytes/param per GPU, unsharded), which
                     # neither the memory model nor the planner assumes.
                     model.set_requires_all_reduce(m == acc - 1)
+                t_wait = time.perf_counter()
                 b = next(batches)
+                data_wait += time.perf_counter() - t_wait
                 if loss_impl == "whole":
                     loss = whole_loss(model, b.inputs, b.targets, vocab)
                 else:
@@ -358,7 +365,15 @@ def run(plan: Plan) -> dict[str, Any]:
                     **peak_memory(device.type),
                 }
                 emit(with_predictions(rec, plan.predicted))
+                if check_pending and last_step >= start + lg.check_after_steps:
+                    check_pending = False
+                    clues = Clues(
+                        device.type, plan.hardware.gpu, data_wait / (now - last_t), compiled_frames() - frames
+                    )
+                    verdict = judge(step, rec, plan.predicted, clues, lg.check_slower, lg.check_memory)
+                    emit(verdict.record)  # printed as [plan_check] when off: the warning, once
                 last_t, last_step = now, step
+                data_wait, frames = 0.0, compiled_frames()
 
             every = plan.logging.eval_interval_steps
             if evaluator is not None and ((every and step % every == 0) or step == total):
@@ -374,6 +389,7 @@ def run(plan: Plan) -> dict[str, Any]:
                     }
                 )
                 last_t = time.perf_counter()  # keep evaluation time out of the next step-time measurement
+                data_wait, frames = 0.0, compiled_frames()
 
             stopping = stop.agreed()
             if ckpt is not None and (stopping or step % plan.checkpoint.interval_steps == 0 or step == total):
@@ -401,6 +417,7 @@ def run(plan: Plan) -> dict[str, Any]:
                     }
                 )
                 last_t = time.perf_counter()  # keep save time out of the next step-time measurement
+                data_wait, frames = 0.0, compiled_frames()
             if stopping:
                 reason = "signal"
                 emit(

@@ -287,6 +287,13 @@ class LoggingSection(_Strict):
     tensorboard: bool = False
     """Event files under logging.dir/tensorboard (rank 0; extra [logging])."""
     wandb: WandbSection | None = None
+    check_after_steps: Int = Field(5, ge=0, le=MAX_STEPS)
+    """Measured vs `predicted`, once: the first logged window starting this many steps after the (re)start, past
+    compile and warm-up, is compared with the plan (a `plan_check` event; a warning when off). 0: never."""
+    check_slower: Float = Field(0.3, gt=0, lt=1)
+    """Warn when tokens/s is more than this fraction below the prediction."""
+    check_memory: Float = Field(0.1, gt=0, le=GENERIC_FLOAT_LIMIT)
+    """Warn when peak reserved GPU memory is more than this fraction above the prediction."""
 
 
 class Predicted(_Strict):
