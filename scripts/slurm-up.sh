@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Start a real single-host SLURM with two fake nodes (node1, node2) for llmctl's tests and demos.
+# Start a real single-host SLURM with fake nodes (node1, node2, ...: $LLMCTL_SLURM_NODES, default 2) for llmctl's
+# tests and demos.
 #
 #   sudo scripts/slurm-up.sh            # installs Debian's slurm-wlm + munge if missing, starts, waits for idle
 #   export SLURM_CONF=/tmp/llmctl-slurm/etc/slurm.conf   # (printed at the end) so sbatch/squeue find it
@@ -14,7 +15,8 @@ set -euo pipefail
 
 DIR=${LLMCTL_SLURM_DIR:-/tmp/llmctl-slurm}
 CTLD_PORT=${LLMCTL_SLURM_PORT:-6917}
-NODES=(node1 node2)
+NODES=()
+for i in $(seq "${LLMCTL_SLURM_NODES:-2}"); do NODES+=("node$i"); done
 CPUS_PER_NODE=${LLMCTL_SLURM_CPUS:-2}
 WAIT_S=${LLMCTL_SLURM_WAIT_S:-60}
 

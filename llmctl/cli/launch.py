@@ -62,6 +62,30 @@ DryStartOpt = Annotated[
         "the peak resident memory. No training.",
     ),
 ]
+NoPreflightOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-preflight",
+        help="With --slurm: skip the check that runs first in the job (each node's devices and ranks, all-reduce on "
+        "each node, across nodes and in pairs, compared with the plan).",
+    ),
+]
+PreflightStrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--preflight-strict",
+        help="With --slurm: stop the job when the preflight measures bandwidth well below the plan's assumption "
+        "(default: a warning with the figure).",
+    ),
+]
+SpareNodesOpt = Annotated[
+    int,
+    typer.Option(
+        "--spare-nodes",
+        help="With --slurm: ask SLURM for N more nodes than the plan needs; the preflight leaves out failed and "
+        "slow nodes, then the worst of the rest, and training runs on the plan's number of nodes.",
+    ),
+]
 AllocateAllOpt = Annotated[
     bool,
     typer.Option(
@@ -97,11 +121,15 @@ def launch(
     dry_run: DryRunOpt = False,
     dry_start: DryStartOpt = False,
     allocate_all: AllocateAllOpt = False,
+    no_preflight: NoPreflightOpt = False,
+    preflight_strict: PreflightStrictOpt = False,
+    spare_nodes: SpareNodesOpt = 0,
     **slurm_options: Any,
 ) -> None:
     """Run a plan: torchrun on this machine, or a SLURM job (sbatch template or submitit) that survives
     preemption (checkpoint on SIGUSR1, requeue, resume). --dry-start checks that it will start, in seconds."""
     from llmctl.launch import backends, local, shell
+    from llmctl.launch.preflight import PreflightOptions
     from llmctl.launch.slurm_options import SlurmOptions
     from llmctl.spec.planfile import load_plan
 
@@ -114,6 +142,15 @@ def launch(
         _dry_start(plan, allocate_all)
         return
     backend = backends.get_backend(backends.resolve_executor(executor, slurm))
+    preflight = PreflightOptions(enabled=not no_preflight, strict=preflight_strict, spare_nodes=spare_nodes)
+    if not backend.slurm and preflight.given:
+        raise InputError(f"{', '.join(preflight.given)} only apply with --slurm")
+    if not backend.preflight and [f for f in preflight.given if f != "--no-preflight"]:
+        raise InputError(
+            f"{', '.join(f for f in preflight.given if f != '--no-preflight')}: the {backend.name} executor runs "
+            "no preflight",
+            hint="use --executor sbatch, the default with --slurm",
+        )
     loaded = load_plan(plan)
     nproc = local.resolve_nproc(nproc_per_node, loaded.hardware.nproc_per_node)
     job_env = _job_env(env, socket_ifname, nccl_debug)
@@ -130,6 +167,7 @@ def launch(
         workdir=Path.cwd(),
         env=job_env,
         slurm=SlurmOptions.from_kwargs(**slurm_options) if backend.slurm else SlurmOptions(),
+        preflight=preflight if backend.preflight else PreflightOptions(enabled=False),
     )
     if dry_run:
         typer.echo(backend.render(job), nl=False)
@@ -138,6 +176,11 @@ def launch(
     if backend.foreground:
         return  # it ran here, its output streamed through
     typer.echo(f"submitted job {record.job_id} ({backend.name}, {job.nodes} nodes x {job.nproc_per_node} processes)")
+    if job.preflight.enabled:
+        spares = f"; {job.preflight.spare_nodes} spare node(s) allocated" if job.preflight.spare_nodes else ""
+        typer.echo(f"preflight: first in the job, before training{spares}")
+    elif backend.slurm and not no_preflight:
+        typer.echo(f"preflight: not run by the {backend.name} executor (--executor sbatch runs it)")
     typer.echo(f"job folder: {shell.quote(record.folder)}")
     for p in record.logs:
         typer.echo(f"log: {shell.quote(p)}")
@@ -234,17 +277,20 @@ def status(
         typer.echo(f"no jobs launched from {root}")
         return
     table = Table(box=None)
-    for col in ("job", "backend", "plan", "nodes", "state", "submitted", "folder"):
-        table.add_column(col)
-    for r in records:
+    notes = [jobs.preflight_note(r) for r in records]
+    columns = ("job", "backend", "plan", "nodes", "state", "submitted", "folder")
+    for col in columns + (("preflight",) if any(notes) else ()):
+        table.add_column(col, overflow="fold")
+    for r, note in zip(records, notes):
         table.add_row(
             r.job_id,
             r.backend,
             r.plan_name,
-            f"{r.nodes}x{r.nproc_per_node}",
+            f"{r.nodes}x{r.nproc_per_node}" + (f" +{r.spare_nodes} spare" if r.spare_nodes else ""),
             _state(r),
             r.submitted_at,
             Path(r.folder).name,
+            *((note,) if any(notes) else ()),
         )
     Console(width=200).print(table)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from llmctl.errors import InputError
 from llmctl.launch import jobs, shell
+from llmctl.launch.preflight import PreflightOptions
 from llmctl.launch.slurm_options import SlurmOptions
 
 if TYPE_CHECKING:
@@ -44,6 +45,8 @@ class Job:
     env: dict[str, str] = field(default_factory=dict)
     """Non-secret variables for the job (`shell.check_env` has vetted them)."""
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    preflight: PreflightOptions = field(default_factory=PreflightOptions)
+    """The check before training (backends with `preflight = True` run it; the others refuse its options)."""
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -88,6 +91,7 @@ class Job:
             plan_name=self.name,
             nodes=self.nodes,
             nproc_per_node=self.nproc_per_node,
+            spare_nodes=self.preflight.spare_nodes,
             submitted_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             logs=[str(p) for p in logs],
             command=command,
@@ -107,6 +111,8 @@ class LaunchBackend(ABC):
     """Whether this backend takes SlurmOptions (the others refuse them with one line)."""
     foreground: ClassVar[bool] = False
     """Whether `submit` runs the job to its end here (its output streamed, its exit code llmctl's)."""
+    preflight: ClassVar[bool] = False
+    """Whether the job runs the preflight (llmctl.launch.preflight) before training."""
 
     @abstractmethod
     def render(self, job: Job) -> str:

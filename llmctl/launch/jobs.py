@@ -3,7 +3,8 @@
 (llmctl.launch.backends), which uses squeue/sacct/scontrol or a pid, else what the folder says. Torch-free.
 
 Layout of <jobs-dir>/<stamp>-<name>/: plan.yaml, job.sbatch (sbatch) or submitit/ (submitit), slurm-<id>.out,
-events (lines appended by the job: "exit N ..." or "requeued ..."), job.json.
+events (lines appended by the job: "exit N ...", "requeued ..." or "preflight ok|warning|failed ..."), job.json,
+preflight/ (the preflight's results: llmctl.launch.preflight).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class JobRecord:
     """Log files (absolute); SLURM's %j already substituted."""
     command: list[str] = field(default_factory=list)
     """The submission command (no environment: nothing secret)."""
+    spare_nodes: int = 0
+    """Nodes asked for beyond `nodes` (`--spare-nodes`): the preflight leaves out as many."""
     pid: int | None = None
     """Local runs: torchrun's pid, with its start time (`pid_start`) and `host` to tell it from a reused pid."""
     pid_start: str | None = None
@@ -110,6 +113,30 @@ def slurm_state(job_id: str) -> str | None:
             if word.startswith("JobState="):
                 return word.split("=", 1)[1]
     return None
+
+
+def node_addr(node: str) -> str | None:
+    """A SLURM node's address (NodeAddr): node names need not resolve, and fake nodes share one host name."""
+    out = _run(["scontrol", "show", "node", node])
+    for word in (out or "").split():
+        if word.startswith("NodeAddr="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def preflight_note(record: JobRecord) -> str:
+    """The last preflight line of the job's events (llmctl.launch.preflight), shortened: "ok: training on ...",
+    "failed: ...", "warning: ..."; "" when the job had none."""
+    events = Path(record.folder) / "events"
+    if not events.is_file():
+        return ""
+    lines = [ln for ln in events.read_text().split("\n") if ln.startswith("preflight ")]
+    if not lines:
+        return ""
+    words = lines[-1].split(" ", 5)  # preflight KIND TIME restart R: text
+    if len(words) < 6:
+        return ""
+    return f"{words[1]}: {words[5]}"
 
 
 def scancel(job_id: str) -> None:

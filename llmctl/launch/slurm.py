@@ -8,6 +8,7 @@ or shell-quoted in the body (the `sq` filter). Torch-free.
 from __future__ import annotations
 
 import subprocess
+import sys
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -21,6 +22,7 @@ from llmctl.fileio import write_atomic
 from llmctl.launch import jobs, local, shell, slurm_options
 from llmctl.launch.backends import Job, SlurmBackend
 from llmctl.launch.local import ENGINE_MODULE
+from llmctl.launch.preflight import PreflightOptions
 from llmctl.launch.slurm_options import SlurmOptions
 
 TEMPLATE_NAME = "slurm.sbatch.j2"
@@ -43,9 +45,12 @@ class SbatchParams:
     job_dir: str
     plan_path: str
     torchrun: str
+    python: str = "python3"
+    """The Python that runs the preflight on the batch host (the torchrun's own where llmctl knows it)."""
     gpus_per_node: int | None = None
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
     """The user's SLURM options (validated when built)."""
+    preflight: PreflightOptions = field(default_factory=PreflightOptions)
     env: dict[str, str] = field(default_factory=dict)
     max_requeues: int = DEFAULT_MAX_REQUEUES
     rdzv_port_base: int = RDZV_PORT_BASE
@@ -67,9 +72,11 @@ def make_params(
     job_dir: str,
     plan_path: str,
     torchrun: str,
+    python: str = "python3",
     gpus_per_node: int | None = None,
     env: dict[str, str] | None = None,
     max_requeues: int = DEFAULT_MAX_REQUEUES,
+    preflight: PreflightOptions | None = None,
     **slurm: Any,
 ) -> SbatchParams:
     """Validate user values and build the renderer's input. `slurm` holds SlurmOptions by name (time,
@@ -89,10 +96,12 @@ def make_params(
         job_dir=job_dir,
         plan_path=plan_path,
         torchrun=torchrun,
+        python=python,
         gpus_per_node=gpus_per_node,
         slurm=options,
         env=dict(env or {}),
         max_requeues=max_requeues,
+        preflight=preflight or PreflightOptions(),
     )
 
 
@@ -124,8 +133,12 @@ def _environment() -> jinja2.Environment:
 
 def render(params: SbatchParams, template: str | None = None) -> str:
     """Pure: parameters in, script text out."""
-    context = {f.name: getattr(params, f.name) for f in fields(params) if f.name != "slurm"}
+    context = {f.name: getattr(params, f.name) for f in fields(params) if f.name not in ("slurm", "preflight")}
     context.update(
+        preflight=params.preflight.enabled,
+        preflight_strict=params.preflight.strict,
+        spare_nodes=params.preflight.spare_nodes,
+        alloc_nodes=params.nodes + params.preflight.spare_nodes,
         directives=params.slurm.directives(),
         extra_sbatch_args=params.slurm.extra_sbatch_args,
         signal_lead_s=params.slurm.signal_lead_s,
@@ -161,6 +174,7 @@ def submit(script_path: Path, job_dir: Path) -> str:
 def params_for(job: Job, folder: Path) -> SbatchParams:
     """The template's parameters for a job whose folder is (or, for --dry-run, would be) `folder`."""
     command = local.torchrun_command()
+    beside = len(command) == 1 and Path(command[0]).parent == Path(sys.executable).parent
     return make_params(
         job_name=job.name,
         nodes=job.nodes,
@@ -170,8 +184,11 @@ def params_for(job: Job, folder: Path) -> SbatchParams:
         plan_path=str(folder / "plan.yaml"),
         # The login node's torchrun if it is one executable (a shared venv), else the compute node's PATH.
         torchrun=command[0] if len(command) == 1 else "torchrun",
+        # The preflight's Python: this one when the torchrun is its venv's (a shared venv), else the nodes' python3.
+        python=sys.executable if beside else "python3",
         gpus_per_node=job.nproc_per_node if job.plan.hardware.gpu else None,
         env=job.env,
+        preflight=job.preflight,
         **{f.name: getattr(job.slurm, f.name) for f in fields(job.slurm)},
     )
 
@@ -179,6 +196,7 @@ def params_for(job: Job, folder: Path) -> SbatchParams:
 class SbatchBackend(SlurmBackend):
     name = "sbatch"
     help = "SLURM: templates/slurm.sbatch.j2 rendered and submitted with sbatch"
+    preflight = True
 
     def render(self, job: Job) -> str:
         params = params_for(job, job.dry_run_folder())

@@ -30,17 +30,6 @@ SUPPORTED_VERSIONS = ">=1.5,<1.6"
 _CHECKPOINT_WAIT_S = 3600
 
 
-def _node_addr(node: str) -> str | None:
-    try:
-        out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for word in out.stdout.split():
-        if word.startswith("NodeAddr="):
-            return word.split("=", 1)[1]
-    return None
-
-
 class EngineTask:
     """The callable submitit pickles. Holds paths and the non-secret env the user asked for; nothing else."""
 
@@ -56,7 +45,7 @@ class EngineTask:
         dist = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         job_env = submitit.JobEnvironment()
         # submitit takes the first host name as MASTER_ADDR; node names need not resolve, NodeAddr does.
-        addr = _node_addr(job_env.hostnames[0])
+        addr = jobs.node_addr(job_env.hostnames[0])
         env = {**os.environ, **self.env}
         if addr:
             env["MASTER_ADDR"] = addr

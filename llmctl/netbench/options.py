@@ -21,6 +21,14 @@ from llmctl.units import parse_bytes
 # nccl-tests' `-b 1M -e 1G -f 2` sweep on GPUs; on CPUs (gloo over sockets) 64 MiB already shows the plateau.
 DEFAULT_SIZES_GPU = "1MiB..1GiB"
 DEFAULT_SIZES_CPU = "1MiB..64MiB"
+# Quick mode (`WorkerConfig.quick`): the size `llmctl plan` reads a bench-net curve at on GPUs
+# (llmctl.plan.network.DEFAULT_BENCH_SIZE_BYTES, FSDP bucket range); on CPUs a quarter of it, which gloo over
+# sockets already runs near its plateau at. With the CPU budget of 64 MiB per timed iteration
+# (worker.calls_per_iter) a group costs about (1 + QUICK_ITERS) x 64 MiB of traffic: well under a second.
+QUICK_SIZE_GPU = "64MiB"
+QUICK_SIZE_CPU = "16MiB"
+QUICK_ITERS = 3
+QUICK_PAIR_ROUNDS = 3
 DTYPES = {
     "fp32": "float32",
     "float32": "float32",
@@ -99,6 +107,23 @@ class WorkerConfig:
     """Message size of the pairwise inter-node test; None: the largest swept size, at most 64 MiB."""
     max_pair_rounds: int = 8
     progress: bool = True
+
+    @classmethod
+    def quick(cls, json_path: str, on_gpu: bool, timeout_s: float = 60.0) -> WorkerConfig:
+        """bench-net's quick mode (the launch preflight's check across nodes): seconds, not a sweep. One message
+        size, the all-reduce only, a few timed iterations, and up to `QUICK_PAIR_ROUNDS` pairwise rounds, so that
+        each node meets two or three partners and bench-net's best-link rule can tell a slow node from its
+        partner (one round would give both ends of a slow link the same score)."""
+        return cls(
+            json_path=json_path,
+            sizes=QUICK_SIZE_GPU if on_gpu else QUICK_SIZE_CPU,
+            iters=QUICK_ITERS,
+            warmup=1,
+            collectives="all_reduce",
+            timeout_s=timeout_s,
+            max_pair_rounds=QUICK_PAIR_ROUNDS,
+            progress=False,
+        )
 
     def validate(self) -> None:
         if self.sizes is not None:

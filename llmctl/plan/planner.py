@@ -381,6 +381,23 @@ def evaluate(
     )
 
 
+def predict(
+    req: PlanRequest,
+    strategy: str,
+    nodes: int,
+    mb: int,
+    accum: int,
+    ckpt: str,
+    attention: str,
+    compile_: bool,
+    chunk: int = 0,
+) -> Candidate:
+    """One setup timed (`evaluate`) and sized (the memory model, bytes per GPU), whether or not it fits: what
+    `llmctl tune` records next to each trial's measurement."""
+    need = mem.estimate(req.spec, _setup(req, strategy, nodes, mb, ckpt, attention, chunk)).device_bytes
+    return evaluate(req, strategy, nodes, mb, accum, ckpt, attention, compile_, memory_bytes=need, chunk=chunk)
+
+
 def _setup(
     req: PlanRequest, strategy: str, nodes: int, mb: int, ckpt: str, attention: str, chunk: int = 0
 ) -> mem.TrainSetup:
@@ -791,5 +808,11 @@ def _to_plan(result: PlanResult, name: str | None) -> pf.Plan:
             mfu=round(c.mfu, 4),
             step_time_s=round(c.step_time_s, 4),
             memory_per_gpu_bytes=c.memory_per_gpu_bytes,
+            intra_node_busbw_gbytes_s=round(req.network.intra_gbytes_s, 3),
+            inter_node_busbw_gbytes_s=(
+                round(req.network.inter_node_gbytes_s, 3)
+                if c.nodes > 1 and req.network.inter_node_gbytes_s is not None
+                else None
+            ),
         ),
     )

@@ -304,6 +304,10 @@ class Predicted(_Strict):
     mfu: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
     step_time_s: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
     memory_per_gpu_bytes: Int | None = Field(None, ge=0, le=GENERIC_INT_LIMIT)
+    intra_node_busbw_gbytes_s: Float | None = Field(None, gt=0, le=GENERIC_FLOAT_LIMIT)
+    """The intra-node bus bandwidth per GPU the prediction assumed, GB/s (the launch preflight compares with it)."""
+    inter_node_busbw_gbytes_s: Float | None = Field(None, gt=0, le=GENERIC_FLOAT_LIMIT)
+    """A node's inter-node bus bandwidth (all its NICs) the prediction assumed, GB/s (None: one node)."""
 
 
 class Plan(_Strict):

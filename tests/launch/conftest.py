@@ -1,4 +1,4 @@
-"""Fixtures for the launch tests. `slurm_cluster` starts a real single-host SLURM (2 fake nodes) for the session
+"""Fixtures for the launch tests. `slurm_cluster` starts a real single-host SLURM (3 fake nodes) for the session
 with scripts/slurm-up.sh and always stops it with scripts/slurm-down.sh, even when a test fails.
 
 Skips with the reason when not root or when SLURM cannot be installed/started; with CI=true it fails instead.
@@ -22,6 +22,7 @@ from launch_helpers import REPO  # noqa: E402
 
 SLURM_DIR = "/tmp/llmctl-slurm-tests"
 SLURM_PORT = "6937"  # not the default 6817, nor slurm-up's 6917: a dev cluster may run beside the tests
+NODES = "3"  # 2-node jobs, and the preflight's 2 + 1 spare (tests/launch/test_preflight_slurm.py)
 
 
 def _unavailable(reason: str) -> None:
@@ -36,7 +37,7 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
         _unavailable("SLURM tests need root (they start slurmctld, slurmd and munged)")
     if not shutil.which("slurmctld") and not shutil.which("apt-get"):
         _unavailable("SLURM is not installed and there is no apt-get to install it")
-    env = {**os.environ, "LLMCTL_SLURM_DIR": SLURM_DIR, "LLMCTL_SLURM_PORT": SLURM_PORT}
+    env = {**os.environ, "LLMCTL_SLURM_DIR": SLURM_DIR, "LLMCTL_SLURM_PORT": SLURM_PORT, "LLMCTL_SLURM_NODES": NODES}
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "LLMCTL_SLURM_DIR")}
     try:
         up = subprocess.run(

@@ -13,6 +13,7 @@ from launch_helpers import HOSTILE, pwned, write_stub
 import llmctl
 from llmctl.errors import InputError
 from llmctl.launch import slurm
+from llmctl.launch.preflight import PreflightOptions
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -26,6 +27,7 @@ def golden_params() -> slurm.SbatchParams:
         job_dir="/home/alice/runs/llmctl-jobs/20260101-000000-llama2-7b-fsdp-abcd",
         plan_path="/home/alice/runs/llmctl-jobs/20260101-000000-llama2-7b-fsdp-abcd/plan.yaml",
         torchrun="/opt/venv/bin/torchrun",
+        python="/opt/venv/bin/python",
         gpus_per_node=4,
         time="2-00:00:00",
         partition="gpu",
@@ -36,6 +38,20 @@ def golden_params() -> slurm.SbatchParams:
         extra_sbatch_args=["--mem=0", "--exclusive"],
         env={"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "ib0"},
         signal_lead_s=300,
+        preflight=PreflightOptions(spare_nodes=1, strict=True),
+    )
+
+
+def no_preflight_params() -> slurm.SbatchParams:
+    return slurm.make_params(
+        job_name="tiny-cpu",
+        nodes=2,
+        nproc_per_node=1,
+        workdir="/w",
+        job_dir="/w/j",
+        plan_path="/w/j/plan.yaml",
+        torchrun="torchrun",
+        preflight=PreflightOptions(enabled=False),
     )
 
 
@@ -65,6 +81,10 @@ def test_render_minimal_matches_golden() -> None:
     check_golden("slurm-minimal.sbatch", slurm.render(params))
 
 
+def test_render_without_preflight_matches_golden() -> None:
+    check_golden("slurm-no-preflight.sbatch", slurm.render(no_preflight_params()))
+
+
 def test_render_is_pure() -> None:
     assert slurm.render(golden_params()) == slurm.render(golden_params())
 
@@ -89,26 +109,35 @@ def hostile_script(tmp_path: Path) -> tuple[str, Path]:
         job_dir=str(job_dir),
         plan_path=str(job_dir / ("plan " + HOSTILE + ".yaml")),
         torchrun=str(tmp_path / "bin" / "torchrun"),
+        python=str(tmp_path / "bin" / "python"),
         env={"LLMCTL_X": HOSTILE},
     )
     return slurm.render(params), workdir
 
 
-@pytest.mark.parametrize("which", ["golden", "hostile"])
+def script_text(tmp_path: Path, which: str) -> str:
+    if which == "golden":
+        return slurm.render(golden_params())
+    if which == "no-preflight":
+        return slurm.render(no_preflight_params())
+    return hostile_script(tmp_path)[0]
+
+
+@pytest.mark.parametrize("which", ["golden", "no-preflight", "hostile"])
 def test_bash_syntax(tmp_path: Path, which: str) -> None:
-    text = slurm.render(golden_params()) if which == "golden" else hostile_script(tmp_path)[0]
+    text = script_text(tmp_path, which)
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     subprocess.run(["bash", "-n", str(script)], check=True)
 
 
-@pytest.mark.parametrize("which", ["golden", "hostile"])
+@pytest.mark.parametrize("which", ["golden", "no-preflight", "hostile"])
 def test_shellcheck(tmp_path: Path, which: str) -> None:
     if not shutil.which("shellcheck"):
         if os.environ.get("CI") == "true":
             pytest.fail("shellcheck missing in CI (scripts/system-deps.sh installs it)")
         pytest.skip("shellcheck not installed (apt-get install shellcheck)")
-    text = slurm.render(golden_params()) if which == "golden" else hostile_script(tmp_path)[0]
+    text = script_text(tmp_path, which)
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     # SC2016 ("$ in single quotes does not expand") is exactly what the hostile values must get.
@@ -136,6 +165,11 @@ esac""",
     write_stub(bindir, "srun", 'while [[ "$1" == --* ]]; do shift; done\nSLURM_NODEID=0 SLURMD_NODENAME=node1 "$@"')
     write_stub(bindir, "scancel", "exit 0")
     write_stub(bindir, "torchrun", f'printf "%s\\0" "$PWD" "$@" "$LLMCTL_X" > {str(record)!r}\nexit 7')
+    # the preflight (python -m llmctl.launch.preflight): records what it was given, says: train on node1
+    preflight = tmp_path / "preflight-args"
+    write_stub(
+        bindir, "python", f'printf "%s\\0" "$@" "$LLMCTL_JOB_DIR" "$LLMCTL_PLAN" > {str(preflight)!r}\necho node1'
+    )
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     env = {
@@ -157,6 +191,32 @@ esac""",
     assert "--signals_to_handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1" in args
     events = (workdir / ("job " + HOSTILE) / "events").read_text()
     assert events.startswith("exit 7 ")
+    assert preflight.read_text().split("\0")[:-1] == [
+        "-m",
+        "llmctl.launch.preflight",
+        str(workdir / ("job " + HOSTILE)),
+        str(workdir / ("job " + HOSTILE) / ("plan " + HOSTILE + ".yaml")),
+    ]
+
+
+def test_preflight_stop_ends_the_job_before_training(tmp_path: Path) -> None:
+    """The preflight's exit code stops the job: no training step, an `exit N` event, the code is the job's."""
+    text, workdir = hostile_script(tmp_path)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    write_stub(bindir, "python", 'echo "llmctl: preflight failed: node1 failed: boom" >&2\nexit 1')
+    write_stub(bindir, "torchrun", "touch TRAINED")
+    write_stub(bindir, "srun", 'while [[ "$1" == --* ]]; do shift; done\n"$@"')
+    write_stub(bindir, "scontrol", "echo node1")
+    script = tmp_path / "job.sbatch"
+    script.write_text(text)
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "node1"}
+    run = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "llmctl: preflight failed: node1 failed: boom" in run.stderr
+    assert "llmctl: preflight ended with exit code 1" in run.stdout
+    assert not list(tmp_path.rglob("TRAINED"))
+    assert (workdir / ("job " + HOSTILE) / "events").read_text().startswith("exit 1 ")
 
 
 def test_hostile_job_name_is_sanitized() -> None:

@@ -97,6 +97,13 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def job_events(folder: Path) -> list[str]:
+    """The lines the batch script appended to the job folder's events file, without the preflight's."""
+    path = folder / "events"
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return [ln for ln in lines if not ln.startswith("preflight ")]
+
+
 def steps_logged(run_dir: Path) -> list[int]:
     return [e["step"] for e in events(run_dir) if e["event"] == "step"]
 
@@ -243,7 +250,7 @@ def test_sbatch_two_node_job_finishes_with_metrics(job_env: Path) -> None:
     assert "COMPLETED" in cli("status", job_id)
     log = cli("logs", job_id)
     assert "rendezvous 127.0.0.1:" in log and "finished at step 10/10" in log
-    assert (folder / "events").read_text().startswith("exit 0 ")
+    assert [ln.split()[:2] for ln in job_events(folder)] == [["exit", "0"]]
     assert plan.read_bytes() == before
     assert_no_secrets(folder)
 
@@ -254,7 +261,7 @@ def sbatch_requeue(job_env: Path) -> None:
     interrupt_and_resume(job_id, job_env / "run", ["scancel", "--batch", "--signal=USR1", job_id], at_step=5)
     wait_for_resumed_run(job_id, job_env / "run", folder)
     k = assert_resumed_exactly_once(job_env / "run", 30)
-    lines = (folder / "events").read_text().splitlines()
+    lines = job_events(folder)
     assert lines[0].startswith("requeued ") and lines[-1].startswith("exit 0 ") and "restart 1" in lines[-1]
     log = (folder / f"slurm-{job_id}.out").read_text()
     assert "SIGUSR1" in log and f"resuming at step {k}/30" in log  # one log across both runs (open-mode append)
@@ -325,14 +332,14 @@ def test_sbatch_time_limit_signal_requeues(job_env: Path) -> None:
     # The signal comes 70-100 s after the start (the controller checks about every 30 s): well past the engine's
     # start-up even on a loaded machine (a rank that is signalled before it has installed its handler dies).
     try:
-        wait_for("the time-limit requeue", lambda: (folder / "events").is_file(), 240)
+        wait_for("the time-limit requeue", lambda: job_events(folder), 240)
         show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     ev = events(job_env / "run")
     text = log.read_text() if log.is_file() else ""
     why = f"\nevents: {ev[-4:]}\nlog tail:\n{text[-3000:]}"
-    assert (folder / "events").read_text().startswith("requeued "), why
+    assert job_events(folder)[0].startswith("requeued "), why
     assert "Restarts=1" in show, show
     assert "llmctl: SIGUSR1" in text, why
     stop = [e for e in ev if e["event"] == "stop"]
