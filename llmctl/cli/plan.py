@@ -38,6 +38,19 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
     return out
 
 
+def read_calibration(path: str) -> pl.Calibration:
+    """--calibrate: an engine run's metrics.jsonl, or the calibration file `llmctl tune` writes (its best trial)."""
+    from llmctl.plan import tune
+
+    try:
+        data = json.loads(read_input(Path(path), "metrics or tune file"))
+    except (json.JSONDecodeError, RecursionError):
+        data = None  # JSON lines (a metrics file): read line by line below
+    if tune.is_report(data):
+        return tune.calibration(data, source=path)
+    return pl.calibrate(read_metrics(path), source=path)
+
+
 def _duration(s: float | None) -> str:
     if s is None:
         return "-"
@@ -205,7 +218,11 @@ def plan_command(
     ] = cm.DEFAULT_OVERLAP,
     calibrate: Annotated[
         Optional[str],
-        typer.Option("--calibrate", help="An engine run's metrics.jsonl: fit the efficiency to its measured tokens/s."),
+        typer.Option(
+            "--calibrate",
+            help="An engine run's metrics.jsonl, or the file `llmctl tune` writes: fit the efficiency to the measured "
+            "tokens/s.",
+        ),
     ] = None,
     top: Annotated[int, typer.Option("--top", help="Candidates to show.")] = 8,
     json_out: JsonOpt = False,
@@ -255,7 +272,7 @@ def plan_command(
     eff = pl.Efficiency()
     cal = None
     if calibrate:
-        cal = pl.calibrate(read_metrics(calibrate), source=calibrate)
+        cal = read_calibration(calibrate)
         eff = pl.Efficiency(calibration=cal.factor)
     req = pl.PlanRequest(
         spec=spec,
