@@ -66,7 +66,9 @@ def test_bad_numbers_are_one_line_exit_2(command: str, flag: str, kind: type, tm
         assert result.exit_code == 2, (value, result.output)
         assert len(lines) == 1 and lines[0].startswith("llmctl: error: "), (value, result.output)
         assert flag in lines[0] and "internal error" not in lines[0] and "Traceback" not in result.output
-        assert time.monotonic() - start < 1.0, (value, "took too long to refuse")
+        # Refused before any command code runs (no model, no torch): milliseconds. The bound is loose because a
+        # loaded 2-core CI machine once took more than 1 s here; command code (a plan, an import of torch) takes more.
+        assert time.monotonic() - start < 5.0, (value, "took too long to refuse")
     assert list(tmp_path.iterdir()) == []  # nothing written
 
 
