@@ -2,8 +2,10 @@
 measured fastest; write it as a plan, and the figures as a calibration file that `llmctl plan --calibrate` reads.
 
 The setups, predictions, picks, trial plans and the report are torch-free logic in `llmctl.plan.tune`; the trials
-run in `llmctl.cli.tune_trials` (the command `llmctl launch` runs locally, with a progress display); this module
-parses, picks the starting point (a plan file, or the plan `llmctl plan` would write for a model), and renders.
+run in `llmctl.cli.tune_trials` (the command `llmctl launch` runs locally, with a progress display), or with
+`--slurm` in one SLURM allocation (`llmctl.cli.tune_job`: one sbatch job runs them one after another, this command
+follows it); this module parses, picks the starting point (a plan file, or the plan `llmctl plan` would write for a
+model), and renders.
 Torch-free: torch runs only inside the trials' ranks.
 """
 
@@ -51,8 +53,9 @@ MODEL_OPTIONS = (
     "overlap",
     "calibrate",
 )
-PLAN_FILE_OPTIONS = ("gpu", "calibrate")
-"""The ones that also apply to `tune PLAN.yaml`: the GPU kind to predict for, and a calibration of the model."""
+PLAN_FILE_OPTIONS = ("gpu", "calibrate", "net", "inter_gbps", "intra_gbps")
+"""The ones that also apply to `tune PLAN.yaml`: the GPU kind to predict for, a calibration of the model, and the
+network (by default the one the plan records it was priced with)."""
 
 
 def tune_command(
@@ -127,17 +130,23 @@ def tune_command(
         float, typer.Option("--timeout", help="Seconds one trial may run before it is stopped and marked failed.")
     ] = 3600.0,
     slurm: Annotated[
-        bool, typer.Option("--slurm", help="Trials in one SLURM allocation: not implemented yet (refused).")
+        bool,
+        typer.Option(
+            "--slurm",
+            help="Run the trials in one SLURM allocation of the plan's nodes (sbatch; the SLURM options below), one "
+            "after another; this command follows the job and reports as for local trials.",
+        ),
     ] = False,
     **plan_options: Any,
 ) -> None:
-    """Which of the planner's best setups is really fastest here? Runs each for a few steps (local torchrun) and
-    writes the measured best as a plan, with a calibration file for `llmctl plan --calibrate`."""
-    if slurm:
-        raise InputError(
-            "--slurm: tune runs its trials on this machine only; trials in a SLURM allocation are not implemented",
-            hint="run llmctl tune on one node of the allocation, e.g. inside `srun --pty`",
-        )
+    """Which of the planner's best setups is really fastest here? Runs each for a few steps (local torchrun, or one
+    SLURM allocation with --slurm) and writes the measured best as a plan, with a calibration file for
+    `llmctl plan --calibrate`."""
+    from llmctl.launch.slurm_options import SlurmOptions
+
+    slurm_values = {k: plan_options.pop(k) for k in SlurmOptions.names() if k in plan_options}
+    if not slurm and (given_slurm := SlurmOptions.given_flags(slurm_values)):
+        raise InputError(f"{', '.join(given_slurm)}: SLURM options apply with --slurm")
     for flag, v, least in (("--top", top, 1), ("--steps", steps, 1), ("--warmup", warmup, 0), ("--rounds", rounds, 1)):
         if v < least:
             raise InputError(f"{flag} must be >= {least}, got {v}")
@@ -165,11 +174,15 @@ def tune_command(
         base, pool, source = _from_plan_file(target, plan_options, pins, compile_)
     else:
         base, pool, source = _from_model(target, plan_options, pins, compile_)
+    nodes = base.hardware.nodes
+    if not slurm:
+        _check_local(nodes)
     _check_outputs(out, cal_out, force)
     if not pool.ranked:
         raise InputError(f"no setup to try fits: {pool.dropped[0] if pool.dropped else 'empty space'}")
 
     picks = tune.select(pool.ranked, top)
+    sbatch = _sbatch_params(base, slurm_values) if slurm else None  # validated before anything is written
     folder = _new_folder(tune_dir, base.name)
     req = pool.request
     report = tune.Report(
@@ -199,17 +212,20 @@ def tune_command(
         paths[t.number] = t.folder / "plan.yaml"
         pf.save_plan(plan, paths[t.number])
     tune_trials.say(_header(report, len(pool.ranked), folder))
-    with tune_trials.Progress(len(report.trials), warmup + steps, rounds) as progress:
-        for rnd in range(1, rounds + 1):
-            for t in report.trials:
-                if t.status == "failed":
-                    continue  # an out-of-memory or a crash is not retried
-                progress.start(t, rnd)
-                nproc = base.hardware.nproc_per_node
-                this_round = tune_trials.run_trial(
-                    t, paths[t.number], nproc, warmup, warmup + steps, timeout, progress.step
-                )
-                progress.end(t, rnd, this_round)
+    if sbatch is not None:
+        _run_in_allocation(report, paths, sbatch, folder, timeout)
+    else:
+        with tune_trials.Progress(len(report.trials), warmup + steps, rounds) as progress:
+            for rnd in range(1, rounds + 1):
+                for t in report.trials:
+                    if t.status == "failed":
+                        continue  # an out-of-memory or a crash is not retried
+                    progress.start(t, rnd)
+                    nproc = base.hardware.nproc_per_node
+                    this_round = tune_trials.run_trial(
+                        t, paths[t.number], nproc, warmup, warmup + steps, timeout, progress.step
+                    )
+                    progress.end(t, rnd, this_round)
 
     data = report.as_dict()
     from llmctl.fileio import write_atomic
@@ -270,11 +286,28 @@ def _from_plan_file(
     from llmctl.spec.hardware import resolve_gpu
 
     plan = pf.load_plan(path)
-    _check_local(plan.hardware.nodes)
     gpu_name = options.get("gpu") or plan.hardware.gpu
     gpu = resolve_gpu(gpu_name) if gpu_name else None
     spec = base_spec(plan)
-    req = tune.request_for_plan(plan, spec, gpu, _efficiency(options.get("calibrate")))
+    network = None
+    if options.get("net") or options.get("inter_gbps") or options.get("intra_gbps"):
+        from llmctl.plan.network import network_for
+        from llmctl.spec.hardware import make_cluster
+
+        for flag, x in (("--inter-gbps", options.get("inter_gbps")), ("--intra-gbps", options.get("intra_gbps"))):
+            if x is not None and not x > 0:
+                raise InputError(f"{flag} must be positive, got {x}")
+        hw = plan.hardware
+        cluster = make_cluster(
+            "the flags",
+            gpu=(gpu.name if gpu else tune.REFERENCE_GPU),
+            nodes=hw.nodes,
+            gpus_per_node=hw.nproc_per_node,
+            inter_node_gbps=options.get("inter_gbps"),
+            intra_node_gbps=options.get("intra_gbps"),
+        )
+        network = network_for(cluster, options.get("net"))
+    req = tune.request_for_plan(plan, spec, gpu, _efficiency(options.get("calibrate")), network)
     base = tune.Setup.of_plan(plan)
     space = tune.space_for(base, spec, plan.hardware.nodes, plan.world_size, compile_=compile_, **pins)
     return plan, tune.make_pool(req, space, gpu.name if gpu else None), path
@@ -286,7 +319,6 @@ def _from_model(
     from llmctl.cli.plan import _train_from_local_weights
 
     req = _model_request(model, options, pins, compile_)
-    _check_local(req.nodes)
     result = pl.plan(req)
     base = _train_from_local_weights(pl.to_plan(result))
     if base is None:
@@ -384,8 +416,68 @@ def _check_local(nodes: int) -> None:
     if nodes != 1:
         raise InputError(
             f"tune runs its trials on this machine, and this is a {nodes}-node setup",
-            hint="tune a 1-node plan (--nodes 1); trials in a SLURM allocation are not implemented",
+            hint=f"pass --slurm to run them in one SLURM allocation of {nodes} nodes",
         )
+
+
+# --- --slurm: the trials in one allocation ----------------------------------------------------------------------------
+def _sbatch_params(base: pf.Plan, values: dict[str, Any]) -> Any:
+    """The tune job's script parameters (validated; the folder is filled in once it exists)."""
+    import shutil
+
+    from llmctl.launch import slurm
+
+    python, torchrun = slurm.node_python_and_torchrun()
+    params = slurm.make_tune_params(
+        job_name=f"tune-{base.name}",
+        nodes=base.hardware.nodes,
+        workdir=str(Path.cwd()),
+        tune_dir="<new trial folder>",
+        torchrun=torchrun,
+        python=python,
+        gpus_per_node=base.hardware.nproc_per_node if base.hardware.gpu else None,
+        **values,
+    )
+    if shutil.which("sbatch") is None:
+        raise RuntimeFailure("--slurm: sbatch not found", hint="run llmctl tune --slurm on a SLURM login node")
+    return params
+
+
+def _run_in_allocation(report: tune.Report, paths: dict[int, Path], params: Any, folder: Path, timeout: float) -> None:
+    """Submit one job that runs every trial (llmctl.cli.tune_job), follow it to its end, fill in the trials."""
+    import dataclasses
+
+    from llmctl.cli import tune_job
+    from llmctl.fileio import write_atomic
+    from llmctl.launch import jobs, slurm
+
+    spec = tune_job.JobSpec(
+        nodes=report.nodes,
+        nproc_per_node=report.nproc_per_node,
+        warmup=report.warmup,
+        steps=report.steps,
+        rounds=report.rounds,
+        timeout_s=timeout,
+        trials=tuple(
+            tune_job.TrialSpec(t.number, t.setup.label, str(paths[t.number]), str(t.folder)) for t in report.trials
+        ),
+    )
+    spec.save(folder)
+    script = folder / tune_job.SCRIPT
+    write_atomic(script, slurm.render_tune(dataclasses.replace(params, tune_dir=str(folder))), mode=0o755)
+    job_id = slurm.submit(script, folder)
+    tune_trials.say(
+        f"submitted tune job {job_id} ({report.nodes} node(s) x {report.nproc_per_node} processes): the trials run "
+        f"one after another in it; its log: {folder / f'slurm-{job_id}.out'}"
+    )
+    steps = report.warmup + report.steps
+    try:
+        with tune_trials.Progress(len(report.trials), steps, report.rounds) as progress:
+            tune_job.follow(job_id, folder, report.trials, report.rounds, report.warmup, progress)
+    except KeyboardInterrupt:
+        jobs.scancel(job_id)
+        tune_trials.say(f"cancelled tune job {job_id}")
+        raise
 
 
 def _check_outputs(out: Path, cal_out: Path, force: bool) -> None:
@@ -511,8 +603,10 @@ def _with_plan_options(command: Callable[..., None]) -> Callable[..., None]:
     theirs = inspect.signature(plan_command, eval_str=True).parameters
     sig = inspect.signature(command, eval_str=True)
     mine = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    from llmctl.launch.slurm_options import cli_parameters
+
     extra = [theirs[n].replace(kind=inspect.Parameter.KEYWORD_ONLY) for n in MODEL_OPTIONS]
-    command.__signature__ = sig.replace(parameters=[*mine, *extra])  # type: ignore[attr-defined]
+    command.__signature__ = sig.replace(parameters=[*mine, *extra, *cli_parameters()])  # type: ignore[attr-defined]
     return command
 
 

@@ -42,19 +42,25 @@ def run_trial(
     total_steps: int,
     timeout_s: float,
     on_step: Callable[[int], None] = lambda step: None,
+    argv: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tune.Measured | None:
     """Run one round of a trial to its end (or its timeout): add its records to the trial's, set its status, reason
     and measurement (over every round so far), and return this round's measurement. Its output is appended to
     trial.folder/output.log, the engine's one-line failures go to trial.folder/errors-ROUND.jsonl
-    ($LLMCTL_ERROR_FILE), its metrics to trial.folder/logs/metrics.jsonl (appended by the engine)."""
+    ($LLMCTL_ERROR_FILE), its metrics to trial.folder/logs/metrics.jsonl (appended by the engine).
+
+    `argv`: the command (default: the local torchrun `llmctl launch` runs; tune's SLURM job passes an srun step),
+    run with `env` (default: this process's environment)."""
     from llmctl.launch import local, shell
 
     folder = trial.folder
-    argv = local.torchrun_argv(plan_path, nproc)
+    if argv is None:
+        argv = local.torchrun_argv(plan_path, nproc)
     (folder / "command").write_text(shell.join(argv) + "\n")
     n = trial.rounds + 1
     errors = folder / f"errors-{n}.jsonl"
-    env = {**os.environ, ERROR_FILE_ENV: str(errors), "PYTHONUNBUFFERED": "1"}
+    env = {**(os.environ if env is None else env), ERROR_FILE_ENV: str(errors), "PYTHONUNBUFFERED": "1"}
     metrics = _Tail(folder / "logs" / "metrics.jsonl")  # the engine appends: this round's lines only
     started = time.monotonic()
     timed_out = False
@@ -139,9 +145,10 @@ def _failure(rc: int, folder: Path, errors: Path) -> str:
 class _Tail:
     """The records of a growing metrics.jsonl, read incrementally (a line being written is left for next time)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, from_start: bool = False) -> None:
         self.path = path
-        self._offset = path.stat().st_size if path.is_file() else 0  # what earlier rounds wrote is theirs
+        # What earlier rounds wrote is theirs (`from_start`: the first round, already running).
+        self._offset = path.stat().st_size if path.is_file() and not from_start else 0
         self._records: list[dict[str, Any]] = []
         self._step = 0
 

@@ -91,7 +91,8 @@ def find(job: str, root: Path) -> JobRecord:
     return matches[-1]
 
 
-def _run(argv: list[str]) -> str | None:
+def query(argv: list[str]) -> str | None:
+    """A SLURM command's output, or None when it fails or is missing."""
     try:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -101,13 +102,13 @@ def _run(argv: list[str]) -> str | None:
 
 def slurm_state(job_id: str) -> str | None:
     """The job's state from squeue (queued/running), else sacct, else scontrol (recently finished)."""
-    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    out = query(["squeue", "-h", "-j", job_id, "-o", "%T"])
     if out and out.strip():
         return out.split()[0]
-    out = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
+    out = query(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
     if out and out.strip():
         return out.split()[0].rstrip("+")
-    out = _run(["scontrol", "show", "job", job_id])
+    out = query(["scontrol", "show", "job", job_id])
     if out:
         for word in out.split():
             if word.startswith("JobState="):
@@ -115,9 +116,19 @@ def slurm_state(job_id: str) -> str | None:
     return None
 
 
+def hostnames(nodelist: str) -> list[str]:
+    """A SLURM node list (node[1-3]) as names, by `scontrol show hostnames`."""
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60, check=False
+    )
+    if out.returncode != 0 or not out.stdout.split():
+        raise RuntimeFailure(f"scontrol show hostnames {nodelist!r} failed: {out.stderr.strip()[:200]}")
+    return out.stdout.split()
+
+
 def node_addr(node: str) -> str | None:
     """A SLURM node's address (NodeAddr): node names need not resolve, and fake nodes share one host name."""
-    out = _run(["scontrol", "show", "node", node])
+    out = query(["scontrol", "show", "node", node])
     for word in (out or "").split():
         if word.startswith("NodeAddr="):
             return word.split("=", 1)[1]

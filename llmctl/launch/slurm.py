@@ -26,11 +26,57 @@ from llmctl.launch.preflight import PreflightOptions
 from llmctl.launch.slurm_options import SlurmOptions
 
 TEMPLATE_NAME = "slurm.sbatch.j2"
+TUNE_TEMPLATE_NAME = "tune.sbatch.j2"
 DEFAULT_MAX_REQUEUES = 20
 RDZV_PORT_BASE = 29500
 # Kept importable from here: the sbatch renderer's callers and tests know them by these names.
 DEFAULT_SIGNAL_LEAD_S = slurm_options.DEFAULT_SIGNAL_LEAD_S
 parse_time_s = slurm_options.parse_time_s
+TUNE_RDZV_PORT_BASE = 33500
+"""`llmctl tune --slurm` jobs: each trial's rendezvous port is this + job id % 2000 + the trial's run, clear of the
+training's ports (29500 + 2000) and the preflight's (31500 + 2000)."""
+
+# The job step on each node: one torchrun agent per node, rendezvous (c10d) hosted by $LLMCTL_RDZV_NODE at
+# $LLMCTL_RDZV_ADDR:$LLMCTL_RDZV_PORT, running the engine on $LLMCTL_PLAN. Single-quoted into `bash -c` (sbatch
+# template) or passed as one argument (tune's trials), so SLURMD_NODENAME and the node's own address expand on each
+# node. torchrun handles SIGUSR1 (forwarding it to the ranks) instead of dying from it, and waits up to the shutdown
+# timeout for them to finish their checkpoint.
+_NODE_STEP_SCRIPT = """
+node_addr=$(scontrol show node "$SLURMD_NODENAME" | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p" | head -n 1)
+is_host=0
+if [ "$SLURMD_NODENAME" = "$LLMCTL_RDZV_NODE" ]; then is_host=1; fi
+exec "$LLMCTL_TORCHRUN" \\
+  --nnodes="$LLMCTL_NNODES" \\
+  --nproc_per_node="$LLMCTL_NPROC_PER_NODE" \\
+  --rdzv_backend=c10d \\
+  --rdzv_id="$SLURM_JOB_ID" \\
+  --rdzv_endpoint="$LLMCTL_RDZV_ADDR:$LLMCTL_RDZV_PORT" \\
+  --rdzv_conf=is_host="$is_host" \\
+  --local_addr="$node_addr" \\
+  --max_restarts=0 \\
+  --signals_to_handle=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1 \\
+  --shutdown_timeout="$LLMCTL_SHUTDOWN_TIMEOUT_S" \\
+  --module {engine_module} "$LLMCTL_PLAN"
+"""
+
+
+def node_step_script(engine_module: str = ENGINE_MODULE) -> str:
+    return _NODE_STEP_SCRIPT.format(engine_module=engine_module)
+
+
+def node_step_argv(nodes: list[str], engine_module: str = ENGINE_MODULE) -> list[str]:
+    """The srun step that runs the engine on `nodes` (one torchrun per node): the LLMCTL_* variables the script reads
+    come from the environment (the sbatch script exports them; tune's runner passes them)."""
+    return [
+        "srun",
+        f"--nodes={len(nodes)}",
+        f"--ntasks={len(nodes)}",
+        f"--nodelist={','.join(nodes)}",
+        "--ntasks-per-node=1",
+        "bash",
+        "-c",
+        node_step_script(engine_module),
+    ]
 
 
 @dataclass(frozen=True)
@@ -105,17 +151,17 @@ def make_params(
     )
 
 
-def template_text() -> str:
+def template_text(name: str = TEMPLATE_NAME) -> str:
     """The template shipped in the wheel (llmctl/templates), else the repository's top-level templates/."""
     try:
-        shipped = resources.files("llmctl") / "templates" / TEMPLATE_NAME
+        shipped = resources.files("llmctl") / "templates" / name
         if shipped.is_file():
             return shipped.read_text()
     except (FileNotFoundError, ModuleNotFoundError):
         pass
-    repo = Path(__file__).resolve().parents[2] / "templates" / TEMPLATE_NAME
+    repo = Path(__file__).resolve().parents[2] / "templates" / name
     if not repo.is_file():
-        raise RuntimeFailure(f"{TEMPLATE_NAME} not found (looked in llmctl/templates and {repo.parent})")
+        raise RuntimeFailure(f"{name} not found (looked in llmctl/templates and {repo.parent})")
     return repo.read_text()
 
 
@@ -143,8 +189,71 @@ def render(params: SbatchParams, template: str | None = None) -> str:
         extra_sbatch_args=params.slurm.extra_sbatch_args,
         signal_lead_s=params.slurm.signal_lead_s,
         shutdown_timeout_s=params.shutdown_timeout_s,
+        node_step_script=node_step_script(params.engine_module),
     )
     return _environment().from_string(template if template is not None else template_text()).render(context)
+
+
+@dataclass(frozen=True)
+class TuneParams:
+    """What templates/tune.sbatch.j2 needs: one allocation of the plan's nodes that runs `llmctl.cli.tune_job`."""
+
+    job_name: str
+    nodes: int
+    workdir: str
+    tune_dir: str
+    torchrun: str
+    python: str
+    gpus_per_node: int | None = None
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    rdzv_port_base: int = TUNE_RDZV_PORT_BASE
+    llmctl_version: str = llmctl.__version__
+
+
+def make_tune_params(
+    *,
+    job_name: str,
+    nodes: int,
+    workdir: str,
+    tune_dir: str,
+    torchrun: str,
+    python: str,
+    gpus_per_node: int | None = None,
+    **slurm: Any,
+) -> TuneParams:
+    """Validated as `make_params` validates a launch's (the same SlurmOptions). The job gets the submitting
+    environment (sbatch's default), as a launch's job does."""
+    if nodes < 1:
+        raise InputError(f"--nodes {nodes}: must be at least 1")
+    return TuneParams(
+        job_name=shell.safe_name(job_name),
+        nodes=nodes,
+        workdir=workdir,
+        tune_dir=tune_dir,
+        torchrun=torchrun,
+        python=python,
+        gpus_per_node=gpus_per_node,
+        slurm=SlurmOptions.from_kwargs(**slurm),
+    )
+
+
+def render_tune(params: TuneParams) -> str:
+    """Pure: the tune job's script."""
+    context = {f.name: getattr(params, f.name) for f in fields(params) if f.name != "slurm"}
+    context.update(
+        directives=params.slurm.directives(),
+        extra_sbatch_args=params.slurm.extra_sbatch_args,
+        shutdown_timeout_s=max(10, params.slurm.signal_lead_s - 10),
+    )
+    return _environment().from_string(template_text(TUNE_TEMPLATE_NAME)).render(context)
+
+
+def node_python_and_torchrun() -> tuple[str, str]:
+    """What the nodes run: the login node's torchrun if it is one executable (a shared venv), else the compute
+    node's PATH; the batch host's Python: this one when the torchrun is its venv's, else the nodes' python3."""
+    command = local.torchrun_command()
+    beside = len(command) == 1 and Path(command[0]).parent == Path(sys.executable).parent
+    return (sys.executable if beside else "python3"), (command[0] if len(command) == 1 else "torchrun")
 
 
 def submit(script_path: Path, job_dir: Path) -> str:
@@ -173,8 +282,7 @@ def submit(script_path: Path, job_dir: Path) -> str:
 
 def params_for(job: Job, folder: Path) -> SbatchParams:
     """The template's parameters for a job whose folder is (or, for --dry-run, would be) `folder`."""
-    command = local.torchrun_command()
-    beside = len(command) == 1 and Path(command[0]).parent == Path(sys.executable).parent
+    python, torchrun = node_python_and_torchrun()
     return make_params(
         job_name=job.name,
         nodes=job.nodes,
@@ -182,10 +290,8 @@ def params_for(job: Job, folder: Path) -> SbatchParams:
         workdir=str(job.workdir),
         job_dir=str(folder),
         plan_path=str(folder / "plan.yaml"),
-        # The login node's torchrun if it is one executable (a shared venv), else the compute node's PATH.
-        torchrun=command[0] if len(command) == 1 else "torchrun",
-        # The preflight's Python: this one when the torchrun is its venv's (a shared venv), else the nodes' python3.
-        python=sys.executable if beside else "python3",
+        torchrun=torchrun,
+        python=python,
         gpus_per_node=job.nproc_per_node if job.plan.hardware.gpu else None,
         env=job.env,
         preflight=job.preflight,

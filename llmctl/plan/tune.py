@@ -192,11 +192,25 @@ def planner_kernel(attention: str, gpu: GPUSpec | None, precision: str, spec: Mo
     return spec.attention_kernel(attention)
 
 
+def plan_network(plan: pf.Plan) -> cm.Network | None:
+    """The network the plan was priced with, as `llmctl plan` recorded it (predicted.*_busbw_gbytes_s), else None."""
+    p = plan.predicted
+    if p.intra_node_busbw_gbytes_s is None or (plan.hardware.nodes > 1 and p.inter_node_busbw_gbytes_s is None):
+        return None
+    inter = p.inter_node_busbw_gbytes_s if plan.hardware.nodes > 1 else None
+    return cm.Network(p.intra_node_busbw_gbytes_s, inter, source="the plan")
+
+
 def request_for_plan(
-    plan: pf.Plan, spec: ModelSpec, gpu: GPUSpec | None, efficiency: pl.Efficiency | None = None
+    plan: pf.Plan,
+    spec: ModelSpec,
+    gpu: GPUSpec | None,
+    efficiency: pl.Efficiency | None = None,
+    network: cm.Network | None = None,
 ) -> pl.PlanRequest:
     """The planner's request for the plan as it stands: its model, ranks, sequence, global batch, precision, kernel
-    and loss, on `gpu` (REFERENCE_GPU when None)."""
+    and loss, on `gpu` (REFERENCE_GPU when None), over `network` (default: the one the plan records it was priced
+    with, else the catalog's link inside a node; several nodes without either is one line)."""
     hw, t = plan.hardware, plan.training
     device = gpu or resolve_gpu(REFERENCE_GPU)
     cluster = make_cluster(gpu=device.name, nodes=hw.nodes, gpus_per_node=hw.nproc_per_node)
@@ -205,7 +219,7 @@ def request_for_plan(
         gpu=device,
         nodes=hw.nodes,
         gpus_per_node=hw.nproc_per_node,
-        network=network_for(cluster),
+        network=network or plan_network(plan) or network_for(cluster),
         seq_len=t.seq_len,
         global_batch_seqs=plan.tokens_per_step // t.seq_len,
         precision=t.precision,
