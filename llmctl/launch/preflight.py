@@ -144,6 +144,8 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     failure: str | None = None
     """One line: why the job stops (None: it trains on `train`)."""
+    exclude: list[str] = field(default_factory=list)
+    """The failed or slow nodes that left too few: a requeue without them may run (`requeue_without`)."""
     measured: dict[str, float] = field(default_factory=dict)
     """The figures compared with the plan (GB/s)."""
     assumed: Assumed = field(default_factory=lambda: Assumed())
@@ -204,6 +206,7 @@ def decide(
             fix += f", or with --spare-nodes {len(nodes)}"
         left = len(allocated) - len(d.dropped)
         d.failure = f"{why}; {left} of {len(allocated)} nodes left, the plan needs {needed} ({fix})"
+        d.exclude = list(nodes)
         return d
 
     if len(healthy) < needed:
@@ -291,15 +294,6 @@ def _say(line: str) -> None:
 def _event(job_dir: Path, kind: str, restart: str, text: str) -> None:
     with open(job_dir / "events", "a") as f:
         f.write(f"preflight {kind} {_now()} restart {restart}: {one_line(text)}\n")
-
-
-def _hostnames(nodelist: str) -> list[str]:
-    out = subprocess.run(
-        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=60, check=False
-    )
-    if out.returncode != 0 or not out.stdout.split():
-        raise RuntimeFailure(f"scontrol show hostnames {nodelist!r} failed: {out.stderr.strip()[:200]}")
-    return out.stdout.split()
 
 
 def _run_step(argv: list[str], timeout_s: float, env: dict[str, str]) -> int | None:
@@ -398,6 +392,7 @@ class JobContext:
 
 def run(strict: bool = False, env: dict[str, str] | None = None) -> Decision:
     """The whole preflight, on the batch host; returns the decision (already logged and recorded)."""
+    from llmctl.launch.jobs import hostnames
     from llmctl.spec.planfile import load_plan
 
     t0 = time.monotonic()
@@ -410,7 +405,7 @@ def run(strict: bool = False, env: dict[str, str] | None = None) -> Decision:
         timeout_s = float(env.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT_S)
     except ValueError:
         raise InputError(f"{TIMEOUT_ENV}={env[TIMEOUT_ENV]!r}: expected seconds") from None
-    allocated = _hostnames(ctx.nodelist)
+    allocated = hostnames(ctx.nodelist)
     out = ctx.job_dir / "preflight" / f"{ctx.job_id}.{ctx.restart}"
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("node-*"), *out.glob("cross.*"), out / "bench.json", out / "result.json"]:
@@ -513,6 +508,100 @@ def _record(
     _event(ctx.job_dir, "ok", ctx.restart, summary(d))
     took = ", ".join(f"{k} step {v:.1f} s" for k, v in steps.items())
     _say(f"{summary(d)} (took {seconds:.1f} s: {took})")
+
+
+# ---------------------------------------------------------------------------------------------- requeue elsewhere
+REQUEUED_EXIT = 3
+"""The preflight's exit code when it has requeued the job without the nodes that failed (the script then exits 0)."""
+_UNUSABLE = ("down", "drain", "drng", "fail", "maint", "unk", "inval", "futr", "plnd", "npc", "boot", "powered")
+"""sinfo %t node states (prefixes) a requeued job cannot count on."""
+
+
+def _job_fields(job_id: str) -> dict[str, str]:
+    from llmctl.launch.jobs import query
+
+    out = query(["scontrol", "show", "job", job_id]) or ""
+    return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+
+def _names_of(nodelist: str | None) -> list[str]:
+    from llmctl.launch.jobs import hostnames
+
+    if not nodelist or nodelist == "(null)":
+        return []
+    try:
+        return hostnames(nodelist)
+    except RuntimeFailure:
+        return []
+
+
+def requeue_without(
+    d: Decision, job: dict[str, str], usable: list[str], restart: int, max_requeues: int
+) -> tuple[list[str] | None, str]:
+    """Whether the job can run again without the nodes `d` excludes: (its new exclude list, why) or (None, why not).
+    `job`: `scontrol show job` fields (ReqNodeList and ExcNodeList expanded to names); `usable`: the partition's nodes
+    in a state a job can get. Pure."""
+    if not d.exclude:
+        return None, "nothing to leave out"
+    if restart >= max_requeues:
+        return None, f"requeued {restart} times already (the limit)"
+    asked = set(job.get("ReqNodeList", "").split(",")) - {""}
+    if asked & set(d.exclude):
+        return None, f"the job asks for {_names(sorted(asked & set(d.exclude)))} by name (--nodelist)"
+    exclude = sorted(set(job.get("ExcNodeList", "").split(",")) - {""} | set(d.exclude))
+    others = [n for n in usable if n not in exclude]
+    if len(others) < len(d.allocated):
+        return None, f"the partition has {len(others)} other usable node(s), the job needs {len(d.allocated)}"
+    return exclude, f"{len(others)} usable node(s) left in the partition"
+
+
+def _requeue(ctx: JobContext, d: Decision, env: dict[str, str]) -> bool:
+    """Requeue this job without `d.exclude` when the partition has the nodes for it; False (with the reason in the
+    log) when it cannot. The requeue's kill (SIGTERM) is ignored until the exclude list is set on the pending job
+    (SLURM changes a job's ExcNodeList only while it is pending)."""
+    import signal
+    import subprocess
+
+    from llmctl.launch.jobs import query
+
+    job = _job_fields(ctx.job_id)
+    for key in ("ReqNodeList", "ExcNodeList"):
+        job[key] = ",".join(_names_of(job.get(key)))
+    part = job.get("Partition") or env.get("SLURM_JOB_PARTITION") or ""
+    listing = query(["sinfo", "-h", "-N", "-p", part, "-o", "%N %t"]) if part else None
+    rows = [ln.split() for ln in (listing or "").splitlines()]
+    usable = sorted({r[0] for r in rows if len(r) == 2 and not r[1].rstrip("*~#!%$@^-").startswith(_UNUSABLE)})
+    try:
+        limit = int(env.get("LLMCTL_MAX_REQUEUES") or 0)
+    except ValueError:
+        limit = 0
+    exclude, why = requeue_without(d, job, usable, int(ctx.restart or 0), limit)
+    if exclude is None:
+        _say(f"not requeued: {why}")
+        return False
+    # From here until this process exits: the requeue kills this run (SIGTERM), which must neither stop the update
+    # below nor turn the preflight's exit code into 143 (the script would record the run as failed).
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    out = subprocess.run(["scontrol", "requeue", ctx.job_id], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        signal.signal(signal.SIGTERM, previous)
+        _say(f"not requeued: scontrol requeue failed: {one_line(out.stderr.strip() or '?')}")
+        return False
+    with open(ctx.job_dir / "events", "a") as f:
+        f.write(f"requeued {_now()} restart {ctx.restart} without {','.join(exclude)}\n")
+    for _ in range(40):  # pending within a moment of the requeue
+        upd = subprocess.run(
+            ["scontrol", "update", f"JobId={ctx.job_id}", f"ExcNodeList={','.join(exclude)}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if upd.returncode == 0:
+            _say(f"requeued job {ctx.job_id} without {','.join(exclude)} ({why})")
+            return True
+        time.sleep(0.25)
+    _say(f"requeued job {ctx.job_id}, but SLURM kept its nodes open: {one_line(upd.stderr.strip() or '?')}")
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- on each node
@@ -631,6 +720,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"unexpected arguments {unknown}", hint="usage: python -m llmctl.launch.preflight [--strict]"
             )
         d = run(strict="--strict" in args)
+        if not d.ok and d.exclude and _requeue(JobContext.from_env(), d, dict(os.environ)):
+            return REQUEUED_EXIT
     except Exception as e:  # LlmctlError, or a bug: one line in the job log, and the job stops rather than trains blind
         return report_error(e)
     if not d.ok:

@@ -214,7 +214,7 @@ def test_dry_run_asks_for_the_spares_and_runs_the_preflight(tmp_path: Path, monk
     (tmp_path / "plan.yaml").write_text(minimal_plan_yaml(nodes=2, nproc=1))
     out = CliRunner().invoke(app, ["launch", "plan.yaml", "--slurm", "--spare-nodes", "1", "--dry-run"]).output
     assert "#SBATCH --nodes=3\n" in out and "export LLMCTL_NNODES=2\n" in out
-    assert '"$LLMCTL_PYTHON" -m llmctl.launch.preflight) || finish $? preflight' in out
+    assert '"$LLMCTL_PYTHON" -m llmctl.launch.preflight) || {\n' in out
     out = CliRunner().invoke(app, ["launch", "plan.yaml", "--slurm", "--preflight-strict", "--dry-run"]).output
     assert "-m llmctl.launch.preflight --strict)" in out
     out = CliRunner().invoke(app, ["launch", "plan.yaml", "--slurm", "--no-preflight", "--dry-run"]).output
@@ -295,3 +295,37 @@ def test_outside_a_job_is_one_line(capsys: pytest.CaptureFixture[str], monkeypat
     assert pf.main([]) == 2
     err = capsys.readouterr()
     assert err.out == "" and err.err.startswith("llmctl: error: not inside an llmctl sbatch job (LLMCTL_JOB_DIR")
+
+
+# ---------------------------------------------------------------------------------------------- requeue elsewhere
+
+
+def failed_node2() -> pf.Decision:
+    checks = {"node1": ok("node1"), "node2": pf.NodeCheck(node="node2", ok=False, error="boom")}
+    return pf.decide(NODES[:2], 2, checks)
+
+
+@pytest.mark.parametrize(
+    ("job", "usable", "restart", "expected"),
+    [
+        ({}, NODES, 0, (["node2"], "2 usable node(s) left in the partition")),
+        (
+            {"ExcNodeList": "node9"},
+            [*NODES, "node4"],
+            1,
+            (["node2", "node9"], "3 usable node(s) left in the partition"),
+        ),
+        ({}, NODES[:2], 0, (None, "the partition has 1 other usable node(s), the job needs 2")),
+        ({"ReqNodeList": "node1,node2"}, NODES, 0, (None, "the job asks for node2 by name (--nodelist)")),
+        ({}, NODES, 20, (None, "requeued 20 times already (the limit)")),
+    ],
+    ids=["spare-in-partition", "keeps-earlier-excludes", "too-few-left", "pinned-nodes", "limit"],
+)
+def test_requeue_without_the_failed_nodes_when_the_partition_allows(job, usable, restart, expected) -> None:
+    assert pf.requeue_without(failed_node2(), job, usable, restart, 20) == expected
+
+
+def test_a_passing_preflight_or_a_cross_step_failure_is_never_requeued() -> None:
+    assert pf.requeue_without(pf.decide(NODES[:2], 2, {n: ok(n) for n in NODES[:2]}), {}, NODES, 0, 20)[0] is None
+    d = pf.decide(NODES[:2], 2, {n: ok(n) for n in NODES[:2]}, cross_error="rank 1 never joined")
+    assert d.exclude == [] and pf.requeue_without(d, {}, NODES, 0, 20) == (None, "nothing to leave out")

@@ -1,9 +1,11 @@
-"""The preflight on the real single-host SLURM (3 fake nodes, the `slurm_cluster` fixture): a healthy 2-node job
-passes it and trains; a node whose check fails (the LLMCTL_PREFLIGHT_FAIL_NODE test hook, llmctl.netbench.quick)
-is left out for the spare of a 3-node allocation, or, without a spare, stops the job with one line naming it.
+"""The preflight on the real single-host SLURM (3 fake nodes, the `slurm_cluster` fixture). A healthy 2-node job
+passes it and trains: tests/launch/test_slurm.py::test_sbatch_two_node_job_finishes_with_metrics. Here a node whose
+check fails (the LLMCTL_PREFLIGHT_FAIL_NODE test hook, llmctl.netbench.quick) is left out for the spare of a 3-node
+allocation; without a spare, the job requeues itself without it when the partition has other nodes, and stops with
+one line naming it when it cannot (its nodes are pinned with --nodelist).
 
-Each job pins its nodes with --sbatch-arg=--nodelist, so that the failing node is in the allocation whatever
-the scheduler would have picked. The cluster is stopped by the fixture even when a test fails; a job still
+The spare and the stop pin their nodes with --sbatch-arg=--nodelist, so that the failing node is in the allocation
+whatever the scheduler would have picked (the requeue cannot: a job that names a node cannot leave it out). The cluster is stopped by the fixture even when a test fails; a job still
 queued when a test fails is cancelled by `cancel_on_failure`."""
 
 from __future__ import annotations
@@ -14,7 +16,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_slurm import cli, diagnosis, events, job_env, launch, make_plan, squeue_state, steps_logged, wait_for
+from test_slurm import (
+    cli,
+    diagnosis,
+    events,
+    job_env,
+    launch,
+    make_plan,
+    squeue_state,
+    start_now,
+    steps_logged,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 __all__ = ["job_env"]  # the fixture, imported for the tests below
@@ -51,28 +64,6 @@ def preflight_result(folder: Path, job_id: str) -> dict:
     result = json.loads((folder / "preflight" / f"{job_id}.0" / "result.json").read_text())
     print(f"preflight of job {job_id}: {result['seconds']:.1f} s for {len(result['allocated'])} nodes")
     return result
-
-
-def test_healthy_two_node_preflight_passes_and_trains(job_env: Path) -> None:
-    job_id, folder = submit(job_env, "--nodes", "2", "--sbatch-arg=--nodelist=node1,node2")
-    log = wait_until_done(job_id, job_env, folder)
-    why = f"\n{log[-4000:]}"
-    assert "llmctl: preflight: node1: ok (1 rank(s) on cpu" in log and "llmctl: preflight: node2: ok" in log, why
-    assert "llmctl: preflight: all-reduce across 2 nodes: busbw" in log, why
-    assert "llmctl: preflight: pair node1-node2: busbw" in log, why
-    assert "llmctl: preflight: training on node1,node2 (took " in log, why
-    assert "on node1,node2, rendezvous 127.0.0.1:" in log, why
-    lines = (folder / "events").read_text().splitlines()
-    assert lines[0].startswith("preflight ok ") and lines[0].endswith("restart 0: training on node1,node2"), lines
-    assert lines[-1].startswith("exit 0 "), lines
-    result = preflight_result(folder, job_id)
-    assert result["train"] == ["node1", "node2"] and result["dropped"] == {} and result["failure"] is None
-    assert result["measured"]["inter_node_busbw_gbytes_s"] > 0
-    start = next(e for e in events(job_env / "run") if e["event"] == "start")
-    assert start["world_size"] == 2
-    assert steps_logged(job_env / "run") == [1, 2]
-    status = cli("status", job_id)
-    assert "COMPLETED" in status and "ok: training on node1,node2" in status
 
 
 def test_failed_node_is_left_out_for_the_spare(job_env: Path) -> None:
@@ -120,3 +111,27 @@ def test_failed_node_without_spare_stops_with_one_line(job_env: Path) -> None:
     assert [ln.split(" ")[:2] for ln in lines] == [["preflight", "failed"], ["exit", "1"]], lines
     status = cli("status", job_id)
     assert "FAILED" in status and "failed: node2 failed" in status
+
+
+def test_failed_node_requeues_the_job_without_it(job_env: Path) -> None:
+    """No spare and no --nodelist: the first run lands on node1 and node2 (the scheduler's first idle nodes), node2
+    fails, and the preflight requeues the job without it; the second run gets node1 and node3 and trains."""
+    job_id, folder = submit(job_env, "--nodes", "2", "--env", f"{HOOK}=node2")
+    events_file = folder / "events"
+    wait_for("the requeue", lambda: events_file.is_file() and "requeued " in events_file.read_text(), 150)
+    start_now(job_id)  # SLURM holds a requeued job ~2 min (BeginTime); a test need not wait for that
+    log = wait_until_done(job_id, job_env, folder, timeout_s=250)
+    why = f"\n{log[-4000:]}"
+    first = json.loads((folder / "preflight" / f"{job_id}.0" / "result.json").read_text())
+    assert first["allocated"] == ["node1", "node2"] and first["exclude"] == ["node2"], first
+    assert f"llmctl: preflight: requeued job {job_id} without node2 (" in log, why
+    second = json.loads((folder / "preflight" / f"{job_id}.1" / "result.json").read_text())
+    assert second["allocated"] == ["node1", "node3"] and second["train"] == ["node1", "node3"], second
+    assert "on node1,node3, rendezvous 127.0.0.1:" in log, why
+    assert steps_logged(job_env / "run") == [1, 2]
+    lines = (folder / "events").read_text().splitlines()
+    kinds = [" ".join(ln.split(" ")[:2]) for ln in lines]
+    assert kinds[0] == "preflight failed" and lines[1].startswith("requeued ") and lines[1].endswith("without node2")
+    assert kinds[2:] == ["preflight ok", "exit 0"], lines
+    status = cli("status", job_id)
+    assert "COMPLETED" in status and "ok: training on node1,node3" in status

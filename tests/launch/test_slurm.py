@@ -253,6 +253,17 @@ def test_sbatch_two_node_job_finishes_with_metrics(job_env: Path) -> None:
     assert [ln.split()[:2] for ln in job_events(folder)] == [["exit", "0"]]
     assert plan.read_bytes() == before
     assert_no_secrets(folder)
+    # The preflight ran first (on by default) and passed: both nodes checked, the quick bench across them.
+    assert "llmctl: preflight: node1: ok (1 rank(s) on cpu" in log and "llmctl: preflight: node2: ok" in log
+    assert "llmctl: preflight: all-reduce across 2 nodes: busbw" in log
+    assert "llmctl: preflight: pair node1-node2: busbw" in log
+    assert "llmctl: preflight: training on node1,node2 (took " in log
+    lines = (folder / "events").read_text().splitlines()
+    assert lines[0].startswith("preflight ok ") and lines[0].endswith("restart 0: training on node1,node2"), lines
+    result = json.loads((folder / "preflight" / f"{job_id}.0" / "result.json").read_text())
+    assert result["train"] == ["node1", "node2"] and result["dropped"] == {} and result["failure"] is None
+    assert result["measured"]["inter_node_busbw_gbytes_s"] > 0
+    assert "ok: training on node1,node2" in cli("status", job_id)
 
 
 def sbatch_requeue(job_env: Path) -> None:
