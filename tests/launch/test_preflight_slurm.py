@@ -119,7 +119,10 @@ def test_failed_node_requeues_the_job_without_it(job_env: Path) -> None:
     job_id, folder = submit(job_env, "--nodes", "2", "--env", f"{HOOK}=node2")
     events_file = folder / "events"
     wait_for("the requeue", lambda: events_file.is_file() and "requeued " in events_file.read_text(), 150)
-    start_now(job_id)  # SLURM holds a requeued job ~2 min (BeginTime); a test need not wait for that
+    # SLURM holds a requeued job ~2 min (BeginTime); a test need not wait for that. start_now acts on a pending job
+    # only: wait until the requeue has taken the job out of RUNNING/COMPLETING first.
+    wait_for("the requeued job to be pending", lambda: squeue_state(job_id) == "PENDING", 60)
+    start_now(job_id)
     log = wait_until_done(job_id, job_env, folder, timeout_s=250)
     why = f"\n{log[-4000:]}"
     first = json.loads((folder / "preflight" / f"{job_id}.0" / "result.json").read_text())
