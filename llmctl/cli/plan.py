@@ -233,68 +233,30 @@ def plan_command(
     """Choose full_shard vs hybrid_shard, micro-batch, accumulation, checkpointing and kernels for MODEL on a cluster."""
     if top < 1:
         raise InputError(f"--top must be >= 1, got {top}")
-    flags = {
+    options = {
+        "params": params,
         "gpu": gpu,
         "nodes": nodes,
         "gpus_per_node": gpus_per_node,
-        "inter_node_gbps": inter_gbps,
-        "intra_node_gbps": intra_gbps,
-        "price_per_gpu_hour": price,
+        "cluster": cluster,
+        "net": net,
+        "intra_gbps": intra_gbps,
+        "inter_gbps": inter_gbps,
+        "seq_len": seq_len,
+        "global_batch": global_batch,
+        "global_batch_tokens": global_batch_tokens,
+        "tokens": tokens,
+        "price": price,
+        "objective": objective,
+        "precision": precision,
+        "loss_chunk": loss_chunk,
+        "attention": attention,
+        "overlap": overlap,
+        "calibrate": calibrate,
     }
-    for flag, v, minimum in (("--nodes", nodes, 1), ("--gpus-per-node", gpus_per_node, 1)):
-        if v is not None and v < minimum:
-            raise InputError(f"{flag} must be a positive integer, got {v}")
-    for flag, x in (("--inter-gbps", inter_gbps), ("--intra-gbps", intra_gbps), ("--price", price)):
-        if x is not None and (not x >= 0 or (x == 0 and flag != "--price")):
-            raise InputError(f"{flag} must be {'>= 0' if flag == '--price' else 'positive'}, got {x}")
-    if cluster:  # the cluster file is the main input; flags override it
-        hw = hardware.load_cluster(cluster, **flags)
-    else:
-        if gpu is None:
-            raise InputError("no GPU kind given", hint="pass --gpu KIND or --cluster cluster.yaml")
-        hw = hardware.make_cluster("the flags", **flags)
-    if global_batch is not None and global_batch_tokens is not None:
-        raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
-    if seq_len < 1:
-        raise InputError(f"--seq-len must be a positive integer, got {seq_len}")
-    gpu_spec = hw.gpu_spec
-    n_nodes, gpn, price_h = hw.nodes, hw.gpus_per_node, hw.price_per_gpu_hour
-    spec = models.resolve_model(model, params)
-    gb = global_batch
-    if global_batch_tokens is not None:
-        if global_batch_tokens < seq_len:
-            raise InputError(f"--global-batch-tokens {global_batch_tokens} is less than one sequence ({seq_len})")
-        gb = global_batch_tokens // seq_len
-    budget = models.parse_count(tokens, "--tokens", models.MAX_TOKENS) if tokens is not None else None
-
-    network = network_for(hw, net)
-
-    eff = pl.Efficiency()
-    cal = None
-    if calibrate:
-        cal = read_calibration(calibrate)
-        eff = pl.Efficiency(calibration=cal.factor)
-    req = pl.PlanRequest(
-        spec=spec,
-        gpu=gpu_spec,
-        nodes=n_nodes,
-        gpus_per_node=gpn,
-        network=network,
-        seq_len=seq_len,
-        global_batch_seqs=gb,
-        token_budget=budget,
-        price_per_gpu_hour=price_h,
-        objective=objective.strip().lower(),
-        precision=precision,
-        strategy=strategy,
-        micro_batch=micro_batch,
-        checkpointing=checkpointing,
-        attention=attention,
-        compile=compile_,
-        loss_chunk_tokens=loss_chunk,
-        overlap=overlap,
-        efficiency=eff,
-    )
+    req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)
+    spec, gpu_spec, network, eff = req.spec, req.gpu, req.network, req.efficiency
+    n_nodes, gpn = req.nodes, req.gpus_per_node
     result = pl.plan(req)
 
     out: dict[str, Any] = {
@@ -364,6 +326,76 @@ def plan_command(
         _render(result, out, top)
     if refusal is not None:
         raise refusal
+
+
+def build_request(
+    model: str,
+    o: dict[str, Any],
+    strategy: str | None = None,
+    micro_batch: int | None = None,
+    checkpointing: str | None = None,
+    compile_: bool | None = None,
+) -> tuple[pl.PlanRequest, pl.Calibration | None]:
+    """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, nodes, gpus_per_node,
+    cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
+    precision, loss_chunk, attention, overlap, calibrate) and the pinned decisions, every value checked in one order
+    (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
+    request here too."""
+    flags = {
+        "gpu": o["gpu"],
+        "nodes": o["nodes"],
+        "gpus_per_node": o["gpus_per_node"],
+        "inter_node_gbps": o["inter_gbps"],
+        "intra_node_gbps": o["intra_gbps"],
+        "price_per_gpu_hour": o["price"],
+    }
+    for flag, v in (("--nodes", o["nodes"]), ("--gpus-per-node", o["gpus_per_node"])):
+        if v is not None and v < 1:
+            raise InputError(f"{flag} must be a positive integer, got {v}")
+    for flag, x in (("--inter-gbps", o["inter_gbps"]), ("--intra-gbps", o["intra_gbps"]), ("--price", o["price"])):
+        if x is not None and (not x >= 0 or (x == 0 and flag != "--price")):
+            raise InputError(f"{flag} must be {'>= 0' if flag == '--price' else 'positive'}, got {x}")
+    if o["cluster"]:  # the cluster file is the main input; flags override it
+        hw = hardware.load_cluster(o["cluster"], **flags)
+    else:
+        if o["gpu"] is None:
+            raise InputError("no GPU kind given", hint="pass --gpu KIND or --cluster cluster.yaml")
+        hw = hardware.make_cluster("the flags", **flags)
+    seq_len, gb, gbt = o["seq_len"], o["global_batch"], o["global_batch_tokens"]
+    if gb is not None and gbt is not None:
+        raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
+    if seq_len < 1:
+        raise InputError(f"--seq-len must be a positive integer, got {seq_len}")
+    spec = models.resolve_model(model, o["params"])
+    if gbt is not None:
+        if gbt < seq_len:
+            raise InputError(f"--global-batch-tokens {gbt} is less than one sequence ({seq_len})")
+        gb = gbt // seq_len
+    budget = models.parse_count(o["tokens"], "--tokens", models.MAX_TOKENS) if o["tokens"] is not None else None
+    network = network_for(hw, o["net"])
+    cal = read_calibration(o["calibrate"]) if o["calibrate"] else None
+    req = pl.PlanRequest(
+        spec=spec,
+        gpu=hw.gpu_spec,
+        nodes=hw.nodes,
+        gpus_per_node=hw.gpus_per_node,
+        network=network,
+        seq_len=seq_len,
+        global_batch_seqs=gb,
+        token_budget=budget,
+        price_per_gpu_hour=hw.price_per_gpu_hour,
+        objective=o["objective"].strip().lower(),
+        precision=o["precision"],
+        strategy=strategy,
+        micro_batch=micro_batch,
+        checkpointing=checkpointing,
+        attention=o["attention"],
+        compile=compile_,
+        loss_chunk_tokens=o["loss_chunk"],
+        overlap=o["overlap"],
+        efficiency=pl.Efficiency(calibration=cal.factor) if cal else pl.Efficiency(),
+    )
+    return req, cal
 
 
 def _train_from_local_weights(plan_obj: Any) -> Any:

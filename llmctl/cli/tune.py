@@ -341,67 +341,16 @@ def _from_model(
 
 
 def _model_request(model: str, o: dict[str, Any], pins: dict[str, Any], compile_: bool | None) -> pl.PlanRequest:
-    """`llmctl plan`'s request from the same options (the checks of `plan_command`, in the same order); a pin
-    given as one value is the planner's pin, a list only restricts the trials."""
-    from llmctl.plan.network import network_for
-    from llmctl.spec import hardware, models
-
-    flags = {
-        "gpu": o["gpu"],
-        "nodes": o["nodes"],
-        "gpus_per_node": o["gpus_per_node"],
-        "inter_node_gbps": o["inter_gbps"],
-        "intra_node_gbps": o["intra_gbps"],
-        "price_per_gpu_hour": o["price"],
-    }
-    for flag, v in (("--nodes", o["nodes"]), ("--gpus-per-node", o["gpus_per_node"])):
-        if v is not None and v < 1:
-            raise InputError(f"{flag} must be a positive integer, got {v}")
-    for flag, x in (("--inter-gbps", o["inter_gbps"]), ("--intra-gbps", o["intra_gbps"]), ("--price", o["price"])):
-        if x is not None and (not x >= 0 or (x == 0 and flag != "--price")):
-            raise InputError(f"{flag} must be {'>= 0' if flag == '--price' else 'positive'}, got {x}")
-    if o["cluster"]:
-        hw = hardware.load_cluster(o["cluster"], **flags)
-    else:
-        if o["gpu"] is None:
-            raise InputError("no GPU kind given", hint="pass --gpu KIND or --cluster cluster.yaml")
-        hw = hardware.make_cluster("the flags", **flags)
-    seq_len, gb, gbt = o["seq_len"], o["global_batch"], o["global_batch_tokens"]
-    if gb is not None and gbt is not None:
-        raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
-    if seq_len < 1:
-        raise InputError(f"--seq-len must be a positive integer, got {seq_len}")
-    spec = models.resolve_model(model, o["params"])
-    if gbt is not None:
-        if gbt < seq_len:
-            raise InputError(f"--global-batch-tokens {gbt} is less than one sequence ({seq_len})")
-        gb = gbt // seq_len
-    budget = models.parse_count(o["tokens"], "--tokens", models.MAX_TOKENS) if o["tokens"] is not None else None
+    """`llmctl plan`'s request from the same options (`build_request`, its checks); a pin given as one value is the
+    planner's pin, a list only restricts the trials."""
+    from llmctl.cli.plan import build_request
 
     def one(values: list[Any] | None) -> Any:
         return values[0] if values and len(values) == 1 else None
 
-    return pl.PlanRequest(
-        spec=spec,
-        gpu=hw.gpu_spec,
-        nodes=hw.nodes,
-        gpus_per_node=hw.gpus_per_node,
-        network=network_for(hw, o["net"]),
-        seq_len=seq_len,
-        global_batch_seqs=gb,
-        token_budget=budget,
-        price_per_gpu_hour=hw.price_per_gpu_hour,
-        objective=o["objective"].strip().lower(),
-        precision=o["precision"],
-        strategy=one(pins["strategies"]),
-        micro_batch=one(pins["micro_batches"]),
-        checkpointing=one(pins["checkpointing"]),
-        attention=o["attention"],
-        compile=compile_,
-        loss_chunk_tokens=o["loss_chunk"],
-        overlap=o["overlap"],
-        efficiency=_efficiency(o["calibrate"]),
-    )
+    options = {n: o[n] for n in MODEL_OPTIONS}
+    strategy, micro_batch, checkpointing = (one(pins[k]) for k in ("strategies", "micro_batches", "checkpointing"))
+    return build_request(model, options, strategy, micro_batch, checkpointing, compile_)[0]
 
 
 def _efficiency(calibrate: str | None) -> pl.Efficiency:
