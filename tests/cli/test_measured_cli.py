@@ -2,8 +2,9 @@
 config.json that llmctl.engine.fakemeasure measures on fake tensors (exact parameter counts, the result cached as
 `$LLMCTL_CACHE_DIR/<config_hash>.json`), and the one-line refusals when it cannot (no torch, an unknown type).
 
-Measuring a tiny config costs seconds, so each config is measured once, into one cache folder for the module: the
-first `estimate --json` run of each is made by the `first_runs` fixture, and later runs are cache hits.
+Measuring a tiny config costs seconds, so each config is measured once, into one cache folder for the session: the
+first `estimate --json` run of each is made by the session's `measured_others` fixture (tests/conftest.py, whose
+measurements tests/engine/test_fakemeasure.py checks too), and later runs are cache hits.
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def no_measuring(*args: Any, **kwargs: Any) -> dict:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("measured")
+def cache(measured_others: dict[str, Any]) -> Path:
+    return measured_others["cache"]
 
 
 @pytest.fixture(autouse=True)
@@ -77,19 +78,10 @@ def measurer(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def first_runs(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Result, set[str]]]:
+def first_runs(measured_others: dict[str, Any]) -> dict[str, tuple[Path, Result, set[str]]]:
     """model_type -> (its config.json, its first `llmctl estimate CONFIG --json`, the files that run added to the
-    cache), for every config of OTHERS: each measured once for the whole module."""
-    folder = tmp_path_factory.mktemp("configs")
-    out = {}
-    with pytest.MonkeyPatch.context() as mp:
-        use_measurer(mp, cache)
-        for cfg in OTHERS:
-            path = write_config(folder / cfg["model_type"], cfg)
-            before = {p.name for p in cache.iterdir()}
-            r = run("estimate", str(path), "--json")
-            out[cfg["model_type"]] = (path, r, {p.name for p in cache.iterdir()} - before)
-    return out
+    cache), for every config of OTHERS: each measured once for the whole session."""
+    return measured_others["runs"]
 
 
 # --- estimate: measured once, then from the cache ----------------------------------------------------------------

@@ -15,6 +15,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "examples" / "corpus"
+ENGINE_RUNS = REPO / "tests" / "engine" / "engine_runs.py"
 
 # A 2-layer Llama (hidden 64, GQA 4/2 heads) on the shipped corpus: a step takes tens of milliseconds on a CPU.
 TINY: dict[str, Any] = {
@@ -106,6 +107,62 @@ def run_engine(
         text=True,
         timeout=timeout,
     )
+
+
+def torchrun_cmd(script: Path, args: list[str], nproc: int) -> list[str]:
+    """`torchrun --standalone --nproc_per_node NPROC SCRIPT ARGS...`: a test harness on real gloo ranks."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script)]
+    return [*cmd, *args]
+
+
+def torchrun_script(
+    script: Path, args: list[str], nproc: int, tmp: Path, extra_env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        torchrun_cmd(script, args, nproc),
+        cwd=REPO,
+        env=engine_env(tmp, extra_env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_results(out: Path) -> dict[str, Any]:
+    """What a harness launch wrote (nothing when it failed before writing)."""
+    return json.loads(out.read_text()) if out.exists() else {}
+
+
+def plan_runs(
+    proc: subprocess.CompletedProcess[str], results: dict[str, Any], plans: list[Path]
+) -> dict[Path, subprocess.CompletedProcess[str]]:
+    """Each plan's run in a launch of tests/engine/engine_runs.py (`results`: what it wrote), as a CompletedProcess:
+    the exit code of the engine's main (the launch's, or 1, for a plan it did not finish) and, as stderr, the
+    engine's log messages on rank 0 during that run alone (the launch's stdout and stderr added when it failed)."""
+    out = {}
+    for plan in plans:
+        got = results.get(str(plan))
+        if got is None:
+            stderr = f"{plan}: not run to its end in the launch\n{proc.stderr}"
+            out[plan] = subprocess.CompletedProcess(proc.args, proc.returncode or 1, proc.stdout, stderr)
+            continue
+        stderr = "\n".join(got["log"])
+        if got["code"] != 0:
+            stderr += "\n" + proc.stderr
+        out[plan] = subprocess.CompletedProcess(proc.args, got["code"], proc.stdout if got["code"] else "", stderr)
+    return out
+
+
+def run_engine_plans(
+    plans: list[Path], nproc: int, tmp: Path, extra_env: dict[str, str] | None = None, timeout: float = 600
+) -> dict[Path, subprocess.CompletedProcess[str]]:
+    """Run `plans` one after the other through the engine's entry point in ONE torchrun of NPROC ranks
+    (tests/engine/engine_runs.py: a torchrun costs ~10 s of CPU, a tiny plan about a second); per plan, a
+    CompletedProcess for check_ok and the engine's log messages (plan_runs)."""
+    out = tmp / "engine-runs.json"
+    out.unlink(missing_ok=True)
+    proc = torchrun_script(ENGINE_RUNS, [str(out), *map(str, plans)], nproc, tmp, extra_env, timeout)
+    return plan_runs(proc, read_results(out), plans)
 
 
 def records(plan: Path, event: str | None = None) -> list[dict[str, Any]]:

@@ -1,8 +1,10 @@
 """Train several plans in one torchrun, 3 steps each, with the engine's own pieces (`torchrun --nproc_per_node 2
-family_worker.py OUT.json PLAN...`): the engine's meta build, parallelize (checkpointing -> FSDP2 per block),
-materialize, loss and optimizer, one after the other in one process group. Starting a torchrun costs ~10 s of CPU
-on the test machine (torch and transformers imported by the agent and each rank), a plan here well under a second;
-the engine's own loop cannot be re-entered in one process (it destroys the process group at its end).
+family_worker.py OUT.json PLAN... [--engine PLAN...]`): the engine's meta build, parallelize (checkpointing -> FSDP2
+per block), materialize, loss and optimizer, one after the other in one process group. Starting a torchrun costs
+~10 s of CPU on the test machine (torch and transformers imported by the agent and each rank), a plan here well
+under a second. The plans after --engine then run, in the same launch, through the engine's entry point with its
+own training loop (engine_runs.py: a new process group per plan, since the loop destroys its group at its end);
+their results ({"code", "log"}) are added to OUT.json.
 
 Per plan, rank 0 writes {"losses", "grad_norms", "attention", "init_equal"} (or {"error"}): the mean loss over ranks and the global
 gradient norm of each step on a fixed batch (each rank's own 2 x 32 random tokens, the same at every step), the
@@ -13,11 +15,12 @@ attention kernel the model was built with, and whether the sharded initial param
 from __future__ import annotations
 
 import json
-import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from engine_runs import finish, run_plans  # this script's folder is on sys.path
 
 from llmctl.engine.loop import build_optimizer
 from llmctl.engine.loss import install_loss_forward, select_loss, whole_loss
@@ -74,9 +77,11 @@ def one_plan(path: str, rank: int, world: int) -> dict:
 
 
 def main() -> None:
-    out, plans = sys.argv[1], sys.argv[2:]
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    args = sys.argv[1:]
+    cut = args.index("--engine") if "--engine" in args else len(args)
+    out, plans, engine_plans = Path(args[0]), args[1:cut], args[cut + 1 :]
+    store, rank, world = next(dist.rendezvous("env://"))
+    dist.init_process_group("gloo", store=dist.PrefixStore("family-worker/", store), rank=rank, world_size=world)
     results = {}
     for p in plans:
         try:
@@ -85,16 +90,14 @@ def main() -> None:
             # sharding errors are raised on every rank alike, before any collective, so the ranks stay in step.
             results[p] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
     if rank == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
+        out.write_text(json.dumps(results))
     dist.barrier()  # leave together (a peer's last collective still in flight can abort gloo's teardown)
     dist.destroy_process_group()
+    run_plans(engine_plans, store, rank, world, out)
     # The results are written: skip the interpreter's teardown, where gloo's C++ objects are destroyed in no fixed
     # order and a rank now and then aborts ("terminate called without an active exception", SIGABRT) after a run
     # that succeeded; that exit is the engine's concern (its CLI tests see it), not what this harness measures.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    finish(0)
 
 
 if __name__ == "__main__":

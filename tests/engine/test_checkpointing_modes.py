@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine.conftest import check_ok, losses, records, run_engine, write_plan
+from tests.engine.conftest import check_ok, losses, records, run_engine_plans, write_plan
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
@@ -157,8 +157,9 @@ def test_the_installed_liger_takes_the_call_the_engine_makes() -> None:
 
 @pytest.mark.dist
 def test_modes_on_two_gloo_ranks_give_the_same_losses(tmp_path: Path) -> None:
-    """The engine end to end (FSDP2 full shard, 2 ranks, 5 steps): checkpointing modes give bit-identical losses and
-    gradient norms; the chunked loss equal within 1e-6 (losses) and 1e-5 (gradient norms)."""
+    """The engine end to end (its entry point, FSDP2 full shard, 2 ranks, 5 steps; the five runs in one torchrun):
+    checkpointing modes give bit-identical losses and gradient norms; the chunked loss equal within 1e-6 (losses)
+    and 1e-5 (gradient norms)."""
     runs = {
         "none": {},
         "selective": {"activation_checkpointing": "selective"},
@@ -166,10 +167,15 @@ def test_modes_on_two_gloo_ranks_give_the_same_losses(tmp_path: Path) -> None:
         "full": {"activation_checkpointing": "full"},
         "chunked": {"loss_chunk_tokens": 48, "activation_checkpointing": "selective"},
     }
+    plans = {
+        name: write_plan(tmp_path / name.replace(":", "-"), {"training": {"max_steps": 5, **over}})
+        for name, over in runs.items()
+    }
+    procs = run_engine_plans(list(plans.values()), 2, tmp_path)
     out = {}
     for name, over in runs.items():
-        plan = write_plan(tmp_path / name.replace(":", "-"), {"training": {"max_steps": 5, **over}})
-        check_ok(run_engine(plan, 2, tmp_path))
+        plan = plans[name]
+        check_ok(procs[plan])
         start = records(plan, "start")[0]
         assert start["checkpointing"] == over.get("activation_checkpointing", "none")
         assert start["loss"] == ("chunked" if "loss_chunk_tokens" in over else "whole")

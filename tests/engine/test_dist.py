@@ -19,6 +19,7 @@ from tests.engine.conftest import (
     losses,
     records,
     run_engine,
+    run_engine_plans,
     write_plan,
 )
 
@@ -47,30 +48,55 @@ def test_full_shard_2_ranks_loss_falls(reference_run: Path) -> None:
     assert last["hardware_tflops_per_gpu"] == pytest.approx(last["model_tflops_per_gpu"])
 
 
-def test_hybrid_2x2_4_ranks_loss_falls(tmp_path: Path) -> None:
-    plan = write_plan(
-        tmp_path,
-        {
-            "hardware": {"nodes": 2, "nproc_per_node": 2},
-            "parallel": {"sharding": "hybrid_shard"},
-            "training": {"micro_batch_size": 2, "max_steps": 25},
-        },
-    )
-    check_ok(run_engine(plan, 4, tmp_path))
+Runs = dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """name -> (plan, its run): the uninterrupted runs besides the reference run, made one after the other in one
+    4-rank torchrun through the engine's entry point (tests/engine/engine_runs.py: a torchrun costs ~10 s of CPU,
+    these runs a few seconds each), each on as many ranks as its plan is for. The reference run and the interrupted
+    runs are torchruns of their own."""
+    root = tmp_path_factory.mktemp("runs")
+    accumulated = {"micro_batch_size": 1, "grad_accum_steps": 2}
+    plans = {
+        "hybrid-2x2": write_plan(
+            root / "hybrid-2x2",
+            {
+                "hardware": {"nodes": 2, "nproc_per_node": 2},
+                "parallel": {"sharding": "hybrid_shard"},
+                "training": {"micro_batch_size": 2, "max_steps": 25},
+            },
+        ),
+        "mbs2": write_plan(root / "mbs2", {"training": {"max_steps": 6, "micro_batch_size": 2}}),
+        "acc2": write_plan(root / "acc2", {"training": {"max_steps": 6, **accumulated}}),
+        "noshard-acc2": write_plan(
+            root / "noshard-acc2", {"parallel": {"sharding": "no_shard"}, "training": {"max_steps": 6, **accumulated}}
+        ),
+        "noshard": write_plan(root / "noshard", {"parallel": {"sharding": "no_shard"}}),
+    }
+    procs = run_engine_plans(list(plans.values()), 4, root)
+    return {name: (plan, procs[plan]) for name, plan in plans.items()}
+
+
+def finished(runs: Runs, name: str) -> Path:
+    """The plan of a run that finished (exit 0)."""
+    plan, proc = runs[name]
+    check_ok(proc)
+    return plan
+
+
+def test_hybrid_2x2_4_ranks_loss_falls(runs: Runs) -> None:
+    plan = finished(runs, "hybrid-2x2")
     start = records(plan, "start")[0]
+    assert start["world_size"] == 4
     assert start["mesh"] == [2, 2] and start["mesh_dims"] == ["replicate", "shard"]
     assert_loss_falls(losses(plan))
 
 
-def test_grad_accumulation_equivalence(tmp_path: Path) -> None:
+def test_grad_accumulation_equivalence(runs: Runs) -> None:
     """mbs 2 x acc 1 and mbs 1 x acc 2 see the same samples per step: same losses within 1e-5 (fp32)."""
-    common = {"training": {"max_steps": 6}}
-    a = write_plan(tmp_path / "mbs2", {**common, "training": {"max_steps": 6, "micro_batch_size": 2}})
-    b = write_plan(
-        tmp_path / "acc2", {**common, "training": {"max_steps": 6, "micro_batch_size": 1, "grad_accum_steps": 2}}
-    )
-    check_ok(run_engine(a, 2, tmp_path))
-    check_ok(run_engine(b, 2, tmp_path))
+    a, b = finished(runs, "mbs2"), finished(runs, "acc2")
     la, lb = losses(a), losses(b)
     assert sorted(la) == sorted(lb) == list(range(1, 7))
     for s in la:
@@ -78,15 +104,7 @@ def test_grad_accumulation_equivalence(tmp_path: Path) -> None:
     assert la[6] < la[1]  # the steps did update the model (a later loss differs)
     # Accumulation on a replicated mesh (no_shard = (world, 1) HSDP): reduce-scatter every micro-batch, the
     # cross-replica all-reduce skipped until the last one (set_requires_all_reduce). Same losses.
-    c = write_plan(
-        tmp_path / "noshard-acc2",
-        {
-            "parallel": {"sharding": "no_shard"},
-            "training": {"max_steps": 6, "micro_batch_size": 1, "grad_accum_steps": 2},
-        },
-    )
-    check_ok(run_engine(c, 2, tmp_path))
-    lc = losses(c)
+    lc = losses(finished(runs, "noshard-acc2"))
     for s in la:
         assert lc[s] == pytest.approx(la[s], abs=1e-4, rel=0), (s, lc[s], la[s])
 
@@ -164,10 +182,9 @@ def test_sigkill_in_the_middle_of_a_save(tmp_path: Path, reference_run: Path) ->
     assert all(after[s] == ref[s] for s in after)
 
 
-def test_no_shard_equals_full_shard(tmp_path: Path, reference_run: Path) -> None:
+def test_no_shard_equals_full_shard(runs: Runs, reference_run: Path) -> None:
     """no_shard is a (world, 1) HSDP mesh (DDP semantics): same math as FULL, same losses within fp32 noise."""
-    plan = write_plan(tmp_path, {"parallel": {"sharding": "no_shard"}})
-    check_ok(run_engine(plan, 2, tmp_path))
+    plan = finished(runs, "noshard")
     start = records(plan, "start")[0]
     assert start["mesh"] == [2, 1] and start["mesh_dims"] == ["replicate", "shard"]
     ref, got = losses(reference_run), losses(plan)

@@ -16,7 +16,17 @@ import pytest
 from llmctl.engine.data import PackedBlocks
 from llmctl.engine.evaluate import IGNORE, Evaluator
 from llmctl.engine.loggers import scalars
-from tests.engine.conftest import CORPUS, REPO, check_ok, engine_cmd, engine_env, records, run_engine, write_plan
+from tests.engine.conftest import (
+    CORPUS,
+    REPO,
+    check_ok,
+    engine_cmd,
+    engine_env,
+    records,
+    run_engine,
+    run_engine_plans,
+    write_plan,
+)
 from tests.engine.test_dist import _worker
 
 
@@ -75,11 +85,11 @@ def test_validation_loss_is_the_same_on_1_2_and_4_ranks(tmp_path: Path) -> None:
     """The same global batch of 4 laid out as 1 rank x mbs 2 x acc 2, 2 ranks x mbs 2, 4 ranks x mbs 1; a validation
     set of 10 blocks (eval_batches 3 asks for 12: two slots are padding). The learning rate is tiny so that the
     weights are the same to float rounding (this pins the evaluation, not training equality, which test_dist
-    covers): the validation losses agree within 1e-6."""
+    covers): the validation losses agree within 1e-6. The three runs are made in one 4-rank torchrun, each on as
+    many of its ranks as its plan is for (tests/engine/engine_runs.py)."""
     val = _val_file(tmp_path / "val", 10)
-    got = {}
-    for nproc, mbs, acc in ((1, 2, 2), (2, 2, 1), (4, 1, 1)):
-        plan = write_plan(
+    plans = {
+        nproc: write_plan(
             tmp_path / f"w{nproc}",
             {
                 "data": {"val": [str(val)]},
@@ -89,7 +99,13 @@ def test_validation_loss_is_the_same_on_1_2_and_4_ranks(tmp_path: Path) -> None:
                 "logging": {"eval_interval_steps": 1, "eval_batches": 3},
             },
         )
-        check_ok(run_engine(plan, nproc, tmp_path))
+        for nproc, mbs, acc in ((1, 2, 2), (2, 2, 1), (4, 1, 1))
+    }
+    procs = run_engine_plans(list(plans.values()), 4, tmp_path)
+    got = {}
+    for nproc, plan in plans.items():
+        check_ok(procs[plan])
+        assert records(plan, "start")[0]["world_size"] == nproc
         evals = records(plan, "eval")
         assert [e["step"] for e in evals] == [1, 2]
         assert all(e["val_sequences"] == 10 and e["val_tokens"] == 10 * 64 for e in evals)

@@ -8,8 +8,13 @@ sdpa/eager x no/full checkpointing. Then measure_config is run on architectures 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import shutil
 import subprocess
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -152,8 +157,10 @@ def test_a_shorter_model_saves_what_the_full_model_saves_per_layer():
 
 # --- other architectures, the cache ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("cfg", OTHERS, ids=[c["model_type"] for c in OTHERS])
-def test_measures_architectures_without_an_analytical_model(cfg, tmp_path, monkeypatch):
-    result = fm.measure_config(cfg, cache_dir=tmp_path)
+def test_measures_architectures_without_an_analytical_model(cfg, measured_others, tmp_path, monkeypatch):
+    """Each config is measured once for the session (tests/conftest.py: by its first `llmctl estimate`, through
+    measure_config on one cache folder); here what the measurement returned, and the one file measure_config wrote."""
+    result = measured_others["measured"][cfg["model_type"]]
     model = build(cfg, device="meta")
     assert result["total_params"] == sum(p.numel() for p in model.parameters())
     in_layers = sum(k["params"] * k["count"] for k in result["layers"])
@@ -165,13 +172,15 @@ def test_measures_architectures_without_an_analytical_model(cfg, tmp_path, monke
         assert all(a > 0 for a, _ in kinds.values()) or key.endswith("/full"), key
     assert "fit_error" not in result
 
-    path = tmp_path / f"{result['config_hash']}.json"
-    assert json.loads(path.read_text()) == result
-    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+    shared = measured_others["cache"] / f"{result['config_hash']}.json"
+    assert json.loads(shared.read_text()) == result
+    assert measured_others["runs"][cfg["model_type"]][2] == {shared.name}  # no temporary file left
 
     def no_measuring(*args, **kwargs):
         raise AssertionError("measured again")
 
+    path = tmp_path / shared.name  # a copy: the refresh below rewrites it
+    shutil.copyfile(shared, path)
     monkeypatch.setattr(fm, "_measure", no_measuring)
     assert fm.measure_config(cfg, cache_dir=tmp_path) == result
     calls = []
@@ -299,8 +308,15 @@ ANALYTICAL_GAPS: set[tuple[str, str]] = set()
 
 @pytest.fixture(scope="module")
 def measured_families(tmp_path_factory) -> dict:
+    """Every family measured (seconds each, one CPU core each: fake tensors run Python, not kernels), in processes
+    of their own on the machine's cores."""
     cache = tmp_path_factory.mktemp("measured")
-    return {mt: fm.measure_config(tiny(mt), cache_dir=cache) for mt in TINY}
+    measure = partial(fm.measure_config, cache_dir=cache)
+    workers = min(len(TINY), os.cpu_count() or 1)
+    if workers < 2:
+        return {mt: measure(tiny(mt)) for mt in TINY}
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return dict(zip(TINY, pool.map(measure, [tiny(mt) for mt in TINY]), strict=True))
 
 
 @pytest.mark.parametrize("family", list(TINY))

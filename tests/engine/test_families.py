@@ -3,11 +3,13 @@ meta build + materialize reproducing transformers' buffers and init rules (also 
 equal to transformers' (Gemma 2's final-logit soft-cap included), and 3 training steps on 2 gloo ranks with FSDP2
 full shard, without and with activation checkpointing.
 
-Training runs two ways: every (family, checkpointing mode) in one torchrun of tests/engine/family_worker.py (the
-engine's build, parallelize, materialize, loss and optimizer, plan after plan: a torchrun costs ~10 s of CPU here,
-a plan under one), and each family once through the engine CLI (`torchrun -m llmctl.engine PLAN`) with full
-checkpointing. Both train on a fixed batch, so the loss must fall at every step; in fp32 on the CPU checkpointing
-replays the same ops in the same order, so checkpointed losses and gradient norms equal the plain run's exactly.
+Training runs two ways, in one 2-rank torchrun of tests/engine/family_worker.py (a torchrun costs ~10 s of CPU
+here, a plan under one): every (family, checkpointing mode) with the engine's build, parallelize, materialize, loss
+and optimizer, plan after plan; then each family once through the engine's entry point (`llmctl.engine.__main__`'s
+main, what `torchrun -m llmctl.engine PLAN` runs: plan, spec, data, training loop, metrics) with full checkpointing,
+a new process group per plan (tests/engine/engine_runs.py). Both train on a fixed batch, so the loss must fall at
+every step; in fp32 on the CPU checkpointing replays the same ops in the same order, so checkpointed losses and
+gradient norms equal the plain run's exactly.
 """
 
 from __future__ import annotations
@@ -15,14 +17,23 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.engine.conftest import REPO, TINY, check_ok, deep_update, engine_env, losses, records, run_engine
+from tests.engine.conftest import (
+    REPO,
+    TINY,
+    check_ok,
+    deep_update,
+    losses,
+    plan_runs,
+    read_results,
+    records,
+    torchrun_script,
+)
 from tests.engine.family_configs import FAMILIES, MOE
 from tests.family_configs import OTHERS
 
@@ -254,9 +265,16 @@ EXTRA = {  # (family, name): training section; compared with the family's plain 
 }
 
 
+# A type outside the analytical families (tests/family_configs.py: granite's embedding/residual multipliers): the
+# engine's spec of it is measured on fake tensors (llmctl.engine.fakemeasure, installed by the engine's __main__).
+GRANITE = {**OTHERS[0], "vocab_size": VOCAB, "bos_token_id": 256, "eos_token_id": 257}
+
+
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict[str, Any]]:
-    """(family, mode) -> the worker's result for every family and mode, from one 2-rank torchrun."""
+def launch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One 2-rank torchrun: every (family, mode) plan through the worker ("trained": (family, mode) -> its result),
+    then every family's plan and granite's, with full checkpointing, through the engine's entry point ("cli": family
+    -> (plan, its run as a CompletedProcess), "cache": the measurement cache of the launch)."""
     root = tmp_path_factory.mktemp("families")
     plans = {
         (fam, mode): family_plan(root / f"{fam}-{mode}", fam, {"activation_checkpointing": mode})
@@ -265,15 +283,23 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], d
     }
     for (fam, name), training in EXTRA.items():
         plans[(fam, name)] = family_plan(root / f"{fam}-{name}", fam, training)
-    out = root / "results.json"
+    full = {"activation_checkpointing": "full"}
+    cli = {fam: family_plan(root / f"{fam}-cli", fam, full) for fam in FAMILIES}
+    cli["granite"] = family_plan(root / "granite-cli", "granite", full, cfg=GRANITE)
+    out, cache = root / "results.json", root / "measured"
     worker = REPO / "tests" / "engine" / "family_worker.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(worker), str(out)]
-    proc = subprocess.run(
-        [*cmd, *map(str, plans.values())], cwd=REPO, env=engine_env(root), capture_output=True, text=True, timeout=900
-    )
-    check_ok(proc)
-    got = json.loads(out.read_text())
-    return {key: got[str(path)] for key, path in plans.items()}
+    args = [str(out), *map(str, plans.values()), "--engine", *map(str, cli.values())]
+    proc = torchrun_script(worker, args, 2, root, {"LLMCTL_CACHE_DIR": str(cache)}, timeout=900)
+    got = read_results(out)
+    trained = {key: got.get(str(path), {"error": f"not run\n{proc.stderr[-8000:]}"}) for key, path in plans.items()}
+    runs = plan_runs(proc, got, list(cli.values()))
+    return {"trained": trained, "cli": {fam: (path, runs[path]) for fam, path in cli.items()}, "cache": cache}
+
+
+@pytest.fixture(scope="module")
+def trained(launch: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(family, mode) -> the worker's result for every family and mode."""
+    return launch["trained"]
 
 
 def result(trained: dict, key: tuple[str, str]) -> dict[str, Any]:
@@ -333,30 +359,26 @@ def _trained_three_fully_checkpointed_steps(plan: Path, proc: subprocess.Complet
 
 @pytest.mark.dist
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_family_trains_through_the_engine_cli(tmp_path: Path, family: str) -> None:
-    """`torchrun --nproc_per_node 2 -m llmctl.engine PLAN` with the family's config.json and full checkpointing: the
-    plan, spec, build, FSDP2 and the training loop end to end; the repeated sentence is a fixed batch."""
-    plan = family_plan(tmp_path, family, {"activation_checkpointing": "full"})
-    proc = run_engine(plan, 2, tmp_path)
+def test_family_trains_through_the_engine_cli(launch: dict[str, Any], family: str) -> None:
+    """The engine's entry point on 2 ranks with the family's config.json and full checkpointing: the plan, spec,
+    build, FSDP2 and the training loop end to end; the repeated sentence is a fixed batch. The families without an
+    SDPA path say that they fall back to eager (in this run's log alone)."""
+    plan, proc = launch["cli"][family]
     _trained_three_fully_checkpointed_steps(plan, proc)
     if family in NO_SDPA:
         assert "has no sdpa path in transformers, using eager" in proc.stderr
-
-
-# A type outside the analytical families (tests/family_configs.py: granite's embedding/residual multipliers): the
-# engine's spec of it is measured on fake tensors (llmctl.engine.fakemeasure, installed by the engine's __main__).
-GRANITE = {**OTHERS[0], "vocab_size": VOCAB, "bos_token_id": 256, "eos_token_id": 257}
+    else:
+        assert "using eager" not in proc.stderr
 
 
 @pytest.mark.dist
-def test_a_measured_type_trains_through_the_engine_cli(tmp_path: Path) -> None:
-    """granite through `torchrun --nproc_per_node 2 -m llmctl.engine PLAN`, FSDP2 full shard with full checkpointing:
-    the ranks measure the config (cached in $LLMCTL_CACHE_DIR), build, shard and train 3 steps; the loss is finite
-    and falls on the fixed batch."""
+def test_a_measured_type_trains_through_the_engine_cli(launch: dict[str, Any]) -> None:
+    """granite through the engine's entry point on 2 ranks, FSDP2 full shard with full checkpointing: the ranks
+    measure the config (cached in $LLMCTL_CACHE_DIR), build, shard and train 3 steps; the loss is finite and falls
+    on the fixed batch."""
     assert GRANITE["model_type"] == "granite"
-    plan = family_plan(tmp_path, "granite", {"activation_checkpointing": "full"}, cfg=GRANITE)
-    cache = tmp_path / "measured"
-    proc = run_engine(plan, 2, tmp_path, {"LLMCTL_CACHE_DIR": str(cache)})
+    plan, proc = launch["cli"]["granite"]
     _trained_three_fully_checkpointed_steps(plan, proc)
-    # One measurement (the plan's config): the padded vocabulary is derived from it, not measured again.
-    assert len(list(cache.glob("*.json"))) == 1, sorted(cache.iterdir())
+    # One measurement (the plan's config): the padded vocabulary is derived from it, not measured again; the
+    # analytical families of the launch measure nothing.
+    assert len(list(launch["cache"].glob("*.json"))) == 1, sorted(launch["cache"].iterdir())

@@ -7,7 +7,6 @@ resident memory at setup (its shard plus about one layer, not the whole model).
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from typer.testing import CliRunner
 from llmctl.cli.main import app
 from llmctl.engine.data import RankData, build_source
 from llmctl.spec.planfile import load_plan
-from tests.engine.conftest import REPO, check_ok, engine_cmd, engine_env, losses, records, run_engine, write_plan
+from tests.engine.conftest import check_ok, losses, records, run_engine, run_engine_plans, write_plan
 from tests.engine.test_export import exported_logits, reference_logits
 from tests.engine.test_materialize import save_tiny_llama
 
@@ -37,14 +36,13 @@ def save_tiny_gpt2(folder: Path) -> None:
 
 
 RUNS: dict[str, dict[str, Any]] = {
-    "llama-full-2": {"hf": "llama", "nproc": 2, "hardware": {"nproc_per_node": 2}, "parallel": {}},
+    "llama-full-2": {"hf": "llama", "hardware": {"nproc_per_node": 2}, "parallel": {}},
     "llama-hybrid-2x2": {
         "hf": "llama",
-        "nproc": 4,
         "hardware": {"nodes": 2, "nproc_per_node": 2},
         "parallel": {"sharding": "hybrid_shard"},
     },
-    "gpt2-full-2": {"hf": "gpt2", "nproc": 2, "hardware": {"nproc_per_node": 2}, "parallel": {}},
+    "gpt2-full-2": {"hf": "gpt2", "hardware": {"nproc_per_node": 2}, "parallel": {}},
 }
 # A model of ~230 MB (fp32) on 4 ranks, one step: what each rank holds at setup.
 RSS_MODEL = {
@@ -60,7 +58,9 @@ RSS_MODEL = {
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Every run of this file at once (most of their time is start-up): 3 steps each from the saved weights,
-    checkpoint at step 3; and the one-step memory run."""
+    checkpoint at step 3; and the one-step memory run. One 4-rank torchrun through the engine's entry point, plan
+    after plan, each on as many ranks as it is for (tests/engine/engine_runs.py): the memory run first (its start
+    event reports the processes' peak resident memory: no run before it), then the others."""
     root = tmp_path_factory.mktemp("weights")
     hf = {"llama": root / "hf-llama", "gpt2": root / "hf-gpt2"}
     save_tiny_llama(hf["llama"], vocab=300, shard_size="60KB")
@@ -88,21 +88,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "training": {"max_steps": 1, "micro_batch_size": 1, "seq_len": 32},
         },
     )
-    nproc = {**{k: v["nproc"] for k, v in RUNS.items()}, "rss": 4}
-    procs = {
-        k: subprocess.Popen(
-            engine_cmd(p, nproc[k]),
-            cwd=REPO,
-            env=engine_env(p.parent),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for k, p in plans.items()
-    }
-    for proc in procs.values():
-        out, err = proc.communicate(timeout=400)
-        check_ok(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    order = [plans["rss"], *(plans[name] for name in RUNS)]
+    for run in run_engine_plans(order, 4, root).values():
+        check_ok(run)
     return plans
 
 

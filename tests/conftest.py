@@ -1,0 +1,51 @@
+"""Fixtures shared by test folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def measured_others(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every config of tests/family_configs.py's OTHERS measured on fake tensors once for the session (tens of
+    seconds of CPU), by its first `llmctl estimate CONFIG --json` with the CLI's measurer on one cache folder:
+
+    - "cache": the folder (tests/cli/test_measured_cli.py's cache: later runs there are cache hits);
+    - "runs": model_type -> (its config.json, that run's Result, the files the run added to the cache);
+    - "measured": model_type -> what the measurement (llmctl.engine.fakemeasure._measure) returned, before
+      measure_config cached it (tests/engine/test_fakemeasure.py checks it against the model and the cache file).
+    """
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+    from llmctl.engine import fakemeasure as fm
+    from llmctl.spec import models
+    from tests.family_configs import OTHERS
+
+    cache = tmp_path_factory.mktemp("measured")
+    folder = tmp_path_factory.mktemp("configs")
+    runs: dict[str, Any] = {}
+    measured: dict[str, dict] = {}
+    measure = fm._measure
+
+    def recorded(cfg: dict, model_type: str, *args: Any) -> dict:
+        measured[model_type] = measure(cfg, model_type, *args)
+        return measured[model_type]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(fm.CACHE_ENV, str(cache))
+        mp.setattr(models, "_measurer", [])
+        fm.install()  # the CLI's measurer (llmctl.cli.main installs it at import), on `cache`
+        mp.setattr(fm, "_measure", recorded)
+        for cfg in OTHERS:
+            path = folder / cfg["model_type"] / "config.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps(cfg))
+            before = {p.name for p in cache.iterdir()}
+            r = CliRunner().invoke(app, ["estimate", str(path), "--json"])
+            runs[cfg["model_type"]] = (path, r, {p.name for p in cache.iterdir()} - before)
+    return {"cache": Path(cache), "runs": runs, "measured": measured}
