@@ -30,6 +30,9 @@ RESULTS_FILE = "trials.json"
 SCRIPT = "tune.sbatch"
 POLL_S = 2.0
 """How often the submitting side asks SLURM for the job's state and reads trials.json."""
+UNKNOWN_POLLS = 15
+"""Polls in a row with no answer from squeue, sacct and scontrol (a busy or restarting slurmctld) before the job is
+taken to have ended: one unanswered poll must not fail trials that are still running."""
 
 
 @dataclass(frozen=True)
@@ -209,9 +212,10 @@ def follow(
     ended: set[tuple[int, int]] = set()
     order = [(t, rnd) for rnd in range(1, rounds + 1) for t in trials]
     tail: tune_trials._Tail | None = None
-    shown_state, state = None, "PENDING"
+    shown_state, state, unknown = None, "PENDING", 0
     while True:
         state = jobs.slurm_state(job_id) or "UNKNOWN"
+        unknown = unknown + 1 if state == "UNKNOWN" else 0
         if state != shown_state and state not in ("RUNNING", "COMPLETING", "COMPLETED"):
             tune_trials.say(f"job {job_id}: {state}")
         shown_state = state
@@ -235,7 +239,7 @@ def follow(
                 ended.add(key)
             elif key in started and tail is not None:
                 progress.step(tail.last_step())
-        if state not in jobs.ACTIVE:
+        if state not in jobs.ACTIVE and (state != "UNKNOWN" or unknown >= UNKNOWN_POLLS):
             break
         time.sleep(poll_s)
     log = folder / f"slurm-{job_id}.out"

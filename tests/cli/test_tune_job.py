@@ -176,6 +176,24 @@ def test_follow_fills_the_trials_from_the_jobs_record(tmp_path: Path, stub_slurm
     assert trials[0].measured is not None and trials[0].measured.tokens_per_s == pytest.approx(250.0)
 
 
+def test_a_state_slurm_does_not_answer_for_a_while_is_not_the_end(
+    tmp_path: Path, stub_slurm: Path, monkeypatch
+) -> None:
+    spec = spec_for(tmp_path, numbers=(1,))
+    spec.save(tmp_path)
+    tune_job.run(tmp_path, job_env())
+    answers = iter([None] * (tune_job.UNKNOWN_POLLS - 1) + ["COMPLETED"])
+    monkeypatch.setattr("llmctl.launch.jobs.slurm_state", lambda job_id: next(answers))
+    trials = [tune.Trial(1, None, Path(spec.trials[0].folder))]  # type: ignore[arg-type]
+    assert tune_job.follow("42", tmp_path, trials, 1, spec.warmup, Lines(), poll_s=0) == "COMPLETED"
+    assert trials[0].status == "ok"
+    # No answer at all, for UNKNOWN_POLLS polls: the job is taken to have ended, its trials failed with the reason.
+    monkeypatch.setattr("llmctl.launch.jobs.slurm_state", lambda job_id: None)
+    trials = [tune.Trial(1, None, tmp_path / "never")]  # type: ignore[arg-type]
+    assert tune_job.follow("43", tmp_path / "nothing", trials, 1, spec.warmup, Lines(), poll_s=0) == "UNKNOWN"
+    assert trials[0].status == "failed" and "ended (UNKNOWN)" in (trials[0].reason or "")
+
+
 def test_a_job_that_ends_early_fails_the_trials_it_never_ran(tmp_path: Path, monkeypatch) -> None:
     spec = spec_for(tmp_path)
     monkeypatch.setattr("llmctl.launch.jobs.slurm_state", lambda job_id: "TIMEOUT")
