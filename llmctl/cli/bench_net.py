@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
+from llmctl.childerrors import ChildErrors
 from llmctl.cli.options import JsonOpt
-from llmctl.errors import ERROR_FILE_ENV, PREFIX, InputError, RuntimeFailure, read_reports
+from llmctl.errors import PREFIX, InputError, RuntimeFailure
 from llmctl.netbench import options as opts
 
 if TYPE_CHECKING:
@@ -219,8 +220,8 @@ def _run_torchrun(cfg: opts.WorkerConfig, nproc_per_node: int, rdzv: Rendezvous,
         env["LLMCTL_FORCE_TTY"] = "1"  # the worker's stderr is a pipe through us; keep the live progress bar
     log_path = tmp / "torchrun.log"
     # The workers record their failures here (llmctl.errors.report); their stderr lines are only shown.
-    error_file = tmp / "errors.jsonl"
-    env[ERROR_FILE_ENV] = str(error_file)
+    errors = ChildErrors.in_folder(tmp)
+    env.update(errors.variable)
     try:
         proc = subprocess.Popen(
             torchrun_argv(cfg, nproc_per_node, rdzv),
@@ -240,12 +241,7 @@ def _run_torchrun(cfg: opts.WorkerConfig, nproc_per_node: int, rdzv: Rendezvous,
         raise
     pump.join(timeout=10)
     if rc != 0:
-        failures = read_reports(error_file)
-        if failures:
-            more = f" (+{len(failures) - 1} more rank messages)" if len(failures) > 1 else ""
-            first = failures[0]
-            cls = InputError if first.exit_code == InputError.exit_code else RuntimeFailure
-            raise cls(first.message + more)
+        errors.raise_first(count_others=True)
         log = log_path.read_text(errors="replace")
         joined = _JOINED.search(log)
         if joined:  # torchrun's static rendezvous: node rank 0's agent waited for the other nodes' agents

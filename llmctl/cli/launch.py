@@ -129,7 +129,7 @@ def launch(
     """Run a plan: torchrun on this machine, or a SLURM job (sbatch template or submitit) that survives
     preemption (checkpoint on SIGUSR1, requeue, resume). --dry-start checks that it will start, in seconds."""
     from llmctl.launch import backends, local, shell
-    from llmctl.launch.preflight import PreflightOptions
+    from llmctl.launch.preflight.options import PreflightOptions
     from llmctl.launch.slurm_options import SlurmOptions
     from llmctl.spec.planfile import load_plan
 
@@ -191,15 +191,15 @@ def _dry_start(plan: Path, allocate_all: bool) -> None:
     """Run `python -m llmctl.engine --dry-start` in a process of its own (its fake process group and its peak
     memory are its own) and print its report."""
     import json
-    import os
     import subprocess
     import tempfile
 
-    from llmctl.errors import ERROR_FILE_ENV, RuntimeFailure, read_reports
+    from llmctl.childerrors import ChildErrors
+    from llmctl.errors import RuntimeFailure
 
     with tempfile.TemporaryDirectory(prefix="llmctl-dry-start-") as tmp:
-        out, errors = Path(tmp) / "report.json", Path(tmp) / "errors.jsonl"
-        env = dict(os.environ, **{ERROR_FILE_ENV: str(errors)})
+        out, errors = Path(tmp) / "report.json", ChildErrors.in_folder(Path(tmp))
+        env = errors.env()
         env.setdefault("TMPDIR", tmp)
         argv = [sys.executable, "-m", "llmctl.engine", "--dry-start", "--json-out", str(out), str(plan)]
         if allocate_all:
@@ -207,10 +207,7 @@ def _dry_start(plan: Path, allocate_all: bool) -> None:
         typer.echo(f"dry start of {plan}: rank 0's setup in this machine's memory ...", err=True)
         proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
-            failures = read_reports(errors)
-            if failures:
-                cls = InputError if failures[0].exit_code == InputError.exit_code else RuntimeFailure
-                raise cls(f"dry start: {failures[0].message}")
+            errors.raise_first("dry start: ")
             tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["?"]
             raise RuntimeFailure(f"dry start failed (exit {proc.returncode}): {tail[0][:300]}")
         report = json.loads(out.read_text())

@@ -19,8 +19,9 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from llmctl.childerrors import ChildErrors
 from llmctl.cli import render
-from llmctl.errors import ERROR_FILE_ENV, RuntimeFailure, read_reports
+from llmctl.errors import RuntimeFailure
 from llmctl.plan import tune
 
 STOP_GRACE_S = 20.0
@@ -59,8 +60,8 @@ def run_trial(
         argv = local.torchrun_argv(plan_path, nproc)
     (folder / "command").write_text(shell.join(argv) + "\n")
     n = trial.rounds + 1
-    errors = folder / f"errors-{n}.jsonl"
-    env = {**(os.environ if env is None else env), ERROR_FILE_ENV: str(errors), "PYTHONUNBUFFERED": "1"}
+    errors = ChildErrors(folder / f"errors-{n}.jsonl")
+    env = {**errors.env(env), "PYTHONUNBUFFERED": "1"}
     metrics = _Tail(folder / "logs" / "metrics.jsonl")  # the engine appends: this round's lines only
     started = time.monotonic()
     timed_out = False
@@ -123,12 +124,11 @@ def _stop(proc: subprocess.Popen) -> int:
 _ERROR_LINE = re.compile(r"^(llmctl: error: .*|[A-Za-z_.]*(Error|Exception): .*)$")
 
 
-def _failure(rc: int, folder: Path, errors: Path) -> str:
+def _failure(rc: int, folder: Path, errors: ChildErrors) -> str:
     """One line: what the engine reported (its error file: bad input, a runtime failure, out of memory), else the
     last error line of the output, else the exit code or signal."""
-    reports = read_reports(errors)
-    if reports:
-        r = reports[0]
+    r = errors.first()
+    if r is not None:
         where = f"rank {r.rank}: " if r.rank else ""
         return f"{'out of memory' if r.kind == 'OutOfMemoryError' else 'exit ' + str(rc)}: {where}{r.message}"
     if rc < 0:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from llmctl.errors import InputError
 from llmctl.launch import jobs, shell
-from llmctl.launch.preflight import PreflightOptions
+from llmctl.launch.preflight.options import PreflightOptions
 from llmctl.launch.slurm_options import SlurmOptions
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from llmctl.fileio import write_atomic
 from llmctl.launch import jobs, local, shell, slurm_options
 from llmctl.launch.backends import Job, SlurmBackend
 from llmctl.launch.local import ENGINE_MODULE
-from llmctl.launch.preflight import PreflightOptions
+from llmctl.launch.preflight.options import PreflightOptions
 from llmctl.launch.slurm_options import SlurmOptions
 
 TEMPLATE_NAME = "slurm.sbatch.j2"

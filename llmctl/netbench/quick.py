@@ -7,7 +7,8 @@ of a SLURM job, before training). Two commands, each run by every rank:
 
 `node`, on one node alone: are the devices there (G GPUs, each with at least the memory the plan predicts; on a
 CPU: the K ranks start), then one all-reduce among the node's K ranks, checked and timed with bench-net's own
-measurement (`worker.time_collective`). Local rank 0 writes DIR/node-<name>.json, passed or failed.
+measurement (`worker.time_collective`). Local rank 0 writes DIR/node-<name>.json, passed or failed (the paths:
+llmctl.netbench.quick_files).
 
 `cross`, on the nodes that passed, together: bench-net's worker (`worker.run`) in quick mode
 (`WorkerConfig.quick`: the all-reduce over all nodes, inside and across nodes, a few pairwise rounds, one
@@ -36,9 +37,9 @@ import torch.distributed as dist
 from llmctl.errors import LlmctlError, RuntimeFailure
 from llmctl.errors import report as report_error
 from llmctl.fileio import write_atomic
-from llmctl.launch.preflight import node_result_path
 from llmctl.netbench import options as opts
 from llmctl.netbench import worker
+from llmctl.netbench.quick_files import bench_path, node_result_path
 from llmctl.netbench.report import aligned_size, busbw_gbytes_s
 from llmctl.units import fmt_bytes
 
@@ -120,7 +121,7 @@ def node_check(out: Path, expect_gpus: int, min_gpu_memory_bytes: int | None, ti
 
 def cross(out: Path, timeout_s: float) -> None:
     """bench-net's worker in quick mode on every rank; rank 0 writes DIR/bench.json."""
-    cfg = opts.WorkerConfig.quick(str(out / "bench.json"), on_gpu=torch.cuda.is_available(), timeout_s=timeout_s)
+    cfg = opts.WorkerConfig.quick(str(bench_path(out)), on_gpu=torch.cuda.is_available(), timeout_s=timeout_s)
     worker.run(cfg)
 
 

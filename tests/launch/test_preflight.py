@@ -14,7 +14,10 @@ from typer.testing import CliRunner
 from llmctl.cli.main import app
 from llmctl.errors import InputError
 from llmctl.launch import jobs
-from llmctl.launch import preflight as pf
+from llmctl.launch.preflight import decision as pf
+from llmctl.launch.preflight import node, requeue
+from llmctl.launch.preflight.main import main as preflight_main
+from llmctl.launch.preflight.options import PreflightOptions
 from llmctl.netbench import report as rp
 
 MiB = 2**20
@@ -184,7 +187,7 @@ def test_cross_step_failure_stops() -> None:
 )
 def test_options_validated(kwargs: dict, message: str) -> None:
     with pytest.raises(InputError, match=message):
-        pf.PreflightOptions(**kwargs)
+        PreflightOptions(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -243,7 +246,7 @@ def test_cross_step_torchrun_command(monkeypatch: pytest.MonkeyPatch) -> None:
     env |= {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}
     worker = ["--out", "/j/preflight/42.1", "--expect-gpus", "4"]
     rdzv = ["--nnodes", "2", "--rdzv-node", "node1", "--rdzv-endpoint", "10.0.0.1:31541", "--join-timeout-s", "300"]
-    assert pf.cross_command([*rdzv, "--", *worker], env) == [
+    assert node.cross_command([*rdzv, "--", *worker], env) == [
         "/v/bin/torchrun",
         "--nnodes=2",
         "--nproc_per_node=4",
@@ -258,13 +261,13 @@ def test_cross_step_torchrun_command(monkeypatch: pytest.MonkeyPatch) -> None:
         "cross",
         *worker,
     ]
-    assert "--rdzv_conf=is_host=1,join_timeout=300" in pf.cross_command(
+    assert "--rdzv_conf=is_host=1,join_timeout=300" in node.cross_command(
         [*rdzv, "--", *worker], {**env, "SLURMD_NODENAME": "node1"}
     )
 
 
 def test_node_step_ranks_get_torchruns_variables() -> None:
-    env = pf.rank_env({"PATH": "/bin"}, 4, 3, 29999)
+    env = node.rank_env({"PATH": "/bin"}, 4, 3, 29999)
     assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")} == {
         "RANK": "3",
         "LOCAL_RANK": "3",
@@ -273,7 +276,7 @@ def test_node_step_ranks_get_torchruns_variables() -> None:
         "GROUP_RANK": "0",
     }
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["OMP_NUM_THREADS"]) == ("127.0.0.1", "29999", "1")
-    assert "OMP_NUM_THREADS" not in pf.rank_env({}, 1, 0, 1)
+    assert "OMP_NUM_THREADS" not in node.rank_env({}, 1, 0, 1)
 
 
 def test_node_step_stops_the_other_ranks_when_one_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -283,16 +286,16 @@ def test_node_step_stops_the_other_ranks_when_one_fails(monkeypatch: pytest.Monk
 
     script = tmp_path / "rank.py"
     script.write_text("import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(3)\ntime.sleep(60)\n")
-    real_popen = pf.subprocess.Popen
-    monkeypatch.setattr(pf.subprocess, "Popen", lambda argv, env: real_popen([sys.executable, str(script)], env=env))
+    real_popen = node.subprocess.Popen
+    monkeypatch.setattr(node.subprocess, "Popen", lambda argv, env: real_popen([sys.executable, str(script)], env=env))
     t0 = time.monotonic()
-    assert pf.run_node_ranks([], {"LLMCTL_PREFLIGHT_NPROC": "2", "PATH": "/usr/bin:/bin"}) == 3
+    assert node.run_node_ranks([], {"LLMCTL_PREFLIGHT_NPROC": "2", "PATH": "/usr/bin:/bin"}) == 3
     assert time.monotonic() - t0 < 20
 
 
 def test_outside_a_job_is_one_line(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("LLMCTL_JOB_DIR", raising=False)
-    assert pf.main([]) == 2
+    assert preflight_main([]) == 2
     err = capsys.readouterr()
     assert err.out == "" and err.err.startswith("llmctl: error: not inside an llmctl sbatch job (LLMCTL_JOB_DIR")
 
@@ -322,10 +325,10 @@ def failed_node2() -> pf.Decision:
     ids=["spare-in-partition", "keeps-earlier-excludes", "too-few-left", "pinned-nodes", "limit"],
 )
 def test_requeue_without_the_failed_nodes_when_the_partition_allows(job, usable, restart, expected) -> None:
-    assert pf.requeue_without(failed_node2(), job, usable, restart, 20) == expected
+    assert requeue.requeue_without(failed_node2(), job, usable, restart, 20) == expected
 
 
 def test_a_passing_preflight_or_a_cross_step_failure_is_never_requeued() -> None:
-    assert pf.requeue_without(pf.decide(NODES[:2], 2, {n: ok(n) for n in NODES[:2]}), {}, NODES, 0, 20)[0] is None
+    assert requeue.requeue_without(pf.decide(NODES[:2], 2, {n: ok(n) for n in NODES[:2]}), {}, NODES, 0, 20)[0] is None
     d = pf.decide(NODES[:2], 2, {n: ok(n) for n in NODES[:2]}, cross_error="rank 1 never joined")
-    assert d.exclude == [] and pf.requeue_without(d, {}, NODES, 0, 20) == (None, "nothing to leave out")
+    assert d.exclude == [] and requeue.requeue_without(d, {}, NODES, 0, 20) == (None, "nothing to leave out")

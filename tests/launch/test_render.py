@@ -13,7 +13,7 @@ from launch_helpers import HOSTILE, pwned, write_stub
 import llmctl
 from llmctl.errors import InputError
 from llmctl.launch import slurm
-from llmctl.launch.preflight import PreflightOptions
+from llmctl.launch.preflight.options import PreflightOptions
 
 GOLDEN = Path(__file__).parent / "golden"
 
