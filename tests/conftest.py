@@ -16,13 +16,14 @@ def measured_others(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     - "cache": the folder (tests/cli/test_measured_cli.py's cache: later runs there are cache hits);
     - "runs": model_type -> (its config.json, that run's Result, the files the run added to the cache);
-    - "measured": model_type -> what the measurement (llmctl.engine.fakemeasure._measure) returned, before
-      measure_config cached it (tests/engine/test_fakemeasure.py checks it against the model and the cache file).
+    - "measured": model_type -> what the measurement (llmctl.measure.fake._measure) returned, before
+      measure_config cached it (tests/measure/test_fake.py checks it against the model and the cache file).
     """
     from typer.testing import CliRunner
 
     from llmctl.cli.main import app
-    from llmctl.engine import fakemeasure as fm
+    from llmctl.measure import cache as measure_cache
+    from llmctl.measure import fake
     from llmctl.spec import models
     from tests.family_configs import OTHERS
 
@@ -30,17 +31,17 @@ def measured_others(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     folder = tmp_path_factory.mktemp("configs")
     runs: dict[str, Any] = {}
     measured: dict[str, dict] = {}
-    measure = fm._measure
+    measure = fake._measure
 
     def recorded(cfg: dict, model_type: str, *args: Any) -> dict:
         measured[model_type] = measure(cfg, model_type, *args)
         return measured[model_type]
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(fm.CACHE_ENV, str(cache))
+        mp.setenv(measure_cache.CACHE_ENV, str(cache))
         mp.setattr(models, "_measurer", [])
-        fm.install()  # the CLI's measurer (llmctl.cli.main installs it at import), on `cache`
-        mp.setattr(fm, "_measure", recorded)
+        fake.install()  # the CLI's measurer (llmctl.cli.main installs it at import), on `cache`
+        mp.setattr(fake, "_measure", recorded)
         for cfg in OTHERS:
             path = folder / cfg["model_type"] / "config.json"
             path.parent.mkdir(parents=True)

@@ -175,7 +175,7 @@ def tiny(model_type: str, **over: Any) -> dict[str, Any]:
     return cfg
 
 
-# --- measured types: outside the analytical families, measured on fake tensors (llmctl.engine.fakemeasure) -----------
+# --- measured types: outside the analytical families, measured on fake tensors (llmctl.measure.fake) ------------------
 TOKENS: dict[str, Any] = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 SMALL: dict[str, Any] = {
     "hidden_size": 64,

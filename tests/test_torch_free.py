@@ -38,7 +38,7 @@ def test_no_torch_import(argv):
 # The static half: no module under these packages imports them, at any depth (a function-level import too), so
 # that a lazy import added to some rarely-run branch cannot slip past the runtime check above.
 TORCH_FREE_PACKAGES = ("llmctl/spec", "llmctl/plan", "llmctl/units.py", "llmctl/secrets.py", "llmctl/errors.py")
-FORBIDDEN = ("torch", "transformers", "llmctl.engine")
+FORBIDDEN = ("torch", "transformers", "llmctl.engine", "llmctl.measure")
 
 
 def _imports(path):

@@ -83,9 +83,9 @@ app = typer.Typer(
 def _register() -> None:
     # Each command module only defines its command(s); importing them must stay torch-free.
     from llmctl.cli import estimate
-    from llmctl.engine import fakemeasure  # imports torch only when a model type needs measuring
+    from llmctl.measure import fake  # imports torch only when a model type needs measuring
 
-    fakemeasure.install()
+    fake.install()
 
     estimate.register(app)
     for mod in ("bench_net", "plan", "launch", "tune", "export", "data"):

@@ -62,9 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"[llmctl.engine rank{_rank()}] %(message)s",
         stream=sys.stderr,
     )
-    from llmctl.engine import fakemeasure
+    from llmctl.measure import fake
 
-    fakemeasure.install()  # a model type outside the analytical families is measured (cached: `llmctl plan` measured it)
+    fake.install()  # a model type outside the analytical families is measured (cached: `llmctl plan` measured it)
     try:
         if args and args[0] == "--dry-start":
             return _dry_start(args[1:])

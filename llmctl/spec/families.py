@@ -306,7 +306,7 @@ FAMILIES: dict[str, Callable[[Config], dict[str, Any]]] = {
     "deepseek_v3": deepseek_v3,
     "gpt2": gpt2,
 }
-"""model_type -> reader. Everything else is measured on fake tensors (llmctl.engine.fakemeasure) when torch is
+"""model_type -> reader. Everything else is measured on fake tensors (llmctl.measure.fake) when torch is
 installed."""
 
 ANALYTICAL_MODEL_TYPES = sorted(FAMILIES)

@@ -75,7 +75,7 @@ class ModelSpec:
     resid_dropout: float = 0.0
     embd_dropout: float = 0.0
     measured: dict[str, Any] | None = field(default=None, compare=False, repr=False)
-    """For architectures outside the analytical families: what llmctl.engine.fakemeasure measured (params, and the
+    """For architectures outside the analytical families: what llmctl.measure.fake measured (params, and the
     bytes each kind of block saves for backward)."""
 
     def __post_init__(self) -> None:
@@ -374,7 +374,7 @@ _measurer: list[Measurer] = []
 
 def set_measurer(measure: Measurer | None) -> None:
     """Install the function that measures a config outside the analytical families (the CLI and the engine install
-    llmctl.engine.fakemeasure's; spec/ never imports torch itself). None removes it."""
+    llmctl.measure.fake's; spec/ never imports torch itself). None removes it."""
     _measurer[:] = [measure] if measure is not None else []
 
 

@@ -1,10 +1,10 @@
 """Model types outside the analytical families from the command line: `llmctl estimate` and `llmctl plan` on a
-config.json that llmctl.engine.fakemeasure measures on fake tensors (exact parameter counts, the result cached as
+config.json that llmctl.measure.fake measures on fake tensors (exact parameter counts, the result cached as
 `$LLMCTL_CACHE_DIR/<config_hash>.json`), and the one-line refusals when it cannot (no torch, an unknown type).
 
 Measuring a tiny config costs seconds, so each config is measured once, into one cache folder for the session: the
 first `estimate --json` run of each is made by the session's `measured_others` fixture (tests/conftest.py, whose
-measurements tests/engine/test_fakemeasure.py checks too), and later runs are cache hits.
+measurements tests/measure/test_fake.py checks too), and later runs are cache hits.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ transformers = pytest.importorskip(
 )
 
 from llmctl.cli.main import app  # noqa: E402
-from llmctl.engine import fakemeasure as fm  # noqa: E402
+from llmctl.measure import cache as measure_cache  # noqa: E402
+from llmctl.measure import fake as fm  # noqa: E402
 from llmctl.spec import models  # noqa: E402
 from llmctl.spec.planfile import load_plan  # noqa: E402
 from tests.family_configs import OTHER_MOE, OTHERS, SMALL  # noqa: E402
@@ -58,7 +59,7 @@ def meta_params(cfg: dict[str, Any]) -> int:
 
 def use_measurer(mp: pytest.MonkeyPatch, cache: Path) -> None:
     """The CLI's measurer (installed by llmctl.cli.main at import, as here; restored after the test) on `cache`."""
-    mp.setenv(fm.CACHE_ENV, str(cache))
+    mp.setenv(measure_cache.CACHE_ENV, str(cache))
     mp.setattr(models, "_measurer", [])
     fm.install()
 
@@ -93,7 +94,7 @@ def test_estimate_measures_a_type_outside_the_families(first_runs, cfg, cache, m
     data = json.loads(r.stdout)
     assert data["params"] == meta_params(cfg)
     assert data["measured"] is True and "measured on fake tensors" in data["shape"]
-    key = fm.config_hash(cfg)
+    key = measure_cache.config_hash(cfg)
     assert added == {f"{key}.json"}
     cached = json.loads((cache / f"{key}.json").read_text())
     assert cached["model_type"] == cfg["model_type"] and cached["total_params"] == data["params"]
@@ -140,7 +141,7 @@ def test_plan_on_a_measured_type_writes_a_plan(first_runs, tmp_path, monkeypatch
 
 # --- one-line refusals -------------------------------------------------------------------------------------------
 def test_without_torch_a_measured_type_is_one_line(tmp_path, monkeypatch):
-    monkeypatch.setenv(fm.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv(measure_cache.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setattr(fm, "available", lambda: False)
     for args in (["estimate"], ["estimate-memory"], ["plan", "--gpu", "A100-80GB"]):
         r = run(*args, str(write_config(tmp_path, OTHERS[0])))

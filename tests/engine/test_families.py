@@ -266,7 +266,7 @@ EXTRA = {  # (family, name): training section; compared with the family's plain 
 
 
 # A type outside the analytical families (tests/family_configs.py: granite's embedding/residual multipliers): the
-# engine's spec of it is measured on fake tensors (llmctl.engine.fakemeasure, installed by the engine's __main__).
+# engine's spec of it is measured on fake tensors (llmctl.measure.fake, installed by the engine's __main__).
 GRANITE = {**OTHERS[0], "vocab_size": VOCAB, "bos_token_id": 256, "eos_token_id": 257}
 
 

@@ -148,15 +148,15 @@ def names() -> list[str]:
 def main() -> int:
     import tempfile
 
-    from llmctl.engine import fakemeasure as fm
+    from llmctl.measure import cache, fake
 
     OUTPUTS.mkdir(exist_ok=True)
     changed = []
     with tempfile.TemporaryDirectory() as tmp:
         import os
 
-        os.environ[fm.CACHE_ENV] = str(Path(tmp) / "cache")
-        fm.install()
+        os.environ[cache.CACHE_ENV] = str(Path(tmp) / "cache")
+        fake.install()
         for name in names():
             work = Path(tmp) / name
             work.mkdir()

@@ -16,13 +16,13 @@ from tests.golden import cases
 def measurer(tmp_path_factory: pytest.TempPathFactory):
     """The measured case's model type needs torch (fake tensors); its own cache folder for this module."""
     pytest.importorskip("torch", reason="the measured model type needs torch (pip install 'llmctl[train]')")
-    from llmctl.engine import fakemeasure as fm
+    from llmctl.measure import cache, fake
     from llmctl.spec import models
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(fm.CACHE_ENV, str(tmp_path_factory.mktemp("golden-cache")))
+        mp.setenv(cache.CACHE_ENV, str(tmp_path_factory.mktemp("golden-cache")))
         mp.setattr(models, "_measurer", [])
-        fm.install()
+        fake.install()
         yield
 
 

@@ -1,10 +1,10 @@
 """The activation model of every analytical family against what autograd really saves, block by block.
 
-One tiny config per family (tests/family_configs.py), real tensors on the CPU, saved_tensors_hooks attributing each
-saved storage to the decoder block that saved it. The estimate of each block must be within 2% (most are exact to
-the byte). DeepSeek-V3 is not run here: its MLA heads (v head size unlike q's) make the CPU's SDPA fall back to the
-math path, which keeps the s^2 probabilities a GPU's memory-efficient kernel does not; tests/engine/test_fakemeasure.py
-compares it (and every other family) on fake tensors with the GPU kernel.
+One tiny config per family (tests/family_configs.py), real tensors on the CPU, the saved-bytes harness
+(llmctl.measure.saved) attributing each saved storage to the decoder block that saved it. The estimate of each block
+must be within 2% (most are exact to the byte). DeepSeek-V3 is not run here: its MLA heads (v head size unlike q's) make
+the CPU's SDPA fall back to the math path, which keeps the s^2 probabilities a GPU's memory-efficient kernel does not;
+tests/measure/test_fake.py compares it (and every other family) on fake tensors with the GPU kernel.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from tests.family_configs import tiny
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
+
+from llmctl.measure.saved import SavedBytes  # noqa: E402
 
 B, S = 2, 64
 
@@ -33,27 +35,13 @@ def saved_per_block(cfg: dict, dtype, attention: str, checkpointing: bool = Fals
     model.train()
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    skip = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
-    blocks = model.model.layers if hasattr(model, "model") else model.transformer.h
-    current: list = ["outside"]
-    for i, block in enumerate(blocks):
-        block.register_forward_pre_hook(lambda m, a, i=i: current.__setitem__(0, i))
-        block.register_forward_hook(lambda m, a, o: current.__setitem__(0, "outside"))
-    seen: set[int] = set()
-    total: dict = {}
-
-    def pack(t):
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in skip and ptr not in seen:
-            seen.add(ptr)
-            total[current[0]] = total.get(current[0], 0) + t.untyped_storage().nbytes()
-        return t
-
+    saved = SavedBytes([*model.parameters(), *model.buffers()])
+    saved.track(model.model.layers if hasattr(model, "model") else model.transformer.h)
     ids = torch.randint(0, config.vocab_size, (B, S))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved:
         loss = model(input_ids=ids, labels=ids).loss
     assert loss.requires_grad
-    return total
+    return saved.by_region()
 
 
 # (family, attention kernels transformers offers it for training)

@@ -1,4 +1,5 @@
-"""The activation model against what PyTorch really saves for backward (saved_tensors_hooks), on the CPU."""
+"""The activation model against what PyTorch really saves for backward (saved_tensors_hooks through the saved-bytes
+harness, llmctl.measure.saved), on the CPU."""
 
 import pytest
 
@@ -7,6 +8,8 @@ from llmctl.spec import models
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
+
+from llmctl.measure.saved import SavedBytes  # noqa: E402
 
 LLAMA = {
     "model_type": "llama",
@@ -35,7 +38,8 @@ GPT2 = {
 
 
 def saved_bytes(cfg: dict, b: int, s: int, dtype, attention: str, checkpointing: bool) -> int:
-    """Bytes of distinct storages saved for backward during one forward (parameters excluded)."""
+    """Bytes of distinct storages saved for backward during one forward (parameters excluded; q/k/v share one input,
+    counted once: llmctl.measure.saved)."""
     cfg = dict(cfg)
     mt = cfg.pop("model_type")
     config = transformers.AutoConfig.for_model(mt, **cfg)
@@ -45,23 +49,11 @@ def saved_bytes(cfg: dict, b: int, s: int, dtype, attention: str, checkpointing:
     model.train()
     if checkpointing:
         model.activation_checkpointing_enable()  # non-reentrant
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: set[int] = set()
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and ptr not in seen:  # q/k/v share one input: count each storage once
-            seen.add(ptr)
-            total += t.untyped_storage().nbytes()
-        return t
-
     ids = torch.randint(0, config.vocab_size, (b, s))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with SavedBytes(model.parameters()) as saved:
         loss = model(input_ids=ids, labels=ids).loss
     assert loss.requires_grad
-    return total
+    return saved.total()
 
 
 def predicted_saved(cfg: dict, b: int, s: int, act_bytes: int, attention: str, checkpointing: bool) -> int:

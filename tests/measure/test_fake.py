@@ -1,4 +1,4 @@
-"""Measuring causal LMs on fake tensors (llmctl.engine.fakemeasure).
+"""Measuring causal LMs on fake tensors (llmctl.measure.fake, llmctl.measure.forward, llmctl.measure.hf).
 
 The method is validated against real tensors: a real forward of a tiny Llama, with the same hooks and storages
 told apart by data_ptr, saves exactly the bytes the fake forward reports, layer by layer, in fp32/bf16 x
@@ -24,8 +24,11 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (p
 
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
-from llmctl.engine import fakemeasure as fm  # noqa: E402
 from llmctl.errors import SpecError, describe  # noqa: E402
+from llmctl.measure import fake as fm  # noqa: E402
+from llmctl.measure import hf  # noqa: E402
+from llmctl.measure.forward import saved_bytes, to_fake  # noqa: E402
+from llmctl.measure.saved import storage_key  # noqa: E402
 from tests.family_configs import KINDS, OTHERS, SMALL, TOKENS  # noqa: E402
 
 LLAMA = {"model_type": "llama", **SMALL, "num_hidden_layers": 3, "tie_word_embeddings": False}
@@ -45,7 +48,7 @@ def build(cfg: dict, dtype=torch.float32, attention: str = "sdpa", device: str |
 def fake(cfg: dict, dtype=torch.float32, attention: str = "sdpa"):
     model = build(cfg, dtype, attention, device="meta")
     mode = FakeTensorMode()
-    fm.to_fake(model, mode)
+    to_fake(model, mode)
     return model, mode
 
 
@@ -62,9 +65,9 @@ def test_fake_forward_saves_what_a_real_forward_saves(dtype, attention):
     act_bytes = torch.finfo(dtype).bits // 8
     for ckpt in ("none", "full"):
         real = build(LLAMA, dtype, attention)
-        by_data_ptr = fm.saved_bytes(real, real.model.layers, b, s, ckpt, key=lambda t: t.untyped_storage().data_ptr())
+        by_data_ptr = saved_bytes(real, real.model.layers, b, s, ckpt, key=lambda t: t.untyped_storage().data_ptr())
         model, mode = fake(LLAMA, dtype, attention)
-        measured = fm.saved_bytes(model, model.model.layers, b, s, ckpt, mode)
+        measured = saved_bytes(model, model.model.layers, b, s, ckpt, mode)
         assert measured == by_data_ptr, ckpt
         assert len(set(measured[0])) == 1 or ckpt == "full"  # every layer the same
     # Fully checkpointed, a layer keeps its input alive: b*s*h activations. The last layer's output is saved by the
@@ -78,20 +81,20 @@ def test_storage_key_identifies_a_storage_across_views():
     with mode:
         x = torch.empty(8, 64)
         y = torch.empty(8, 64)
-    assert fm.storage_key(x) == fm.storage_key(x[:2]) == fm.storage_key(x.view(4, 128)) == fm.storage_key(x.t())
-    assert fm.storage_key(x) != fm.storage_key(y)
+    assert storage_key(x) == storage_key(x[:2]) == storage_key(x.view(4, 128)) == storage_key(x.t())
+    assert storage_key(x) != storage_key(y)
     # The shared input of q/k/v (and of gate/up) is saved three (two) times but counted once: without the
     # storage key, counting each saved tensor object, a layer would look larger.
     model, mode = fake(LLAMA)
-    per_object = fm.saved_bytes(model, model.model.layers, 1, 32, "none", mode, key=id)
-    per_storage = fm.saved_bytes(model, model.model.layers, 1, 32, "none", mode)
+    per_object = saved_bytes(model, model.model.layers, 1, 32, "none", mode, key=id)
+    per_storage = saved_bytes(model, model.model.layers, 1, 32, "none", mode)
     assert per_storage[0][1] < per_object[0][1]
 
 
 def test_saved_bytes_grow_linearly_with_the_micro_batch():
     model, mode = fake(LLAMA, attention="eager")
-    one = fm.saved_bytes(model, model.model.layers, 1, 64, "none", mode)
-    two = fm.saved_bytes(model, model.model.layers, 2, 64, "none", mode)
+    one = saved_bytes(model, model.model.layers, 1, 64, "none", mode)
+    two = saved_bytes(model, model.model.layers, 2, 64, "none", mode)
     assert two[0] == [2 * x for x in one[0]]
 
 
@@ -109,7 +112,7 @@ def test_llama_fit(llama):
     assert llama["saved"]["2/eager/none"]["LlamaDecoderLayer"][1] == heads * (4 + 2)
     # The fit reproduces the measurement at a length it was not fit on.
     model, mode = fake(LLAMA, attention="eager")
-    per_layer, _ = fm.saved_bytes(model, model.model.layers, 1, 384, "none", mode)
+    per_layer, _ = saved_bytes(model, model.model.layers, 1, 384, "none", mode)
     a, c = llama["saved"]["4/eager/none"]["LlamaDecoderLayer"]
     assert per_layer[0] == a * 384 + c * 384 * 384
     json.dumps(llama)  # plain data
@@ -137,25 +140,25 @@ def test_a_shorter_model_saves_what_the_full_model_saves_per_layer():
     # cohere2 with 8 layers: sliding at 0-2 and 4-6, global at 3 and 7. Activations are measured on the first 5
     # (every kind, then one more layer), layer_types cut to match.
     cfg = {**OTHERS[1], "num_hidden_layers": 8, "sliding_window": 32}  # a window shorter than the 64 tokens
-    config = fm._config(cfg, "cohere2")
-    full = fm._build(config, "cohere2", "bfloat16", "sdpa")
-    signatures, lists = fm._layer_table(full, config, fm.decoder_layers(full))
+    config = hf.hf_config(cfg, "cohere2")
+    full = hf.build(config, "cohere2", "bfloat16", "sdpa")
+    signatures, lists = hf.layer_table(full, config, hf.decoder_layers(full))
     assert lists == ["layer_types"]
     short, used = fm._short_model(config, "cohere2", "bfloat16", "sdpa", 5, signatures, lists)
     assert used == "sdpa" and len(short.model.layers) == 5 and short.config.layer_types[3] == "full_attention"
     modes = [FakeTensorMode(), FakeTensorMode()]
     for model, mode in zip((full, short), modes):
-        fm.to_fake(model, mode)
+        to_fake(model, mode)
     for ckpt in ("none", "full"):
         (full_layers, full_head), (short_layers, short_head) = (
-            fm.saved_bytes(model, model.model.layers, 1, 64, ckpt, mode) for model, mode in zip((full, short), modes)
+            saved_bytes(model, model.model.layers, 1, 64, ckpt, mode) for model, mode in zip((full, short), modes)
         )
         assert short_layers[:4] == full_layers[:4] and short_head == full_head, ckpt
         # The kinds differ (the sliding layers' mask, RoPE only there), except when all a layer keeps is its input.
         assert (short_layers[0] != short_layers[3]) == (ckpt == "none")
 
 
-# --- other architectures, the cache ----------------------------------------------------------------------------------
+# --- other architectures, cache hits ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("cfg", OTHERS, ids=[c["model_type"] for c in OTHERS])
 def test_measures_architectures_without_an_analytical_model(cfg, measured_others, tmp_path, monkeypatch):
     """Each config is measured once for the session (tests/conftest.py: by its first `llmctl estimate`, through
@@ -188,36 +191,6 @@ def test_measures_architectures_without_an_analytical_model(cfg, measured_others
     assert fm.measure_config(cfg, cache_dir=tmp_path, refresh=True)["seconds"] == -1.0
     assert calls == [cfg["model_type"]]
     assert json.loads(path.read_text())["seconds"] == -1.0
-
-
-@pytest.mark.parametrize("junk", ["{not json", "", '{"version": 1}', "\udcff"])
-def test_a_corrupt_cache_file_is_measured_again(llama, tmp_path, monkeypatch, junk):
-    path = tmp_path / f"{fm.config_hash(LLAMA)}.json"
-    path.write_bytes(junk.encode("utf-8", "surrogateescape"))
-    calls = []
-    monkeypatch.setattr(fm, "_measure", lambda cfg, mt, key, *started: calls.append(mt) or llama)
-    assert fm.measure_config(LLAMA, cache_dir=tmp_path) == llama
-    assert calls == ["llama"]
-    assert json.loads(path.read_text()) == llama
-
-
-def test_the_cache_key_changes_with_the_config_and_the_method(monkeypatch):
-    key = fm.config_hash(LLAMA)
-    assert fm.config_hash(dict(reversed(list(LLAMA.items())))) == key  # canonical: key order does not matter
-    assert fm.config_hash({**LLAMA, "hidden_size": 128}) != key
-    monkeypatch.setattr(fm, "MEASURE_VERSION", fm.MEASURE_VERSION + 1)
-    assert fm.config_hash(LLAMA) != key
-
-
-def test_default_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv("LLMCTL_CACHE_DIR", str(tmp_path / "here"))
-    assert fm.default_cache_dir() == tmp_path / "here"
-    monkeypatch.delenv("LLMCTL_CACHE_DIR")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert fm.default_cache_dir() == tmp_path / "xdg" / "llmctl" / "measured"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    monkeypatch.setenv("HOME", str(tmp_path))
-    assert fm.default_cache_dir() == tmp_path / ".cache" / "llmctl" / "measured"
 
 
 # --- dropout ---------------------------------------------------------------------------------------------------------
@@ -269,13 +242,13 @@ def test_bad_configs_are_one_line_spec_errors(cfg, words, tmp_path):
 def test_a_model_without_decoder_layers_is_a_spec_error():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.ReLU()]))
     with pytest.raises(SpecError, match="'toy': cannot find the decoder layers"):
-        fm.decoder_layers(model, "toy")
+        hf.decoder_layers(model, "toy")
 
 
 def test_importing_the_module_and_a_cache_hit_do_not_import_torch(llama, tmp_path):
     (tmp_path / f"{llama['config_hash']}.json").write_text(json.dumps(llama))
     code = (
-        "import json, sys; from llmctl.engine import fakemeasure as fm; "
+        "import json, sys; from llmctl.measure import fake as fm; "
         f"r = fm.measure_config(json.loads({json.dumps(LLAMA)!r}), cache_dir={str(tmp_path)!r}); "
         "print(r['total_params'], 'torch' in sys.modules, 'transformers' in sys.modules)"
     )
