@@ -13,7 +13,7 @@ Per row, two measurements:
 (a) In this process, one micro-batch, no FSDP: the model is built with transformers from the very config the engine
     builds (llmctl.engine.model.model_spec_for of the row's plan), the engine's
     `apply_activation_checkpointing(model, mode)` is applied and, for chunked rows, `install_loss_forward(model,
-    "chunked", V, N)`; otherwise the loss is the engine's `whole_loss`. `llmctl.engine.memtrack.measure_step` runs
+    "chunked", V, N)`; otherwise the loss is the engine's `whole_loss`. `llmctl.measure.memtrack.measure_step` runs
     forward + backward and reports every byte the step itself allocates (parameters and the batch excluded):
     - saved:    held after forward for backward (the loss scalar aside).
                 Predicted = stage_activation_bytes(all layers, mode) + shared_activation_bytes + head_activation_bytes
@@ -79,7 +79,8 @@ from llmctl.plan import memory as mem  # noqa: E402
 from llmctl.spec import checkpointing as ckpt_modes  # noqa: E402
 from llmctl.spec.models import ModelSpec  # noqa: E402
 from llmctl.spec.planfile import plan_from_dict  # noqa: E402
-from llmctl.spec.precision import compute_bytes  # noqa: E402
+from llmctl.spec.precision import policy  # noqa: E402
+from llmctl.spec.setup import TrainSetup  # noqa: E402
 
 PRESET = "llama-tiny"
 ATTENTION = "sdpa"
@@ -141,13 +142,13 @@ def plan_dict(a: argparse.Namespace, mode: str, chunk: int, log_dir: Path) -> di
 
 # --- (a) in-process measurement and the memory model ----------------------------------------------------------------
 def measure_in_process(spec: ModelSpec, vocab: int, a: argparse.Namespace, mode: str, chunk: int) -> Any:
-    """measure_step of one micro-batch of the engine's model in `mode` (llmctl.engine.memtrack.StepMemory)."""
+    """measure_step of one micro-batch of the engine's model in `mode` (llmctl.measure.memtrack.StepMemory)."""
     import torch
     import transformers
 
     from llmctl.engine.loss import install_loss_forward, whole_loss
-    from llmctl.engine.memtrack import measure_step
     from llmctl.engine.parallelize import apply_activation_checkpointing
+    from llmctl.measure.memtrack import measure_step
 
     cfg = dict(spec.hf_config)
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
@@ -174,9 +175,9 @@ def measure_in_process(spec: ModelSpec, vocab: int, a: argparse.Namespace, mode:
     return measure_step(model, forward, inputs, targets)
 
 
-def train_setup(a: argparse.Namespace, mode: str, chunk: int, gpus: int) -> mem.TrainSetup:
+def train_setup(a: argparse.Namespace, mode: str, chunk: int, gpus: int) -> TrainSetup:
     """The memory model's setup of a row on `gpus` devices of one node (full_shard FSDP2, AdamW)."""
-    return mem.TrainSetup(
+    return TrainSetup(
         precision=a.precision,
         optimizer="adamw",
         strategy="full_shard",
@@ -191,7 +192,7 @@ def train_setup(a: argparse.Namespace, mode: str, chunk: int, gpus: int) -> mem.
 
 def predicted_saved(spec: ModelSpec, vocab: int, a: argparse.Namespace, mode: str, chunk: int) -> int:
     """Bytes kept for backward after forward, by the memory model's functions (see the module docstring)."""
-    b, s, ab = a.micro_batch, a.seq_len, compute_bytes(a.precision)
+    b, s, ab = a.micro_batch, a.seq_len, policy(a.precision).compute_bytes
     layers = mem.stage_activation_bytes(spec, spec.num_layers, b, s, ab, ATTENTION, mode)
     shared = mem.shared_activation_bytes(spec, b, s, ab, ATTENTION)
     head = mem.head_activation_bytes(spec, b, s, ab)
@@ -268,7 +269,7 @@ def run_engine(a: argparse.Namespace, mode: str, chunk: int, work: Path) -> dict
         "peak_rss_bytes": max(r["peak_rss_bytes"] for r in steps),
         "rss_before_model_bytes": start["rss_before_model_bytes"],
         "rss_per_rank_bytes": start["rss_per_rank_bytes"],
-        "loss_impl": start["loss"],
+        "loss_impl": start["loss_mode"],
         "attention": start["attention"],
         "final_loss": steps[-1]["loss"],
         "wall_s": wall,

@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from llmctl.plan import comm as cm  # noqa: E402
 from llmctl.plan import planner as pl  # noqa: E402
+from llmctl.plan.request import PlanRequest  # noqa: E402
 from llmctl.spec.hardware import resolve_gpu  # noqa: E402
 from llmctl.spec.models import resolve_model  # noqa: E402
 
@@ -62,9 +63,7 @@ def main() -> int:
         inproc, result = [], None
         for _ in range(args.repeat):
             t = time.perf_counter()
-            result = pl.plan(
-                pl.PlanRequest(spec=spec, gpu=gspec, nodes=nodes, gpus_per_node=g, network=net, seq_len=seq)
-            )
+            result = pl.plan(PlanRequest(spec=spec, gpu=gspec, nodes=nodes, gpus_per_node=g, network=net, seq_len=seq))
             inproc.append(time.perf_counter() - t)
         walls, cpus, torch_seen = [], [], False
         for _ in range(args.repeat):
@@ -81,12 +80,13 @@ def main() -> int:
             if r.returncode or "TORCH=False" not in r.stderr:
                 torch_seen = True
                 print(r.stderr[-1000:], file=sys.stderr)
-        c = result.chosen
+        c, p = result.chosen.setup, result.chosen.predicted
         cli = statistics.median(cpus)
         print(
             f"{model:16s} {f'{nodes} x {g} {gpu}':>18s} {result.evaluated:7d} {statistics.median(inproc):9.3f} "
-            f"{statistics.median(walls):10.3f} {cli:9.3f}  {c.strategy} over {c.nodes} nodes, mb {c.micro_batch} x {c.grad_accum}, "
-            f"{c.checkpointing} ckpt, {c.attention}: {c.tokens_per_s:,.0f} tok/s"
+            f"{statistics.median(walls):10.3f} {cli:9.3f}  {c.strategy} over {c.nodes} nodes, "
+            f"mb {c.micro_batch_size} x {c.grad_accum_steps}, {c.checkpointing} ckpt, {c.attention}: "
+            f"{p.tokens_per_s:,.0f} tok/s"
         )
         if torch_seen or (nodes >= 1024 and cli >= 1.0):
             failed = True

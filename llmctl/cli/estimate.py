@@ -31,6 +31,7 @@ from llmctl.errors import InputError
 from llmctl.plan import memory as mem
 from llmctl.spec import hardware, models
 from llmctl.spec.parallel import STRATEGIES
+from llmctl.spec.setup import ATTENTIONS, DEFAULT_HEADROOM_FRACTION, TrainSetup, canonical
 
 
 def cluster_shape(gpus: int | None, nodes: int | None, gpus_per_node: int | None) -> tuple[int, int]:
@@ -59,7 +60,7 @@ def cluster_shape(gpus: int | None, nodes: int | None, gpus_per_node: int | None
     return 1, gpn or 1
 
 
-def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GPUSpec | None) -> dict[str, Any]:
+def run_estimate(spec: models.ModelSpec, setup: TrainSetup, gpu: hardware.GPUSpec | None) -> dict[str, Any]:
     """The whole answer as plain data (what --json prints and the tables show)."""
     est = mem.estimate(spec, setup)
     out: dict[str, Any] = {
@@ -70,22 +71,24 @@ def run_estimate(spec: models.ModelSpec, setup: mem.TrainSetup, gpu: hardware.GP
         "shape": spec.describe(),
         "assumed_shape": spec.source == "params",
         "setup": {
-            k: getattr(setup, k)
-            for k in (
-                "precision",
-                "optimizer",
-                "strategy",
-                "engine",
-                "nodes",
-                "gpus_per_node",
-                "tp",
-                "pp",
-                "micro_batch_size",
-                "seq_len",
-                "checkpointing",
-                "attention",
-                "loss_chunk_tokens",
-            )
+            "precision": setup.precision.name,
+            **{
+                k: getattr(setup, k)
+                for k in (
+                    "optimizer",
+                    "strategy",
+                    "engine",
+                    "nodes",
+                    "gpus_per_node",
+                    "tp",
+                    "pp",
+                    "micro_batch_size",
+                    "seq_len",
+                    "checkpointing",
+                    "attention",
+                    "loss_chunk_tokens",
+                )
+            },
         },
         "bytes_per_param": mem.classic_bytes_per_param(spec, setup),
         "ledger": [
@@ -263,7 +266,7 @@ def _render(result: dict[str, Any]) -> None:
         c.print(t)
 
 
-def _plot(spec: models.ModelSpec, setup: mem.TrainSetup, path: str) -> None:
+def _plot(spec: models.ModelSpec, setup: TrainSetup, path: str) -> None:
     p = render.plot_path(path)
     plt = render.pyplot()
     strategies = [
@@ -345,7 +348,7 @@ def estimate_memory(
     pp: PpOpt = 1,
     headroom: Annotated[
         float, typer.Option("--headroom", help="Allocator fragmentation headroom, a fraction of peak allocated.")
-    ] = mem.DEFAULT_HEADROOM_FRACTION,
+    ] = DEFAULT_HEADROOM_FRACTION,
     cuda_context_gib: Annotated[
         float, typer.Option("--cuda-context-gib", help="CUDA context + NCCL buffers outside the allocator, GiB.")
     ] = 1.0,
@@ -367,7 +370,7 @@ def estimate_memory(
         if v < 1:  # named by its flag here; the memory model's own check names the field
             raise InputError(f"{flag} must be a positive integer, got {v}")
     spec = models.resolve_model(model, params)
-    asked = mem.canonical(attention, mem.ATTENTIONS, "attention")
+    asked = canonical(attention, ATTENTIONS, "attention")
     if spec.attention_kernel(asked) != asked:  # what the engine will run (Gemma 2 and gpt-oss have no SDPA path)
         attention = spec.attention_kernel(asked)
         render.err_console.print(
@@ -384,7 +387,7 @@ def estimate_memory(
         and nodes is None
     ):
         raise InputError("hybrid_shard needs --nodes N --gpus-per-node G")
-    setup = mem.TrainSetup(
+    setup = TrainSetup(
         precision=precision,
         optimizer=optimizer,
         strategy=strategy,
@@ -401,8 +404,8 @@ def estimate_memory(
         headroom_fraction=headroom,
         cuda_context_bytes=int(cuda_context_gib * render.GIB),
     )
-    if setup.precision in ("bf16", "bf16-mixed") and gpu_spec is not None:
-        gpu_spec.peak_tflops("bf16")  # V100 has no bf16: say so rather than estimate a setup that cannot run
+    if gpu_spec is not None:
+        setup.precision.check_gpu(gpu_spec)  # V100 has no bf16: say so rather than estimate a setup that cannot run
     result = run_estimate(spec, setup, gpu_spec)
     if plot:
         _plot(spec, setup, plot)

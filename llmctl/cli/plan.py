@@ -3,7 +3,6 @@ the lowest cost) on this cluster and its measured network; writes plan.yaml with
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -12,43 +11,12 @@ from rich.markup import escape
 
 from llmctl.cli import render
 from llmctl.cli.options import GpuOpt, JsonOpt, ModelArg, NodesOpt, ParamsOpt, SeqLenOpt
-from llmctl.errors import InputError, SpecError
-from llmctl.fileio import read_input
+from llmctl.errors import InputError
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
-from llmctl.plan.network import network_for
-from llmctl.spec import hardware, models
+from llmctl.plan.emit import to_plan, train_from_local_weights
+from llmctl.plan.request import build_request
 from llmctl.spec import planfile as pf
-
-
-def read_metrics(path: str) -> list[dict[str, Any]]:
-    p = Path(path)
-    lines = read_input(p, "metrics file").splitlines()
-    out = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpecError(f"{p} line {i}: not valid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise SpecError(f"{p} line {i}: expected a JSON object per line")
-        out.append(rec)
-    return out
-
-
-def read_calibration(path: str) -> pl.Calibration:
-    """--calibrate: an engine run's metrics.jsonl, or the calibration file `llmctl tune` writes (its best trial)."""
-    from llmctl.plan import tune
-
-    try:
-        data = json.loads(read_input(Path(path), "metrics or tune file"))
-    except (json.JSONDecodeError, RecursionError):
-        data = None  # JSON lines (a metrics file): read line by line below
-    if tune.is_report(data):
-        return tune.calibration(data, source=path)
-    return pl.calibrate(read_metrics(path), source=path)
 
 
 def _duration(s: float | None) -> str:
@@ -67,7 +35,7 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     c.print(
         f"[bold]{escape(spec.name)}[/bold]: {spec.params:,} parameters on {req.nodes} x {req.gpus_per_node} {req.gpu.name}; "
         f"seq {req.seq_len}, global batch {req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), "
-        f"{req.precision}"
+        f"{req.precision.name}"
     )
     net = req.network
     inter = "-" if net.inter_node_gbytes_s is None else f"{net.inter_node_gbytes_s:.3g} GB/s per node"
@@ -101,33 +69,35 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     )
     t.columns[1].no_wrap = True  # the strategy name stays whole ("hybrid_shard")
     for i, cand in enumerate(result.candidates[:top]):
+        s, p = cand.setup, cand.predicted
         row = [
             str(i + 1),
-            cand.strategy,
-            str(cand.nodes),
-            f"{cand.micro_batch}x{cand.grad_accum}",
-            cand.checkpointing,
-            cand.attention,
-            "yes" if cand.compile else "no",
-            render.gib(cand.memory_per_gpu_bytes, 1),
-            f"{cand.compute_s:.2f}",
-            f"{cand.comm_exposed_s:.2f}",
-            f"{cand.tokens_per_s:,.0f}",
-            f"{cand.tokens_per_s_per_gpu:,.0f}",
-            f"{cand.mfu:.1%}",
+            s.strategy,
+            str(s.nodes),
+            f"{s.micro_batch_size}x{s.grad_accum_steps}",
+            s.checkpointing,
+            s.attention,
+            "yes" if s.compile else "no",
+            render.gib(p.memory_per_gpu_bytes, 1),
+            f"{p.compute_s:.2f}",
+            f"{p.comm_exposed_s:.2f}",
+            f"{p.tokens_per_s:,.0f}",
+            f"{p.tokens_per_s_per_gpu:,.0f}",
+            f"{p.mfu:.1%}",
         ]
         if req.token_budget:
-            row.append(_duration(cand.budget_time_s))
+            row.append(_duration(p.budget_time_s))
         if req.price_per_gpu_hour is not None and req.token_budget:
-            row.append(f"${cand.budget_cost_usd:,.0f}")
+            row.append(f"${p.budget_cost_usd:,.0f}")
         t.add_row(*row, style="bold green" if i == 0 else None)
     c.print(t)
     c.print("[dim]compute and comm: seconds per optimizer step; comm is the communication compute does not hide[/dim]")
-    ch = result.chosen
+    cs, ch = result.chosen.setup, result.chosen.predicted
     c.print(
-        f"\n[bold]chosen[/bold]: {ch.label}, micro-batch {ch.micro_batch} x {ch.grad_accum} accumulation, "
-        f"checkpointing {ch.checkpointing}, {ch.attention} attention{', torch.compile' if ch.compile else ''}"
-        f"{f', loss in chunks of {ch.loss_chunk_tokens} tokens' if ch.loss_chunk_tokens else ''}: "
+        f"\n[bold]chosen[/bold]: {result.chosen.label}, micro-batch {cs.micro_batch_size} x {cs.grad_accum_steps} "
+        f"accumulation, checkpointing {cs.checkpointing}, {cs.attention} attention"
+        f"{', torch.compile' if cs.compile else ''}"
+        f"{f', loss in chunks of {cs.loss_chunk_tokens} tokens' if cs.loss_chunk_tokens else ''}: "
         f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%}), "
         f"{render.gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
         f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
@@ -137,7 +107,7 @@ def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         c.print(f"[bold]memory[/bold]: {escape(result.memory_choice)}")
     if req.token_budget:
         cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
-        c.print(f"{req.token_budget:,} tokens: {_duration(ch.budget_time_s)} on {ch.gpus} GPUs{cost}")
+        c.print(f"{req.token_budget:,} tokens: {_duration(ch.budget_time_s)} on {cs.gpus} GPUs{cost}")
     if len(result.candidates) > 1:
         c.print("\n[bold]why the others lost[/bold]:")
         for i in range(1, min(top, len(result.candidates))):
@@ -255,56 +225,11 @@ def plan_command(
         "calibrate": calibrate,
     }
     req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)
-    spec, gpu_spec, network, eff = req.spec, req.gpu, req.network, req.efficiency
-    n_nodes, gpn = req.nodes, req.gpus_per_node
     result = pl.plan(req)
-
-    out: dict[str, Any] = {
-        "model": spec.name,
-        "params": spec.params,
-        "active_params_per_token": spec.active_params_per_token,
-        "measured": spec.measured is not None,
-        "gpu": gpu_spec.name,
-        "nodes": n_nodes,
-        "gpus_per_node": gpn,
-        "seq_len": seq_len,
-        "global_batch_seqs": req.global_batch,
-        "objective": req.objective,
-        "network": {
-            "source": network.source,
-            "intra_busbw_gbytes_s": network.intra_gbytes_s,
-            "inter_node_gbytes_s": network.inter_node_gbytes_s,
-        },
-        "overlap": overlap,
-        "efficiency": {
-            "kernel": eff.kernel,
-            "gpu": gpu_spec.efficiency,
-            "tokens_half": eff.tokens_half,
-            "hidden_half": eff.hidden_half,
-            "compile_speedup": eff.compile_speedup,
-            "calibration": eff.calibration,
-        },
-        "calibration": None
-        if cal is None
-        else {
-            "factor": cal.factor,
-            "steps": cal.steps,
-            "measured_tokens_per_s": cal.measured_tokens_per_s,
-            "predicted_tokens_per_s": cal.predicted_tokens_per_s,
-            "method": cal.method,
-        },
-        "evaluated": result.evaluated,
-        "chosen": result.chosen.as_dict(),
-        "candidates": [c.as_dict() for c in result.candidates[:top]],
-        "variants_considered": len(result.variants),
-        "why_lost": [result.why_lost[i] for i in range(1, min(top, len(result.candidates)))],
-        "memory_choice": result.memory_choice,
-        "rejected": list(dict.fromkeys(result.rejected))[:50],
-        "plan_path": None,
-    }
+    out = result.as_dict(top, cal)
     refusal = None
     if not no_write:
-        plan_obj = _train_from_local_weights(pl.to_plan(result))
+        plan_obj = train_from_local_weights(to_plan(result))
         if plan_obj is None:
             out["plan_note"] = "no plan file written: --params gives no architecture for the engine (pass a preset)"
         else:
@@ -326,90 +251,6 @@ def plan_command(
         _render(result, out, top)
     if refusal is not None:
         raise refusal
-
-
-def build_request(
-    model: str,
-    o: dict[str, Any],
-    strategy: str | None = None,
-    micro_batch: int | None = None,
-    checkpointing: str | None = None,
-    compile_: bool | None = None,
-) -> tuple[pl.PlanRequest, pl.Calibration | None]:
-    """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, nodes, gpus_per_node,
-    cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
-    precision, loss_chunk, attention, overlap, calibrate) and the pinned decisions, every value checked in one order
-    (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
-    request here too."""
-    flags = {
-        "gpu": o["gpu"],
-        "nodes": o["nodes"],
-        "gpus_per_node": o["gpus_per_node"],
-        "inter_node_gbps": o["inter_gbps"],
-        "intra_node_gbps": o["intra_gbps"],
-        "price_per_gpu_hour": o["price"],
-    }
-    for flag, v in (("--nodes", o["nodes"]), ("--gpus-per-node", o["gpus_per_node"])):
-        if v is not None and v < 1:
-            raise InputError(f"{flag} must be a positive integer, got {v}")
-    for flag, x in (("--inter-gbps", o["inter_gbps"]), ("--intra-gbps", o["intra_gbps"]), ("--price", o["price"])):
-        if x is not None and (not x >= 0 or (x == 0 and flag != "--price")):
-            raise InputError(f"{flag} must be {'>= 0' if flag == '--price' else 'positive'}, got {x}")
-    if o["cluster"]:  # the cluster file is the main input; flags override it
-        hw = hardware.load_cluster(o["cluster"], **flags)
-    else:
-        if o["gpu"] is None:
-            raise InputError("no GPU kind given", hint="pass --gpu KIND or --cluster cluster.yaml")
-        hw = hardware.make_cluster("the flags", **flags)
-    seq_len, gb, gbt = o["seq_len"], o["global_batch"], o["global_batch_tokens"]
-    if gb is not None and gbt is not None:
-        raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
-    if seq_len < 1:
-        raise InputError(f"--seq-len must be a positive integer, got {seq_len}")
-    spec = models.resolve_model(model, o["params"])
-    if gbt is not None:
-        if gbt < seq_len:
-            raise InputError(f"--global-batch-tokens {gbt} is less than one sequence ({seq_len})")
-        gb = gbt // seq_len
-    budget = models.parse_count(o["tokens"], "--tokens", models.MAX_TOKENS) if o["tokens"] is not None else None
-    network = network_for(hw, o["net"])
-    cal = read_calibration(o["calibrate"]) if o["calibrate"] else None
-    req = pl.PlanRequest(
-        spec=spec,
-        gpu=hw.gpu_spec,
-        nodes=hw.nodes,
-        gpus_per_node=hw.gpus_per_node,
-        network=network,
-        seq_len=seq_len,
-        global_batch_seqs=gb,
-        token_budget=budget,
-        price_per_gpu_hour=hw.price_per_gpu_hour,
-        objective=o["objective"].strip().lower(),
-        precision=o["precision"],
-        strategy=strategy,
-        micro_batch=micro_batch,
-        checkpointing=checkpointing,
-        attention=o["attention"],
-        compile=compile_,
-        loss_chunk_tokens=o["loss_chunk"],
-        overlap=o["overlap"],
-        efficiency=pl.Efficiency(calibration=cal.factor) if cal else pl.Efficiency(),
-    )
-    return req, cal
-
-
-def _train_from_local_weights(plan_obj: Any) -> Any:
-    """A model folder that holds weights (`*.safetensors` next to its config.json) is fine-tuned from them: the plan
-    says model.weights (each rank reads its slices at start), not model.config (random init)."""
-    from llmctl.spec.planfile import ModelSection
-
-    if plan_obj is None or not plan_obj.model.config:
-        return plan_obj
-    cfg = Path(plan_obj.model.config)
-    folder = cfg if cfg.is_dir() else cfg.parent
-    if any(folder.glob("*.safetensors")):
-        plan_obj.model = ModelSection(weights=str(folder), pad_vocab_multiple=plan_obj.model.pad_vocab_multiple)
-    return plan_obj
 
 
 def register(app: typer.Typer) -> None:

@@ -66,9 +66,10 @@ def estimated_lines(plan: Plan) -> dict[str, int]:
     rank of parameters, gradients and optimizer states (llmctl.plan.memory.state_ledger / dp_shard)."""
     from llmctl.engine.model import model_spec_for
     from llmctl.plan import memory as mem
+    from llmctl.spec.setup import TrainSetup
 
     spec = model_spec_for(plan)
-    setup = mem.TrainSetup(precision=plan.training.precision, optimizer="adamw", engine="fsdp2")
+    setup = TrainSetup(precision=plan.training.precision, optimizer="adamw", engine="fsdp2")
     shard = plan.parallel_dims.dp_shard
     out: dict[str, int] = {}
     for line in mem.state_ledger(spec, setup):
@@ -86,10 +87,11 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
 
     from llmctl.engine.data import RankData
     from llmctl.engine.loggers import check_installed
-    from llmctl.engine.loop import build_optimizer, max_rss_bytes, plan_source, plan_val_source
     from llmctl.engine.materialize import WeightFiles, local_rows, slots
     from llmctl.engine.model import build_meta_model, materialize, model_spec_for
+    from llmctl.engine.optim import build_optimizer
     from llmctl.engine.parallelize import build_mesh, parallelize
+    from llmctl.engine.trainer import max_rss_bytes, plan_source, plan_val_source
 
     t0 = time.perf_counter()
     world = plan.world_size

@@ -176,7 +176,7 @@ def check_out(out: Path, force: bool, step_dir: Path) -> None:
 
 def default_dtype(plan: Plan) -> str:
     """The dtype the plan trained in: bf16 for bf16 and bf16-mixed, else fp32 (fp16-mixed keeps fp32 masters)."""
-    return "bf16" if plan.training.precision in ("bf16", "bf16-mixed") else "fp32"
+    return "bf16" if plan.setup.precision.compute_dtype == "bf16" else "fp32"
 
 
 def tokenizer_folder(plan: Plan) -> Path | None:

@@ -21,7 +21,7 @@ from llmctl.spec.models import (
     spec_from_measurement,
 )
 from llmctl.spec.planfile import Plan
-from llmctl.spec.precision import compute_dtype
+from llmctl.spec.precision import policy
 
 if TYPE_CHECKING:
     import torch
@@ -101,7 +101,14 @@ def padded_vocab_size(vocab_size: int, multiple: int) -> int:
 
 def param_dtype_name(precision: str) -> str:
     """Dtype the matmuls run in, for the catalog peak (fp32 -> TF32 peak where the GPU has it)."""
-    return compute_dtype(precision)
+    return policy(precision).compute_dtype
+
+
+def torch_dtype(name: str):  # -> torch.dtype
+    """The torch dtype of a catalog dtype name (a precision policy's fp32 / bf16 / fp16)."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
 def base_spec(plan: Plan) -> ModelSpec:
@@ -143,7 +150,7 @@ def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    dtype = torch.bfloat16 if plan.training.precision == "bf16" else torch.float32
+    dtype = torch_dtype(plan.setup.precision.param_dtype)  # pure bf16 builds in bf16; mixed keeps fp32 masters
     spec = model_spec_for(plan)
     cfg = dict(spec.hf_config)
     model_type = cfg.pop("model_type")

@@ -20,6 +20,7 @@ from llmctl.engine.model import decoder_layers
 from llmctl.errors import InputError
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.planfile import Plan
+from llmctl.spec.precision import PrecisionPolicy, policy
 
 if TYPE_CHECKING:
     import torch
@@ -47,19 +48,23 @@ def build_mesh(plan: Plan, device_type: str, world_size: int) -> DeviceMesh:
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
-def mixed_precision(precision: str):  # -> MixedPrecisionPolicy | None
-    """bf16-mixed: bf16 compute/communication of parameters, fp32 gradient reduction (docs/sources.md#fsdp-seed)."""
-    import torch
+def mixed_precision(precision: str | PrecisionPolicy):  # -> MixedPrecisionPolicy | None
+    """FSDP2's policy for a mixed precision: parameters gathered and computed in the compute dtype, gradients reduced
+    in the reduce dtype (bf16-mixed: bf16 / fp32, docs/sources.md#fsdp-seed); None where the model is built in its
+    training dtype (fp32, pure bf16)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if precision == "bf16-mixed":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    if precision == "fp16-mixed":
+    from llmctl.engine.model import torch_dtype
+
+    p = policy(precision)
+    if not p.engine_runs:
         raise InputError(
-            "training.precision: fp16-mixed is not supported by the engine (it needs loss scaling)",
+            f"training.precision: {p.name} is not supported by the engine (it needs loss scaling)",
             hint="use bf16-mixed (or fp32 on CPUs and pre-Ampere GPUs)",
         )
-    return None  # fp32, or pure bf16 (the model was built in bf16)
+    if p.mixed:
+        return MixedPrecisionPolicy(param_dtype=torch_dtype(p.compute_dtype), reduce_dtype=torch_dtype(p.reduce_dtype))
+    return None
 
 
 def _sac_save_ops() -> set:
@@ -159,7 +164,7 @@ def apply_compile(model: torch.nn.Module) -> None:
         layer.compile()
 
 
-def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, precision: str) -> None:
+def apply_fsdp(model: torch.nn.Module, mesh: DeviceMesh, precision: str | PrecisionPolicy) -> None:
     """fully_shard every decoder layer, then the root (embeddings, final norm, LM head)."""
     from torch.distributed.fsdp import fully_shard
 
@@ -201,29 +206,29 @@ def odd_dtype_modules(layer: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-def needs_fsdp(mesh_size: int, precision: str) -> bool:
+def needs_fsdp(mesh_size: int, precision: str | PrecisionPolicy) -> bool:
     """A world of one has nothing to shard or reduce: FSDP2 would only add its all-gather/reduce-scatter buffer
     copies (measured +10% step time for llama-tiny on a CPU). It stays on when its mixed-precision policy is the
     way the plan's precision is applied."""
-    return mesh_size > 1 or precision in ("bf16-mixed", "fp16-mixed")
+    return mesh_size > 1 or policy(precision).mixed
 
 
 def parallelize(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh) -> bool:
     """Apply AC -> compile -> FSDP2 in place; returns whether FSDP2 was applied."""
-    t = plan.training
-    apply_activation_checkpointing(model, t.activation_checkpointing)
-    if t.compile:
+    s = plan.setup
+    apply_activation_checkpointing(model, s.checkpointing)
+    if s.compile:
         apply_compile(model)
-    fsdp = needs_fsdp(mesh.size(), t.precision)
+    fsdp = needs_fsdp(mesh.size(), s.precision)
     if fsdp:
-        apply_fsdp(model, mesh, t.precision)
+        apply_fsdp(model, mesh, s.precision)
     log.info(
         "parallelized: mesh %s %s, fsdp2 %s, checkpointing %s, compile %s, precision %s",
         tuple(mesh.shape),
         mesh.mesh_dim_names,
         fsdp,
-        t.activation_checkpointing,
-        t.compile,
-        t.precision,
+        s.checkpointing,
+        s.compile,
+        s.precision.name,
     )
     return fsdp

@@ -196,7 +196,7 @@ def render(params: SbatchParams, template: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class TuneParams:
-    """What templates/tune.sbatch.j2 needs: one allocation of the plan's nodes that runs `llmctl.cli.tune_job`."""
+    """What templates/tune.sbatch.j2 needs: one allocation of the plan's nodes that runs `llmctl.tune.job`."""
 
     job_name: str
     nodes: int

@@ -30,6 +30,8 @@ from llmctl.fileio import load_yaml, write_atomic
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.models import MAX_PARAMS, MAX_TOKENS
 from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
+from llmctl.spec.precision import policy
+from llmctl.spec.setup import TrainSetup
 
 PLAN_VERSION = 1
 
@@ -150,7 +152,7 @@ class ModelSection(_Strict):
 class DataSection(_Strict):
     kind: Literal["text", "tokens", "synthetic"] = "text"
     """tokens: a dataset folder made by `llmctl data prepare` (memory-mapped shards; each rank reads only its
-    blocks), or a single .bin token file; text: small local .txt/.jsonl files, tokenized whole on every rank at
+    blocks; the one token format); text: small local .txt/.jsonl files, tokenized whole on every rank at
     start; synthetic: random tokens (benchmarks)."""
     paths: list[Text] = Field(default_factory=list)
     tokenizer: Text | None = None
@@ -334,7 +336,7 @@ class Plan(_Strict):
                 raise ValueError(f"parallel.shard_size {shard} does not divide the world size {self.world_size}")
         elif par.shard_size is not None:
             raise ValueError("parallel.shard_size is only meaningful with parallel.sharding: hybrid_shard")
-        if self.training.attention == "flash" and self.training.precision == "fp32":
+        if self.training.attention == "flash" and not policy(self.training.precision).flash_attention:
             raise ValueError("training.attention: flash needs bf16 or fp16 (flash-attention has no fp32 kernel)")
         self._sizes()
         self._model()
@@ -401,16 +403,45 @@ class Plan(_Strict):
         return self.hardware.nodes * self.hardware.nproc_per_node
 
     @property
-    def parallel_dims(self) -> ParallelDims:
-        """The plan's parallel degrees: the one place `parallel.sharding` becomes degrees."""
-        hw, par = self.hardware, self.parallel
+    def setup(self) -> TrainSetup:
+        """The plan's training setup: the one place the parallel, hardware and training sections become one."""
+        hw, par, t = self.hardware, self.parallel, self.training
         shard = (par.shard_size or hw.nproc_per_node) if par.sharding == "hybrid_shard" else None
-        return ParallelDims.from_strategy(par.sharding, hw.nodes, hw.nproc_per_node, shard_size=shard)
+        return TrainSetup(
+            precision=t.precision,
+            optimizer=self.optimizer.name,
+            strategy=par.sharding,
+            nodes=hw.nodes,
+            gpus_per_node=hw.nproc_per_node,
+            shard_size=shard,
+            micro_batch_size=t.micro_batch_size,
+            grad_accum_steps=t.grad_accum_steps,
+            seq_len=t.seq_len,
+            checkpointing=t.activation_checkpointing,
+            attention=t.attention,
+            compile=t.compile,
+            loss_chunk_tokens=t.loss_chunk_tokens,
+        )
+
+    def with_setup(self, setup: TrainSetup, source: str = "the plan") -> Plan:
+        """This plan with `setup`'s layout and training decisions, everything else as it is (validated as a file
+        read from disk would be: one SpecError line naming `source`). The inverse of `setup`."""
+        data = self.model_dump(mode="json")
+        sections = setup_sections(setup)
+        if sections["parallel"]["shard_size"] is None and self.parallel.shard_size == setup.shard_size:
+            sections["parallel"]["shard_size"] = self.parallel.shard_size  # as the file spelled it
+        for key, values in sections.items():
+            data[key].update(values)
+        return plan_from_dict(data, source)
+
+    @property
+    def parallel_dims(self) -> ParallelDims:
+        """The plan's parallel degrees (its setup's)."""
+        return self.setup.dims
 
     @property
     def tokens_per_step(self) -> int:
-        t = self.training
-        return self.parallel_dims.tokens_per_step(t.micro_batch_size, t.grad_accum_steps, t.seq_len)
+        return self.setup.tokens_per_step
 
     @property
     def total_steps(self) -> int:
@@ -419,6 +450,30 @@ class Plan(_Strict):
             return t.max_steps
         assert t.token_budget is not None
         return -(-t.token_budget // self.tokens_per_step)
+
+
+def setup_sections(setup: TrainSetup) -> dict[str, dict[str, Any]]:
+    """The plan file's fields that a setup decides, by section: what `Plan.with_setup` and `llmctl plan` write (the
+    inverse of `Plan.setup`)."""
+    hybrid = setup.strategy == "hybrid_shard"
+    return {
+        "hardware": {"nodes": setup.nodes, "nproc_per_node": setup.gpus_per_node},
+        "parallel": {
+            "sharding": setup.strategy,
+            # A shard group of one node is the default; another size is spelled out.
+            "shard_size": setup.shard_size if hybrid and setup.shard_size not in (None, setup.gpus_per_node) else None,
+        },
+        "training": {
+            "precision": setup.precision.name,
+            "micro_batch_size": setup.micro_batch_size,
+            "grad_accum_steps": setup.grad_accum_steps,
+            "seq_len": setup.seq_len,
+            "activation_checkpointing": setup.checkpointing,
+            "loss_chunk_tokens": setup.loss_chunk_tokens,
+            "attention": setup.attention,
+            "compile": setup.compile,
+        },
+    }
 
 
 def _key(part: int | str) -> str:

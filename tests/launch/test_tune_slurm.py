@@ -16,7 +16,7 @@ from test_slurm import job_env, make_plan
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
-from llmctl.plan import tune
+from llmctl.tune import trials as tune_plans
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 __all__ = ["job_env"]  # the fixture, imported for the test below
@@ -35,7 +35,7 @@ def test_trials_run_one_after_another_in_one_two_node_allocation(job_env: Path, 
     data = yaml.safe_load(plan.read_text())
     data["hardware"].update(nodes=2, nproc_per_node=1)
     plan.write_text(yaml.safe_dump(data, sort_keys=False))
-    monkeypatch.setenv(tune.FAIL_ENV, "2")
+    monkeypatch.setenv(tune_plans.FAIL_ENV, "2")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     space = ["--micro-batch", "4,8", "--checkpointing", "none,full", "--no-compile", "--strategy", "full_shard"]
     args = [

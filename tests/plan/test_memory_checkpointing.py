@@ -1,6 +1,6 @@
 """Each checkpointing mode's saved-for-backward bytes, and the chunked loss's buffers, against what PyTorch holds.
 
-Measured with llmctl.engine.memtrack (live tensor storages under a TorchDispatchMode, so selective checkpointing's
+Measured with llmctl.measure.memtrack (live tensor storages under a TorchDispatchMode, so selective checkpointing's
 cache, which saved_tensors_hooks never sees, is counted), on models wrapped by the engine's own
 apply_activation_checkpointing and install_loss_forward: the estimator is checked against the code that runs.
 """
@@ -11,13 +11,14 @@ import pytest
 
 from llmctl.plan import memory as mem
 from llmctl.spec import models
+from llmctl.spec.setup import TrainSetup
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
 
 from llmctl.engine.loss import install_loss_forward, whole_loss  # noqa: E402
-from llmctl.engine.memtrack import measure_step  # noqa: E402
 from llmctl.engine.parallelize import apply_activation_checkpointing  # noqa: E402
+from llmctl.measure.memtrack import measure_step  # noqa: E402
 from tests.plan.test_memory_measured import GPT2, LLAMA  # noqa: E402
 
 LLAMA4 = {**LLAMA, "num_hidden_layers": 4, "hidden_size": 128, "intermediate_size": 352, "num_attention_heads": 4}
@@ -121,15 +122,15 @@ def test_chunked_loss_drops_the_logits_and_bounds_backward_by_the_chunk(dtype) -
 
 def test_estimate_lines_follow_the_chunk() -> None:
     spec = models.from_preset("llama-3.1-8b")
-    whole = mem.estimate(spec, mem.TrainSetup(seq_len=8192, checkpointing="selective"))
-    chunked = mem.estimate(spec, mem.TrainSetup(seq_len=8192, checkpointing="selective", loss_chunk_tokens=512))
+    whole = mem.estimate(spec, TrainSetup(seq_len=8192, checkpointing="selective"))
+    chunked = mem.estimate(spec, TrainSetup(seq_len=8192, checkpointing="selective", loss_chunk_tokens=512))
     names = {c.name for c in chunked.components}
     assert "loss log-softmax (fp32, b*s*V)" in {c.name for c in whole.components}
     assert "loss log-softmax (fp32, b*s*V)" not in names and "loss chunk of 512 tokens (backward)" in names
     # 8k tokens x 128k vocabulary: the whole loss holds 4 + 8 bytes per logit at the backward peak
     assert whole.phase_bytes["backward"] - chunked.phase_bytes["backward"] > 10 * 2**30
     # A chunk larger than the micro-batch is the micro-batch
-    big = mem.estimate(spec, mem.TrainSetup(seq_len=1024, loss_chunk_tokens=10**6))
+    big = mem.estimate(spec, TrainSetup(seq_len=1024, loss_chunk_tokens=10**6))
     assert "loss chunk of 1024 tokens (forward)" in {c.name for c in big.components}
 
 
@@ -154,7 +155,7 @@ def test_whole_loss_phases_match_the_measured_peaks() -> None:
     b, s = 2, 128
     for dtype, precision in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         r = measure(BIG_VOCAB, b, s, dtype, "sdpa", "none")
-        setup = mem.TrainSetup(precision=precision, micro_batch_size=b, seq_len=s)
+        setup = TrainSetup(precision=precision, micro_batch_size=b, seq_len=s)
         est = {c.name: c.bytes for c in mem.estimate(spec, setup).components}
         assert r.forward_peak_bytes - r.saved_bytes == pytest.approx(est["logits (b*s*V, until the loss)"], rel=0.01)
         assert r.backward_peak_bytes - r.saved_bytes == pytest.approx(est["loss backward buffers"], rel=0.01)

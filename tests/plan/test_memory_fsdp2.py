@@ -10,6 +10,7 @@ import pytest
 
 from llmctl.plan import memory as mem
 from llmctl.spec import models
+from llmctl.spec.setup import TrainSetup
 
 pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 
@@ -48,7 +49,7 @@ def test_fsdp2_model_states_per_rank(precision, tmp_path):
     spec = models.from_hf_config(CFG, name="tiny")
     est = mem.estimate(
         spec,
-        mem.TrainSetup(
+        TrainSetup(
             precision=precision, strategy="full_shard", engine="fsdp2", gpus_per_node=2, seq_len=32, micro_batch_size=2
         ),
     )

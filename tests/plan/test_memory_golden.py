@@ -5,6 +5,7 @@ import pytest
 from llmctl.errors import InputError
 from llmctl.plan import memory as mem
 from llmctl.spec import models
+from llmctl.spec.setup import DEFAULT_CUDA_CONTEXT_BYTES, TrainSetup
 
 N_7B = 6_738_415_616  # Llama-2-7B
 
@@ -15,7 +16,7 @@ def by_name(est):
 
 def test_llama2_7b_classic_18_bytes_on_one_gpu():
     spec = models.from_preset("llama-2-7b")
-    setup = mem.TrainSetup(precision="bf16-mixed", optimizer="adamw", strategy="no_shard", engine="zero")
+    setup = TrainSetup(precision="bf16-mixed", optimizer="adamw", strategy="no_shard", engine="zero")
     est = mem.estimate(spec, setup)
     # 4 fp32 master + 2 bf16 weights + 4 fp32 grads + 8 Adam (m, v in fp32) = 18 bytes/param
     assert mem.classic_bytes_per_param(spec, setup) == 18
@@ -24,7 +25,7 @@ def test_llama2_7b_classic_18_bytes_on_one_gpu():
 
 def test_llama2_7b_fsdp2_full_shard_8_gpus():
     spec = models.from_preset("llama-2-7b")
-    setup = mem.TrainSetup(
+    setup = TrainSetup(
         precision="bf16-mixed",
         strategy="full_shard",
         engine="fsdp2",
@@ -62,7 +63,7 @@ def test_llama2_7b_fsdp2_full_shard_8_gpus():
 
 def test_gpt2_fp32_eager_single_gpu():
     spec = models.from_preset("gpt2")
-    setup = mem.TrainSetup(precision="fp32", strategy="no_shard", micro_batch_size=4, seq_len=1024, attention="eager")
+    setup = TrainSetup(precision="fp32", strategy="no_shard", micro_batch_size=4, seq_len=1024, attention="eager")
     est = mem.estimate(spec, setup)
     c = by_name(est)
     assert est.model_state_bytes == 16 * 124_439_808 == 1_991_036_928  # 4 params + 4 grads + 8 Adam
@@ -84,8 +85,8 @@ def test_gpt2_fp32_eager_single_gpu():
 
 def test_checkpointing_keeps_block_inputs_plus_one_recomputed_block():
     spec = models.from_preset("llama-2-7b")
-    base = mem.TrainSetup(gpus_per_node=8, seq_len=4096, micro_batch_size=2)
-    full = mem.TrainSetup(gpus_per_node=8, seq_len=4096, micro_batch_size=2, checkpointing="full")
+    base = TrainSetup(gpus_per_node=8, seq_len=4096, micro_batch_size=2)
+    full = TrainSetup(gpus_per_node=8, seq_len=4096, micro_batch_size=2, checkpointing="full")
     c0, c1 = by_name(mem.estimate(spec, base)), by_name(mem.estimate(spec, full))
     rotary = 2 * 4096 * 128 * 2  # cos and sin, shared by all layers
     assert c1["activations (block inputs, checkpointed)"] == 32 * 2 * (2 * 4096 * 4096) + rotary  # L * bf16 * b*s*h
@@ -95,10 +96,10 @@ def test_checkpointing_keeps_block_inputs_plus_one_recomputed_block():
 def test_peak_is_largest_phase_not_sum():
     spec = models.from_preset("llama-2-7b")
     # foreach AdamW: its step temporaries live only in the optimizer phase, activations only before it.
-    est = mem.estimate(spec, mem.TrainSetup(gpus_per_node=8, seq_len=2048, fused_optimizer=False))
+    est = mem.estimate(spec, TrainSetup(gpus_per_node=8, seq_len=2048, fused_optimizer=False))
     assert est.peak_allocated_bytes == max(est.phase_bytes.values())
     assert est.peak_allocated_bytes < sum(c.bytes for c in est.components)
-    assert est.device_bytes == est.peak_allocated_bytes + est.headroom_bytes + mem.DEFAULT_CUDA_CONTEXT_BYTES
+    assert est.device_bytes == est.peak_allocated_bytes + est.headroom_bytes + DEFAULT_CUDA_CONTEXT_BYTES
 
 
 @pytest.mark.parametrize("opt,bpp", [("adamw", 8), ("lion", 4), ("sgd", 4), ("adamw-8bit", 2 + 8 / 256)])
@@ -115,17 +116,17 @@ def test_adafactor_is_factored():
 
 def test_inference_is_weights_only():
     spec = models.from_preset("llama-2-7b")
-    est = mem.estimate(spec, mem.TrainSetup(optimizer="none", strategy="no_shard"))
+    est = mem.estimate(spec, TrainSetup(optimizer="none", strategy="no_shard"))
     assert est.model_state_bytes == 2 * N_7B
     assert list(est.phase_bytes) == ["forward"]
 
 
 def test_tp_pp_divide_states():
     spec = models.from_preset("llama-2-70b")
-    one = mem.estimate(spec, mem.TrainSetup(strategy="no_shard", engine="zero", gpus_per_node=8))
-    tp8 = mem.estimate(spec, mem.TrainSetup(strategy="no_shard", engine="zero", gpus_per_node=8, tp=8))
+    one = mem.estimate(spec, TrainSetup(strategy="no_shard", engine="zero", gpus_per_node=8))
+    tp8 = mem.estimate(spec, TrainSetup(strategy="no_shard", engine="zero", gpus_per_node=8, tp=8))
     assert tp8.model_state_bytes == pytest.approx(one.model_state_bytes / 8, rel=0.001)  # norms replicated
-    pp4 = mem.estimate(spec, mem.TrainSetup(strategy="no_shard", engine="zero", gpus_per_node=8, tp=2, pp=4))
+    pp4 = mem.estimate(spec, TrainSetup(strategy="no_shard", engine="zero", gpus_per_node=8, tp=2, pp=4))
     # 80 layers / 4 stages = 20 layers + the larger end (embedding or head) per stage, / tp 2
     expected = (20 * spec.params_per_layer + 32000 * 8192) / 2
     assert pp4.model_state_bytes == pytest.approx(18 * expected, rel=0.001)
@@ -134,17 +135,17 @@ def test_tp_pp_divide_states():
 def test_max_micro_batch_and_min_gpus():
     spec = models.from_preset("llama-2-7b")
     gpu = 80 * 1024**3
-    setup = mem.TrainSetup(gpus_per_node=8, seq_len=1024)
+    setup = TrainSetup(gpus_per_node=8, seq_len=1024)
     b = mem.max_micro_batch(spec, setup, gpu)
     assert b >= 1
-    assert mem.fits(mem.estimate(spec, mem.TrainSetup(gpus_per_node=8, seq_len=1024, micro_batch_size=b)), gpu)
-    assert not mem.fits(mem.estimate(spec, mem.TrainSetup(gpus_per_node=8, seq_len=1024, micro_batch_size=b + 1)), gpu)
+    assert mem.fits(mem.estimate(spec, TrainSetup(gpus_per_node=8, seq_len=1024, micro_batch_size=b)), gpu)
+    assert not mem.fits(mem.estimate(spec, TrainSetup(gpus_per_node=8, seq_len=1024, micro_batch_size=b + 1)), gpu)
     m = mem.min_gpus(spec, setup, gpu, "full_shard")
     assert m.gpus == 2 and m.nodes == 1
     assert mem.min_gpus(spec, setup, gpu, "no_shard").gpus is None  # 18+ bytes/param replicated > 80 GB
     # 405B: without checkpointing its activations alone (126 layers) exceed 80 GB at any GPU count.
     assert mem.min_gpus(models.from_preset("llama-3.1-405b"), setup, gpu, "full_shard").gpus is None
-    ckpt = mem.TrainSetup(gpus_per_node=8, seq_len=1024, checkpointing="full")
+    ckpt = TrainSetup(gpus_per_node=8, seq_len=1024, checkpointing="full")
     big = mem.min_gpus(models.from_preset("llama-3.1-405b"), ckpt, gpu, "full_shard")
     assert big.nodes is not None and big.nodes > 1 and big.gpus == 8 * big.nodes
 
@@ -163,4 +164,4 @@ def test_max_micro_batch_and_min_gpus():
 )
 def test_bad_setups_rejected(kw):
     with pytest.raises(InputError):
-        mem.TrainSetup(**kw)
+        TrainSetup(**kw)

@@ -7,11 +7,12 @@ from hypothesis import strategies as st
 
 from llmctl.plan import memory as mem
 from llmctl.spec import models
+from llmctl.spec.setup import TrainSetup
 
 SPECS = [models.from_preset(n) for n in ("gpt2", "llama-2-7b", "llama-3.1-8b", "mixtral-8x7b", "qwen2.5-7b")]
 
 setups = st.builds(
-    mem.TrainSetup,
+    TrainSetup,
     precision=st.sampled_from(["fp32", "bf16-mixed", "bf16"]),
     optimizer=st.sampled_from(["adamw", "adamw-8bit", "lion", "sgd", "adafactor"]),
     strategy=st.sampled_from(["no_shard", "shard_grad_op", "full_shard"]),

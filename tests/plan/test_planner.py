@@ -12,8 +12,14 @@ from llmctl.errors import DoesNotFitError, InputError, LlmctlError
 from llmctl.plan import comm as cm
 from llmctl.plan import memory as mem
 from llmctl.plan import planner as pl
+from llmctl.plan.calibrate import calibrate
+from llmctl.plan.emit import to_plan
+from llmctl.plan.explain import recompute_cost
+from llmctl.plan.request import KERNEL_EFFICIENCY, Efficiency, PlanRequest
+from llmctl.plan.timing import Candidate, evaluate
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
+from llmctl.spec.setup import TrainSetup
 
 A100 = resolve_gpu("A100-80GB")
 H100 = resolve_gpu("H100-SXM")
@@ -22,15 +28,16 @@ SEED_NET = cm.Network(A100.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, 50 / 8)  
 FAST_NET = cm.Network(A100.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, 8 * 400 / 8)  # 8 x 400 Gbps per node
 
 
-def seed_request(**kw) -> pl.PlanRequest:
+def seed_request(**kw) -> PlanRequest:
     """The seed: Llama-2-7B, seq 1024, 2 nodes x 4 A100-80GB, 50 Gbps; a fine-tuning global batch of 128 sequences."""
     args = dict(spec=L7B, gpu=A100, nodes=2, gpus_per_node=4, network=SEED_NET, seq_len=1024, global_batch_seqs=128)
     args.update(kw)
-    return pl.PlanRequest(**args)
+    return PlanRequest(**args)
 
 
-def best(result: pl.PlanResult, **match) -> pl.Candidate:
-    return next(c for c in result.variants if all(getattr(c, k) == v for k, v in match.items()))
+def best(result: pl.PlanResult, **match) -> Candidate:
+    """The best variant whose setup has these values."""
+    return next(c for c in result.variants if all(getattr(c.setup, k) == v for k, v in match.items()))
 
 
 def test_seed_story_full_shard_slowest_one_node_beats_it_hybrid_wins() -> None:
@@ -43,24 +50,24 @@ def test_seed_story_full_shard_slowest_one_node_beats_it_hybrid_wins() -> None:
     hybrid = best(r, strategy="hybrid_shard", attention="flash")
     # HYBRID over both nodes with flash-attention is chosen and is the fastest; of the checkpointing modes, selective
     # (the seed ran full): it keeps the attention output and half the matmul outputs, and recomputes the rest
-    assert (r.chosen.strategy, r.chosen.nodes, r.chosen.checkpointing, r.chosen.attention) == (
+    assert (r.chosen.setup.strategy, r.chosen.setup.nodes, r.chosen.setup.checkpointing, r.chosen.setup.attention) == (
         "hybrid_shard",
         2,
         "selective",
         "flash",
     )
     assert r.chosen == hybrid == r.variants[0]
-    assert hybrid.tokens_per_s > hybrid_full.tokens_per_s
+    assert hybrid.predicted.tokens_per_s > hybrid_full.predicted.tokens_per_s
     assert "full checkpointing: recompute would cost" in r.memory_choice
     # one node with checkpointing + flash beats FULL_SHARD over both nodes; FULL_SHARD over 2 nodes is the slowest
-    assert one_ckpt_flash.tokens_per_s > full2.tokens_per_s
-    assert full2.tokens_per_s < one.tokens_per_s < hybrid.tokens_per_s
-    assert r.candidates[-1].strategy == "full_shard" and r.candidates[-1].nodes == 2
+    assert one_ckpt_flash.predicted.tokens_per_s > full2.predicted.tokens_per_s
+    assert full2.predicted.tokens_per_s < one.predicted.tokens_per_s < hybrid.predicted.tokens_per_s
+    assert r.candidates[-1].setup.strategy == "full_shard" and r.candidates[-1].setup.nodes == 2
     # magnitudes in the seed's ballpark (seed: ~16,000 one node, ~24,000 HYBRID)
-    assert 12_000 < one_ckpt_flash.tokens_per_s < 20_000
-    assert 18_000 < hybrid_full.tokens_per_s < 30_000
+    assert 12_000 < one_ckpt_flash.predicted.tokens_per_s < 20_000
+    assert 18_000 < hybrid_full.predicted.tokens_per_s < 30_000
     # FULL_SHARD over 2 nodes loses on exposed communication, and the sentence says so
-    i = r.candidates.index(best(r, strategy="full_shard", nodes=2, checkpointing=full2.checkpointing))
+    i = r.candidates.index(best(r, strategy="full_shard", nodes=2, checkpointing=full2.setup.checkpointing))
     assert "exposed communication" in r.why_lost[i] and "6.25 GB/s" in r.why_lost[i]
 
 
@@ -70,41 +77,41 @@ def test_seed_naive_full_shard_is_about_the_seeds_1500_tokens_per_s() -> None:
         seed_request(strategy="full_shard", checkpointing="none", attention="eager", compile=False, micro_batch=1)
     )
     naive = best(r, nodes=2)
-    assert 800 < naive.tokens_per_s < 2500
-    assert naive.comm_exposed_s > 10 * naive.compute_s
+    assert 800 < naive.predicted.tokens_per_s < 2500
+    assert naive.predicted.comm_exposed_s > 10 * naive.predicted.compute_s
 
 
 def test_fast_network_makes_full_shard_competitive() -> None:
     r = pl.plan(seed_request(network=FAST_NET))
     full_all = best(r, strategy="full_shard", nodes=2)
-    assert full_all.tokens_per_s >= 0.9 * r.chosen.tokens_per_s
+    assert full_all.predicted.tokens_per_s >= 0.9 * r.chosen.predicted.tokens_per_s
     # and with 8 GPUs per node too
     r8 = pl.plan(seed_request(network=FAST_NET, gpus_per_node=8))
-    assert best(r8, strategy="full_shard", nodes=2).tokens_per_s >= 0.9 * r8.chosen.tokens_per_s
+    assert best(r8, strategy="full_shard", nodes=2).predicted.tokens_per_s >= 0.9 * r8.chosen.predicted.tokens_per_s
 
 
 @pytest.mark.parametrize("model", ["llama-2-70b", "llama-3.1-70b"])
 def test_fast_network_chooses_full_shard_when_hybrid_cannot_fit(model: str) -> None:
     spec = resolve_model(model)
     r = pl.plan(
-        pl.PlanRequest(
+        PlanRequest(
             spec=spec, gpu=A100, nodes=4, gpus_per_node=8, network=FAST_NET, seq_len=4096, global_batch_seqs=128
         )
     )
-    assert r.chosen.strategy == "full_shard" and r.chosen.nodes == 4
-    assert not any(c.strategy == "hybrid_shard" for c in r.variants)
+    assert r.chosen.setup.strategy == "full_shard" and r.chosen.setup.nodes == 4
+    assert not any(c.setup.strategy == "hybrid_shard" for c in r.variants)
     assert any(x.startswith("hybrid_shard") and "GiB per GPU" in x for x in r.rejected)
 
 
 def test_a_model_that_fits_nowhere_names_the_smallest_cluster() -> None:
     spec = resolve_model("llama-3.1-405b")
     with pytest.raises(DoesNotFitError, match=r"smallest cluster of H100-SXM that fits is \d+ nodes x 8"):
-        pl.plan(pl.PlanRequest(spec=spec, gpu=H100, nodes=2, gpus_per_node=8, network=FAST_NET, seq_len=4096))
+        pl.plan(PlanRequest(spec=spec, gpu=H100, nodes=2, gpus_per_node=8, network=FAST_NET, seq_len=4096))
 
 
 def test_default_global_batch_and_node_counts() -> None:
     assert seed_request(global_batch_seqs=None).global_batch == 128
-    big = pl.PlanRequest(spec=L7B, gpu=H100, nodes=1024, gpus_per_node=8, network=FAST_NET)
+    big = PlanRequest(spec=L7B, gpu=H100, nodes=1024, gpus_per_node=8, network=FAST_NET)
     assert big.global_batch == 8192
     assert pl.node_counts(1024) == [2**i for i in range(11)]
     assert pl.node_counts(6) == [1, 2, 3, 4, 6]
@@ -114,8 +121,10 @@ def test_default_global_batch_and_node_counts() -> None:
 
 def test_objective_cost_prefers_per_gpu_throughput() -> None:
     r = pl.plan(seed_request(objective="cost", token_budget=10**9, price_per_gpu_hour=2.0))
-    assert r.chosen.tokens_per_s_per_gpu == max(c.tokens_per_s_per_gpu for c in r.variants)
-    assert r.chosen.budget_cost_usd == pytest.approx(1e9 / r.chosen.tokens_per_s / 3600 * r.chosen.gpus * 2.0)
+    assert r.chosen.predicted.tokens_per_s_per_gpu == max(c.predicted.tokens_per_s_per_gpu for c in r.variants)
+    assert r.chosen.predicted.budget_cost_usd == pytest.approx(
+        1e9 / r.chosen.predicted.tokens_per_s / 3600 * r.chosen.setup.gpus * 2.0
+    )
 
 
 PINS = st.fixed_dictionaries(
@@ -146,7 +155,7 @@ def test_a_pinned_choice_is_respected_or_rejected_with_the_reason(pins: dict, no
         return
     for c in r.variants:
         for k, v in pins.items():
-            assert getattr(c, k) == v
+            assert getattr(c.setup, {"micro_batch": "micro_batch_size"}.get(k, k)) == v
 
 
 @settings(max_examples=60, deadline=None)
@@ -159,8 +168,8 @@ def test_a_pinned_choice_is_respected_or_rejected_with_the_reason(pins: dict, no
 def test_more_gpus_never_raise_per_gpu_model_state_memory_under_full_shard(model, g, n1, n2) -> None:
     spec = resolve_model(model)
     lo, hi = sorted((n1, n2))
-    a = mem.estimate(spec, mem.TrainSetup(strategy="full_shard", nodes=lo, gpus_per_node=g, seq_len=1024))
-    b = mem.estimate(spec, mem.TrainSetup(strategy="full_shard", nodes=hi, gpus_per_node=g, seq_len=1024))
+    a = mem.estimate(spec, TrainSetup(strategy="full_shard", nodes=lo, gpus_per_node=g, seq_len=1024))
+    b = mem.estimate(spec, TrainSetup(strategy="full_shard", nodes=hi, gpus_per_node=g, seq_len=1024))
     assert b.model_state_bytes <= a.model_state_bytes
     assert b.device_bytes <= a.device_bytes
 
@@ -177,20 +186,20 @@ def test_more_gpus_never_raise_per_gpu_model_state_memory_under_full_shard(model
 )
 def test_more_bandwidth_never_predicts_a_slower_step(strategy, mb, ckpt, attn, inter, factor, overlap) -> None:
     net = cm.Network(240.0, inter / 8)
-    slow = pl.evaluate(seed_request(network=net, overlap=overlap), strategy, 2, mb, 16 // mb, ckpt, attn, False)
-    fast = pl.evaluate(
-        seed_request(network=net.scaled(factor), overlap=overlap), strategy, 2, mb, 16 // mb, ckpt, attn, False
-    )
-    assert fast.step_time_s <= slow.step_time_s * (1 + 1e-9)
-    assert fast.tokens_per_s >= slow.tokens_per_s * (1 - 1e-9)
+    slow_req = seed_request(network=net, overlap=overlap)
+    setup = slow_req.setup(strategy, 2, mb, 16 // mb, ckpt, attn)
+    slow = evaluate(slow_req, setup)
+    fast = evaluate(seed_request(network=net.scaled(factor), overlap=overlap), setup)
+    assert fast.predicted.step_time_s <= slow.predicted.step_time_s * (1 + 1e-9)
+    assert fast.predicted.tokens_per_s >= slow.predicted.tokens_per_s * (1 - 1e-9)
 
 
 def test_whole_plan_never_gets_slower_with_more_bandwidth() -> None:
     prev = 0.0
     for gbps in (10, 25, 50, 100, 400, 1600, 3200):
         r = pl.plan(seed_request(network=cm.Network(240.0, gbps / 8)))
-        assert r.chosen.tokens_per_s >= prev * (1 - 1e-9)
-        prev = r.chosen.tokens_per_s
+        assert r.chosen.predicted.tokens_per_s >= prev * (1 - 1e-9)
+        prev = r.chosen.predicted.tokens_per_s
 
 
 def test_calibration_scales_efficiency_to_the_measured_run() -> None:
@@ -199,20 +208,20 @@ def test_calibration_scales_efficiency_to_the_measured_run() -> None:
         {"event": "step", "step": i, "tokens_per_s": 10_000.0 if i > 1 else 1.0, "tokens_per_s_predicted": 20_000.0}
         for i in range(1, 6)
     ]
-    cal = pl.calibrate(records)
+    cal = calibrate(records)
     assert cal.factor == pytest.approx(0.5) and cal.steps == 4  # the first (warm-up) step is left out
     base = pl.plan(seed_request(network=FAST_NET))
-    calibrated = pl.plan(seed_request(network=FAST_NET, efficiency=pl.Efficiency(calibration=cal.factor)))
-    assert calibrated.chosen.tokens_per_s < 0.6 * base.chosen.tokens_per_s
+    calibrated = pl.plan(seed_request(network=FAST_NET, efficiency=Efficiency(calibration=cal.factor)))
+    assert calibrated.chosen.predicted.tokens_per_s < 0.6 * base.chosen.predicted.tokens_per_s
     with pytest.raises(InputError, match="no step records"):
-        pl.calibrate([{"event": "start"}])
+        calibrate([{"event": "start"}])
     with pytest.raises(InputError, match="no tokens_per_s_predicted"):
-        pl.calibrate([{"event": "step", "tokens_per_s": 5.0}, {"event": "step", "tokens_per_s": 5.0}])
+        calibrate([{"event": "step", "tokens_per_s": 5.0}, {"event": "step", "tokens_per_s": 5.0}])
 
 
 def test_efficiency_factors_are_stated_and_bounded() -> None:
-    e = pl.Efficiency()
-    assert e.kernel == pl.KERNEL_EFFICIENCY
+    e = Efficiency()
+    assert e.kernel == KERNEL_EFFICIENCY
     assert (
         e.of("flash", 1024 * 32, L7B, False)
         > e.of("sdpa", 1024 * 32, L7B, False)
@@ -256,10 +265,13 @@ def test_selective_is_chosen_when_full_recompute_buys_nothing() -> None:
     """The seed's batch fits with selective at the same micro-batch as full: selective wins by its smaller
     recompute, and the explanation gives the figure."""
     r = pl.plan(seed_request(strategy="hybrid_shard", attention="flash", compile=True))
-    assert r.chosen.checkpointing == "selective"
+    assert r.chosen.setup.checkpointing == "selective"
     full = pl.plan(seed_request(strategy="hybrid_shard", attention="flash", compile=True, checkpointing="full")).chosen
-    assert full.micro_batch == r.chosen.micro_batch and full.tokens_per_s < r.chosen.tokens_per_s
-    assert pl.recompute_cost(r.request, full) > pl.recompute_cost(r.request, r.chosen) > 0.05
+    assert (
+        full.setup.micro_batch_size == r.chosen.setup.micro_batch_size
+        and full.predicted.tokens_per_s < r.chosen.predicted.tokens_per_s
+    )
+    assert recompute_cost(r.request, full.setup) > recompute_cost(r.request, r.chosen.setup) > 0.05
     assert r.memory_choice.startswith("selective checkpointing: micro-batch 16 fits, recompute costs")
     assert "no checkpointing: only micro-batch" in r.memory_choice
     assert "full checkpointing: recompute would cost" in r.memory_choice
@@ -270,7 +282,7 @@ def test_large_vocabulary_plans_a_chunked_loss_when_memory_is_short() -> None:
     chunking the loss does."""
     spec = resolve_model("llama-3.1-8b")
     one = cm.Network(H100.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, None)
-    req = pl.PlanRequest(
+    req = PlanRequest(
         spec=spec,
         gpu=H100,
         nodes=1,
@@ -282,11 +294,13 @@ def test_large_vocabulary_plans_a_chunked_loss_when_memory_is_short() -> None:
         strategy="full_shard",
     )
     r = pl.plan(req)
-    whole = [v for v in r.variants if v.loss_chunk_tokens == 0]
-    chunked = [v for v in r.variants if v.loss_chunk_tokens]
-    assert chunked and max(c.micro_batch for c in chunked) > max((c.micro_batch for c in whole), default=0)
-    assert r.chosen.loss_chunk_tokens == 512
-    plan = pl.to_plan(r)
+    whole = [v for v in r.variants if v.setup.loss_chunk_tokens == 0]
+    chunked = [v for v in r.variants if v.setup.loss_chunk_tokens]
+    assert chunked and max(c.setup.micro_batch_size for c in chunked) > max(
+        (c.setup.micro_batch_size for c in whole), default=0
+    )
+    assert r.chosen.setup.loss_chunk_tokens == 512
+    plan = to_plan(r)
     assert plan is not None and plan.training.loss_chunk_tokens == 512
 
 
@@ -310,7 +324,7 @@ def test_more_modes_never_lower_the_chosen_throughput(model, gpu, nodes, seq, gb
 
     def chosen(**pins):
         try:
-            return pl.plan(pl.PlanRequest(**kw, **pins)).chosen.tokens_per_s
+            return pl.plan(PlanRequest(**kw, **pins)).chosen.predicted.tokens_per_s
         except LlmctlError:
             return 0.0
 
@@ -321,38 +335,21 @@ def test_more_modes_never_lower_the_chosen_throughput(model, gpu, nodes, seq, gb
     assert free >= chosen(loss_chunk_tokens=0) - 1e-6
     # at an equal micro-batch, less recompute is never slower (what lets the planner skip dominated modes)
     try:
-        r = pl.plan(pl.PlanRequest(**kw))
+        r = pl.plan(PlanRequest(**kw))
     except LlmctlError:
         return
     c = r.chosen
     timed = {
-        m: pl.evaluate(
-            r.request,
-            c.strategy,
-            c.nodes,
-            c.micro_batch,
-            c.grad_accum,
-            m,
-            c.attention,
-            c.compile,
-            chunk=c.loss_chunk_tokens,
-        ).tokens_per_s
+        m: evaluate(r.request, replace(c.setup, checkpointing=m)).predicted.tokens_per_s
         for m in ("none", "partial:4", "partial:2", "selective", "full")
     }
     assert timed["none"] >= timed["partial:4"] >= timed["partial:2"] >= timed["full"]
     assert timed["none"] >= timed["selective"] >= timed["full"]
     # and a larger micro-batch is never slower (why only the largest that fits is timed)
-    if c.micro_batch > 1:
-        smaller = max(d for d in pl.divisors(c.micro_batch * c.grad_accum) if d < c.micro_batch)
-        slower = pl.evaluate(
-            r.request,
-            c.strategy,
-            c.nodes,
-            smaller,
-            c.micro_batch * c.grad_accum // smaller,
-            c.checkpointing,
-            c.attention,
-            c.compile,
-            chunk=c.loss_chunk_tokens,
+    if c.setup.micro_batch_size > 1:
+        smaller = max(
+            d for d in pl.divisors(c.setup.micro_batch_size * c.setup.grad_accum_steps) if d < c.setup.micro_batch_size
         )
-        assert slower.tokens_per_s <= c.tokens_per_s
+        per_rank = c.setup.per_rank_batch
+        slower = evaluate(r.request, replace(c.setup, micro_batch_size=smaller, grad_accum_steps=per_rank // smaller))
+        assert slower.predicted.tokens_per_s <= c.predicted.tokens_per_s

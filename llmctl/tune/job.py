@@ -1,7 +1,7 @@
 """`llmctl tune --slurm`: the trials in one SLURM allocation. Torch-free (torch runs only in the trials' ranks).
 
 Two halves share a trial folder (which, like a launch's job folder, must be on a file system the nodes share):
-- In the job (templates/tune.sbatch.j2 -> `python -m llmctl.cli.tune_job FOLDER`, `main`): reads `tune-job.json`,
+- In the job (templates/tune.sbatch.j2 -> `python -m llmctl.tune.job FOLDER`, `main`): reads `tune-job.json`,
   runs each trial as an srun step of torchrun on every node of the allocation, one after another (`--rounds`:
   all of them again), with the step `llmctl launch --slurm` uses (`llmctl.launch.slurm.NODE_STEP_SCRIPT`), and
   records each round's outcome in `trials.json` as it ends. A requeued job skips what trials.json already holds.
@@ -23,7 +23,8 @@ from typing import Any
 from llmctl.errors import InputError, RuntimeFailure, one_line
 from llmctl.errors import report as report_error
 from llmctl.fileio import write_atomic
-from llmctl.plan import tune
+from llmctl.tune import run as tune_trials
+from llmctl.tune.report import Trial, measure, measure_rounds
 
 JOB_FILE = "tune-job.json"
 RESULTS_FILE = "trials.json"
@@ -81,7 +82,7 @@ def read_results(folder: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) and isinstance(data.get("trials"), dict) else {"trials": {}}
 
 
-def _write_results(folder: Path, state: str, current: tuple[int, int] | None, trials: list[tune.Trial]) -> None:
+def _write_results(folder: Path, state: str, current: tuple[int, int] | None, trials: list[Trial]) -> None:
     data = {
         "state": state,
         "current": {"trial": current[0], "round": current[1]} if current else None,
@@ -99,13 +100,13 @@ def _write_results(folder: Path, state: str, current: tuple[int, int] | None, tr
     write_atomic(folder / RESULTS_FILE, json.dumps(data) + "\n")
 
 
-def restore(trial: tune.Trial, record: dict[str, Any], warmup: int) -> None:
+def restore(trial: Trial, record: dict[str, Any], warmup: int) -> None:
     """A trial's state as the job recorded it (its measurement recomputed from the records, as `run_trial` does)."""
     trial.round_records = [list(r) for r in record.get("round_records") or []]
     trial.seconds = float(record.get("seconds") or 0.0)
     trial.status = record.get("status") or "pending"
     trial.reason = record.get("reason")
-    trial.measured = tune.measure_rounds(trial.round_records, warmup) if trial.status == "ok" else None
+    trial.measured = measure_rounds(trial.round_records, warmup) if trial.status == "ok" else None
 
 
 # --- in the job ---------------------------------------------------------------------------------------------------------
@@ -115,7 +116,6 @@ def _say(line: str) -> None:
 
 def run(folder: Path, env: dict[str, str] | None = None) -> int:
     """Run every trial round not yet recorded, one after another, on the allocation's nodes."""
-    from llmctl.cli import tune_trials
     from llmctl.launch import jobs, slurm
 
     env = dict(os.environ) if env is None else env
@@ -132,7 +132,7 @@ def run(folder: Path, env: dict[str, str] | None = None) -> int:
     addr = jobs.node_addr(nodes[0])
     if addr is None:
         raise RuntimeFailure(f"scontrol knows no address for node {nodes[0]}")
-    trials = [tune.Trial(s.number, None, Path(s.folder)) for s in spec.trials]  # type: ignore[arg-type]
+    trials = [Trial(s.number, None, Path(s.folder)) for s in spec.trials]  # type: ignore[arg-type]
     done = read_results(folder)["trials"]
     for t in trials:
         if str(t.number) in done:
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         if len(args) != 1:
-            raise InputError("usage: python -m llmctl.cli.tune_job FOLDER (the folder `llmctl tune --slurm` wrote)")
+            raise InputError("usage: python -m llmctl.tune.job FOLDER (the folder `llmctl tune --slurm` wrote)")
         return run(Path(args[0]))
     except Exception as e:  # one line in the job log; the submitting side reports the trials it never got
         return report_error(e)
@@ -196,22 +196,21 @@ def main(argv: list[str] | None = None) -> int:
 def follow(
     job_id: str,
     folder: Path,
-    trials: list[tune.Trial],
+    trials: list[Trial],
     rounds: int,
     warmup: int,
     progress: Any,
     poll_s: float = POLL_S,
 ) -> str:
     """Until the job has ended: its state changes as lines, each trial's progress (`progress`, a
-    tune_trials.Progress), and the trials filled in from trials.json. Returns the job's last state. Trials the job
+    llmctl.cli.tune.Progress), and the trials filled in from trials.json. Returns the job's last state. Trials the job
     never finished are marked failed, naming the job's state and log."""
-    from llmctl.cli import tune_trials
     from llmctl.launch import jobs
 
     started: set[tuple[int, int]] = set()
     ended: set[tuple[int, int]] = set()
     order = [(t, rnd) for rnd in range(1, rounds + 1) for t in trials]
-    tail: tune_trials._Tail | None = None
+    tail: tune_trials.Tail | None = None
     shown_state, state, unknown = None, "PENDING", 0
     while True:
         state = jobs.slurm_state(job_id) or "UNKNOWN"
@@ -230,11 +229,11 @@ def follow(
             if key not in started and (recorded or (cur.get("trial"), cur.get("round")) == key):
                 started.add(key)
                 progress.start(t, rnd)
-                tail = tune_trials._Tail(t.folder / "logs" / "metrics.jsonl", from_start=rnd == 1)
+                tail = tune_trials.Tail(t.folder / "logs" / "metrics.jsonl", from_start=rnd == 1)
             if recorded:
                 assert rec is not None
                 restore(t, rec, warmup)
-                this_round = tune.measure(t.round_records[rnd - 1], warmup) if t.rounds >= rnd else None
+                this_round = measure(t.round_records[rnd - 1], warmup) if t.rounds >= rnd else None
                 progress.end(t, rnd, this_round if t.status == "ok" else None)
                 ended.add(key)
             elif key in started and tail is not None:

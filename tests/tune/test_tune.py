@@ -15,11 +15,16 @@ import yaml
 from typer.testing import CliRunner
 
 from llmctl.cli import tune as cli_tune
-from llmctl.cli import tune_trials
 from llmctl.cli.main import app
 from llmctl.errors import InputError
-from llmctl.plan import tune
+from llmctl.plan.calibrate import from_tune_report
+from llmctl.plan.timing import Candidate
 from llmctl.spec.planfile import load_plan, plan_from_dict
+from llmctl.tune import report as tune_report
+from llmctl.tune import run as tune_trials
+from llmctl.tune import space as tune_space
+from llmctl.tune import trials as tune_plans
+from llmctl.tune import workflow
 from tests.engine.conftest import TINY, deep_update
 
 runner = CliRunner()
@@ -39,7 +44,7 @@ def write(folder: Path, over: dict | None = None) -> Path:
     return path
 
 
-def pool_for(over: dict | None = None, **space: object) -> tune.Pool:
+def pool_for(over: dict | None = None, **space: object) -> tune_space.Pool:
     from llmctl.engine.model import base_spec
     from llmctl.spec.hardware import resolve_gpu
 
@@ -49,12 +54,12 @@ def pool_for(over: dict | None = None, **space: object) -> tune.Pool:
     plan = plan_from_dict(data)
     gpu = resolve_gpu(plan.hardware.gpu) if plan.hardware.gpu else None
     spec = base_spec(plan)
-    req = tune.request_for_plan(plan, spec, gpu)
-    s = tune.space_for(tune.Setup.of_plan(plan), spec, 1, plan.world_size, **space)  # type: ignore[arg-type]
-    return tune.make_pool(req, s, gpu.name if gpu else None)
+    req = tune_space.request_for_plan(plan, spec, gpu)
+    s = tune_space.space_for(plan.setup, spec, **space)  # type: ignore[arg-type]
+    return tune_space.make_pool(req, s, gpu.name if gpu else None)
 
 
-def labels(cands: list[tune.TuneCandidate]) -> list[str]:
+def labels(cands: list[Candidate]) -> list[str]:
     return [c.setup.label for c in cands]
 
 
@@ -62,7 +67,7 @@ def labels(cands: list[tune.TuneCandidate]) -> list[str]:
 def test_picks_the_predicted_best_then_one_decision_at_a_time() -> None:
     pool = pool_for(strategies=["full_shard"], micro_batches=[1, 8], checkpointing=["none", "full"], compile_=False)
     assert len(pool.ranked) == 4 and pool.device == A100 and not pool.dropped
-    picks = tune.select(pool.ranked, 4)
+    picks = tune_space.select(pool.ranked, 4)
     # best; the best differing only in micro-batch; only in checkpointing; then the rest by prediction
     assert labels(picks) == [
         "full_shard 8x1 ckpt none",
@@ -70,34 +75,34 @@ def test_picks_the_predicted_best_then_one_decision_at_a_time() -> None:
         "full_shard 8x1 ckpt full",
         "full_shard 1x8 ckpt full",
     ]
-    assert labels(tune.select(pool.ranked, 2)) == labels(picks)[:2]
-    assert tune.select(pool.ranked, 10) == picks  # never more than the pool
+    assert labels(tune_space.select(pool.ranked, 2)) == labels(picks)[:2]
+    assert tune_space.select(pool.ranked, 10) == picks  # never more than the pool
     ranked_tps = [c.predicted.tokens_per_s for c in pool.ranked]
     assert ranked_tps == sorted(ranked_tps, reverse=True)
 
 
 def test_default_space_alternatives_each_change_one_decision() -> None:
     pool = pool_for()
-    picks = tune.select(pool.ranked, 5)
+    picks = tune_space.select(pool.ranked, 5)
     best = picks[0].setup
     assert best == pool.ranked[0].setup
-    for decision, pick in zip(tune.DECISIONS, picks[1:], strict=True):
-        assert pick.setup.differs_only_in(best, decision), (decision, pick.setup)
-    per_rank = {c.setup.micro_batch * c.setup.grad_accum for c in pool.ranked}
+    for decision, pick in zip(tune_space.DECISIONS, picks[1:], strict=True):
+        assert tune_space.differs_only_in(pick.setup, best, decision), (decision, pick.setup)
+    per_rank = {c.setup.micro_batch_size * c.setup.grad_accum_steps for c in pool.ranked}
     assert per_rank == {8}  # the global batch is held: micro-batch x accumulation = the plan's 8 per rank
-    assert {c.setup.micro_batch for c in pool.ranked} == {1, 2, 4, 8}
+    assert {c.setup.micro_batch_size for c in pool.ranked} == {1, 2, 4, 8}
     assert {c.setup.strategy for c in pool.ranked} == {"full_shard", "no_shard"}  # no hybrid on one node
 
 
 def test_a_plan_without_gpu_is_ordered_but_shows_no_prediction() -> None:
     pool = pool_for({"hardware": {"gpu": None}}, micro_batches=[1, 8], compile_=False)
-    assert pool.device is None and pool.request.gpu.name == tune.REFERENCE_GPU
-    assert pool.ranked[0].setup.micro_batch == 8
+    assert pool.device is None and pool.request.gpu.name == tune_space.REFERENCE_GPU
+    assert pool.ranked[0].setup.micro_batch_size == 8
     report = make_report(pool, [100.0, 50.0])
     data = report.as_dict()
     assert data["predicted_for"] is None and all(t["predicted"] is None and t["ratio"] is None for t in data["trials"])
     with pytest.raises(InputError, match="no prediction"):
-        tune.calibration(data, "x.json")
+        from_tune_report(data, "x.json")
 
 
 def test_memory_that_does_not_fit_is_dropped() -> None:
@@ -125,7 +130,7 @@ def test_model_form_starts_from_the_planners_choice() -> None:
     opts = dict(cli_tune._PLAN_DEFAULTS)
     opts.update(gpu=A100, gpus_per_node=2, seq_len=64, global_batch=16, precision="fp32")
     pins = {"strategies": None, "micro_batches": None, "checkpointing": None}
-    base, pool, _ = cli_tune._from_model("llama-tiny", opts, pins, False)
+    base, pool, _ = workflow._from_model("llama-tiny", opts, pins, False)
     r = runner.invoke(
         app,
         ["plan", "llama-tiny", "--gpu", A100, "--gpus-per-node", "2", "--seq-len", "64", "--global-batch", "16"]
@@ -133,13 +138,13 @@ def test_model_form_starts_from_the_planners_choice() -> None:
     )
     chosen = json.loads(r.stdout)["chosen"]
     first = pool.ranked[0].setup
-    assert (first.strategy, first.micro_batch, first.grad_accum, first.checkpointing) == (
+    assert (first.strategy, first.micro_batch_size, first.grad_accum_steps, first.checkpointing) == (
         chosen["strategy"],
         chosen["micro_batch"],
         chosen["grad_accum"],
         chosen["checkpointing"],
     )
-    assert tune.Setup.of_plan(base) == first and base.hardware.gpu == A100
+    assert base.setup == first and base.hardware.gpu == A100
 
 
 # --- trial plans, measurements, the report -----------------------------------------------------------------------
@@ -147,20 +152,20 @@ def test_trial_plan_runs_steps_without_checkpoints_and_the_hook_breaks_its_data(
     base = plan_from_dict(deep_update(BASE, {"checkpoint": {"dir": "ckpt"}, "logging": {"tensorboard": True}}))
     pool = pool_for()
     cand = pool.ranked[3]
-    p = tune.trial_plan(base, cand, 2, tmp_path / "trial-2", 5, 2, True, network=pool.request.network)
+    p = tune_plans.trial_plan(base, cand, 2, tmp_path / "trial-2", 5, 2, True, network=pool.request.network)
     assert p.training.max_steps == 7 and p.training.token_budget is None
     assert p.checkpoint.dir is None and p.logging.dir == str(tmp_path / "trial-2" / "logs")
     assert p.logging.interval_steps == 1 and not p.logging.tensorboard
-    assert tune.Setup.of_plan(p) == cand.setup
+    assert p.setup == cand.setup
     assert p.predicted.tokens_per_s == round(cand.predicted.tokens_per_s, 1)
     assert p.predicted.intra_node_busbw_gbytes_s == round(pool.request.network.intra_gbytes_s, 3) > 0
     assert p.predicted.inter_node_busbw_gbytes_s is None  # one node
     assert p.model == base.model and p.data == base.data
-    broken = tune.trial_plan(base, cand, 2, tmp_path / "t", 5, 2, with_prediction=False, fail=True)
+    broken = tune_plans.trial_plan(base, cand, 2, tmp_path / "t", 5, 2, with_prediction=False, fail=True)
     assert "missing-on-purpose" in broken.data.paths[0] and broken.predicted.tokens_per_s is None
-    assert tune.failing_trials({tune.FAIL_ENV: "3, 1"}) == {1, 3}
+    assert tune_plans.failing_trials({tune_plans.FAIL_ENV: "3, 1"}) == {1, 3}
     with pytest.raises(InputError):
-        tune.failing_trials({tune.FAIL_ENV: "two"})
+        tune_plans.failing_trials({tune_plans.FAIL_ENV: "two"})
 
 
 def test_measure_takes_medians_after_warmup() -> None:
@@ -169,11 +174,11 @@ def test_measure_takes_medians_after_warmup() -> None:
         {"event": "step", "step": i, "tokens_per_s": tps, "step_time_s": 1024 / tps, "peak_rss_bytes": rss}
         for i, tps, rss in ((1, 10.0, 5), (2, 20.0, 6), (3, 1000.0, 7), (4, 1200.0, 9), (5, 1100.0, 8))
     ]
-    m = tune.measure(recs, warmup=2)
+    m = tune_report.measure(recs, warmup=2)
     assert m is not None and m.steps == 3
     assert m.tokens_per_s == 1100.0 and m.step_time_s == pytest.approx(1024 / 1100)
     assert (m.peak_memory_bytes, m.memory_kind) == (9, "peak_rss_bytes")
-    assert tune.measure(recs, warmup=5) is None
+    assert tune_report.measure(recs, warmup=5) is None
 
 
 def test_rounds_take_the_geometric_mean_of_round_medians() -> None:
@@ -181,25 +186,25 @@ def test_rounds_take_the_geometric_mean_of_round_medians() -> None:
         return [{"event": "step", "step": i, "tokens_per_s": tps, "step_time_s": 1024 / tps} for i in (1, 2, 3)]
 
     # the machine twice as fast in round 2: every trial's figure is scaled alike, the ratio between them kept
-    slow = tune.measure_rounds([round_of(1000.0), round_of(2000.0)], warmup=1)
-    fast = tune.measure_rounds([round_of(1100.0), round_of(2200.0)], warmup=1)
+    slow = tune_report.measure_rounds([round_of(1000.0), round_of(2000.0)], warmup=1)
+    fast = tune_report.measure_rounds([round_of(1100.0), round_of(2200.0)], warmup=1)
     assert slow is not None and fast is not None and slow.steps == 4
     assert slow.tokens_per_s == pytest.approx((1000.0 * 2000.0) ** 0.5)
     assert fast.tokens_per_s / slow.tokens_per_s == pytest.approx(1.1)
     assert slow.step_time_s == pytest.approx(1024 / slow.tokens_per_s)
-    assert tune.measure_rounds([round_of(1000.0), []], warmup=1) is None
+    assert tune_report.measure_rounds([round_of(1000.0), []], warmup=1) is None
 
 
-def make_report(pool: tune.Pool, measured: list[float | None]) -> tune.Report:
+def make_report(pool: tune_space.Pool, measured: list[float | None]) -> tune_report.Report:
     trials = []
     for i, (cand, tps) in enumerate(zip(pool.ranked, measured, strict=False)):
-        t = tune.Trial(i + 1, cand, Path(f"/x/trial-{i + 1}"))
+        t = tune_report.Trial(i + 1, cand, Path(f"/x/trial-{i + 1}"))
         if tps is None:
             t.status, t.reason = "failed", "exit 1: boom"
         else:
-            t.status, t.measured = "ok", tune.Measured(tps, 1024 / tps, 1 << 30, "peak_rss_bytes", 4)
+            t.status, t.measured = "ok", tune_report.Measured(tps, 1024 / tps, 1 << 30, "peak_rss_bytes", 4)
         trials.append(t)
-    return tune.Report(
+    return tune_report.Report(
         "base.yaml", "llama-tiny", pool.device, 1, 2, 64, 16, "sdpa", 0, 4, 2, 1.0, trials, len(pool.ranked)
     )
 
@@ -216,7 +221,7 @@ def test_report_ranks_verdict_and_calibration() -> None:
     assert data["ranking_verdict"].startswith("the planner's ranking was wrong: it predicted trial 1")
     assert "trial 2" in data["ranking_verdict"] and "3.00x" in data["ranking_verdict"]
     assert data["trials"][3]["status"] == "failed" and data["trials"][3]["measured"] is None
-    cal = tune.calibration(json.loads(json.dumps(data)), "tune.json")
+    cal = from_tune_report(json.loads(json.dumps(data)), "tune.json")
     assert cal.factor == pytest.approx(3000.0 / pool.ranked[1].predicted.tokens_per_s)
     # agreeing orders: no verdict; a small margin is flagged as possible noise
     assert make_report(pool, [3000.0, 2000.0, 1000.0]).ranking_verdict() is None
@@ -233,11 +238,11 @@ def test_a_verdict_the_rounds_disagree_on_is_flagged_as_noise() -> None:
     report = make_report(pool, [1.0, 1.0])
     for t, rounds in zip(report.trials, ([1000.0, 900.0], [800.0, 1500.0]), strict=True):
         t.round_records = [round_of(x) for x in rounds]
-        t.measured = tune.measure_rounds(t.round_records, report.warmup)
+        t.measured = tune_report.measure_rounds(t.round_records, report.warmup)
     verdict = report.ranking_verdict() or ""
     assert "trial 2" in verdict and "but not in every round (0.80x, 1.67x): it may be noise" in verdict
     report.trials[1].round_records = [round_of(x) for x in (1100.0, 1500.0)]
-    report.trials[1].measured = tune.measure_rounds(report.trials[1].round_records, report.warmup)
+    report.trials[1].measured = tune_report.measure_rounds(report.trials[1].round_records, report.warmup)
     assert "noise" not in (report.ranking_verdict() or "x")
 
 
@@ -286,7 +291,7 @@ def test_run_trial_failures_are_one_line(tmp_path: Path, monkeypatch, code: str,
     monkeypatch.setattr("llmctl.launch.local.torchrun_argv", lambda plan, nproc: [sys.executable, "-c", code])
     monkeypatch.setattr(tune_trials, "STOP_GRACE_S", 2.0)
     pool = pool_for()
-    t = tune.Trial(1, pool.ranked[0], tmp_path)
+    t = tune_report.Trial(1, pool.ranked[0], tmp_path)
     tune_trials.run_trial(t, tmp_path / "plan.yaml", 2, warmup=1, total_steps=3, timeout_s=timeout)
     assert t.status == "failed" and t.measured is None
     assert t.reason is not None and t.reason.startswith(reason), t.reason
@@ -310,7 +315,7 @@ def test_rounds_pool_the_steps_of_every_round(tmp_path: Path, monkeypatch) -> No
     monkeypatch.setattr(
         "llmctl.launch.local.torchrun_argv", lambda plan, nproc: [sys.executable, "-c", FAKE_ENGINE, str(plan)]
     )
-    t = tune.Trial(1, pool_for().ranked[0], tmp_path)
+    t = tune_report.Trial(1, pool_for().ranked[0], tmp_path)
     steps: list[int] = []
     for _ in range(2):
         tune_trials.run_trial(t, tmp_path / "plan.yaml", 2, warmup=1, total_steps=3, timeout_s=30, on_step=steps.append)
@@ -401,7 +406,7 @@ def test_tune_tiny_llama_on_two_gloo_ranks(tmp_path: Path, monkeypatch) -> None:
         "TMPDIR": str(scratch),  # torchrun leaves torchelastic_* folders here
         "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
         "OMP_NUM_THREADS": "1",
-        tune.FAIL_ENV: "3",
+        tune_plans.FAIL_ENV: "3",
     }.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("LLMCTL_DEBUG", raising=False)
@@ -468,4 +473,4 @@ def test_tune_tiny_llama_on_two_gloo_ranks(tmp_path: Path, monkeypatch) -> None:
     r = runner.invoke(app, [*args, "-o", "best.yaml", "--dir", "trials"])
     assert r.exit_code == 2 and "best.yaml already exists; nothing was run" in r.output
     assert len(list((tmp_path / "trials").iterdir())) == 1
-    assert os.environ[tune.FAIL_ENV] == "3"
+    assert os.environ[tune_plans.FAIL_ENV] == "3"

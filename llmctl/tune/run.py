@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.markup import escape
 
 from llmctl.childerrors import ChildErrors
-from llmctl.cli import render
 from llmctl.errors import RuntimeFailure
-from llmctl.plan import tune
+from llmctl.tune.report import Measured, Trial, measure, measure_rounds
 
 STOP_GRACE_S = 20.0
 """After SIGTERM, how long a trial's torchrun gets to stop its ranks before SIGKILL."""
@@ -36,7 +34,7 @@ def say(text: str) -> None:
 
 # --- running one trial -------------------------------------------------------------------------------------------------
 def run_trial(
-    trial: tune.Trial,
+    trial: Trial,
     plan_path: Path,
     nproc: int,
     warmup: int,
@@ -45,7 +43,7 @@ def run_trial(
     on_step: Callable[[int], None] = lambda step: None,
     argv: list[str] | None = None,
     env: dict[str, str] | None = None,
-) -> tune.Measured | None:
+) -> Measured | None:
     """Run one round of a trial to its end (or its timeout): add its records to the trial's, set its status, reason
     and measurement (over every round so far), and return this round's measurement. Its output is appended to
     trial.folder/output.log, the engine's one-line failures go to trial.folder/errors-ROUND.jsonl
@@ -62,7 +60,7 @@ def run_trial(
     n = trial.rounds + 1
     errors = ChildErrors(folder / f"errors-{n}.jsonl")
     env = {**errors.env(env), "PYTHONUNBUFFERED": "1"}
-    metrics = _Tail(folder / "logs" / "metrics.jsonl")  # the engine appends: this round's lines only
+    metrics = Tail(folder / "logs" / "metrics.jsonl")  # the engine appends: this round's lines only
     started = time.monotonic()
     timed_out = False
     with open(folder / "output.log", "ab") as log:
@@ -97,7 +95,7 @@ def run_trial(
         reason = f"timed out after {timeout_s:g} s (at step {metrics.last_step()} of {total_steps})"
     elif rc != 0:
         reason = _failure(rc, folder, errors)
-    elif (this_round := tune.measure(mine, warmup)) is None:
+    elif (this_round := measure(mine, warmup)) is None:
         reason = f"no step records after the {warmup} warm-up steps (see {folder / 'logs' / 'metrics.jsonl'})"
     else:
         reason = None
@@ -105,7 +103,7 @@ def run_trial(
         reason = f"round {trial.rounds}: {reason}"
     trial.status = "failed" if reason else "ok"
     trial.reason = reason
-    trial.measured = None if reason else tune.measure_rounds(trial.round_records, warmup)
+    trial.measured = None if reason else measure_rounds(trial.round_records, warmup)
     return None if reason else this_round
 
 
@@ -142,7 +140,7 @@ def _failure(rc: int, folder: Path, errors: ChildErrors) -> str:
     return f"exit {rc}: {lines[-1][:300]}" if lines else f"exit {rc} (see {folder / 'output.log'})"
 
 
-class _Tail:
+class Tail:
     """The records of a growing metrics.jsonl, read incrementally (a line being written is left for next time)."""
 
     def __init__(self, path: Path, from_start: bool = False) -> None:
@@ -178,63 +176,3 @@ class _Tail:
     def records(self) -> list[dict[str, Any]]:
         self._read()
         return self._records
-
-
-# --- display ---------------------------------------------------------------------------------------------------------
-class Progress:
-    """A rich progress bar per trial and round on a terminal (stderr); plain lines otherwise (logs, CI, tests)."""
-
-    def __init__(self, trials: int, total_steps: int, rounds: int) -> None:
-        self.trials, self.total, self.rounds = trials, total_steps, rounds
-        self.rich = render.err_console.is_terminal
-        self._bar: Any = None
-        self._task: Any = None
-        self._seconds_before = 0.0
-
-    def __enter__(self) -> Progress:
-        if self.rich:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._bar = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("steps"),
-                TimeElapsedColumn(),
-                console=render.err_console,
-            )
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def _what(self, t: tune.Trial, rnd: int) -> str:
-        again = f" (round {rnd}/{self.rounds})" if self.rounds > 1 else ""
-        return f"trial {t.number}/{self.trials}{again} {t.setup.label}"
-
-    def start(self, t: tune.Trial, rnd: int) -> None:
-        self._seconds_before = t.seconds
-        if self._bar is not None:
-            self._task = self._bar.add_task(escape(self._what(t, rnd)), total=self.total)
-        else:
-            say(f"{self._what(t, rnd)}: running")
-
-    def step(self, n: int) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, completed=n)
-
-    def end(self, t: tune.Trial, rnd: int, this_round: tune.Measured | None) -> None:
-        if t.measured is not None and this_round is not None:
-            m = this_round
-            line = f"{self._what(t, rnd)}: {m.tokens_per_s:,.0f} tok/s, {m.step_time_s:.3f} s/step"
-            if rnd > 1:
-                line += f" (all rounds: {t.measured.tokens_per_s:,.0f} tok/s)"
-            line += f", {t.seconds - self._seconds_before:.0f} s"
-        else:
-            line = f"{self._what(t, rnd)}: failed: {t.reason}"
-        if self._bar is not None:
-            self._bar.update(self._task, description=escape(line))
-        else:
-            say(line)

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from llmctl.cli import tune_job, tune_trials
 from llmctl.errors import InputError
 from llmctl.launch import slurm
-from llmctl.plan import tune
+from llmctl.tune import job as tune_job
+from llmctl.tune import report as tune_report
+from llmctl.tune import run as tune_trials
 
 # A fake engine for the stub srun: writes the trial's metrics as the engine would (3 steps) and exits.
 FAKE_ENGINE = """
@@ -137,7 +138,7 @@ def test_runner_refuses_outside_a_job_and_too_small_an_allocation(tmp_path: Path
         tune_job.run(tmp_path, job_env(SLURM_JOB_NODELIST="node1"))
     # As a module: one line, exit 2.
     out = subprocess.run(
-        [sys.executable, "-m", "llmctl.cli.tune_job", str(tmp_path / "nothing")],
+        [sys.executable, "-m", "llmctl.tune.job", str(tmp_path / "nothing")],
         capture_output=True,
         text=True,
         env=job_env(),
@@ -146,18 +147,18 @@ def test_runner_refuses_outside_a_job_and_too_small_an_allocation(tmp_path: Path
 
 
 class Lines:
-    """A stand-in for tune_trials.Progress that records what it was told."""
+    """A stand-in for tune_show.Progress that records what it was told."""
 
     def __init__(self) -> None:
         self.said: list[str] = []
 
-    def start(self, t: tune.Trial, rnd: int) -> None:
+    def start(self, t: tune_report.Trial, rnd: int) -> None:
         self.said.append(f"start {t.number}.{rnd}")
 
     def step(self, n: int) -> None:
         pass
 
-    def end(self, t: tune.Trial, rnd: int, m: tune.Measured | None) -> None:
+    def end(self, t: tune_report.Trial, rnd: int, m: tune_report.Measured | None) -> None:
         self.said.append(f"end {t.number}.{rnd} {t.status} {m.tokens_per_s if m else None}")
 
 
@@ -167,7 +168,7 @@ def test_follow_fills_the_trials_from_the_jobs_record(tmp_path: Path, stub_slurm
     tune_job.run(tmp_path, job_env())
     states = iter(["RUNNING", "COMPLETED"])
     monkeypatch.setattr("llmctl.launch.jobs.slurm_state", lambda job_id: next(states))
-    trials = [tune.Trial(s.number, None, Path(s.folder)) for s in spec.trials]  # type: ignore[arg-type]
+    trials = [tune_report.Trial(s.number, None, Path(s.folder)) for s in spec.trials]  # type: ignore[arg-type]
     lines = Lines()
     assert tune_job.follow("42", tmp_path, trials, 1, spec.warmup, lines, poll_s=0) == "COMPLETED"
     assert lines.said == ["start 1.1", "end 1.1 ok 250.0", "start 2.1", "end 2.1 failed None", "start 3.1",
@@ -184,12 +185,12 @@ def test_a_state_slurm_does_not_answer_for_a_while_is_not_the_end(
     tune_job.run(tmp_path, job_env())
     answers = iter([None] * (tune_job.UNKNOWN_POLLS - 1) + ["COMPLETED"])
     monkeypatch.setattr("llmctl.launch.jobs.slurm_state", lambda job_id: next(answers))
-    trials = [tune.Trial(1, None, Path(spec.trials[0].folder))]  # type: ignore[arg-type]
+    trials = [tune_report.Trial(1, None, Path(spec.trials[0].folder))]  # type: ignore[arg-type]
     assert tune_job.follow("42", tmp_path, trials, 1, spec.warmup, Lines(), poll_s=0) == "COMPLETED"
     assert trials[0].status == "ok"
     # No answer at all, for UNKNOWN_POLLS polls: the job is taken to have ended, its trials failed with the reason.
     monkeypatch.setattr("llmctl.launch.jobs.slurm_state", lambda job_id: None)
-    trials = [tune.Trial(1, None, tmp_path / "never")]  # type: ignore[arg-type]
+    trials = [tune_report.Trial(1, None, tmp_path / "never")]  # type: ignore[arg-type]
     assert tune_job.follow("43", tmp_path / "nothing", trials, 1, spec.warmup, Lines(), poll_s=0) == "UNKNOWN"
     assert trials[0].status == "failed" and "ended (UNKNOWN)" in (trials[0].reason or "")
 
@@ -197,7 +198,7 @@ def test_a_state_slurm_does_not_answer_for_a_while_is_not_the_end(
 def test_a_job_that_ends_early_fails_the_trials_it_never_ran(tmp_path: Path, monkeypatch) -> None:
     spec = spec_for(tmp_path)
     monkeypatch.setattr("llmctl.launch.jobs.slurm_state", lambda job_id: "TIMEOUT")
-    trials = [tune.Trial(s.number, None, Path(s.folder)) for s in spec.trials]  # type: ignore[arg-type]
+    trials = [tune_report.Trial(s.number, None, Path(s.folder)) for s in spec.trials]  # type: ignore[arg-type]
     assert tune_job.follow("7", tmp_path, trials, 1, 1, Lines(), poll_s=0) == "TIMEOUT"
     assert [t.status for t in trials] == ["failed", "failed"]
     assert trials[0].reason == (
@@ -231,7 +232,7 @@ def test_tune_script_is_valid_bash_and_shellcheck_clean(tmp_path: Path) -> None:
         "#SBATCH --time=1:00:00",
         "#SBATCH --partition=gpu",
         "#SBATCH --exclusive",
-        f"exec /opt/venv/bin/python -m llmctl.cli.tune_job '{tmp_path}/trials $HOME'",
+        f"exec /opt/venv/bin/python -m llmctl.tune.job '{tmp_path}/trials $HOME'",
     ):
         assert line in text.splitlines(), line
     script = tmp_path / "tune.sbatch"
@@ -248,7 +249,7 @@ def test_tune_script_is_valid_bash_and_shellcheck_clean(tmp_path: Path) -> None:
 
 def test_run_trial_takes_the_step_command_and_its_environment(tmp_path: Path) -> None:
     code = "import os, sys; sys.exit(int(os.environ['CODE']))"
-    t = tune.Trial(1, None, tmp_path)  # type: ignore[arg-type]
+    t = tune_report.Trial(1, None, tmp_path)  # type: ignore[arg-type]
     tune_trials.run_trial(t, tmp_path / "p.yaml", 1, 0, 1, 30, argv=[sys.executable, "-c", code], env={
         **os.environ, "CODE": "4"})  # fmt: skip
     assert t.status == "failed" and t.reason == f"exit 4 (see {tmp_path / 'output.log'})"

@@ -1,0 +1,74 @@
+"""The planner's choice as the engine's plan file (torch-free)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from llmctl.errors import SpecError
+from llmctl.plan import comm as cm
+from llmctl.plan.timing import Candidate
+from llmctl.spec import planfile as pf
+
+if TYPE_CHECKING:
+    from llmctl.plan.planner import PlanResult
+
+
+def predicted_section(c: Candidate, network: cm.Network | None = None) -> dict[str, Any]:
+    """The plan's `predicted:` section for a candidate (rounded as written); with the network, the bus bandwidths the
+    prediction assumed (the launch preflight compares with them)."""
+    p = c.predicted
+    out: dict[str, Any] = {
+        "tokens_per_s": round(p.tokens_per_s, 1),
+        "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 1),
+        "mfu": round(p.mfu, 4),
+        "step_time_s": round(p.step_time_s, 4),
+        "memory_per_gpu_bytes": p.memory_per_gpu_bytes,
+    }
+    if network is not None:
+        out["intra_node_busbw_gbytes_s"] = round(network.intra_gbytes_s, 3)
+        inter = network.inter_node_gbytes_s
+        out["inter_node_busbw_gbytes_s"] = round(inter, 3) if c.setup.nodes > 1 and inter is not None else None
+    return out
+
+
+def to_plan(result: PlanResult, name: str | None = None) -> pf.Plan | None:
+    """The chosen candidate as the engine's plan file (None for --params: the engine needs an architecture).
+    Validated like a plan file read from disk: a request the engine could not run (a token budget of more than
+    planfile.MAX_STEPS steps, a sequence longer than a GPT-2's positions) is one SpecError line, not a plan."""
+    if result.request.spec.source not in ("preset", "config"):
+        return None
+    req, c = result.request, result.chosen
+    spec, s = req.spec, c.setup
+    model = {"preset": spec.name} if spec.source == "preset" else {"config": spec.name}
+    sections = pf.setup_sections(s)
+    data: dict[str, Any] = {
+        "name": name or f"{Path(spec.name).stem}-{s.strategy}-{s.nodes}x{s.gpus_per_node}",
+        "model": model,
+        "hardware": {"gpu": req.gpu.name, **sections["hardware"]},
+        "parallel": sections["parallel"],
+        "training": {
+            **sections["training"],
+            "token_budget": req.token_budget,
+            "max_steps": None if req.token_budget else 1000,
+        },
+        "predicted": predicted_section(c, req.network),
+    }
+    try:
+        return pf.Plan.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(pf.error_line(e, "the plan to write")) from None
+
+
+def train_from_local_weights(plan_obj: pf.Plan | None) -> pf.Plan | None:
+    """A model folder that holds weights (`*.safetensors` next to its config.json) is fine-tuned from them: the plan
+    says model.weights (each rank reads its slices at start), not model.config (random init)."""
+    if plan_obj is None or not plan_obj.model.config:
+        return plan_obj
+    cfg = Path(plan_obj.model.config)
+    folder = cfg if cfg.is_dir() else cfg.parent
+    if any(folder.glob("*.safetensors")):
+        plan_obj.model = pf.ModelSection(weights=str(folder), pad_vocab_multiple=plan_obj.model.pad_vocab_multiple)
+    return plan_obj

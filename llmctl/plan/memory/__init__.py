@@ -1,0 +1,73 @@
+"""Memory model: bytes per GPU for training a ModelSpec under a sharding strategy (torch-free, pure functions).
+
+What it predicts: the peak of PyTorch's *allocated* bytes (torch.cuda.max_memory_allocated) per GPU, as the
+largest of three phases (end of forward, backward, optimizer step), not a blind sum of components. On top of it,
+the caching allocator's fragmentation headroom gives *reserved* bytes, and the CUDA context (+ NCCL buffers),
+which lives outside the allocator, gives what nvidia-smi shows. A setup fits when that last figure is within the
+device's memory.
+
+Model states: a ledger of bytes per parameter for precision x optimizer (the classic mixed-precision AdamW budget
+is 4 fp32 master + 2 half weights + 4 fp32 grads + 8 Adam = 18), each line sharded from the ZeRO stage that
+shards it (Rajbhandari et al. 2020): optimizer states from stage 1, gradients from stage 2, parameters from
+stage 3. Two engines keep different things:
+- "fsdp2" (llmctl's engine, torch FSDP2): the sharded fp32 parameters ARE the master weights; no persistent half
+  copy exists (bf16 copies exist only for the layers unsharded at the moment: the "unsharded layers" line).
+  Persistent: 4 + 4 + 8 = 16 bytes/param for mixed AdamW, all sharded under FULL/HYBRID/SHARD_GRAD_OP.
+- "zero" (DeepSpeed/Megatron style): a persistent half copy (sharded only at stage 3) next to the fp32 master.
+
+Activations are derived tensor by tensor from what Hugging Face's Llama and GPT-2 blocks save for backward
+(measured with torch.autograd.graph.saved_tensors_hooks; tests/plan/test_memory_measured.py re-measures them).
+
+The package: `ledger` (model states), `activations` (what blocks, head and loss keep), `estimate` (phases, fit,
+largest micro-batch, fewest GPUs). Callers use the names below.
+"""
+
+from llmctl.plan.memory.activations import (
+    block_activation_terms,
+    head_activation_bytes,
+    layer_activation_bytes,
+    layer_activation_terms,
+    layer_saved_bytes,
+    loss_chunk_backward_bytes,
+    loss_chunk_forward_bytes,
+    measured_saved_bytes,
+    recompute_buffer_bytes,
+    selective_layer_terms,
+    shared_activation_bytes,
+    stage_activation_bytes,
+)
+from llmctl.plan.memory.estimate import Component, MemoryEstimate, MinGpus, estimate, fits, max_micro_batch, min_gpus
+from llmctl.plan.memory.ledger import (
+    StateLine,
+    classic_bytes_per_param,
+    optimizer_bytes_per_param,
+    stage_params,
+    state_ledger,
+)
+
+__all__ = [
+    "Component",
+    "MemoryEstimate",
+    "MinGpus",
+    "StateLine",
+    "block_activation_terms",
+    "classic_bytes_per_param",
+    "estimate",
+    "fits",
+    "head_activation_bytes",
+    "layer_activation_bytes",
+    "layer_activation_terms",
+    "layer_saved_bytes",
+    "loss_chunk_backward_bytes",
+    "loss_chunk_forward_bytes",
+    "max_micro_batch",
+    "measured_saved_bytes",
+    "min_gpus",
+    "optimizer_bytes_per_param",
+    "recompute_buffer_bytes",
+    "selective_layer_terms",
+    "shared_activation_bytes",
+    "stage_activation_bytes",
+    "stage_params",
+    "state_ledger",
+]

@@ -1,0 +1,348 @@
+"""Activations: what each decoder block, the head and the loss keep for backward, derived tensor by tensor from what
+Hugging Face's blocks save (measured with torch.autograd.graph.saved_tensors_hooks; tests/plan/test_memory_measured.py
+and tests/plan/test_families_measured.py re-measure them), for each checkpointing mode and attention kernel
+(torch-free)."""
+
+from __future__ import annotations
+
+from llmctl.plan import flops as fl
+from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.layers import Layer
+from llmctl.spec.models import ModelSpec
+
+
+# --- activations -------------------------------------------------------------------------------------------------
+def _norm_bytes(spec: ModelSpec, n: int, rows: int, ab: int) -> int:
+    """What one RMSNorm over `n` elements (rows = tokens, or tokens x heads for per-head norms) keeps for backward:
+    HF's LlamaRMSNorm keeps its input upcast to fp32 (4n), the fp32 rsqrt (4 per row) and the normalised output in
+    the compute dtype (for the weight's gradient). Norms that multiply by the weight in fp32 (OLMo 2, gpt-oss:
+    `(w * x).to(dtype)`; Gemma: `x * (1 + w)`) keep the normalised output in fp32 (4n); Gemma's also keeps the
+    (1 + w) vector (4 x width)."""
+    if spec.model_type in GEMMA_NORM:
+        return 8 * n + 4 * rows + 4 * (n // max(1, rows))
+    if spec.model_type in FP32_WEIGHT_NORM:
+        return 8 * n + 4 * rows
+    return (4 + ab) * n + 4 * rows
+
+
+GEMMA_NORM = {"gemma2", "gemma3_text"}
+FP32_WEIGHT_NORM = {"olmo2", "gpt_oss"}
+DROPOUT_MASK_BYTES = 1
+"""On CUDA, dropout (torch.native_dropout) keeps a bool mask: 1 byte per element. (On the CPU, F.dropout keeps its
+mask in the input's dtype: the CPU measurements in the tests pass mask_bytes=act_bytes.)"""
+
+
+def block_activation_terms(
+    spec: ModelSpec, layer: Layer, b: int, s: int, act_bytes: int, attention: str, mask_bytes: int = DROPOUT_MASK_BYTES
+) -> dict[str, int]:
+    """Bytes one decoder block saves for backward, by tensor group (micro-batch b, sequence s, no TP).
+
+    Derived tensor by tensor from what the Hugging Face modules save (torch.autograd.graph.saved_tensors_hooks;
+    tests/plan/test_memory_measured.py and tests/plan/test_families_measured.py re-measure every family):
+    - Llama-style block: each RMSNorm keeps its fp32 input, rsqrt and normalised output (_norm_bytes); q/k/v share
+      one saved input; SDPA/flash keep q, k, v (native GQA: kv heads only), the output and a fp32 logsumexp
+      (b*a*s); eager keeps k/v repeated to all heads, the softmax output in fp32 and again in the compute dtype
+      (b*a*s^2 each), and the o_proj input; the gated MLP (SwiGLU, Gemma's GeGLU) keeps its input, gate, up,
+      act(gate) and their product (4 x sbi).
+    - q/k norms (Qwen3, Gemma 3 per head; OLMo 2 over the projection) are norms over q and k; Gemma's extra
+      pre/post feed-forward norms and OLMo 2's post-norms are norms over the hidden size.
+    - MoE (transformers' expert loop): the router's logits and probabilities (fp32, E per token), then per routed
+      token copy its gathered input, gate/up, act, product and the routing weight; shared experts are a dense MLP.
+      Llama 4's MoE (Llama4TextMoe) is dense over experts instead: every token through all E experts.
+    - MLA: the latent path (q_a, its norm, kv_a, its norm) then per-head q/k/v of qk and v widths.
+    - Dropout with p > 0 keeps a mask (1 byte/element, bool) per dropped tensor: attention probabilities (eager),
+      and the residual branches (GPT-2's resid_pdrop twice per block).
+    - GPT-2 block: LayerNorms keep input + mean + rstd; c_attn's output holds q, k, v in one tensor (3sbh); the
+      gelu_new MLP keeps 5 tensors of size sbi; eager keeps one softmax tensor (b*a*s^2).
+    """
+    h, sb, ab = spec.hidden_size, s * b, act_bytes
+    at, m = layer.attention, layer.mlp
+    a, kv, d, dv = at.num_heads, at.num_kv_heads, at.head_dim, at.v_head_dim
+    eager = attention == "eager"
+    s2 = b * a * s * s
+    if spec.is_gpt2:
+        i = m.intermediate_size
+        norm = 2 * (ab * sb * h + 2 * ab * sb)  # ln_1, ln_2: input + mean + rstd
+        terms = {
+            "norms": norm,
+            "attention inputs/outputs": ab * sb * h * (1 + 3 + 1) + ab * sb * h,  # c_attn in, qkv, out, ln_2 out
+            "mlp": 5 * ab * sb * i,
+        }
+        if eager:
+            terms["attention scores (s^2)"] = (4 if ab == 4 else 2) * s2
+        else:
+            terms["attention logsumexp"] = 4 * b * a * s
+        _dropout_terms(spec, terms, sb, h, s2, eager, ab, mask_bytes)
+        return terms
+    norm_n = len(layer.norms)
+    terms = {"norms": norm_n * _norm_bytes(spec, sb * h, sb, ab) - norm_n * 4 * sb * h}
+    # Split as before: what a lean block keeps too, and HF's fp32 upcast copies (4sbh per norm) on top.
+    terms["norms: HF fp32 upcast copy"] = norm_n * 4 * sb * h
+    # SDPA with an explicit mask (a sliding-window or chunked layer past its window): transformers repeats k and v to every head
+    # (no native GQA with a mask) and torch turns the boolean mask into an additive one in the compute dtype, which
+    # the kernel keeps for backward; each layer converts its own.
+    masked = attention == "sdpa" and bool(at.window) and s > at.window
+    kv_heads = a if eager or masked else kv
+    if masked:
+        terms["sliding-window mask (sdpa, b*s^2)"] = ab * b * s * s
+    if at.mla:
+        c, r, rope = at.kv_lora_rank, at.q_lora_rank, at.rope_dim
+        latent = ab * sb * h  # the block input to q_a / kv_a (one storage)
+        if r:
+            latent += ab * sb * r + _norm_bytes(spec, sb * r, sb, ab)  # q_a output (its norm's input), q_a norm
+            latent += ab * sb * r  # q_b input (the norm's output)
+        latent += ab * sb * (c + rope) + _norm_bytes(spec, sb * c, sb, ab) + ab * sb * c  # kv_a out, norm, kv_b in
+        terms["attention latent (MLA)"] = latent
+        terms["attention inputs/outputs"] = ab * sb * (a * d + a * d + a * dv) + ab * sb * a * dv
+    else:
+        v_storage = kv_heads * dv
+        if at.fused_qkv and kv_heads == kv:
+            # Phi-3: v is a view of the fused qkv output, so SDPA (or eager without GQA repeats) keeps that whole
+            # storage alive, not just v's share.
+            v_storage = a * d + kv * d + kv * dv
+        terms["attention inputs/outputs"] = (
+            ab * sb * h + ab * sb * (a * d + kv_heads * d + v_storage) + ab * sb * a * dv
+        )
+        if spec.model_type == "phi3" and not eager:
+            # Phi-3 rotates with torch.cat, which leaves q contiguous as (b, a, s, d); a fused kernel writes its
+            # output in q's layout (CUDA flash: empty_like(q)), so transformers' transpose(1, 2).contiguous() copies
+            # it: o_proj keeps that copy next to the kernel's own output (Llama's q stays (b, s, a, d): no copy).
+            terms["attention output copy (rotary by cat)"] = ab * sb * a * dv
+    if at.qk_norm in ("head", "proj"):
+        rows_q, rows_k = (sb * a, sb * kv) if at.qk_norm == "head" else (sb, sb)
+        terms["q/k norms"] = _norm_bytes(spec, sb * a * d, rows_q, ab) + _norm_bytes(spec, sb * kv * d, rows_k, ab)
+    elif at.qk_norm == "l2":
+        # Llama 4's weightless L2 norm per head, x.float() * rsqrt(mean(x^2)): it keeps its fp32 input (fp32: the
+        # rotary complex product itself; bf16: the upcast copy) and an fp32 rsqrt per head row. No weight: its
+        # output is kept only by attention (q, k above).
+        terms["q/k norms (l2)"] = 4 * sb * (a + kv) * d + 4 * sb * (a + kv)
+    if m.moe and spec.model_type == "llama4_text":
+        i, k, e = m.intermediate_size, m.experts_per_token, m.num_experts
+        terms["mlp"] = ab * sb * h  # the MoE input: router, routed copies and shared expert read it
+        # Llama4Router: top-k of the logits scattered into -inf, sigmoid in fp32 (kept: E per token), the top-k
+        # indices (int64, scatter's backward) and the scores in the compute dtype, transposed to (E*tokens, 1) (a
+        # copy, kept by the multiply for the expert inputs' gradient).
+        terms["moe router"] = sb * (4 * e + 8 * k + ab * e)
+        # Llama4TextMoe runs every token through every expert, scaled by its score (0 off its top-k): the input
+        # repeated E times (kept for the scores' gradient), its scaled copy (the bmm input), the gate_up output,
+        # act(gate) and the product (down's input), all E x tokens rows.
+        terms["moe experts (every token, every expert)"] = e * sb * ab * (2 * h + 4 * i)
+        terms["shared expert"] = 4 * ab * sb * m.shared_size
+    elif m.moe:
+        i, k, e = m.intermediate_size, m.experts_per_token, m.num_experts
+        terms["mlp"] = ab * sb * h
+        # transformers' grouped-mm experts: the router keeps its fp32 probabilities (E per token), the top-k indices
+        # (int64) and weights and their sum; then per (token, expert) pair the gathered input, the gate_up output,
+        # act(gate) and the product (down's input), the down output (for the routing weight's gradient), the
+        # routing weight and three int64 permutation indices. gpt-oss's clamped GLU keeps 3 more i-wide tensors.
+        terms["moe router"] = sb * (4 * e + 12 * k + 4)
+        if spec.model_type == "deepseek_v3" and ab != 4:
+            # DeepSeek-V3's router runs in fp32: its linear keeps an fp32 copy of the block's hidden states, and the
+            # routing weights gathered from the fp32 sigmoid scores keep E more fp32 values per token (measured on
+            # fake tensors, tests/measure/test_fake.py).
+            terms["moe router fp32 input"] = 4 * sb * (h + e)
+        glu = 7 if m.act == "swiglu-clamped" else 4
+        terms["moe dispatched tokens"] = k * sb * (ab * (2 * h + glu * i) + 4 + 8 * (4 if m.expert_bias else 3))
+        if m.shared_size:
+            terms["shared expert"] = 4 * ab * sb * m.shared_size
+    else:
+        i = m.intermediate_size
+        # the MLP input, gate and up outputs (for act's and the product's backward) and the product (down's input).
+        terms["mlp"] = ab * sb * h + 3 * ab * sb * i
+        # HF's act_fn(gate) * up keeps act(gate) as its own tensor; a fused SwiGLU (Liger's, or torch.compile's
+        # fusion) recomputes it from gate in backward: ab*sbi per layer more.
+        terms["mlp: HF silu(gate) kept"] = ab * sb * i
+    if eager:
+        if at.sinks:
+            # gpt-oss: softmax over the scores and one sink logit per row (b*a*s*(s+1), compute dtype), the row
+            # max's int64 index; the AV matmul keeps a slice of the softmax output (same storage).
+            terms["attention scores (s^2)"] = ab * b * a * s * (s + 1) + 8 * b * a * s
+        elif spec.model_type == "llama4_text":
+            # Llama 4's eager softmax runs in the compute dtype (no fp32 upcast): one s^2 tensor.
+            terms["attention scores (s^2)"] = ab * s2
+        else:
+            terms["attention scores (s^2)"] = (4 if ab == 4 else 4 + 2) * s2
+        if at.softcap:  # Gemma 2: tanh(scores / cap) keeps its output
+            terms["attention softcap (s^2)"] = ab * s2
+    else:
+        terms["attention logsumexp"] = 4 * b * a * s
+    _dropout_terms(spec, terms, sb, h, s2, eager, ab, mask_bytes)
+    return terms
+
+
+def _dropout_terms(
+    spec: ModelSpec, terms: dict[str, int], sb: int, h: int, s2: int, eager: bool, ab: int, mask_bytes: int
+) -> None:
+    """Dropout keeps its mask for backward (mask_bytes per element). On the attention probabilities (eager) the
+    dropped copy is what the AV matmul keeps, next to the softmax output its own backward keeps: a second s^2
+    tensor. On the residual branches (GPT-2's resid_pdrop after attn.c_proj and mlp.c_proj) the dropped output goes
+    into the residual add, which keeps nothing: the mask only. SDPA and flash drop inside the kernel (on a GPU they
+    keep a Philox seed, no mask)."""
+    if spec.attention_dropout > 0 and eager:
+        terms["dropout (attention probabilities)"] = s2 * (mask_bytes + ab)
+    if spec.resid_dropout > 0:
+        terms["dropout masks (residual)"] = 2 * sb * h * mask_bytes
+
+
+def layer_activation_terms(
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, layer: Layer | None = None
+) -> dict[str, int]:
+    """Bytes one block saves for backward by tensor group: the given block, else the model's largest. A measured
+    model has no groups: its block's measured bytes, as one line."""
+    if spec.measured is not None:
+        layer = layer or largest_block(spec, b, s, act_bytes, attention)
+        return {"block, measured on fake tensors": layer_activation_bytes(spec, b, s, act_bytes, attention, layer)}
+    return block_activation_terms(
+        spec, layer or largest_block(spec, b, s, act_bytes, attention), b, s, act_bytes, attention
+    )
+
+
+def largest_block(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> Layer:
+    return max(
+        (layer for layer, _ in spec.layer_groups),
+        key=lambda la: layer_activation_bytes(spec, b, s, act_bytes, attention, la),
+    )
+
+
+def layer_activation_bytes(
+    spec: ModelSpec,
+    b: int,
+    s: int,
+    act_bytes: int,
+    attention: str,
+    layer: Layer | None = None,
+    mask_bytes: int = DROPOUT_MASK_BYTES,
+) -> int:
+    """Bytes one block saves for backward (the given one, else the first)."""
+    layer = layer or spec.layers[0]
+    if spec.measured is not None:
+        return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "none")
+    return sum(block_activation_terms(spec, layer, b, s, act_bytes, attention, mask_bytes).values())
+
+
+def measured_saved_bytes(
+    spec: ModelSpec, layer: Layer, b: int, s: int, act_bytes: int, attention: str, checkpointing: str
+) -> int:
+    """A measured model's block: a*b*s + c*b*s^2 from the fit on fake tensors (flash behaves as sdpa: both keep no
+    s^2 tensor)."""
+    assert spec.measured is not None
+    attn = "eager" if attention == "eager" else "sdpa"
+    key = f"{4 if act_bytes == 4 else 2}/{attn}/{'full' if checkpointing == 'full' else 'none'}"
+    lin, quad = spec.measured["saved"][key][layer.measured_kind]
+    return int(round(lin * b * s + quad * b * s * s))
+
+
+def selective_layer_terms(
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, layer: Layer | None = None
+) -> dict[str, int]:
+    """Bytes one block keeps for backward under selective checkpointing (the engine's op policy): its input (the
+    checkpoint's argument), the outputs of every other matmul (flops.selective_kept: q, v, gate, down in a Llama
+    block; c_attn and c_fc in GPT-2's; per MoE token the router and each expert's down) and a fused attention
+    kernel's output and fp32 logsumexp. Everything else is regenerated in backward. Measured exact to the byte
+    (tests/plan/test_memory_checkpointing.py)."""
+    layer = layer or spec.layers[0]
+    sb, ab = s * b, act_bytes
+    kept = [o for (_, _, o), k in zip(fl.layer_matmuls(spec, layer), fl.selective_kept(spec, layer)) if k]
+    terms = {"block input": ab * sb * spec.hidden_size, "kept matmul outputs": ab * sb * sum(kept)}
+    if attention != "eager":
+        at = layer.attention
+        terms["attention output + logsumexp"] = ab * sb * at.num_heads * at.v_head_dim + 4 * b * at.num_heads * s
+    return terms
+
+
+def layer_saved_bytes(
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str, layer: Layer | None = None
+) -> int:
+    """Bytes a block keeps for backward in a mode (partial:K: use stage_activation_bytes, it differs per layer)."""
+    layer = layer or spec.layers[0]
+    if checkpointing == "full":
+        if spec.measured is not None:  # what the checkpoint keeps, measured (the block input, or more)
+            return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "full")
+        return act_bytes * b * s * spec.hidden_size
+    if checkpointing == "selective":
+        if spec.measured is not None:  # not measured: bounded by the two measured modes, take the no-checkpoint one
+            return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "none")
+        return sum(selective_layer_terms(spec, b, s, act_bytes, attention, layer).values())
+    return layer_activation_bytes(spec, b, s, act_bytes, attention, layer)
+
+
+def stage_activation_bytes(
+    spec: ModelSpec, layers: int, b: int, s: int, act_bytes: int, attention: str, checkpointing: str
+) -> int:
+    """Bytes `layers` consecutive blocks from the first keep for backward (partial:K checkpoints layers // K of them
+    whole). Past the last block the pattern repeats (a what-if deeper stack of the same blocks)."""
+    blocks = [spec.layers[i % spec.num_layers] for i in range(layers)]
+    if ckpt_modes.partial_every(checkpointing):
+        whole = set(ckpt_modes.whole_layers(checkpointing, layers))
+        return sum(
+            layer_saved_bytes(spec, b, s, act_bytes, attention, "full" if i in whole else "none", layer)
+            for i, layer in enumerate(blocks)
+        )
+    counts: dict[Layer, int] = {}
+    for layer in blocks:
+        counts[layer] = counts.get(layer, 0) + 1
+    return sum(n * layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing, la) for la, n in counts.items())
+
+
+def recompute_buffer_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str) -> int:
+    """Live at once while one checkpointed block's backward runs: what its recompute regenerates (the largest
+    block's). A whole block (full, partial) regenerates everything it would have saved; a selective block the part
+    it did not keep."""
+    if checkpointing == "none":
+        return 0
+    worst = 0
+    for layer, _ in spec.layer_groups:
+        none = layer_activation_bytes(spec, b, s, act_bytes, attention, layer)
+        if checkpointing == "selective":
+            sel = layer_saved_bytes(spec, b, s, act_bytes, attention, "selective", layer)
+            none = max(0, none - (sel - act_bytes * b * s * spec.hidden_size))
+        worst = max(worst, none)
+    return worst
+
+
+def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> int:
+    """Kept once for all blocks: the attention masks and, for rotary models, the cos/sin tables (1 x s x rotary dim
+    each, compute dtype: Hugging Face builds position ids of batch 1; Gemma 3 keeps a second pair for its local
+    layers). Eager attention keeps its materialised causal mask (b x 1 x s x s, compute dtype; a second one when
+    sliding-window and global layers mix). SDPA and flash take is_causal and build none (a sliding-window layer's
+    SDPA mask is that layer's: block_activation_terms)."""
+    windows = {la.attention.window for la in spec.layers if not la.attention.chunked}
+    sliding = any(windows)
+    # SDPA: the sliding-window layers' masks are the layers' own (block_activation_terms); flash takes the window.
+    mask = (2 if sliding and len(windows) > 1 else 1) * act_bytes * b * s * s if attention == "eager" else 0
+    if spec.is_gpt2 or spec.measured is not None:
+        return mask
+    at = spec.layers[0].attention
+    rot = at.rope_dim if at.mla else at.head_dim
+    if spec.model_type == "llama4_text":
+        # Llama 4 builds a mask per layer type present (chunked, full: eager materialises each, b x 1 x s x s), and
+        # its rotary table is one complex64 freqs_cis (1 x s x d/2: 4 bytes per rotary dim) whatever the dtype.
+        types = len({la.attention.chunked for la in spec.layers})
+        return (types * act_bytes * b * s * s if attention == "eager" else 0) + 4 * s * rot
+    tables = 2 if spec.model_type == "gemma3_text" else 1
+    return mask + tables * 2 * s * rot * act_bytes
+
+
+def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> int:
+    """Saved by the final norm and the LM head input, plus the token ids (embedding and labels, int64)."""
+    sb, h = s * b, spec.hidden_size
+    if spec.is_gpt2:
+        norm = act_bytes * sb * h + 2 * act_bytes * sb
+    else:
+        norm = _norm_bytes(spec, sb * h, sb, act_bytes)
+    softcap = act_bytes * sb * spec.vocab_size if spec.final_logit_softcapping else 0  # tanh keeps its output
+    embd_dropout = DROPOUT_MASK_BYTES * sb * h if spec.embd_dropout > 0 else 0  # GPT-2's embedding dropout mask
+    return norm + act_bytes * sb * h + 8 * sb * 2 + softcap + embd_dropout
+
+
+def loss_chunk_forward_bytes(spec: ModelSpec, chunk: int, act_bytes: int) -> int:
+    """Chunked loss, forward: one chunk's logits and fp32 copy exist while its loss is computed, then are freed."""
+    return (act_bytes + 4) * chunk * spec.vocab_size
+
+
+def loss_chunk_backward_bytes(spec: ModelSpec, chunk: int, act_bytes: int) -> int:
+    """Chunked loss, backward, the larger of two moments (measured, fp32 and bf16): one chunk's recomputed fp32
+    log-softmax, its gradient and the logits' gradient (3 x 4*c*V); or, in the LM head's backward, two of them and that
+    chunk's weight gradient (V*h, compute dtype) before it is added to the accumulated one."""
+    v, h = spec.vocab_size, spec.hidden_size
+    return max(12 * chunk * v, 8 * chunk * v + act_bytes * v * h)

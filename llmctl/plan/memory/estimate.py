@@ -1,0 +1,265 @@
+"""The estimate: per-GPU bytes of one training step as the largest of three phases (end of forward, backward,
+optimizer step), not a blind sum; the largest micro-batch that fits; the fewest GPUs that fit (torch-free).
+
+What it predicts is the peak of PyTorch's *allocated* bytes (torch.cuda.max_memory_allocated) per GPU. On top of it,
+the caching allocator's fragmentation headroom gives *reserved* bytes, and the CUDA context (+ NCCL buffers), which
+lives outside the allocator, gives what nvidia-smi shows. A setup fits when that last figure is within the device's
+memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from llmctl.errors import InputError
+from llmctl.plan.memory.activations import (
+    head_activation_bytes,
+    layer_activation_bytes,
+    loss_chunk_backward_bytes,
+    loss_chunk_forward_bytes,
+    recompute_buffer_bytes,
+    shared_activation_bytes,
+    stage_activation_bytes,
+)
+from llmctl.plan.memory.ledger import StateLine, stage_params, state_ledger
+from llmctl.spec.models import ModelSpec
+from llmctl.spec.parallel import canonical_strategy
+from llmctl.spec.setup import TrainSetup
+
+
+# --- the estimate ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Component:
+    name: str
+    bytes: int
+    phases: tuple[str, ...]
+    """Phases in which this memory is live: forward, backward, optimizer."""
+    bytes_per_param: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    spec: ModelSpec
+    setup: TrainSetup
+    components: list[Component]
+    phase_bytes: dict[str, int]
+    ledger: list[StateLine] = field(default_factory=list)
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.phase_bytes, key=lambda k: self.phase_bytes[k])
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return self.phase_bytes[self.peak_phase]
+
+    @property
+    def headroom_bytes(self) -> int:
+        return int(self.peak_allocated_bytes * self.setup.headroom_fraction)
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return self.peak_allocated_bytes + self.headroom_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        """What the device must hold: reserved + CUDA context (compare with the GPU's memory)."""
+        return self.peak_reserved_bytes + self.setup.cuda_context_bytes
+
+    @property
+    def model_state_bytes(self) -> int:
+        return sum(c.bytes for c in self.components if c.bytes_per_param is not None)
+
+    def per_component(self) -> dict[str, int]:
+        """Bytes per component live at the peak phase, plus headroom and context: sums to device_bytes."""
+        out = {c.name: c.bytes for c in self.components if self.peak_phase in c.phases}
+        out["allocator headroom"] = self.headroom_bytes
+        out["CUDA context + NCCL"] = self.setup.cuda_context_bytes
+        return out
+
+
+def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
+    """Per-GPU memory of one training step (see module docstring for what is predicted)."""
+    if setup.attention == "auto":
+        raise InputError("the memory model needs the attention kernel the run uses, not auto (TrainSetup.kernel)")
+    held_params, stage_layers = stage_params(spec, setup)
+    ledger = state_ledger(spec, setup)
+    dims = setup.dims
+    comps: list[Component] = []
+    for line in ledger:
+        # FSDP2 shards every state at rest (SHARD_GRAD_OP differs only while computing); ZeRO by its stage.
+        deg = dims.dp_shard if setup.engine == "fsdp2" else dims.shard_degree(line.sharded_from_stage)
+        comps.append(
+            Component(
+                line.name,
+                int(math.ceil(held_params * line.bytes_per_param / deg)),
+                ("forward", "backward", "optimizer"),
+                bytes_per_param=line.bytes_per_param / deg,
+                note=line.note,
+            )
+        )
+    b, s, cb = setup.micro_batch_size, setup.seq_len, setup.compute_bytes
+    layer_params = spec.params_per_layer / setup.tp
+    sharded_params = setup.engine == "fsdp2" or dims.zero_stage == 3
+    if sharded_params and dims.dp_shard > 1:
+        # FSDP all-gathers a layer's parameters in the compute dtype just before use and frees them after;
+        # with prefetch, the next layer is gathered while the current one computes: two layers live.
+        # SHARD_GRAD_OP (reshard_after_forward=False) keeps every layer unsharded from forward to backward.
+        n_layers = stage_layers if dims.zero_stage == 2 else min(2, stage_layers)
+        unsharded = int(n_layers * layer_params * cb * (1 - 1 / dims.dp_shard))
+        comps.append(Component("unsharded layers (FSDP all-gather)", unsharded, ("forward", "backward")))
+    if setup.training and dims.dp_shard > 1:
+        # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
+        grad_buf = int(layer_params * (cb + 4 if cb != 4 else 4))
+        comps.append(Component("unsharded layer gradients (reduce-scatter)", grad_buf, ("backward",)))
+
+    # Activations: with TP we assume sequence parallelism (Korthikanti et al. 2022): everything divides by tp.
+    in_flight = setup.pp  # 1F1B: the first stage holds pp micro-batches
+    one_layer = max(layer_activation_bytes(spec, b, s, cb, setup.attention, la) for la, _ in spec.layer_groups)
+    one_layer //= setup.tp
+    if not setup.training:
+        comps.append(Component("activations (one layer, forward only)", one_layer, ("forward",)))
+        comps.append(Component("logits", cb * b * s * spec.vocab_size // setup.tp, ("forward",)))
+    else:
+        ck, attn = setup.checkpointing, setup.attention
+        saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck) // setup.tp
+        saved += shared_activation_bytes(spec, b, s, cb, attn) // setup.tp
+        what = {"none": "saved for backward", "full": "block inputs, checkpointed"}.get(ck, f"{ck} checkpointing")
+        what += ", measured on fake tensors" if spec.measured is not None else ""
+        comps.append(Component(f"activations ({what})", saved, ("forward", "backward")))
+        if ck != "none":
+            rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck) // setup.tp
+            comps.append(Component("recomputed block (backward)", rec, ("backward",)))
+        head = head_activation_bytes(spec, b, s, cb) // setup.tp
+        comps.append(Component("final norm + LM-head input", head, ("forward", "backward")))
+        chunk = min(setup.loss_chunk_tokens, b * s)
+        if chunk:
+            fwd_chunk = loss_chunk_forward_bytes(spec, chunk, cb) // setup.tp
+            comps.append(Component(f"loss chunk of {chunk} tokens (forward)", fwd_chunk, ("forward",)))
+            bwd_chunk = loss_chunk_backward_bytes(spec, chunk, cb) // setup.tp
+            comps.append(Component(f"loss chunk of {chunk} tokens (backward)", bwd_chunk, ("backward",)))
+        else:
+            # The loss keeps its fp32 log-softmax for backward; the logits (and their fp32 upcast) live only until the
+            # loss is computed (the engine's whole_loss, and HF Trainer's compute_loss, drop them before backward).
+            bsv = b * s * spec.vocab_size // setup.tp
+            comps.append(Component("loss log-softmax (fp32, b*s*V)", 4 * bsv, ("forward", "backward")))
+            comps.append(Component("logits (b*s*V, until the loss)", (cb + (4 if cb != 4 else 0)) * bsv, ("forward",)))
+            # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.
+            comps.append(Component("loss backward buffers", 8 * bsv, ("backward",)))
+        if not setup.fused_optimizer:
+            # torch's foreach AdamW materialises per-group temporaries about the size of the local fp32 shard.
+            shard = next(c.bytes for c in comps if c.bytes_per_param is not None)
+            comps.append(Component("optimizer step temporaries (foreach)", shard, ("optimizer",)))
+    phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in ("forward", "backward", "optimizer")}
+    if not setup.training:
+        phases = {"forward": phases["forward"]}
+    return MemoryEstimate(spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger)
+
+
+def fits(est: MemoryEstimate, device_memory_bytes: int) -> bool:
+    return est.device_bytes <= device_memory_bytes
+
+
+def max_micro_batch(spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, limit: int = 65536) -> int:
+    """Largest micro-batch that fits (0 if none). Memory is non-decreasing in b and close to linear (activations grow
+    with b, states do not; the chunked loss's lines stop growing at one chunk): a first guess from the slope between
+    b=1 and b=2, then a bracket around it and a binary search to the exact boundary (3-6 estimates, not 2 log2(b))."""
+
+    def fit(b: int) -> bool:
+        return fits(estimate(spec, replace(setup, micro_batch_size=b)), device_memory_bytes)
+
+    one = estimate(spec, replace(setup, micro_batch_size=1))
+    if not fits(one, device_memory_bytes):
+        return 0
+    if limit < 2:
+        return 1
+    two = estimate(spec, replace(setup, micro_batch_size=2))
+    if not fits(two, device_memory_bytes):
+        return 1
+    slope = two.device_bytes - one.device_bytes
+    guess = limit if slope <= 0 else min(limit, max(2, 1 + (device_memory_bytes - one.device_bytes) // slope))
+    # Bracket: lo fits, hi does not (or hi = limit + 1), widening geometrically from the guess.
+    if fit(guess):
+        lo, step = guess, 1
+        hi = lo + step
+        while hi <= limit and fit(hi):
+            lo, step = hi, step * 2
+            hi = lo + step
+        hi = min(hi, limit + 1)
+    else:
+        hi, step = guess, 1
+        lo = max(2, hi - step)
+        while lo > 2 and not fit(lo):
+            hi, step = lo, step * 2
+            lo = max(2, hi - step)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fit(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(frozen=True)
+class MinGpus:
+    strategy: str
+    gpus: int | None
+    """Fewest GPUs that fit (None: no count of this GPU kind fits)."""
+    nodes: int | None
+    device_bytes: int | None
+    """Per-GPU requirement at that count."""
+    note: str = ""
+
+
+def min_gpus(
+    spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, strategy: str, max_nodes: int = 4096
+) -> MinGpus:
+    """Fewest GPUs of this kind (whole nodes beyond one) on which `strategy` fits at the setup's micro-batch."""
+    gpn = setup.gpus_per_node
+    strategy = canonical_strategy(strategy)
+    if setup.engine == "fsdp2" and strategy == "zero1":
+        return MinGpus(strategy, None, None, None, "needs --engine zero")
+    unit = setup.tp * setup.pp
+
+    def est_at(nodes: int, per_node: int) -> MemoryEstimate:
+        return estimate(spec, replace(setup, strategy=strategy, nodes=nodes, gpus_per_node=per_node))
+
+    if strategy == "hybrid_shard":
+        if gpn % setup.tp:
+            return MinGpus(strategy, None, None, None, "tp does not divide GPUs per node")
+        e = est_at(2, gpn)
+        if fits(e, device_memory_bytes):
+            return MinGpus(strategy, 2 * gpn, 2, e.device_bytes, "memory does not shrink with more nodes")
+        return MinGpus(strategy, None, None, e.device_bytes, "does not fit when sharded over one node")
+    # Inside one node: unit, 2*unit, ... up to gpus_per_node.
+    for n in range(unit, gpn + 1, unit):
+        if gpn % n and n != gpn:
+            continue
+        e = est_at(1, n)
+        if fits(e, device_memory_bytes):
+            return MinGpus(strategy, n, 1, e.device_bytes)
+    if strategy == "no_shard":
+        e = est_at(1, gpn)
+        return MinGpus(strategy, None, None, e.device_bytes, "replicated states do not shrink with more GPUs")
+    # Whole nodes: memory is non-increasing in nodes for sharded strategies; binary search.
+    if gpn % unit or not fits(est_at(max_nodes, gpn), device_memory_bytes):
+        e = est_at(max_nodes, gpn) if gpn % unit == 0 else None
+        return MinGpus(
+            strategy,
+            None,
+            None,
+            e.device_bytes if e else None,
+            f"does not fit even on {max_nodes} nodes" if e else "tp x pp does not divide GPUs per node",
+        )
+    lo, hi = 1, max_nodes  # lo: does not fit (checked above with n = gpn), hi: fits
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(est_at(mid, gpn), device_memory_bytes):
+            hi = mid
+        else:
+            lo = mid
+    e = est_at(hi, gpn)
+    return MinGpus(strategy, hi * gpn, hi, e.device_bytes)

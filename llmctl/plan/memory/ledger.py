@@ -1,0 +1,122 @@
+"""The model-state ledger: bytes per parameter of each state for a precision policy x optimizer, each sharded from
+the ZeRO stage that shards it (Rajbhandari et al. 2020: optimizer states from stage 1, gradients from 2, parameters
+from 3), and the parameters the largest pipeline stage holds after tensor-parallel division (torch-free).
+
+Two engines keep different things:
+- "fsdp2" (llmctl's engine, torch FSDP2): the sharded fp32 parameters ARE the master weights; no persistent half
+  copy exists (bf16 copies exist only for the layers unsharded at the moment: the "unsharded layers" line).
+  Persistent: 4 + 4 + 8 = 16 bytes/param for mixed AdamW, all sharded under FULL/HYBRID/SHARD_GRAD_OP.
+- "zero" (DeepSpeed/Megatron style): a persistent half copy (sharded only at stage 3) next to the fp32 master: the
+  classic 18 bytes/param of mixed-precision AdamW (4 fp32 master + 2 half weights + 4 fp32 grads + 8 Adam).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from llmctl.spec.layers import Layer
+from llmctl.spec.models import ModelSpec
+from llmctl.spec.setup import TrainSetup
+
+
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StateLine:
+    """One line of the model-state ledger."""
+
+    name: str
+    bytes_per_param: float
+    sharded_from_stage: int
+    """ZeRO stage from which this state is sharded over the data-parallel ranks (4: never)."""
+    note: str = ""
+
+
+def optimizer_bytes_per_param(spec: ModelSpec, optimizer: str, state_bytes: int) -> float:
+    """Optimizer state bytes per parameter; state_bytes is 4 for fp32 states, 2 for bf16 states."""
+    if optimizer == "adamw":
+        return 2 * state_bytes  # exp_avg + exp_avg_sq
+    if optimizer in ("lion", "sgd"):
+        return state_bytes  # one momentum buffer
+    if optimizer == "adamw-8bit":
+        # bitsandbytes 8-bit AdamW: two uint8 states + one fp32 absmax per 256-element block per state.
+        return 2 + 2 * 4 / 256
+    if optimizer == "adafactor":
+        # Adafactor (Shazeer & Stern 2018) without momentum (transformers' default beta1=None): a factored second
+        # moment, rows + cols per matrix (per expert for 3-D MoE weights), the full vector for 1-D tensors.
+        total = 0
+        blocks = [(layer.tensors(spec.hidden_size), n) for layer, n in spec.layer_groups]
+        if spec.is_gpt2:
+            blocks = [(spec.layer_tensors(), spec.num_layers)]
+        for tensors, count in (
+            *blocks,
+            (spec.embedding_tensors(), 1),
+            (spec.head_tensors(), 1),
+        ):
+            for _, shape in tensors:
+                lead = math.prod(shape[:-2]) if len(shape) > 2 else 1
+                n = shape[0] if len(shape) == 1 else lead * (shape[-2] + shape[-1])
+                total += count * n * state_bytes
+        return total / spec.shape_params
+    return 0.0
+
+
+def state_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
+    """The model-state lines of the setup's precision policy and optimizer, each with the ZeRO stage that shards it."""
+    p, opt = setup.precision, setup.optimizer
+    if not setup.training:
+        full = p.compute_dtype == "fp32"
+        return [StateLine(f"weights ({'fp32' if full else 'half'})", p.compute_bytes, 3)]
+    states = optimizer_bytes_per_param(spec, opt, p.optimizer_state_bytes)
+    state_dtype = "" if p.optimizer_state_dtype == "fp32" else f", {p.optimizer_state_dtype}"
+    opt_line = StateLine(f"optimizer states ({opt}{state_dtype})", states, 1)
+    if not p.mixed:
+        return [
+            StateLine(f"parameters ({p.param_dtype})", p.param_bytes, 3),
+            StateLine(f"gradients ({p.reduce_dtype})", p.reduce_bytes, 2),
+            opt_line,
+        ]
+    half = p.compute_dtype
+    if setup.engine == "fsdp2":
+        return [
+            StateLine(f"parameters ({p.param_dtype} master, sharded)", p.param_bytes, 3),
+            StateLine(f"{half} weights", 0, 3, note="FSDP2: transient only, see 'unsharded layers'"),
+            StateLine(f"gradients ({p.reduce_dtype})", p.reduce_bytes, 2),
+            opt_line,
+        ]
+    # ZeRO keeps the fp32 master copy inside the optimizer partition (stage 1) and the half weights as the model.
+    return [
+        StateLine(f"master weights ({p.param_dtype})", p.param_bytes, 1),
+        StateLine(f"{half} weights", p.compute_bytes, 3),
+        StateLine(f"gradients ({p.reduce_dtype})", p.reduce_bytes, 2),
+        opt_line,
+    ]
+
+
+def classic_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
+    """The model-state budget before sharding with a persistent half copy (18 for mixed-precision AdamW)."""
+    return sum(line.bytes_per_param for line in state_ledger(spec, replace(setup, engine="zero", strategy="no_shard")))
+
+
+def stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
+    """(parameters held by the largest pipeline stage after TP division, layers on it)."""
+    layers = math.ceil(spec.num_layers / setup.pp)
+    if setup.tp == setup.pp == 1:
+        return spec.params, layers
+
+    def tp_params(layer: Layer) -> float:
+        if spec.measured is not None:
+            return spec.params_of(layer) / setup.tp
+        norms = sum(math.prod(s) for n, s in layer.tensors(spec.hidden_size) if "norm" in n)
+        return (spec.params_of(layer) - norms) / setup.tp + norms  # norms are replicated under TP
+
+    per = {layer: tp_params(layer) for layer, _ in spec.layer_groups}
+    stages = [spec.layers[i : i + layers] for i in range(0, spec.num_layers, layers)]
+    ends = [spec.embedding_params / setup.tp, spec.head_params / setup.tp]
+    if setup.pp > 1:
+        # The first stage holds the embedding, the last the head; the largest stage decides.
+        totals = [sum(per[la] for la in st) for st in stages]
+        totals[0] += ends[0]
+        totals[-1] += ends[1]
+        return int(round(max(totals))), layers
+    return int(round(sum(per[la] for la in spec.layers) + sum(ends))), layers

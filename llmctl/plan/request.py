@@ -1,0 +1,248 @@
+"""What the planner is asked: the model, the cluster and its network, the batch, the objective and the pins
+(`PlanRequest`), with the achievable-efficiency factors it prices compute with (`Efficiency`), and the request built
+from `llmctl plan`'s options (`build_request`, which `llmctl tune MODEL` uses too). Torch-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmctl.errors import InputError
+from llmctl.plan import comm as cm
+from llmctl.plan.calibrate import Calibration, read_calibration
+from llmctl.plan.network import network_for
+from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec import hardware, models
+from llmctl.spec.hardware import GPUSpec
+from llmctl.spec.models import ModelSpec
+from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
+from llmctl.spec.precision import PrecisionPolicy, policy
+from llmctl.spec.setup import ATTENTIONS, TrainSetup, canonical
+
+OBJECTIVES = ("throughput", "cost")
+
+# --- achievable efficiency: the fraction of dense peak a training step reaches, in hardware FLOPs ---------------
+# Per attention kernel, for large GEMMs (hidden >= 4096, >= 4k tokens per micro-batch), bf16 on A100/H100.
+# flash: docs/sources.md#fsdp-seed measured 16,000 tok/s for Llama-2-7B (s=1024, checkpointing) on 4 A100s = 0.70 of peak in
+#   hardware FLOPs; torchtitan reports ~0.55-0.60 MFU-equivalent for Llama-3-8B on H100. We take 0.72 before shape
+#   effects (~0.67 after them for Llama-2-7B at 32k tokens per micro-batch).
+# sdpa: torch's SDPA dispatches to a FlashAttention-2 kernel for bf16 on sm80+, but Hugging Face's sdpa path adds
+#   transposes/contiguous copies and a masked fallback: ~10% below flash (HF "GPU inference/training" docs).
+# eager: that run's throughput before flash-attention was 8,000 tok/s (half of 16,000): s^2 softmax in fp32,
+#   memory-bound, so about half the flash efficiency at s=1024.
+KERNEL_EFFICIENCY = {"flash": 0.72, "sdpa": 0.65, "eager": 0.37}
+# GEMM shape: efficiency rises with the rows of each GEMM (tokens per micro-batch, m) and with the hidden size
+# (h): a saturating m/(m + TOKENS_HALF) x h/(h + HIDDEN_HALF) (NVIDIA "Matrix Multiplication Background" guide:
+# small M or K leave the tensor cores under-fed; arithmetic intensity grows with each dimension). TOKENS_HALF is
+# for the whole step, not one GEMM: launch overheads, norms and elementwise kernels also amortise over m
+# (mb=1 x 1024 tokens -> 0.8 of the large-batch rate, 4k tokens -> 0.94, 32k -> 0.99).
+TOKENS_HALF = 256
+HIDDEN_HALF = 256
+# Tensor cores need dims that are multiples of 64 on A100 (docs/sources.md#fsdp-seed: "our tensor shapes must be a multiple of
+# 64"); hidden or MLP sizes that are not run at a reduced rate. The engine pads the vocabulary itself.
+MISALIGNED_PENALTY = 0.85
+# Per GPU kind, relative to A100 (where the kernel factors come from): the catalog's `efficiency` field
+# (spec/presets/gpus.yaml, each with its source).
+# torch.compile fuses norms, rotary and SwiGLU elementwise ops: torchtitan reports ~1.1x on Llama-3-8B.
+COMPILE_SPEEDUP = 1.10
+# Memory-bound kernels (norms, rotary, activations, elementwise products: what selective checkpointing regenerates)
+# stream their tensors through device memory. Unfused, as PyTorch eager runs them, they reach well below a STREAM-like
+# copy (~90% of peak on A100/H100): 0.7 of the catalog's hbm_gbytes_s is the stated assumption.
+HBM_EFFICIENCY = 0.7
+DEFAULT_GLOBAL_BATCH_SEQS = 128
+"""Default global batch when none is given: max(128 sequences, one per GPU)."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """The achievable-efficiency factors, all overridable; `calibration` multiplies them (--calibrate)."""
+
+    kernel: dict[str, float] = field(default_factory=lambda: dict(KERNEL_EFFICIENCY))
+    tokens_half: float = TOKENS_HALF
+    hidden_half: float = HIDDEN_HALF
+    misaligned_penalty: float = MISALIGNED_PENALTY
+    compile_speedup: float = COMPILE_SPEEDUP
+    calibration: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.calibration <= 0 or self.compile_speedup <= 0:
+            raise InputError("efficiency calibration and compile speedup must be positive")
+
+    def of(
+        self, attention: str, tokens_per_micro_batch: int, spec: ModelSpec, compile_: bool, gpu: GPUSpec | None = None
+    ) -> float:
+        """Fraction of peak (hardware FLOPs) one GPU reaches; never above 1. `gpu` None: the baseline GPU (1.0)."""
+        m, h = tokens_per_micro_batch, spec.hidden_size
+        e = self.kernel[attention] * m / (m + self.tokens_half) * h / (h + self.hidden_half)
+        e *= gpu.efficiency if gpu is not None else 1.0
+        if spec.hidden_size % 64 or spec.intermediate_size % 64:
+            e *= self.misaligned_penalty
+        if compile_:
+            e *= self.compile_speedup
+        return min(1.0, e * self.calibration)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything the planner needs; pins (strategy, micro_batch, ...) are None when free."""
+
+    spec: ModelSpec
+    gpu: GPUSpec
+    nodes: int
+    gpus_per_node: int
+    network: cm.Network
+    seq_len: int = 2048
+    global_batch_seqs: int | None = None
+    token_budget: int | None = None
+    price_per_gpu_hour: float | None = None
+    objective: str = "throughput"
+    precision: PrecisionPolicy | str = "bf16-mixed"
+    """A policy, or its name (turned into the policy)."""
+    strategy: str | None = None
+    micro_batch: int | None = None
+    checkpointing: str | None = None
+    attention: str | None = None
+    compile: bool | None = None
+    loss_chunk_tokens: int | None = None
+    """Pin: 0 whole logits, N chunks of N tokens; None: the planner tries both (auto_loss_chunk)."""
+    overlap: float = cm.DEFAULT_OVERLAP
+    efficiency: Efficiency = field(default_factory=Efficiency)
+    sync_every_micro_batch: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node", "seq_len"):
+            if getattr(self, name) < 1:
+                raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
+        if self.global_batch_seqs is not None and self.global_batch_seqs < 1:
+            raise InputError(f"global batch must be >= 1 sequence, got {self.global_batch_seqs}")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise InputError(f"--micro-batch must be >= 1, got {self.micro_batch}")
+        if self.token_budget is not None and self.token_budget < 1:
+            raise InputError(f"token budget must be >= 1, got {self.token_budget}")
+        if self.price_per_gpu_hour is not None and self.price_per_gpu_hour < 0:
+            raise InputError(f"price per GPU-hour must be >= 0, got {self.price_per_gpu_hour}")
+        if self.objective not in OBJECTIVES:
+            raise InputError(f"unknown objective {self.objective!r}", hint="throughput or cost")
+        if not 0 <= self.overlap <= 1:
+            raise InputError(f"--overlap must be in [0, 1], got {self.overlap}")
+        object.__setattr__(self, "precision", policy(self.precision))
+        self.precision.check_engine()
+        if self.strategy is not None:
+            s = canonical_strategy(self.strategy)
+            if s not in ENGINE_STRATEGIES:
+                raise InputError(
+                    f"strategy {s} is not run by llmctl's engine", hint="one of: " + ", ".join(ENGINE_STRATEGIES)
+                )
+            object.__setattr__(self, "strategy", s)
+        if self.checkpointing is not None:
+            object.__setattr__(self, "checkpointing", ckpt_modes.parse(self.checkpointing))
+        if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 0:
+            raise InputError(f"--loss-chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
+        if self.attention is not None:
+            object.__setattr__(self, "attention", canonical(self.attention, ATTENTIONS, "attention"))
+
+    @property
+    def global_batch(self) -> int:
+        return self.global_batch_seqs or max(DEFAULT_GLOBAL_BATCH_SEQS, self.nodes * self.gpus_per_node)
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.precision.compute_dtype
+
+    def setup(
+        self,
+        strategy: str,
+        nodes: int,
+        micro_batch: int,
+        grad_accum: int = 1,
+        checkpointing: str = "none",
+        attention: str = "sdpa",
+        compile_: bool = False,
+        loss_chunk_tokens: int = 0,
+    ) -> TrainSetup:
+        """A setup of the search on this request's GPUs per node, sequence and precision (FSDP2, AdamW)."""
+        return TrainSetup(
+            precision=self.precision,
+            optimizer="adamw",
+            strategy=strategy,
+            engine="fsdp2",
+            nodes=nodes,
+            gpus_per_node=self.gpus_per_node,
+            micro_batch_size=micro_batch,
+            grad_accum_steps=grad_accum,
+            seq_len=self.seq_len,
+            checkpointing=checkpointing,
+            attention=attention,
+            compile=compile_,
+            loss_chunk_tokens=loss_chunk_tokens,
+        )
+
+
+def build_request(
+    model: str,
+    o: dict[str, Any],
+    strategy: str | None = None,
+    micro_batch: int | None = None,
+    checkpointing: str | None = None,
+    compile_: bool | None = None,
+) -> tuple[PlanRequest, Calibration | None]:
+    """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, nodes, gpus_per_node,
+    cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
+    precision, loss_chunk, attention, overlap, calibrate) and the pinned decisions, every value checked in one order
+    (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
+    request here too."""
+    flags = {
+        "gpu": o["gpu"],
+        "nodes": o["nodes"],
+        "gpus_per_node": o["gpus_per_node"],
+        "inter_node_gbps": o["inter_gbps"],
+        "intra_node_gbps": o["intra_gbps"],
+        "price_per_gpu_hour": o["price"],
+    }
+    for flag, v in (("--nodes", o["nodes"]), ("--gpus-per-node", o["gpus_per_node"])):
+        if v is not None and v < 1:
+            raise InputError(f"{flag} must be a positive integer, got {v}")
+    for flag, x in (("--inter-gbps", o["inter_gbps"]), ("--intra-gbps", o["intra_gbps"]), ("--price", o["price"])):
+        if x is not None and (not x >= 0 or (x == 0 and flag != "--price")):
+            raise InputError(f"{flag} must be {'>= 0' if flag == '--price' else 'positive'}, got {x}")
+    if o["cluster"]:  # the cluster file is the main input; flags override it
+        hw = hardware.load_cluster(o["cluster"], **flags)
+    else:
+        if o["gpu"] is None:
+            raise InputError("no GPU kind given", hint="pass --gpu KIND or --cluster cluster.yaml")
+        hw = hardware.make_cluster("the flags", **flags)
+    seq_len, gb, gbt = o["seq_len"], o["global_batch"], o["global_batch_tokens"]
+    if gb is not None and gbt is not None:
+        raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
+    if seq_len < 1:
+        raise InputError(f"--seq-len must be a positive integer, got {seq_len}")
+    spec = models.resolve_model(model, o["params"])
+    if gbt is not None:
+        if gbt < seq_len:
+            raise InputError(f"--global-batch-tokens {gbt} is less than one sequence ({seq_len})")
+        gb = gbt // seq_len
+    budget = models.parse_count(o["tokens"], "--tokens", models.MAX_TOKENS) if o["tokens"] is not None else None
+    network = network_for(hw, o["net"])
+    cal = read_calibration(o["calibrate"]) if o["calibrate"] else None
+    req = PlanRequest(
+        spec=spec,
+        gpu=hw.gpu_spec,
+        nodes=hw.nodes,
+        gpus_per_node=hw.gpus_per_node,
+        network=network,
+        seq_len=seq_len,
+        global_batch_seqs=gb,
+        token_budget=budget,
+        price_per_gpu_hour=hw.price_per_gpu_hour,
+        objective=o["objective"].strip().lower(),
+        precision=o["precision"],
+        strategy=strategy,
+        micro_batch=micro_batch,
+        checkpointing=checkpointing,
+        attention=o["attention"],
+        compile=compile_,
+        loss_chunk_tokens=o["loss_chunk"],
+        overlap=o["overlap"],
+        efficiency=Efficiency(calibration=cal.factor) if cal else Efficiency(),
+    )
+    return req, cal
