@@ -23,6 +23,15 @@ FORBIDDEN = {
     "llmctl.spec": ("llmctl.launch", "llmctl.cli", "llmctl.engine", "llmctl.netbench", "llmctl.tune"),
     "llmctl.plan": ("llmctl.launch", "llmctl.cli", "llmctl.engine", "llmctl.netbench", "llmctl.tune"),
     "llmctl.tune": ("llmctl.cli",),
+    "llmctl.families": (
+        "llmctl.plan",
+        "llmctl.launch",
+        "llmctl.cli",
+        "llmctl.engine",
+        "llmctl.netbench",
+        "llmctl.tune",
+        "llmctl.measure",
+    ),
     "llmctl.netbench": ("llmctl.launch", "llmctl.cli"),
     "llmctl.launch": ("llmctl.cli",),
 }

@@ -236,21 +236,3 @@ def _retie(model: torch.nn.Module, pairs: list[tuple[str, str]]) -> None:
         target = model.get_parameter(src)
         if getattr(mod, attr) is not target:
             setattr(mod, attr, target)
-
-
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The ModuleList of transformer blocks (Llama-style `model.layers`, GPT-2 `transformer.h`)."""
-    import torch
-
-    for path in ("model.layers", "transformer.h", "model.decoder.layers", "gpt_neox.layers"):
-        obj: Any = model
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                break
-        if isinstance(obj, torch.nn.ModuleList):
-            return obj
-    raise SpecError(
-        f"{type(model).__name__}: cannot find the decoder layers to shard",
-        hint="supported: Llama-style (model.layers) and GPT-2 (transformer.h)",
-    )

@@ -1,6 +1,6 @@
 """Measure any transformers causal LM on fake tensors: its parameter counts and the bytes its training forward saves.
 
-A Hugging Face `model_type` that llmctl has no analytical model for (llmctl.spec.families) is measured instead:
+A Hugging Face `model_type` that llmctl has no analytical model for (llmctl.families) is measured instead:
 
 - Parameters: the full model is built on the meta device (shapes, no memory) and counted exactly (llmctl.measure.hf).
 - Activations: a training forward (train mode, so dropout masks count) runs under `FakeTensorMode`, which computes
@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.errors import SpecError
+from llmctl.families.modules import decoder_layers
 from llmctl.measure import cache, hf
 
 ACT_BYTES = {4: "float32", 2: "bfloat16"}
@@ -201,7 +202,7 @@ def _measure_quietly(cfg: dict, model_type: str, key: str, started: Callable[[],
     config = hf.hf_config(cfg, model_type)
     started()
     full = hf.build(config, model_type, "float32")
-    layers = hf.decoder_layers(full, model_type)
+    layers = decoder_layers(full, model_type)
     signatures, lists = hf.layer_table(full, config, layers)
     kind_of = hf.kind_ids(signatures)
     kinds = [kind_of[s] for s in signatures]
@@ -227,7 +228,7 @@ def _measure_quietly(cfg: dict, model_type: str, key: str, started: Callable[[],
             model, used[attention] = _short_model(config, model_type, dtype_name, attention, depth, signatures, lists)
             if used[attention] == "eager" and attention != "eager":
                 continue
-            layers = hf.decoder_layers(model, model_type)
+            layers = decoder_layers(model, model_type)
             mode = FakeTensorMode()
             to_fake(model, mode)
             for ckpt in CHECKPOINTING:
@@ -276,7 +277,7 @@ def _short_model(
         try:
             short = hf.short_config(config, depth, lists)
             model, used = hf.build_attention(short, model_type, dtype_name, attention)
-            layers = hf.decoder_layers(model, model_type)
+            layers = decoder_layers(model, model_type)
             if len(layers) == depth and hf.layer_table(model, short, layers)[0][:keep] == signatures[:keep]:
                 return model, used
         except Exception:  # noqa: BLE001 - a config that refuses the cut (validated on assignment): no cut
@@ -301,5 +302,5 @@ def _run(model: Any, layers: Any, seq: int, checkpointing: str, mode: Any, model
         # here: a limit of the method for this architecture, said in one line (the debug switch shows the cause)
         raise SpecError(
             f"model_type {model_type!r}: cannot run its forward on fake tensors: {hf.first_line(e)}",
-            hint="this architecture needs an analytical model in llmctl.spec.families",
+            hint="this architecture needs an analytical model in llmctl.families",
         ) from e

@@ -14,7 +14,6 @@ from typing import Any
 from llmctl.errors import SpecError, suggest
 
 # Where common families keep their decoder layers; else the largest ModuleList of one class is taken.
-_LAYER_PATHS = ("model.layers", "transformer.h", "model.decoder.layers", "gpt_neox.layers", "transformer.layers")
 # Attributes of a layer (or its direct children, the attention module) that say which attention it runs.
 _ATTENTION_ATTRS = (
     "attention_type",
@@ -97,31 +96,6 @@ def build_attention(config: Any, model_type: str, dtype_name: str, attention: st
             raise
         model = build(config, model_type, dtype_name, "eager")
     return model, str(getattr(model.config, "_attn_implementation", None) or attention)
-
-
-def decoder_layers(model: Any, model_type: str = "") -> Any:
-    """The ModuleList of decoder layers: a known path (model.layers, transformer.h, ...), else the ModuleList of one
-    class holding the most parameters."""
-    import torch
-
-    for path in _LAYER_PATHS:
-        obj: Any = model
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-        if isinstance(obj, torch.nn.ModuleList) and len(obj) > 0:
-            return obj
-    best, best_params = None, 0
-    for m in model.modules():
-        if isinstance(m, torch.nn.ModuleList) and len(m) > 0 and len({type(c) for c in m}) == 1:
-            n = sum(p.numel() for p in m.parameters())
-            if n > best_params:
-                best, best_params = m, n
-    if best is None:
-        raise SpecError(
-            f"model_type {model_type or type(model).__name__!r}: cannot find the decoder layers of "
-            f"{type(model).__name__} (no ModuleList of one layer class)"
-        )
-    return best
 
 
 def config_value(config: Any, name: str) -> Any:

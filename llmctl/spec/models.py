@@ -20,20 +20,17 @@ from typing import Any
 import yaml
 
 from llmctl.errors import SpecError, UnknownNameError, suggest
+from llmctl.families import ANALYTICAL_MODEL_TYPES, MAX_LAYERS, Family, Features, family_of, read_family
 from llmctl.fileio import load_json
-from llmctl.spec.families import ANALYTICAL_MODEL_TYPES, MAX_LAYERS, read_family
 from llmctl.spec.layers import Attention, Layer, Mlp, layer_active_params, layer_params
 
-GPT2_STYLE = {"gpt2"}
 SUPPORTED_MODEL_TYPES = ANALYTICAL_MODEL_TYPES
-ROTARY_EVEN = set(ANALYTICAL_MODEL_TYPES) - GPT2_STYLE
-"""Families whose rotary embeddings rotate pairs of dimensions: head_dim must be even."""
 
 Tensor = tuple[str, tuple[int, ...]]
 
-NO_FLASH_MODEL_TYPES = {"llama4_text"}
-"""transformers builds these without a flash-attention path (Llama4PreTrainedModel._supports_flash_attn = False in
-transformers 5.x, models/llama4/modeling_llama4.py): the engine runs sdpa instead."""
+OTHER_FEATURES = Features()
+"""A model_type outside the families (measured on fake tensors) is read as a Llama-like block where a feature is
+asked for."""
 KERNEL_FALLBACK = {"flash": "sdpa", "sdpa": "eager"}
 
 
@@ -120,10 +117,10 @@ class ModelSpec:
             # What transformers refuses or crashes on when it builds the model (the engine would fail after torch
             # starts): RoPE rotates pairs of dimensions, so a rotary head_dim (MLA: its rotary part) is even.
             rot = at.rope_dim if at.mla else at.head_dim
-            if self.model_type in ROTARY_EVEN and rot % 2:
+            if self.family is not None and self.features.rotary and rot % 2:
                 raise SpecError(f"model {self.name!r}: head_dim {rot} is odd (rotary embeddings need it even)")
         # LlamaConfig and GPT-2's attention split hidden_size into num_heads equal heads.
-        if self.model_type in {"llama"} | GPT2_STYLE and self.hidden_size % self.num_heads:
+        if self.family is not None and self.features.heads_split_hidden and self.hidden_size % self.num_heads:
             raise SpecError(
                 f"model {self.name!r}: hidden_size ({self.hidden_size}) is not a multiple of num_attention_heads "
                 f"({self.num_heads})"
@@ -142,8 +139,18 @@ class ModelSpec:
         return Layer(attn, mlp)
 
     @property
+    def family(self) -> Family | None:
+        """The analytical family entry of this model_type (None: measured on fake tensors, or a bare count)."""
+        return family_of(self.model_type)
+
+    @property
+    def features(self) -> Features:
+        fam = self.family
+        return fam.features if fam is not None else OTHER_FEATURES
+
+    @property
     def is_gpt2(self) -> bool:
-        return self.model_type in GPT2_STYLE
+        return self.features.block == "gpt2"
 
     @property
     def mlp_kind(self) -> str:
@@ -174,7 +181,7 @@ class ModelSpec:
                 return self.measured.get("attention_used", {}).get("sdpa", "sdpa") == "sdpa"
             return not any(layer.attention.softcap or layer.attention.sinks for layer in self.layers)
         if kernel == "flash":
-            return self.model_type not in NO_FLASH_MODEL_TYPES
+            return self.features.flash_attention
         return True
 
     def attention_kernel(self, requested: str) -> str:
@@ -336,7 +343,7 @@ SIZE_FIELDS = (
 
 def from_hf_config(cfg: dict[str, Any], name: str = "config", source: str = "config") -> ModelSpec:
     """Build a spec from a Hugging Face config dict (config.json contents): analytically for the families in
-    llmctl.spec.families, else measured on fake tensors (needs torch and transformers)."""
+    llmctl.families, else measured on fake tensors (needs torch and transformers)."""
     if not isinstance(cfg, dict):
         raise SpecError(f"{name}: a config must be a JSON object, got {type(cfg).__name__}")
     mt = cfg.get("model_type")

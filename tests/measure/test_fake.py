@@ -25,6 +25,7 @@ transformers = pytest.importorskip("transformers", reason="needs transformers (p
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from llmctl.errors import SpecError, describe  # noqa: E402
+from llmctl.families.modules import decoder_layers  # noqa: E402
 from llmctl.measure import fake as fm  # noqa: E402
 from llmctl.measure import hf  # noqa: E402
 from llmctl.measure.forward import saved_bytes, to_fake  # noqa: E402
@@ -142,7 +143,7 @@ def test_a_shorter_model_saves_what_the_full_model_saves_per_layer():
     cfg = {**OTHERS[1], "num_hidden_layers": 8, "sliding_window": 32}  # a window shorter than the 64 tokens
     config = hf.hf_config(cfg, "cohere2")
     full = hf.build(config, "cohere2", "bfloat16", "sdpa")
-    signatures, lists = hf.layer_table(full, config, hf.decoder_layers(full))
+    signatures, lists = hf.layer_table(full, config, decoder_layers(full))
     assert lists == ["layer_types"]
     short, used = fm._short_model(config, "cohere2", "bfloat16", "sdpa", 5, signatures, lists)
     assert used == "sdpa" and len(short.model.layers) == 5 and short.config.layer_types[3] == "full_attention"
@@ -242,7 +243,7 @@ def test_bad_configs_are_one_line_spec_errors(cfg, words, tmp_path):
 def test_a_model_without_decoder_layers_is_a_spec_error():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.ReLU()]))
     with pytest.raises(SpecError, match="'toy': cannot find the decoder layers"):
-        hf.decoder_layers(model, "toy")
+        decoder_layers(model, "toy")
 
 
 def test_importing_the_module_and_a_cache_hit_do_not_import_torch(llama, tmp_path):

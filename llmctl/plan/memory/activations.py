@@ -18,15 +18,13 @@ def _norm_bytes(spec: ModelSpec, n: int, rows: int, ab: int) -> int:
     the compute dtype (for the weight's gradient). Norms that multiply by the weight in fp32 (OLMo 2, gpt-oss:
     `(w * x).to(dtype)`; Gemma: `x * (1 + w)`) keep the normalised output in fp32 (4n); Gemma's also keeps the
     (1 + w) vector (4 x width)."""
-    if spec.model_type in GEMMA_NORM:
+    if spec.features.norm == "gemma":
         return 8 * n + 4 * rows + 4 * (n // max(1, rows))
-    if spec.model_type in FP32_WEIGHT_NORM:
+    if spec.features.norm == "fp32_weight":
         return 8 * n + 4 * rows
     return (4 + ab) * n + 4 * rows
 
 
-GEMMA_NORM = {"gemma2", "gemma3_text"}
-FP32_WEIGHT_NORM = {"olmo2", "gpt_oss"}
 DROPOUT_MASK_BYTES = 1
 """On CUDA, dropout (torch.native_dropout) keeps a bool mask: 1 byte per element. (On the CPU, F.dropout keeps its
 mask in the input's dtype: the CPU measurements in the tests pass mask_bytes=act_bytes.)"""
@@ -103,7 +101,7 @@ def block_activation_terms(
         terms["attention inputs/outputs"] = (
             ab * sb * h + ab * sb * (a * d + kv_heads * d + v_storage) + ab * sb * a * dv
         )
-        if spec.model_type == "phi3" and not eager:
+        if spec.features.rotary_output_copy and not eager:
             # Phi-3 rotates with torch.cat, which leaves q contiguous as (b, a, s, d); a fused kernel writes its
             # output in q's layout (CUDA flash: empty_like(q)), so transformers' transpose(1, 2).contiguous() copies
             # it: o_proj keeps that copy next to the kernel's own output (Llama's q stays (b, s, a, d): no copy).
@@ -116,7 +114,7 @@ def block_activation_terms(
         # rotary complex product itself; bf16: the upcast copy) and an fp32 rsqrt per head row. No weight: its
         # output is kept only by attention (q, k above).
         terms["q/k norms (l2)"] = 4 * sb * (a + kv) * d + 4 * sb * (a + kv)
-    if m.moe and spec.model_type == "llama4_text":
+    if m.moe and spec.features.dense_moe:
         i, k, e = m.intermediate_size, m.experts_per_token, m.num_experts
         terms["mlp"] = ab * sb * h  # the MoE input: router, routed copies and shared expert read it
         # Llama4Router: top-k of the logits scattered into -inf, sigmoid in fp32 (kept: E per token), the top-k
@@ -136,7 +134,7 @@ def block_activation_terms(
         # act(gate) and the product (down's input), the down output (for the routing weight's gradient), the
         # routing weight and three int64 permutation indices. gpt-oss's clamped GLU keeps 3 more i-wide tensors.
         terms["moe router"] = sb * (4 * e + 12 * k + 4)
-        if spec.model_type == "deepseek_v3" and ab != 4:
+        if spec.features.router_fp32 and ab != 4:
             # DeepSeek-V3's router runs in fp32: its linear keeps an fp32 copy of the block's hidden states, and the
             # routing weights gathered from the fp32 sigmoid scores keep E more fp32 values per token (measured on
             # fake tensors, tests/measure/test_fake.py).
@@ -157,7 +155,7 @@ def block_activation_terms(
             # gpt-oss: softmax over the scores and one sink logit per row (b*a*s*(s+1), compute dtype), the row
             # max's int64 index; the AV matmul keeps a slice of the softmax output (same storage).
             terms["attention scores (s^2)"] = ab * b * a * s * (s + 1) + 8 * b * a * s
-        elif spec.model_type == "llama4_text":
+        elif not spec.features.eager_softmax_fp32:
             # Llama 4's eager softmax runs in the compute dtype (no fp32 upcast): one s^2 tensor.
             terms["attention scores (s^2)"] = ab * s2
         else:
@@ -314,12 +312,12 @@ def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, att
         return mask
     at = spec.layers[0].attention
     rot = at.rope_dim if at.mla else at.head_dim
-    if spec.model_type == "llama4_text":
+    if spec.features.rotary_complex:
         # Llama 4 builds a mask per layer type present (chunked, full: eager materialises each, b x 1 x s x s), and
         # its rotary table is one complex64 freqs_cis (1 x s x d/2: 4 bytes per rotary dim) whatever the dtype.
         types = len({la.attention.chunked for la in spec.layers})
         return (types * act_bytes * b * s * s if attention == "eager" else 0) + 4 * s * rot
-    tables = 2 if spec.model_type == "gemma3_text" else 1
+    tables = spec.features.rotary_tables
     return mask + tables * 2 * s * rot * act_bytes
 
 
