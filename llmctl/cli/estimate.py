@@ -60,97 +60,6 @@ def cluster_shape(gpus: int | None, nodes: int | None, gpus_per_node: int | None
     return 1, gpn or 1
 
 
-def run_estimate(spec: models.ModelSpec, setup: TrainSetup, gpu: hardware.GPUSpec | None) -> dict[str, Any]:
-    """The whole answer as plain data (what --json prints and the tables show)."""
-    est = mem.estimate(spec, setup)
-    out: dict[str, Any] = {
-        "model": spec.name,
-        "params": spec.params,
-        "active_params_per_token": spec.active_params_per_token,
-        "measured": spec.measured is not None,
-        "shape": spec.describe(),
-        "assumed_shape": spec.source == "params",
-        "setup": {
-            "precision": setup.precision.name,
-            **{
-                k: getattr(setup, k)
-                for k in (
-                    "optimizer",
-                    "strategy",
-                    "engine",
-                    "nodes",
-                    "gpus_per_node",
-                    "tp",
-                    "pp",
-                    "micro_batch_size",
-                    "seq_len",
-                    "checkpointing",
-                    "attention",
-                    "loss_chunk_tokens",
-                )
-            },
-        },
-        "bytes_per_param": mem.classic_bytes_per_param(spec, setup),
-        "ledger": [
-            {
-                "name": line.name,
-                "bytes_per_param": line.bytes_per_param,
-                "sharded_from_zero_stage": line.sharded_from_stage,
-                "note": line.note,
-            }
-            for line in est.ledger
-        ],
-        "engine_bytes_per_param": sum(line.bytes_per_param for line in est.ledger),
-        "per_gpu_bytes": est.per_component(),
-        "components": [
-            {"name": comp.name, "bytes": comp.bytes, "phases": list(comp.phases)} for comp in est.components
-        ],
-        "phase_bytes": est.phase_bytes,
-        # One block without checkpointing, tensor group by group (Hugging Face-only extras named as such).
-        "layer_activation_terms": mem.layer_activation_terms(
-            spec, setup.micro_batch_size, setup.seq_len, setup.compute_bytes, setup.attention
-        ),
-        "peak_phase": est.peak_phase,
-        "peak_allocated_bytes": est.peak_allocated_bytes,
-        "peak_reserved_bytes": est.peak_reserved_bytes,
-        "per_gpu_total_bytes": est.device_bytes,
-        "predicts": "peak allocated bytes (torch.cuda.max_memory_allocated); reserved adds allocator headroom; "
-        "total adds the CUDA context",
-        "world_size": setup.world_size,
-    }
-    if gpu is not None:
-        out["gpu"] = gpu.name
-        out["gpu_memory_bytes"] = gpu.memory_bytes
-        out["fits"] = mem.fits(est, gpu.memory_bytes)
-        out["max_micro_batch"] = mem.max_micro_batch(spec, setup, gpu.memory_bytes)
-        table = {}
-        for strat in STRATEGIES:
-            m = mem.min_gpus(spec, setup, gpu.memory_bytes, strat)
-            table[strat] = {"gpus": m.gpus, "nodes": m.nodes, "per_gpu_total_bytes": m.device_bytes, "note": m.note}
-        out["min_gpus_by_strategy"] = table
-        out["min_gpus"] = table[setup.strategy]["gpus"]
-        by_mode = {}
-        modes = ["none", "selective", "partial:2", "full"]
-        if setup.checkpointing not in modes:
-            modes.insert(-1, setup.checkpointing)
-        for mode in modes:
-            if mode.startswith("partial:") and spec.num_layers // int(mode.split(":")[1]) == 0:
-                continue
-            alt = replace(setup, checkpointing=mode)
-            m = mem.min_gpus(spec, alt, gpu.memory_bytes, setup.strategy)
-            acts = sum(comp.bytes for comp in mem.estimate(spec, alt).components if comp.name.startswith("activations"))
-            by_mode[mode] = {
-                "gpus": m.gpus,
-                "nodes": m.nodes,
-                "per_gpu_total_bytes": m.device_bytes,
-                "activations_bytes": acts,
-                "note": m.note,
-            }
-        out["min_gpus_by_checkpointing"] = by_mode
-    out["_estimate"] = est
-    return out
-
-
 def _render(result: dict[str, Any]) -> None:
     est: mem.MemoryEstimate = result["_estimate"]
     s, c = est.setup, render.console
@@ -406,7 +315,7 @@ def estimate_memory(
     )
     if gpu_spec is not None:
         setup.precision.check_gpu(gpu_spec)  # V100 has no bf16: say so rather than estimate a setup that cannot run
-    result = run_estimate(spec, setup, gpu_spec)
+    result = mem.fit_report(spec, setup, gpu_spec)
     if plot:
         _plot(spec, setup, plot)
     if json_out:

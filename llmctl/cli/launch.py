@@ -1,22 +1,21 @@
-"""`llmctl launch` (local torchrun, or SLURM through an sbatch template or submitit), `llmctl status`, `llmctl logs`,
-`llmctl cancel`.
+"""`llmctl launch`: local torchrun, or SLURM through an sbatch template or submitit (status, logs and cancel of the
+jobs it starts: llmctl.cli.jobs).
 
-Only registers commands; the work is in llmctl.launch: the backend registry (llmctl.launch.backends) picks what
-`--executor` names, and status/logs/cancel ask the backend named in the job's record. Torch-free at import time (and at run time: torch runs
+Only registers the command; the work is in llmctl.launch: the backend registry (llmctl.launch.backends) picks what
+`--executor` names. Torch-free at import time (and at run time: torch runs
 only inside the launched ranks).
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from llmctl.cli.options import JobsDirOpt
 from llmctl.errors import InputError
 from llmctl.launch import jobs
 
@@ -48,9 +47,7 @@ IfnameOpt = Annotated[
     str | None, typer.Option("--socket-ifname", help="Sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME.")
 ]
 NcclDebugOpt = Annotated[str | None, typer.Option("--nccl-debug", help="Sets NCCL_DEBUG (e.g. INFO, WARN).")]
-JobsDirOpt = Annotated[
-    str | None, typer.Option("--jobs-dir", help="Where job folders go (default $LLMCTL_JOBS_DIR or ./llmctl-jobs).")
-]
+
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the command or script; run nothing.")]
 DryStartOpt = Annotated[
     bool,
@@ -188,30 +185,10 @@ def launch(
 
 
 def _dry_start(plan: Path, allocate_all: bool) -> None:
-    """Run `python -m llmctl.engine --dry-start` in a process of its own (its fake process group and its peak
-    memory are its own) and print its report."""
-    import json
-    import subprocess
-    import tempfile
+    from llmctl.launch.dry_start import dry_start
 
-    from llmctl.childerrors import ChildErrors
-    from llmctl.errors import RuntimeFailure
-
-    with tempfile.TemporaryDirectory(prefix="llmctl-dry-start-") as tmp:
-        out, errors = Path(tmp) / "report.json", ChildErrors.in_folder(Path(tmp))
-        env = errors.env()
-        env.setdefault("TMPDIR", tmp)
-        argv = [sys.executable, "-m", "llmctl.engine", "--dry-start", "--json-out", str(out), str(plan)]
-        if allocate_all:
-            argv.insert(4, "--allocate-all")
-        typer.echo(f"dry start of {plan}: rank 0's setup in this machine's memory ...", err=True)
-        proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-        if proc.returncode != 0:
-            errors.raise_first("dry start: ")
-            tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["?"]
-            raise RuntimeFailure(f"dry start failed (exit {proc.returncode}): {tail[0][:300]}")
-        report = json.loads(out.read_text())
-    typer.echo(render_dry_start(report))
+    typer.echo(f"dry start of {plan}: rank 0's setup in this machine's memory ...", err=True)
+    typer.echo(render_dry_start(dry_start(plan, allocate_all)))
 
 
 def render_dry_start(r: dict[str, Any]) -> str:
@@ -255,105 +232,5 @@ def _with_slurm_options(command: Callable[..., None]) -> Callable[..., None]:
     return command
 
 
-JobArg = Annotated[str, typer.Argument(help="Job id, job folder name or path.", show_default=False)]
-
-
-def status(
-    job: Annotated[str | None, typer.Argument(help="Job id or folder (default: all jobs).")] = None,
-    jobs_dir: JobsDirOpt = None,
-) -> None:
-    """State of jobs launched from here, from each job's own executor (SLURM, or a local run's pid; else its folder)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from llmctl.launch import jobs
-
-    root = jobs.jobs_root(jobs_dir)
-    records = [jobs.find(job, root)] if job else jobs.all_records(root)
-    if not records:
-        typer.echo(f"no jobs launched from {root}")
-        return
-    table = Table(box=None)
-    notes = [jobs.preflight_note(r) for r in records]
-    columns = ("job", "backend", "plan", "nodes", "state", "submitted", "folder")
-    for col in columns + (("preflight",) if any(notes) else ()):
-        table.add_column(col, overflow="fold")
-    for r, note in zip(records, notes):
-        table.add_row(
-            r.job_id,
-            r.backend,
-            r.plan_name,
-            f"{r.nodes}x{r.nproc_per_node}" + (f" +{r.spare_nodes} spare" if r.spare_nodes else ""),
-            _state(r),
-            r.submitted_at,
-            Path(r.folder).name,
-            *((note,) if any(notes) else ()),
-        )
-    Console(width=200).print(table)
-
-
-def logs(
-    job: JobArg,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
-    jobs_dir: JobsDirOpt = None,
-) -> None:
-    """Print a job's log (task 0's for submitit); --follow streams it until the job ends."""
-    from llmctl.launch import backends, jobs
-
-    record = jobs.find(job, jobs.jobs_root(jobs_dir))
-    backend = backends.backend_for(record)
-    paths = backend.logs(record)
-    offsets = dict.fromkeys(paths, 0)
-
-    def drain() -> None:
-        for p in paths:
-            if not p.is_file():
-                continue
-            with p.open("rb") as f:
-                f.seek(offsets[p])
-                data = f.read()
-            offsets[p] += len(data)
-            if data:
-                sys.stdout.write(data.decode(errors="replace"))
-                sys.stdout.flush()
-
-    drain()
-    if not follow:
-        if not any(p.is_file() for p in paths):
-            typer.echo(f"no log yet for job {record.job_id} (state {backend.state(record)})", err=True)
-        return
-    while True:
-        active = backend.state(record).split()[0] in jobs.ACTIVE
-        drain()
-        if not active:
-            return
-        time.sleep(1.0)
-
-
-def _state(record: jobs.JobRecord) -> str:
-    """The job's state from its own backend; a record naming a backend that is not registered here says so."""
-    from llmctl.launch import backends
-
-    try:
-        return backends.backend_for(record).state(record)
-    except InputError:
-        return f"UNKNOWN (executor {record.backend!r} not registered)"
-
-
-def cancel(
-    job: JobArg,
-    jobs_dir: JobsDirOpt = None,
-) -> None:
-    """Stop a job (no requeue): scancel for SLURM jobs, SIGTERM to torchrun for a local run."""
-    from llmctl.launch import backends, jobs
-
-    record = jobs.find(job, jobs.jobs_root(jobs_dir))
-    backends.backend_for(record).cancel(record)
-    typer.echo(f"cancelled job {record.job_id} ({record.backend})")
-
-
 def register(app: typer.Typer) -> None:
     app.command("launch")(_with_slurm_options(launch))
-    app.command("status")(status)
-    app.command("logs")(logs)
-    app.command("cancel")(cancel)

@@ -88,7 +88,7 @@ def _register() -> None:
     fake.install()
 
     estimate.register(app)
-    for mod in ("bench_net", "plan", "launch", "tune", "export", "data"):
+    for mod in ("bench_net", "plan", "launch", "jobs", "tune", "export", "data"):
         # A command module that fails to import is a broken install: fail loudly, never drop the command.
         __import__(f"llmctl.cli.{mod}", fromlist=["register"]).register(app)
 

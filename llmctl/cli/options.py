@@ -61,3 +61,7 @@ EngineOpt = Annotated[
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (divides weights and activations).")]
 PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree (divides layers).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+JobsDirOpt = Annotated[
+    Optional[str],
+    typer.Option("--jobs-dir", help="Where job folders go (default $LLMCTL_JOBS_DIR or ./llmctl-jobs)."),
+]

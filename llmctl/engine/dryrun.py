@@ -184,6 +184,6 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
 
 
 def _layers(model: torch.nn.Module) -> Any:
-    from llmctl.engine.model import decoder_layers
+    from llmctl.families.modules import decoder_layers
 
     return decoder_layers(model)

@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from llmctl.engine.model import decoder_layers
 from llmctl.errors import InputError
+from llmctl.families.modules import decoder_layers
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.planfile import Plan
 from llmctl.spec.precision import PrecisionPolicy, policy

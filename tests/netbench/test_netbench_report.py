@@ -290,7 +290,7 @@ def test_cli_bad_input_is_one_line_exit_2(args: list[str], message: str) -> None
 
 
 def test_torchrun_command_is_launch_module_argv() -> None:
-    from llmctl.cli.bench_net import WORKER_MODULE, torchrun_argv
+    from llmctl.launch.bench_net import WORKER_MODULE, torchrun_argv
     from llmctl.launch.local import Rendezvous
 
     cfg = opts.WorkerConfig(json_path="/tmp/b.json", sizes="1M", timeout_s=60)

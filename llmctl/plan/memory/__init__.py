@@ -19,7 +19,7 @@ Activations are derived tensor by tensor from what Hugging Face's Llama and GPT-
 (measured with torch.autograd.graph.saved_tensors_hooks; tests/plan/test_memory_measured.py re-measures them).
 
 The package: `ledger` (model states), `activations` (what blocks, head and loss keep), `estimate` (phases, fit,
-largest micro-batch, fewest GPUs). Callers use the names below.
+largest micro-batch, fewest GPUs), `report` (estimate-memory's answer). Callers use the names below.
 """
 
 from llmctl.plan.memory.activations import (
@@ -44,6 +44,7 @@ from llmctl.plan.memory.ledger import (
     stage_params,
     state_ledger,
 )
+from llmctl.plan.memory.report import fit_report
 
 __all__ = [
     "Component",
@@ -53,6 +54,7 @@ __all__ = [
     "block_activation_terms",
     "classic_bytes_per_param",
     "estimate",
+    "fit_report",
     "fits",
     "head_activation_bytes",
     "layer_activation_bytes",
