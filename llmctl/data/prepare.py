@@ -150,7 +150,7 @@ def _init_worker(tokenizer: str | None, p: int, q: int) -> None:
     the pool restart workers forever)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it stops the pool)
-    from llmctl.engine.data import load_tokenizer, token_dtype
+    from llmctl.data.tokenizer import load_tokenizer, token_dtype
 
     try:
         if tokenizer is not None:
@@ -185,7 +185,7 @@ def _describe(_: object = None) -> TokenizerInfo | tuple[str, str | None]:
 
 
 def frame(ids: Sequence[Sequence[int]], bos: int | None, eos: int | None, dtype: np.dtype) -> np.ndarray:
-    """[BOS] doc [EOS] for each document, concatenated (as llmctl.engine.data.tokenize)."""
+    """[BOS] doc [EOS] for each document, concatenated (as the engine frames `data.kind: text` documents)."""
     head = (bos,) if bos is not None else ()
     tail = (eos,) if eos is not None else ()
     count = sum(map(len, ids)) + (len(head) + len(tail)) * len(ids)
@@ -218,7 +218,7 @@ def _pool(cfg: PrepareConfig) -> Executor:
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("forkserver")
-    preload = [__name__, "llmctl.engine.data"]
+    preload = [__name__, "llmctl.data.tokenizer"]
     if cfg.tokenizer is not None:
         preload.append("transformers.models.auto.tokenization_auto")  # seconds of imports, paid once
     ctx.set_forkserver_preload(preload)  # a no-op when this process already started its forkserver
@@ -318,7 +318,7 @@ def _run(
     start: float,
     on_progress: Callable[[Progress], None] | None,
 ) -> PrepareResult:
-    from llmctl.engine.data import token_dtype
+    from llmctl.data.tokenizer import token_dtype
 
     out = Path(cfg.out)
     counts = [s.num_documents for s in sources]

@@ -2,12 +2,13 @@
 
 Sources (plan `data.kind`):
 - tokens:    a folder made by `llmctl data prepare` (memory-mapped shards, llmctl.data.format; a train and a val
-             split) or a single `.bin` token file (+ `.bin.json`) from `python -m llmctl.engine.data build`. Opening
-             costs O(shards); only the blocks a rank uses are read. Data made with another tokenizer than the plan
-             names (data.tokenizer, or the model.weights folder's) is refused by fingerprint.
+             split), the one token format. Opening costs O(shards); only the blocks a rank uses are read. Data made
+             with another tokenizer than the plan names (data.tokenizer, or the model.weights folder's) is refused
+             by fingerprint.
 - text:      small local .txt / .jsonl files (or folders of them), read whole and tokenized at start on every
              rank with a local Hugging Face tokenizer folder or the built-in byte-level tokenizer (bytes 0..255,
-             BOS 256, EOS 257: the `llama-tiny` and `gpt2-tiny` presets have vocab 320 = 258 padded to 64).
+             BOS 256, EOS 257: the `llama-tiny` and `gpt2-tiny` presets have vocab 320 = 258 padded to 64;
+             llmctl.data.tokenizer, shared with `llmctl data prepare`).
 - synthetic: uniform random tokens (benchmarks).
 
 Validation (`data.val`): the val split of the prepared folder, or separate files; its blocks in order, unshuffled
@@ -23,98 +24,23 @@ and mbs 1 x acc 2 see the same samples per step.
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
-import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from llmctl.errors import InputError, LlmctlError, report
-from llmctl.fileio import load_json
+from llmctl.data.format import open_prepared
+from llmctl.data.tokenizer import Tokenizer, load_tokenizer, token_dtype
+from llmctl.errors import InputError
 from llmctl.spec.planfile import DataSection
 
 if TYPE_CHECKING:
     import torch
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".jsonl")
-
-
-class Tokenizer(Protocol):
-    name: str
-    vocab_size: int
-    bos_id: int | None
-    eos_id: int | None
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
-
-    def fingerprint(self) -> str: ...
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens; BOS/EOS ids follow the byte range (256, 257), as in the tiny presets."""
-
-    name = "bytes"
-    vocab_size = 258
-    bos_id = 256
-    eos_id = 257
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [list(t.encode("utf-8")) for t in texts]
-
-    def fingerprint(self) -> str:
-        """Identifies the vocabulary: two tokenizers with the same fingerprint map text to the same ids."""
-        return hashlib.sha256(b"llmctl-bytes-v1:bos=256,eos=257").hexdigest()
-
-
-class HFTokenizer:
-    """A tokenizer from a local Hugging Face folder (never downloads)."""
-
-    def __init__(self, path: str) -> None:
-        from transformers import AutoTokenizer
-
-        try:
-            self._tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise InputError(
-                f"data.tokenizer: cannot load a tokenizer from {path!r}: {str(e).splitlines()[0]}"
-            ) from None
-        self.name = str(path)
-        self.vocab_size = len(self._tok)
-        self.bos_id = self._tok.bos_token_id
-        self.eos_id = self._tok.eos_token_id
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False)
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """The fast tokenizer's batch call (Rust, one call for many documents)."""
-        return self._tok(list(texts), add_special_tokens=False)["input_ids"]
-
-    def fingerprint(self) -> str:
-        """sha256 of the tokenizer's canonical serialization (vocabulary, merges, normalizer, pre-tokenizer, added
-        tokens) plus its BOS/EOS ids: independent of file layout, changed by anything that changes the ids."""
-        h = hashlib.sha256()
-        backend = getattr(self._tok, "backend_tokenizer", None)
-        if backend is not None:
-            h.update(backend.to_str().encode())
-        else:  # a slow (Python) tokenizer: its vocabulary, sorted
-            h.update(json.dumps(sorted(self._tok.get_vocab().items())).encode())
-        h.update(f"|bos={self.bos_id}|eos={self.eos_id}".encode())
-        return h.hexdigest()
-
-
-def load_tokenizer(path: str | None) -> Tokenizer:
-    return ByteTokenizer() if path is None else HFTokenizer(path)
 
 
 def expand_paths(paths: Sequence[str], key: str = "data.paths") -> list[Path]:
@@ -153,10 +79,6 @@ def iter_documents(files: Iterable[Path], jsonl_field: str = "text") -> Iterable
             raise InputError(f"{f}: cannot read ({e.strerror})") from None
 
 
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
-
-
 def tokenize(docs: Iterable[str], tok: Tokenizer) -> np.ndarray:
     """Concatenate documents as [BOS] doc [EOS] ... into one token array."""
     parts: list[np.ndarray] = []
@@ -166,49 +88,6 @@ def tokenize(docs: Iterable[str], tok: Tokenizer) -> np.ndarray:
         ids += [tok.eos_id] if tok.eos_id is not None else []
         parts.append(np.asarray(ids, dtype=dtype))
     return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-
-
-# --- the memory-mapped token format --------------------------------------------------------------------------
-def write_token_file(out: str | Path, tokens: np.ndarray, tok: Tokenizer) -> dict[str, Any]:
-    """Raw little-endian tokens in OUT and their metadata in OUT.json (written last: it marks completeness)."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tokens.astype(tokens.dtype.newbyteorder("<")).tofile(tmp)
-    tmp.replace(out)
-    meta = {
-        "format": "llmctl-tokens",
-        "version": 1,
-        "dtype": tokens.dtype.name,
-        "num_tokens": int(tokens.size),
-        "vocab_size": tok.vocab_size,
-        "tokenizer": tok.name,
-        "bos_id": tok.bos_id,
-        "eos_id": tok.eos_id,
-    }
-    Path(str(out) + ".json").write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
-
-
-def open_token_file(path: str | Path) -> tuple[np.ndarray, dict[str, Any]]:
-    path = Path(path)
-    meta_path = Path(str(path) + ".json")
-    if not path.is_file() or not meta_path.is_file():
-        raise InputError(
-            f"data.paths: {str(path)!r} is not a token file (needs {path.name} and {meta_path.name})",
-            hint="build one with `python -m llmctl.engine.data build --out FILE.bin TEXT...`",
-        )
-    meta = load_json(meta_path, "token-file metadata")  # one line for unreadable, empty, not JSON, too large
-    try:
-        dtype = np.dtype(meta["dtype"]).newbyteorder("<")  # type: ignore[index]
-        n = int(meta["num_tokens"])  # type: ignore[index]
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"{meta_path}: malformed token metadata ({e})") from None
-    if path.stat().st_size != n * dtype.itemsize:
-        raise InputError(
-            f"{path}: size does not match its metadata ({n} tokens of {dtype.name})", hint="rebuild the token file"
-        )
-    return np.memmap(path, dtype=dtype, mode="r", shape=(n,)), meta
 
 
 # --- blocks, order, and per-rank micro-batches -----------------------------------------------------------------
@@ -300,7 +179,7 @@ class RankData:
 class Stream:
     """One token stream the data section names, before it is cut into blocks."""
 
-    tokens: Any  # np.ndarray, np.memmap or llmctl.data.format.TokenShards: len() and contiguous slices
+    tokens: Any  # np.ndarray or llmctl.data.format.TokenShards: len() and contiguous slices
     vocab_size: int
     description: str
 
@@ -309,7 +188,7 @@ def check_tokenizer(meta_tokenizer: Any, path: str, expected: Sequence[tuple[str
     """Refuse prepared data whose tokenizer is not the one the plan names (data.tokenizer, or the tokenizer that
     ships in model.weights): same vocabulary size is not enough, the ids must mean the same text."""
     if not isinstance(meta_tokenizer, dict) or not meta_tokenizer.get("fingerprint"):
-        return  # an older single .bin token file: only its vocabulary size is known
+        return  # no fingerprint recorded: only the vocabulary size can be checked
     for key, folder in expected:
         mine = load_tokenizer(folder).fingerprint()
         if mine != meta_tokenizer["fingerprint"]:
@@ -324,22 +203,23 @@ def check_tokenizer(meta_tokenizer: Any, path: str, expected: Sequence[tuple[str
 def open_stream(
     data: DataSection, paths: Sequence[str], split: str, key: str, expected: Sequence[tuple[str, str]] = ()
 ) -> Stream:
-    """The tokens of `paths` (of kind data.kind): a prepared folder's `split`, a .bin token file, or text files
-    tokenized here."""
+    """The tokens of `paths` (of kind data.kind): a prepared folder's `split`, or text files tokenized here."""
     if data.kind == "tokens":
         if len(paths) != 1:
-            raise InputError(f"{key}: kind tokens takes exactly one prepared folder or .bin token file")
-        if Path(paths[0]).is_dir():  # a prepared folder (open_prepared says it when it is not one)
-            from llmctl.data.format import open_prepared
-
-            tokens, meta = open_prepared(paths[0], split)
-            check_tokenizer(meta.get("tokenizer"), paths[0], expected)
-            name = (meta.get("tokenizer") or {}).get("name")
-            return Stream(tokens, int(meta.get("vocab_size", 0)), f"{paths[0]} [{split}] ({name})")
-        if split != "train":
-            raise InputError(f"{key}: {paths[0]} is a single token file; it has no {split!r} split")
-        tokens, meta = open_token_file(paths[0])
-        return Stream(tokens, int(meta.get("vocab_size", 0)), f"{paths[0]} ({meta.get('tokenizer')})")
+            raise InputError(f"{key}: kind tokens takes exactly one folder made by `llmctl data prepare`")
+        path = Path(paths[0])
+        if path.is_file():
+            # The older single-file format (FILE.bin + FILE.bin.json, from a build command since removed) or any
+            # other file: one line at start that says what to run instead.
+            what = "a single .bin token file (the old format, no longer read)" if path.suffix == ".bin" else "a file"
+            raise InputError(
+                f"{key}: {path} is {what}; data.kind tokens reads a folder made by `llmctl data prepare`",
+                hint=f"run `llmctl data prepare TEXT... --out FOLDER` and name FOLDER in {key}",
+            )
+        tokens, meta = open_prepared(path, split)  # one line when it is missing or not a prepared folder
+        check_tokenizer(meta.get("tokenizer"), paths[0], expected)
+        name = (meta.get("tokenizer") or {}).get("name")
+        return Stream(tokens, int(meta.get("vocab_size", 0)), f"{paths[0]} [{split}] ({name})")
     tok = load_tokenizer(data.tokenizer)
     files = expand_paths(paths, key)
     tokens = tokenize(iter_documents(files, data.jsonl_field), tok)
@@ -388,35 +268,3 @@ def build_val_source(
     _check_vocab(stream, model_vocab)
     blocks = PackedBlocks(stream.tokens, seq_len, 0, what="data.val", shuffle=False)
     return blocks, f"{stream.description}: {len(stream.tokens):,} tokens, {blocks.num_blocks:,} blocks of {seq_len}"
-
-
-# --- `python -m llmctl.engine.data build` ------------------------------------------------------------------------
-def build_main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m llmctl.engine.data",
-        description="Build a memory-mapped token file (data.kind: tokens) from text.",
-    )
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="tokenize .txt/.jsonl files (or folders) into OUT (+ OUT.json)")
-    b.add_argument("inputs", nargs="+", help="text files or folders (.txt, .md, .rst, .jsonl)")
-    b.add_argument("--out", required=True, help="output token file, e.g. data/corpus.bin")
-    b.add_argument("--tokenizer", default=None, help="local Hugging Face tokenizer folder (default: bytes)")
-    b.add_argument("--jsonl-field", default="text", help="field holding the text in .jsonl rows")
-    # `llmctl data prepare` is the scalable way (parallel, sharded, parquet and datasets, a validation split).
-    args = ap.parse_args(argv)
-    try:
-        tok = load_tokenizer(args.tokenizer)
-        files = expand_paths(args.inputs, key="inputs")
-        tokens = tokenize(iter_documents(files, args.jsonl_field), tok)
-        meta = write_token_file(args.out, tokens, tok)
-    except LlmctlError as e:
-        return report(e)
-    print(
-        f"wrote {args.out}: {meta['num_tokens']:,} tokens ({meta['dtype']}) from {len(files)} files, "
-        f"tokenizer {tok.name}, vocab {tok.vocab_size}"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(build_main())

@@ -94,7 +94,9 @@ def from_tune_report(data: dict[str, Any], source: str) -> Calibration:
     """The efficiency multiplier from a tune report: measured / predicted tokens/s of its best trial, times the
     calibration its predictions were made with (so the factor is relative to the uncalibrated model)."""
     if data.get("version") != TUNE_REPORT_VERSION:
-        raise InputError(f"{source}: tune report version {data.get('version')!r} (this llmctl reads {TUNE_REPORT_VERSION})")
+        raise InputError(
+            f"{source}: tune report version {data.get('version')!r} (this llmctl reads {TUNE_REPORT_VERSION})"
+        )
     best = data.get("best_trial")
     trials = data.get("trials")
     trial = next((t for t in trials if isinstance(t, dict) and t.get("trial") == best), None) if trials else None

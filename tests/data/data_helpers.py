@@ -112,7 +112,8 @@ def is_val(i: int, fraction: float) -> bool:
 
 def expected_splits(docs: Sequence[str], tokenizer: str | None, fraction: float) -> tuple[np.ndarray, np.ndarray]:
     """(train, val) token streams by the engine's one-process `tokenize`, one document at a time."""
-    from llmctl.engine.data import load_tokenizer, tokenize
+    from llmctl.data.tokenizer import load_tokenizer
+    from llmctl.engine.data import tokenize
 
     tok = load_tokenizer(tokenizer)
     train = [d for i, d in enumerate(docs) if not is_val(i, fraction)]

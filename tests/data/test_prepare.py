@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from llmctl.data import prepare as prep
 from llmctl.data.format import open_prepared
-from llmctl.engine.data import expand_paths, iter_documents, load_tokenizer, tokenize
+from llmctl.data.tokenizer import load_tokenizer
+from llmctl.engine.data import expand_paths, iter_documents, tokenize
 
 DOCS = make_docs(120, seed=1)
 

@@ -178,7 +178,7 @@ def test_modes_on_two_gloo_ranks_give_the_same_losses(tmp_path: Path) -> None:
         check_ok(procs[plan])
         start = records(plan, "start")[0]
         assert start["checkpointing"] == over.get("activation_checkpointing", "none")
-        assert start["loss"] == ("chunked" if "loss_chunk_tokens" in over else "whole")
+        assert start["loss_mode"] == ("chunked" if "loss_chunk_tokens" in over else "whole")
         out[name] = (losses(plan), [r["grad_norm"] for r in records(plan, "step")])
     ref_loss, ref_norm = out.pop("none")
     assert sorted(ref_loss) == [1, 2, 3, 4, 5] and ref_loss[5] < ref_loss[1]

@@ -1,23 +1,16 @@
-"""Data: byte tokenizer, packing, seeded order, per-rank slices, the memory-mapped token format."""
+"""Data: byte tokenizer, packing, seeded order, per-rank slices; `data.kind: tokens` reads only prepared folders."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from llmctl.engine.data import (
-    ByteTokenizer,
-    PackedBlocks,
-    RankData,
-    SyntheticBlocks,
-    build_main,
-    build_source,
-    open_token_file,
-    tokenize,
-)
+from llmctl.data.tokenizer import ByteTokenizer
+from llmctl.engine.data import PackedBlocks, RankData, SyntheticBlocks, build_source, build_val_source, tokenize
 from llmctl.errors import InputError
 from llmctl.spec.planfile import DataSection
 
@@ -65,32 +58,35 @@ def test_synthetic_is_seeded_and_in_vocab() -> None:
     assert (s.samples(5, 3) == s.samples(5, 3)).all() and s.samples(0, 4).max() < 320
 
 
-def test_build_token_file_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    docs = tmp_path / "docs.jsonl"
-    docs.write_text(json.dumps({"text": "hello"}) + "\n" + json.dumps({"text": "world"}) + "\n")
-    out = tmp_path / "out" / "corpus.bin"
-    assert build_main(["build", "--out", str(out), str(docs)]) == 0
-    assert "wrote" in capsys.readouterr().out
-    tokens, meta = open_token_file(out)
-    assert meta["num_tokens"] == 14 and meta["dtype"] == "uint16"
-    assert bytes(tokens[1:6].tolist()) == b"hello" and tokens[0] == 256 and tokens[6] == 257
-    blocks, desc = build_source(DataSection(kind="tokens", paths=[str(out)]), 4, 0, 320)
-    assert blocks.num_blocks == 3 and "14 tokens" in desc
+def _old_token_file(folder: Path) -> Path:
+    """A token file in the older single-file format (its build command is gone): raw tokens + FILE.bin.json."""
+    out = folder / "corpus.bin"
+    np.asarray([256, 104, 105, 257], dtype="<u2").tofile(out)
+    meta = {"format": "llmctl-tokens", "version": 1, "dtype": "uint16", "num_tokens": 4, "vocab_size": 258}
+    (folder / "corpus.bin.json").write_text(json.dumps(meta))
+    return out
 
 
-def test_text_source_matches_token_file(tmp_path: Path) -> None:
-    out = tmp_path / "c.bin"
-    assert build_main(["build", "--out", str(out), str(CORPUS)]) == 0
-    a, _ = build_source(DataSection(kind="text", paths=[str(CORPUS)]), 64, 0, 320)
-    b, _ = build_source(DataSection(kind="tokens", paths=[str(out)]), 64, 0, 320)
-    assert (a.samples(0, 8) == b.samples(0, 8)).all()
+def test_a_single_token_file_is_refused_with_one_line_naming_prepare(tmp_path: Path) -> None:
+    """The old single-file format is not read: one line that names the file and the command that replaces it."""
+    old = _old_token_file(tmp_path)
+    with pytest.raises(InputError) as e:
+        build_source(DataSection(kind="tokens", paths=[str(old)]), 4, 0, 320)
+    line = str(e.value)
+    assert "\n" not in line and f"data.paths: {old} is a single .bin token file" in line, line
+    assert "`llmctl data prepare`" in line and "llmctl data prepare TEXT... --out FOLDER" in line, line
+    val = DataSection(kind="tokens", paths=[str(tmp_path)], val=[str(old)])
+    with pytest.raises(InputError, match=re.escape(f"data.val: {old} is a single .bin token file")):
+        build_val_source(val, 4, 320)
+    with pytest.raises(InputError, match="is a file; data.kind tokens reads a folder made by `llmctl data prepare`"):
+        build_source(DataSection(kind="tokens", paths=[str(CORPUS / "stdlib-docstrings.txt")]), 4, 0, 320)
 
 
 @pytest.mark.parametrize(
     ("kind", "paths", "needle"),
     [
         ("text", ["/no/such/file.txt"], "does not exist"),
-        ("tokens", ["/no/such.bin"], "not a token file"),
+        ("tokens", ["/no/such.bin"], "does not exist; expected a folder made by `llmctl data prepare`"),
         ("tokens", [], "exactly one"),
     ],
 )
@@ -109,7 +105,6 @@ def test_bad_jsonl(tmp_path: Path) -> None:
     f.write_text('{"body": "a"}\n')
     with pytest.raises(InputError, match="x.jsonl:1: no string field 'text'"):
         build_source(DataSection(kind="text", paths=[str(f)]), 4, 0, 320)
-    assert build_main(["build", "--out", str(tmp_path / "o.bin"), str(f)]) == 2
 
 
 def _train_tokenizer(folder: Path) -> Path:
@@ -140,24 +135,3 @@ def test_local_hf_tokenizer_folder(tmp_path: Path) -> None:
         build_source(
             DataSection(kind="text", paths=[str(CORPUS)], tokenizer=str(tmp_path / "nothing-here")), 32, 0, 320
         )
-
-
-@pytest.mark.parametrize(
-    ("meta", "message"),
-    [
-        ("", "empty token-file metadata"),
-        ("{bad", "is not valid JSON"),
-        ("[1, 2]", "malformed token metadata"),
-        ('{"dtype": "nope", "num_tokens": 4}', "malformed token metadata"),
-        ('{"dtype": "uint16", "num_tokens": "x"}', "malformed token metadata"),
-        ('{"dtype": "uint16", "num_tokens": 5}', "size does not match its metadata"),
-    ],
-)
-def test_bad_token_metadata_is_one_input_error(tmp_path: Path, meta: str, message: str) -> None:
-    from llmctl.engine.data import open_token_file
-    from llmctl.errors import InputError
-
-    (tmp_path / "t.bin").write_bytes(b"\0" * 8)
-    (tmp_path / "t.bin.json").write_text(meta)
-    with pytest.raises(InputError, match=message):
-        open_token_file(tmp_path / "t.bin")

@@ -48,17 +48,25 @@ def llmctl(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_the_70b_example_plan_starts_on_this_machine(tmp_path: Path) -> None:
-    # The plan's data path is relative to where one launches: give it a real (small) token file there.
-    data = tmp_path / "data" / "fineweb-edu" / "train.bin"
-    data.parent.mkdir(parents=True)
-    build = subprocess.run(
-        [sys.executable, "-m", "llmctl.engine.data", "build", "--out", str(data), str(REPO / "examples" / "corpus")],
-        env=engine_env(tmp_path),
+    # The plan's data path is relative to where one launches: give it a real (small) prepared folder there. With
+    # the test's own TMPDIR (engine_env's, deep under tmp_path) the forkserver's socket path can pass 108 bytes.
+    prepare = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmctl",
+            "data",
+            "prepare",
+            str(REPO / "examples" / "corpus"),
+            "--out",
+            "data/fineweb-edu",
+        ],
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert build.returncode == 0, build.stderr
+    assert prepare.returncode == 0, prepare.stderr
     r = dry_start_json(EXAMPLE_70B, tmp_path)
     assert r["world_size"] == 64 and r["mesh"] == [64] and r["fsdp2"] is True
     assert r["params"] > 70e9
@@ -100,7 +108,7 @@ def test_the_cli_prints_the_table_and_the_verdict(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("over", "needle"),
     [
-        ({"data": {"kind": "tokens", "paths": ["nowhere/train.bin"]}}, "nowhere/train.bin"),
+        ({"data": {"kind": "tokens", "paths": ["nowhere/fineweb-edu"]}}, "nowhere/fineweb-edu"),
         ({"model": {"preset": None, "overrides": {}, "weights": "no-such-folder"}}, "no-such-folder"),
     ],
     ids=["missing-data", "missing-weights"],

@@ -70,6 +70,20 @@ def test_inputs_found_bad_after_torch_starts(tmp_path: Path) -> None:
     assert_one_line(engine([str(data)], tmp_path), 2, "data.paths", "does not exist")
 
 
+def test_a_single_token_file_stops_the_start_in_one_line(tmp_path: Path) -> None:
+    """data.kind tokens reads only `llmctl data prepare` folders: a plan naming a file of the older single-file
+    format (FILE.bin + FILE.bin.json) fails at start, exit 2, with one line naming the file and the command."""
+    from tests.engine.test_data import _old_token_file
+
+    old = _old_token_file(tmp_path)
+    plan = write_plan(
+        tmp_path / "old", {"hardware": {"nproc_per_node": 1}, "data": {"kind": "tokens", "paths": [str(old)]}}
+    )
+    assert_one_line(
+        engine([str(plan)], tmp_path), 2, f"data.paths: {old} is a single .bin token file", "llmctl data prepare"
+    )
+
+
 def test_data_is_checked_against_the_real_vocabulary_not_the_padded_one(tmp_path: Path) -> None:
     """A vocabulary that is not a multiple of pad_vocab_multiple (500 -> 512): synthetic tokens stay below 500 (they
     used to reach the padded rows and crash the loss with an IndexError), and a tokenizer larger than the real
@@ -130,4 +144,4 @@ def test_one_plain_process_with_checkpointing_compile_and_bf16(tmp_path: Path) -
         steps[-1]["model_tflops_per_gpu"] * recompute, rel=1e-3
     )
     assert rows[0]["mesh"] == [1] and rows[0]["precision"] == "bf16-mixed"
-    assert rows[0]["checkpointing"] == "selective" and rows[0]["loss"] == "chunked"
+    assert rows[0]["checkpointing"] == "selective" and rows[0]["loss_mode"] == "chunked"

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmctl.engine.data import ByteTokenizer, build_source, build_val_source, expected_tokenizers
+from llmctl.data.tokenizer import ByteTokenizer
+from llmctl.engine.data import build_source, build_val_source, expected_tokenizers
 from llmctl.errors import InputError
 from llmctl.spec.planfile import DataSection
 from tests.engine.conftest import REPO, check_ok, records, run_engine, write_plan
@@ -54,7 +55,7 @@ _PROBE = """
 import json, sys, time
 import torch  # what a rank has imported before it reads data
 from llmctl.engine.data import RankData
-from llmctl.engine.loop import plan_source, plan_val_source
+from llmctl.engine.trainer import plan_source, plan_val_source
 from llmctl.spec.planfile import load_plan
 
 def status(key):  # /proc/self/status, bytes. VmHWM (peak resident) is reset by exec; ru_maxrss is inherited.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmctl.engine.loop import lr_factor
 from llmctl.engine.model import model_spec_for, padded_vocab_size, param_dtype_name, select_attention, select_device
+from llmctl.engine.optim import lr_factor
 from llmctl.engine.parallelize import mesh_dims
 from llmctl.errors import InputError
 from llmctl.spec.planfile import plan_from_dict
@@ -116,7 +116,7 @@ def test_prefetcher_keeps_order_and_stays_on_cpu() -> None:
     import torch
 
     from llmctl.engine.data import Batch
-    from llmctl.engine.loop import DevicePrefetcher
+    from llmctl.engine.trainer import DevicePrefetcher
 
     src = [Batch(inputs=torch.full((1, 4), i), targets=torch.full((1, 4), i + 1)) for i in range(3)]
     got = list(DevicePrefetcher(iter(src), torch.device("cpu")))

@@ -1,0 +1,500 @@
+"""One rank's training, in the shape of torchtitan's `Trainer`: setup, `train_step`, evaluation, the loop.
+
+- `Trainer(plan, env, stop)`: what needs no process group yet: the device, the attention and loss kernels, the
+  installed loggers (a bad choice fails here, before any rendezvous).
+- `setup()`: the mesh, the data, the model (meta device -> AC -> compile -> FSDP2 -> this rank's shard), AdamW and
+  its schedule, the checkpoint restore, the evaluator and metrics.jsonl; logs the `start` event.
+- `train_step(batches)`: one optimizer step: `forward_backward` per micro-batch, gradient clipping, AdamW, the
+  LR step.
+- `evaluate()`: the validation loss (llmctl.engine.evaluate).
+- `train()`: the loop: steps, the step records and the measured-vs-plan check, evaluation and checkpoint
+  intervals, the stop signal.
+
+Per optimizer step: `grad_accum_steps` micro-batches; gradients are reduce-scattered inside the shard group every
+micro-batch (they stay sharded) and all-reduced across replicas (HYBRID, no_shard) only on the last one
+(`set_requires_all_reduce`); the loss kept on the device (no host sync in the micro-batch loop), gradient clipping,
+AdamW (fused kernel on CUDA and CPU), warm-up + cosine LR. Host syncs happen only at step boundaries: the
+stop-signal agreement (a CPU all-reduce) and, on logging steps, the loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
+from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers
+from llmctl.engine.evaluate import Evaluator
+from llmctl.engine.livecheck import Clues, compiled_frames, judge
+from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
+from llmctl.engine.loss import install_loss_forward, liger_importable, select_loss, whole_loss
+from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
+from llmctl.engine.model import (
+    base_spec,
+    build_meta_model,
+    flash_attn_importable,
+    materialize,
+    model_spec_for,
+    param_dtype_name,
+    select_attention,
+    select_device,
+)
+from llmctl.engine.optim import build_optimizer, lr_factor
+from llmctl.engine.parallelize import build_mesh, parallelize
+from llmctl.errors import SpecError
+from llmctl.spec.planfile import Plan, plan_to_yaml
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger("llmctl.engine")
+
+
+class DevicePrefetcher:
+    """Yields device micro-batches, copying batch k+1 while batch k computes (seed: "Optimizing I/O").
+
+    On CUDA the host tensors are pinned so `non_blocking=True` is a real asynchronous copy; on a CPU device the
+    batch is used where it is.
+    """
+
+    def __init__(self, batches: Iterator[Batch], device: torch.device) -> None:
+        self._src, self._device = batches, device
+        self._cuda = device.type == "cuda"
+        self._next = self._load()
+
+    def _load(self) -> Batch | None:
+        b = next(self._src, None)
+        if b is None or not self._cuda:
+            return b
+        return Batch(
+            inputs=b.inputs.pin_memory().to(self._device, non_blocking=True),
+            targets=b.targets.pin_memory().to(self._device, non_blocking=True),
+        )
+
+    def __iter__(self) -> DevicePrefetcher:
+        return self
+
+    def __next__(self) -> Batch:
+        cur = self._next
+        if cur is None:
+            raise StopIteration
+        self._next = self._load()
+        return cur
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    under_torchrun: bool
+
+    @classmethod
+    def from_environ(cls) -> RankEnv:
+        e = os.environ
+        return cls(int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0)), "RANK" in e)
+
+
+def max_rss_bytes() -> int:
+    """This process's peak resident memory so far, as the OS counts it (Linux ru_maxrss is in KiB)."""
+    import resource
+    import sys
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)
+
+
+def plan_source(plan: Plan) -> tuple[Any, str]:
+    """The plan's data (blocks, description). Its tokens must be below the model's real vocabulary, not the padded
+    one: the padded rows are never a target (the loss is over the real vocabulary)."""
+    t = plan.training
+    expected = expected_tokenizers(plan.data, plan.model.weights)
+    return build_source(plan.data, t.seq_len, t.seed, base_spec(plan).vocab_size, expected)
+
+
+def plan_val_source(plan: Plan) -> tuple[Any, str] | None:
+    """The validation blocks (in order) and their description, or None without data.val."""
+    expected = expected_tokenizers(plan.data, plan.model.weights)
+    return build_val_source(plan.data, plan.training.seq_len, base_spec(plan).vocab_size, expected)
+
+
+@dataclass
+class StepOutput:
+    """What one optimizer step leaves for its step record."""
+
+    loss_sum: torch.Tensor
+    """The micro-batches' losses summed, still on the device (read on logging steps only: a host sync)."""
+    grad_norm: torch.Tensor | None
+    """The global gradient norm before clipping (None without training.grad_clip)."""
+    lr: float
+    """The learning rate the step used."""
+
+
+class Trainer:
+    """Trains per the plan on this rank: `Trainer(...)`, then (process group up) `setup()`, then `train()`."""
+
+    def __init__(self, plan: Plan, env: RankEnv, stop: StopSignal) -> None:
+        import torch
+
+        self.plan, self.env, self.stop = plan, env, stop
+        self.choice = select_device(torch.cuda.is_available(), env.local_rank)
+        self.device = torch.device(self.choice.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            # fp32 matmuls on TF32 tensor cores: what the GPU catalog's fp32 peak (and so MFU) assumes.
+            torch.set_float32_matmul_precision("high")
+        t = plan.training
+        cuda = self.device.type == "cuda"
+        self.attn_impl, self.attn_why = select_attention(t.attention, cuda, flash_attn_importable())
+        self.loss_impl, self.loss_why = select_loss(t.loss_chunk_tokens, cuda, liger_importable())
+        if t.precision in ("bf16-mixed", "bf16") and self.device.type == "cpu":
+            log.info("precision %s on a CPU works but is slower than fp32 without AMX", t.precision)
+        check_installed(plan.logging)
+        self.metrics: MetricsLog | None = None
+        self.step = 0
+
+    # --- setup ---------------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        """Build everything the loop needs, on this rank, in the order that makes resumed runs bit-exact; log the
+        `start` event."""
+        import torch
+        import torch.distributed as dist
+
+        plan, env, t = self.plan, self.env, self.plan.training
+        self.mesh = build_mesh(plan, self.device.type, env.world_size)
+        dims = plan.parallel_dims  # the data-parallel rank and size, replicas: all from the degrees
+        self.spec = model_spec_for(plan)
+        blocks, self.data_desc = plan_source(plan)
+        self.val = plan_val_source(plan)
+        weights = None
+        if plan.model.weights:
+            from llmctl.engine.materialize import WeightFiles
+
+            weights = WeightFiles.scan(plan.model.weights)  # fails fast, before anything is built
+        found = self._find_checkpoint()
+        rss_base = self._build_model(weights, resuming=found is not None)
+        if found is not None and weights is not None:
+            log.info("resuming from %s: its weights win over model.weights (%s)", found[1], plan.model.weights)
+        self.optimizer = build_optimizer(self.model, plan.optimizer, self.device.type)
+        total, o = plan.total_steps, plan.optimizer
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, total, o.warmup_steps, o.min_lr_ratio)
+        )
+        self.data = RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(env.rank), dims.dp)
+        self.start, self.run_id = self._restore(found)
+        self.step = self.start
+        rss_setup = max_rss_bytes()
+        # Every rank's (before model, peak) resident memory: the start event reports the worst rank.
+        rss_all: list[Any] = [None] * env.world_size
+        dist.all_gather_object(rss_all, (rss_base, rss_setup))
+
+        peak = None
+        if self.device.type == "cuda" and plan.hardware.gpu:
+            from llmctl.spec.hardware import resolve_gpu
+
+            peak = resolve_gpu(plan.hardware.gpu).peak_tflops(param_dtype_name(t.precision))
+        self.tput = ThroughputModel.for_run(
+            self.spec,
+            t.seq_len,
+            plan.tokens_per_step,
+            env.world_size,
+            t.activation_checkpointing,
+            peak,
+            "eager" if self.attn_impl == "eager" else "sdpa",
+            self.loss_impl == "chunked",
+        )
+        self.evaluator: Evaluator | None = None
+        if self.val is not None:
+            self.evaluator = Evaluator(
+                self.val[0],
+                t.micro_batch_size,
+                t.grad_accum_steps,
+                dims.dp_rank(env.rank),
+                dims.dp,
+                plan.logging.eval_batches,
+            )
+        # HYBRID / no_shard replicate gradients across this many groups (1 without FSDP: a world of one).
+        self.replicas = dims.dp_replicate if self.fsdp else 1
+        if env.rank == 0:
+            sinks = open_sinks(plan, self.run_id, self.start, plan_to_yaml(plan))
+            self.metrics = MetricsLog(Path(plan.logging.dir) / "metrics.jsonl", total, sinks=sinks)
+        self.emit(self._start_record(peak, rss_base, rss_setup, rss_all))
+
+    def _find_checkpoint(self) -> tuple[int, Path] | None:
+        """The newest complete checkpoint under checkpoint.dir (partial saves of a killed run removed first), or
+        None."""
+        import torch.distributed as dist
+
+        plan = self.plan
+        self.ckpt: Checkpointer | None = None
+        if not plan.checkpoint.dir:
+            return None
+        self.ckpt = Checkpointer(
+            Path(plan.checkpoint.dir), plan.checkpoint.keep_last, self.env.rank, plan_to_yaml(plan)
+        )
+        self.ckpt.clean_partial()
+        dist.barrier()
+        return latest_checkpoint(self.ckpt.root)
+
+    def _build_model(self, weights: Any, resuming: bool) -> int:
+        """The model on the meta device, then AC -> compile -> FSDP2 (llmctl.engine.parallelize), then this rank's
+        shard allocated and filled (random init, model.weights, or left for the checkpoint when resuming), with the
+        plan's loss forward. Returns the resident memory before it (imports done, nothing allocated yet)."""
+        plan = self.plan
+        self.model = build_meta_model(plan, self.attn_impl)
+        built = str(getattr(self.model.config, "_attn_implementation", None) or self.attn_impl)
+        if built != self.attn_impl:  # the model class has no such path (Gemma 2, gpt-oss: no SDPA): fit_attention's
+            self.attn_why, self.attn_impl = f"{self.model.__class__.__name__} has no {self.attn_impl} path", built
+        rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet
+        self.fsdp = parallelize(self.model, plan, self.mesh)
+        self.made = materialize(self.model, plan, self.device, weights=weights, resuming=resuming)
+        # The loss is over the real vocabulary: the rows padded onto the LM head (model.pad_vocab_multiple) are never
+        # a target and take no probability mass, so the loss equals the unpadded model's (and their gradient is 0).
+        self.vocab = base_spec(plan).vocab_size
+        if self.loss_impl != "whole":
+            install_loss_forward(self.model, self.loss_impl, self.vocab, plan.training.loss_chunk_tokens)
+        return rss_base
+
+    def _restore(self, found: tuple[int, Path] | None) -> tuple[int, str]:
+        """(the step to start at, the run id): 0 and a new id, or what the newest complete checkpoint holds (its
+        model, optimizer and scheduler states loaded in place)."""
+        start = 0
+        run_id = new_run_id()  # a run from step 0 is a new TensorBoard/W&B run; a resumed one continues its own
+        if self.ckpt is not None and found is not None:
+            state = self.ckpt.load(found[1], self.model, self.optimizer, self.scheduler)
+            start = int(state["step"])
+            run_id = str(state.get("run_id") or run_id)
+            if state.get("samples_consumed") != self.data.samples_consumed(start):
+                raise SpecError(
+                    f"checkpoint {found[1]} was made with a different global batch "
+                    f"(data position {state.get('samples_consumed')} at step {start})",
+                    hint="resume with the plan it was saved with, or use a new checkpoint.dir",
+                )
+        return start, run_id
+
+    def _start_record(self, peak: float | None, rss_base: int, rss_setup: int, rss_all: list[Any]) -> dict[str, Any]:
+        plan, t, spec, mesh = self.plan, self.plan.training, self.spec, self.mesh
+        val, evaluator, start, total = self.val, self.evaluator, self.start, plan.total_steps
+        return {
+            "event": "start",
+            "step": start,
+            "total_steps": total,
+            "world_size": self.env.world_size,
+            "mesh": list(mesh.shape),
+            "mesh_dims": list(mesh.mesh_dim_names or ()),
+            "fsdp2": self.fsdp,
+            "device": str(self.device),
+            "backend": self.choice.backend,
+            "attention": self.attn_impl,
+            "checkpointing": t.activation_checkpointing,
+            "loss_mode": self.loss_impl,
+            "loss_chunk_tokens": t.loss_chunk_tokens,
+            "precision": t.precision,
+            "params": spec.params,
+            "vocab_size": spec.vocab_size,
+            "tokens_per_step": plan.tokens_per_step,
+            "model_flops_per_token": self.tput.model_flops_per_token,
+            "peak_tflops": peak,
+            "data": self.data_desc,
+            "val": None if val is None else f"{val[1]}; {evaluator.num_sequences if evaluator else 0} sequences",
+            "run_id": self.run_id,
+            "init": self.made.source,
+            "rss_before_model_bytes": rss_base,
+            "rss_peak_setup_bytes": rss_setup,
+            "rss_per_rank_bytes": [list(r) for r in rss_all],
+            "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
+            f"attention {self.attn_impl} ({self.attn_why}), loss {self.loss_impl} ({self.loss_why}), mesh "
+            f"{tuple(mesh.shape)} {mesh.mesh_dim_names}{'' if self.fsdp else ' (one rank: no FSDP)'}, "
+            f"{self.choice.backend}, {self.data_desc}; {'validation: ' + val[1] + '; ' if val else ''}"
+            f"{self.made.source}",
+        }
+
+    def emit(self, record: dict[str, Any]) -> None:
+        """One event to metrics.jsonl and the console (rank 0; the other ranks have no metrics log)."""
+        if self.metrics is not None:
+            self.metrics.event(record)
+
+    # --- one optimizer step --------------------------------------------------------------------------------------
+    def forward_backward(self, batch: Batch) -> torch.Tensor:
+        """One micro-batch: its loss (the mean over its tokens) and the backward of loss / grad_accum_steps, so the
+        accumulated gradients are the mean over the step's micro-batches."""
+        if self.loss_impl == "whole":
+            loss = whole_loss(self.model, batch.inputs, batch.targets, self.vocab)
+        else:
+            loss = self.model(input_ids=batch.inputs, labels=batch.targets)
+        (loss / self.plan.training.grad_accum_steps).backward()
+        return loss
+
+    def train_step(self, batches: Iterator[Batch]) -> StepOutput:
+        """One optimizer step over the next `grad_accum_steps` micro-batches of `batches`; advances `self.step`."""
+        import torch
+
+        t = self.plan.training
+        acc = t.grad_accum_steps
+        loss_sum = torch.zeros((), device=self.device)
+        for m in range(acc):
+            if acc > 1 and self.replicas > 1:
+                # HSDP / no_shard: reduce-scatter inside the shard group every micro-batch (gradients stay
+                # sharded), all-reduce across replicas only on the last one. FULL shard reduce-scatters every
+                # micro-batch: FSDP2's no_sync (set_requires_gradient_sync(False)) would keep every layer's
+                # unsharded gradients alive across micro-batches (+4 bytes/param per GPU, unsharded), which
+                # neither the memory model nor the planner assumes.
+                self.model.set_requires_all_reduce(m == acc - 1)
+            t_wait = time.perf_counter()
+            b = next(batches)
+            self._data_wait += time.perf_counter() - t_wait
+            loss = self.forward_backward(b)
+            loss_sum += loss.detach()
+        grad_norm = None
+        if t.grad_clip is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip, foreach=True)
+        self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return StepOutput(loss_sum, grad_norm, lr)
+
+    # --- evaluation and checkpoints ------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, Any] | None:
+        """The validation loss now (every rank runs it: FSDP's collectives), logged as an `eval` event; None without
+        data.val."""
+        if self.evaluator is None:
+            return None
+        res = self.evaluator.run(self.model, self.loss_impl, self.vocab, self.device)
+        step = self.step
+        self.emit(
+            {
+                "event": "eval",
+                "step": step,
+                **res,
+                "message": f"step {step}: validation loss {res['val_loss']:.4f} (perplexity "
+                f"{res['val_ppl']:.2f}) on {res['val_sequences']} sequences, {res['val_tokens']:,} tokens, "
+                f"{res['seconds']:.1f} s",
+            }
+        )
+        return res
+
+    def save_checkpoint(self) -> Path | None:
+        """Model, optimizer, scheduler and trainer state at this step (llmctl.engine.checkpoint); None without
+        checkpoint.dir."""
+        if self.ckpt is None:
+            return None
+        t0 = time.perf_counter()
+        step = self.step
+        path = self.ckpt.save(
+            step,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            {
+                "step": step,
+                "samples_consumed": self.data.samples_consumed(step),
+                "world_size": self.env.world_size,
+                "seed": self.plan.training.seed,
+                "run_id": self.run_id,
+            },
+        )
+        self.emit(
+            {
+                "event": "checkpoint",
+                "step": step,
+                "path": str(path),
+                "seconds": time.perf_counter() - t0,
+                "message": f"saved {path} at step {step}",
+            }
+        )
+        return path
+
+    # --- the loop ------------------------------------------------------------------------------------------------
+    def _new_window(self, now: float) -> None:
+        """Start a new measurement window at `now`: step time, data wait and compiled frames count from here."""
+        self._window_t = now
+        self._data_wait, self._frames = 0.0, compiled_frames()
+
+    def log_step(self, out: StepOutput) -> float:
+        """The `step` record of a logging step (the loss averaged over ranks and micro-batches: a host sync), and
+        once, the measured-vs-plan check. Returns the loss."""
+        import torch.distributed as dist
+
+        plan, step, lg = self.plan, self.step, self.plan.logging
+        dist.all_reduce(out.loss_sum, op=dist.ReduceOp.SUM)
+        loss = out.loss_sum.item() / (plan.training.grad_accum_steps * self.env.world_size)
+        gn = out.grad_norm.full_tensor() if hasattr(out.grad_norm, "full_tensor") else out.grad_norm
+        now = time.perf_counter()
+        rec = {
+            "event": "step",
+            "step": step,
+            "loss": loss,
+            "lr": out.lr,
+            "grad_norm": float(gn) if gn is not None else None,
+            **self.tput.measure((now - self._window_t) / (step - self._window_step)),
+            **peak_memory(self.device.type),
+        }
+        self.emit(with_predictions(rec, plan.predicted))
+        # Measured vs planned, once, on the first logged window that starts check_after_steps past the (re)start.
+        if self._check_pending and self._window_step >= self.start + lg.check_after_steps:
+            self._check_pending = False
+            clues = Clues(
+                self.device.type,
+                plan.hardware.gpu,
+                self._data_wait / (now - self._window_t),
+                compiled_frames() - self._frames,
+            )
+            verdict = judge(step, rec, plan.predicted, clues, lg.check_slower, lg.check_memory)
+            self.emit(verdict.record)  # printed as [plan_check] when off: the warning, once
+        self._window_step = step
+        self._new_window(now)
+        return loss
+
+    def train(self) -> dict[str, Any]:
+        """Steps until the plan's last step or an agreed stop signal. Returns a summary (last step, the losses
+        logged, why it stopped)."""
+        plan, total = self.plan, self.plan.total_steps
+        micro = (b for s in range(self.start, total) for b in self.data.micro_batches(s))
+        batches = DevicePrefetcher(micro, self.device)
+        losses: dict[int, float] = {}
+        reason = "done"
+        self._window_step = self.start
+        self._check_pending = plan.logging.check_after_steps > 0
+        self._new_window(time.perf_counter())
+        every_eval = plan.logging.eval_interval_steps
+        while self.step < total:
+            out = self.train_step(batches)
+            step = self.step
+            if step % plan.logging.interval_steps == 0 or step == total:
+                losses[step] = self.log_step(out)
+            if self.evaluator is not None and ((every_eval and step % every_eval == 0) or step == total):
+                self.evaluate()
+                self._new_window(time.perf_counter())  # keep evaluation time out of the next step-time measurement
+            stopping = self.stop.agreed()
+            if self.ckpt is not None and (stopping or step % plan.checkpoint.interval_steps == 0 or step == total):
+                self.save_checkpoint()
+                self._new_window(time.perf_counter())  # keep save time out of the next step-time measurement
+            if stopping:
+                reason = "signal"
+                lost = (
+                    " (checkpoint saved; start again to resume)"
+                    if self.ckpt
+                    else " (no checkpoint.dir: progress is lost)"
+                )
+                self.emit(
+                    {
+                        "event": "stop",
+                        "step": step,
+                        "reason": "signal",
+                        "message": f"stopping at step {step} on a preemption signal{lost}",
+                    }
+                )
+                break
+        self.emit(
+            {"event": "end", "step": self.step, "reason": reason, "message": f"finished at step {self.step}/{total}"}
+        )
+        if self.metrics is not None:
+            self.metrics.close()
+        return {"step": self.step, "losses": losses, "reason": reason}
