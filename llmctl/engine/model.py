@@ -21,7 +21,6 @@ from llmctl.spec.models import (
     spec_from_measurement,
 )
 from llmctl.spec.planfile import Plan
-from llmctl.spec.precision import policy
 
 if TYPE_CHECKING:
     import torch
@@ -97,11 +96,6 @@ def fit_attention(impl: str, requested: str, model_name: str, supports_sdpa: boo
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
     """Round the vocabulary up to a multiple (64 gives tensor-core friendly LM-head shapes)."""
     return -(-vocab_size // multiple) * multiple
-
-
-def param_dtype_name(precision: str) -> str:
-    """Dtype the matmuls run in, for the catalog peak (fp32 -> TF32 peak where the GPU has it)."""
-    return policy(precision).compute_dtype
 
 
 def torch_dtype(name: str):  # -> torch.dtype

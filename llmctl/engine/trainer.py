@@ -40,7 +40,6 @@ from llmctl.engine.model import (
     flash_attn_importable,
     materialize,
     model_spec_for,
-    param_dtype_name,
     select_attention,
     select_device,
 )
@@ -148,12 +147,12 @@ class Trainer:
             torch.cuda.set_device(self.device)
             # fp32 matmuls on TF32 tensor cores: what the GPU catalog's fp32 peak (and so MFU) assumes.
             torch.set_float32_matmul_precision("high")
-        t = plan.training
+        self.setup_ = s = plan.setup  # the one training setup (llmctl.spec.setup): degrees, precision, batch, ...
         cuda = self.device.type == "cuda"
-        self.attn_impl, self.attn_why = select_attention(t.attention, cuda, flash_attn_importable())
-        self.loss_impl, self.loss_why = select_loss(t.loss_chunk_tokens, cuda, liger_importable())
-        if t.precision in ("bf16-mixed", "bf16") and self.device.type == "cpu":
-            log.info("precision %s on a CPU works but is slower than fp32 without AMX", t.precision)
+        self.attn_impl, self.attn_why = select_attention(s.attention, cuda, flash_attn_importable())
+        self.loss_impl, self.loss_why = select_loss(s.loss_chunk_tokens, cuda, liger_importable())
+        if s.precision.compute_dtype == "bf16" and self.device.type == "cpu":
+            log.info("precision %s on a CPU works but is slower than fp32 without AMX", s.precision.name)
         check_installed(plan.logging)
         self.metrics: MetricsLog | None = None
         self.step = 0
@@ -165,9 +164,9 @@ class Trainer:
         import torch
         import torch.distributed as dist
 
-        plan, env, t = self.plan, self.env, self.plan.training
+        plan, env, t = self.plan, self.env, self.setup_
         self.mesh = build_mesh(plan, self.device.type, env.world_size)
-        dims = plan.parallel_dims  # the data-parallel rank and size, replicas: all from the degrees
+        dims = t.dims  # the data-parallel rank and size, replicas: all from the degrees
         self.spec = model_spec_for(plan)
         blocks, self.data_desc = plan_source(plan)
         self.val = plan_val_source(plan)
@@ -197,13 +196,13 @@ class Trainer:
         if self.device.type == "cuda" and plan.hardware.gpu:
             from llmctl.spec.hardware import resolve_gpu
 
-            peak = resolve_gpu(plan.hardware.gpu).peak_tflops(param_dtype_name(t.precision))
+            peak = resolve_gpu(plan.hardware.gpu).peak_tflops(t.precision.compute_dtype)
         self.tput = ThroughputModel.for_run(
             self.spec,
             t.seq_len,
-            plan.tokens_per_step,
+            t.tokens_per_step,
             env.world_size,
-            t.activation_checkpointing,
+            t.checkpointing,
             peak,
             "eager" if self.attn_impl == "eager" else "sdpa",
             self.loss_impl == "chunked",
@@ -257,7 +256,7 @@ class Trainer:
         # a target and take no probability mass, so the loss equals the unpadded model's (and their gradient is 0).
         self.vocab = base_spec(plan).vocab_size
         if self.loss_impl != "whole":
-            install_loss_forward(self.model, self.loss_impl, self.vocab, plan.training.loss_chunk_tokens)
+            install_loss_forward(self.model, self.loss_impl, self.vocab, self.setup_.loss_chunk_tokens)
         return rss_base
 
     def _restore(self, found: tuple[int, Path] | None) -> tuple[int, str]:
@@ -278,7 +277,7 @@ class Trainer:
         return start, run_id
 
     def _start_record(self, peak: float | None, rss_base: int, rss_setup: int, rss_all: list[Any]) -> dict[str, Any]:
-        plan, t, spec, mesh = self.plan, self.plan.training, self.spec, self.mesh
+        plan, t, spec, mesh = self.plan, self.setup_, self.spec, self.mesh
         val, evaluator, start, total = self.val, self.evaluator, self.start, plan.total_steps
         return {
             "event": "start",
@@ -291,10 +290,10 @@ class Trainer:
             "device": str(self.device),
             "backend": self.choice.backend,
             "attention": self.attn_impl,
-            "checkpointing": t.activation_checkpointing,
+            "checkpointing": t.checkpointing,
             "loss_mode": self.loss_impl,
             "loss_chunk_tokens": t.loss_chunk_tokens,
-            "precision": t.precision,
+            "precision": t.precision.name,
             "params": spec.params,
             "vocab_size": spec.vocab_size,
             "tokens_per_step": plan.tokens_per_step,
@@ -327,15 +326,14 @@ class Trainer:
             loss = whole_loss(self.model, batch.inputs, batch.targets, self.vocab)
         else:
             loss = self.model(input_ids=batch.inputs, labels=batch.targets)
-        (loss / self.plan.training.grad_accum_steps).backward()
+        (loss / self.setup_.grad_accum_steps).backward()
         return loss
 
     def train_step(self, batches: Iterator[Batch]) -> StepOutput:
         """One optimizer step over the next `grad_accum_steps` micro-batches of `batches`; advances `self.step`."""
         import torch
 
-        t = self.plan.training
-        acc = t.grad_accum_steps
+        acc = self.setup_.grad_accum_steps
         loss_sum = torch.zeros((), device=self.device)
         for m in range(acc):
             if acc > 1 and self.replicas > 1:
@@ -351,8 +349,9 @@ class Trainer:
             loss = self.forward_backward(b)
             loss_sum += loss.detach()
         grad_norm = None
-        if t.grad_clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip, foreach=True)
+        clip = self.plan.training.grad_clip
+        if clip is not None:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True)
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
@@ -424,7 +423,7 @@ class Trainer:
 
         plan, step, lg = self.plan, self.step, self.plan.logging
         dist.all_reduce(out.loss_sum, op=dist.ReduceOp.SUM)
-        loss = out.loss_sum.item() / (plan.training.grad_accum_steps * self.env.world_size)
+        loss = out.loss_sum.item() / (self.setup_.grad_accum_steps * self.env.world_size)
         gn = out.grad_norm.full_tensor() if hasattr(out.grad_norm, "full_tensor") else out.grad_norm
         now = time.perf_counter()
         rec = {

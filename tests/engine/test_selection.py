@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmctl.engine.model import model_spec_for, padded_vocab_size, param_dtype_name, select_attention, select_device
+from llmctl.engine.model import model_spec_for, padded_vocab_size, select_attention, select_device, torch_dtype
 from llmctl.engine.optim import lr_factor
 from llmctl.engine.parallelize import mesh_dims
 from llmctl.errors import InputError
@@ -67,7 +67,7 @@ def test_model_spec_pads_vocab_and_applies_overrides() -> None:
 
 
 def test_precision_to_peak_dtype() -> None:
-    assert param_dtype_name("bf16-mixed") == "bf16" and param_dtype_name("fp32") == "fp32"
+    assert str(torch_dtype("bf16")) == "torch.bfloat16" and str(torch_dtype("fp32")) == "torch.float32"
 
 
 @pytest.mark.parametrize(
