@@ -53,7 +53,7 @@ def rank_main(args: argparse.Namespace) -> int:
 
     from llmctl.netbench import worker
     from llmctl.netbench.options import WorkerConfig, parse_sizes
-    from llmctl.netbench.report import busbw_gbytes_s
+    from llmctl.spec.bench import busbw_gbytes_s
     from llmctl.units import fmt_bytes
 
     sizes = parse_sizes(args.sizes)

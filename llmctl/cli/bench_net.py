@@ -166,13 +166,13 @@ def bench_net(
                 # with --json, stdout carries the report only, and only node rank 0 has one
                 typer.echo(f"node rank {node_rank} done; node rank 0 wrote the report", err=print_json)
                 return
-            from llmctl.netbench.report import load_bench
+            from llmctl.spec.bench import load_bench
 
             report = load_bench(cfg.json_path)
         from llmctl.netbench.render import finish, stdout_console
 
         if print_json:  # before the pass/fail check: a failed expectation still prints what was measured
-            from llmctl.netbench.report import bench_json
+            from llmctl.spec.bench import bench_json
 
             sys.stdout.write(bench_json(report))
             sys.stdout.flush()

@@ -40,7 +40,7 @@ from llmctl.fileio import write_atomic
 from llmctl.netbench import options as opts
 from llmctl.netbench import worker
 from llmctl.netbench.quick_files import bench_path, node_result_path
-from llmctl.netbench.report import aligned_size, busbw_gbytes_s
+from llmctl.spec.bench import aligned_size, busbw_gbytes_s
 from llmctl.units import fmt_bytes
 
 FAIL_NODE_ENV = "LLMCTL_PREFLIGHT_FAIL_NODE"

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmctl.errors import InputError, RuntimeFailure
-from llmctl.netbench.report import BenchReport, CollectiveResult, gbit_s
+from llmctl.spec.bench import BenchReport, CollectiveResult, gbit_s
 from llmctl.units import MIB, fmt_bytes
 
 

@@ -35,7 +35,8 @@ import llmctl
 from llmctl.errors import LlmctlError, RuntimeFailure
 from llmctl.errors import report as report_error
 from llmctl.netbench import options as opts
-from llmctl.netbench.report import (
+from llmctl.netbench.report import judge_nodes, round_robin_pairs
+from llmctl.spec.bench import (
     BenchConfig,
     BenchReport,
     CollectiveResult,
@@ -46,8 +47,6 @@ from llmctl.netbench.report import (
     bench_json,
     busbw_gbytes_s,
     dump_bench,
-    judge_nodes,
-    round_robin_pairs,
 )
 from llmctl.units import fmt_bytes
 

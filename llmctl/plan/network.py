@@ -34,8 +34,8 @@ def network_for(cluster: Cluster, bench_path: str | None = None) -> cm.Network:
 def bench_network(
     path: str, gpus_per_node: int, nodes: int, intra_gbps: float | None, inter_gbps: float | None
 ) -> cm.Network:
-    """A Network whose busbw comes from a bench-net report (llmctl.netbench.report.load_bench)."""
-    from llmctl.netbench.report import load_bench
+    """A Network whose busbw comes from a bench-net report (llmctl.spec.bench.load_bench)."""
+    from llmctl.spec.bench import load_bench
 
     rep = load_bench(path)
     if rep.ranks_per_node != gpus_per_node:

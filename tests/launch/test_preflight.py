@@ -19,6 +19,7 @@ from llmctl.launch.preflight import node, requeue
 from llmctl.launch.preflight.main import main as preflight_main
 from llmctl.launch.preflight.options import PreflightOptions
 from llmctl.netbench import report as rp
+from llmctl.spec import bench as bn
 
 MiB = 2**20
 NODES = ["node1", "node2", "node3"]
@@ -28,27 +29,27 @@ def ok(node: str, intra: float | None = None) -> pf.NodeCheck:
     return pf.NodeCheck(node=node, ok=True, device="cpu", ranks=2, intra_busbw_gbytes_s=intra, seconds=1.0)
 
 
-def bench(nodes: list[str], links: dict[tuple[str, str], float], world_busbw: float = 1.0) -> rp.BenchReport:
+def bench(nodes: list[str], links: dict[tuple[str, str], float], world_busbw: float = 1.0) -> bn.BenchReport:
     """A quick bench across `nodes` (one rank each), judged by bench-net's own rules."""
     size = 16 * MiB
-    pts = [rp.SizePoint.measured("all_reduce", len(nodes), size, [size / (world_busbw * 1e9)] * 3)]
+    pts = [bn.SizePoint.measured("all_reduce", len(nodes), size, [size / (world_busbw * 1e9)] * 3)]
     # busbw = algbw x 2(n-1)/n: undo the factor so that the point's busbw is world_busbw
     pts = [p.model_copy(update={"busbw_gbytes_s": world_busbw}) for p in pts]
-    link_results = [rp.LinkResult(a=a, b=b, size_bytes=size, busbw_gbytes_s=bw) for (a, b), bw in links.items()]
+    link_results = [bn.LinkResult(a=a, b=b, size_bytes=size, busbw_gbytes_s=bw) for (a, b), bw in links.items()]
     judged, verdicts = rp.judge_nodes(nodes, link_results, {}, pf.SLOW_FRACTION)
-    return rp.BenchReport(
+    return bn.BenchReport(
         created_utc="2026-11-25T00:00:00+00:00",
         backend="gloo",
         device="cpu",
         dtype="float32",
         world_size=len(nodes),
         ranks_per_node=1,
-        nodes=[rp.NodeInfo(name=n, node_rank=i, ranks=[i]) for i, n in enumerate(nodes)],
+        nodes=[bn.NodeInfo(name=n, node_rank=i, ranks=[i]) for i, n in enumerate(nodes)],
         versions={},
         env={},
-        config=rp.BenchConfig(sizes_bytes=[size], iters=3, warmup=1, collectives=["all_reduce"], slow_fraction=0.7),
+        config=bn.BenchConfig(sizes_bytes=[size], iters=3, warmup=1, collectives=["all_reduce"], slow_fraction=0.7),
         results=[
-            rp.CollectiveResult(
+            bn.CollectiveResult(
                 group="world",
                 collective="all_reduce",
                 ranks_per_group=len(nodes),

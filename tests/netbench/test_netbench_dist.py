@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from netbench_helpers import LLMCTL, free_port, run_env
 
-from llmctl.netbench.report import BenchReport, bus_factor, load_bench
+from llmctl.spec.bench import BenchReport, bus_factor, load_bench
 
 pytestmark = pytest.mark.dist
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from netbench_helpers import LLMCTL, free_port, run_env
 
-from llmctl.netbench.report import BenchReport, gbit_s, load_bench
+from llmctl.spec.bench import BenchReport, gbit_s, load_bench
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 

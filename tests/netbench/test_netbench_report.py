@@ -16,6 +16,7 @@ from llmctl.cli.main import app
 from llmctl.errors import InputError, SpecError
 from llmctl.netbench import options as opts
 from llmctl.netbench import report as rp
+from llmctl.spec import bench
 
 MiB = 2**20
 
@@ -25,55 +26,55 @@ MiB = 2**20
 
 def test_busbw_golden_numbers() -> None:
     # all-reduce, 4 ranks, 64 MiB in 0.5 s: algbw = 67108864 / 0.5 = 134.217728 MB/s; busbw x 2*3/4 = 1.5
-    assert rp.algbw_gbytes_s(64 * MiB, 0.5) == pytest.approx(0.134217728)
-    assert rp.busbw_gbytes_s("all_reduce", 4, 64 * MiB, 0.5) == pytest.approx(0.201326592)
+    assert bench.algbw_gbytes_s(64 * MiB, 0.5) == pytest.approx(0.134217728)
+    assert bench.busbw_gbytes_s("all_reduce", 4, 64 * MiB, 0.5) == pytest.approx(0.201326592)
     # all-gather, 8 ranks, 1 GiB output in 2 s: algbw 0.536870912, busbw x 7/8 = 0.469762048
-    assert rp.busbw_gbytes_s("all_gather", 8, 2**30, 2.0) == pytest.approx(0.469762048)
+    assert bench.busbw_gbytes_s("all_gather", 8, 2**30, 2.0) == pytest.approx(0.469762048)
     # reduce-scatter, 2 ranks, 1e9 bytes input in 1 s: algbw 1.0, busbw x 1/2
-    assert rp.busbw_gbytes_s("reduce_scatter", 2, 10**9, 1.0) == pytest.approx(0.5)
+    assert bench.busbw_gbytes_s("reduce_scatter", 2, 10**9, 1.0) == pytest.approx(0.5)
     # all-reduce on 2 ranks: factor 1, busbw == algbw
-    assert rp.bus_factor("all_reduce", 2) == 1.0
-    assert rp.gbit_s(0.125) == 1.0
+    assert bench.bus_factor("all_reduce", 2) == 1.0
+    assert bench.gbit_s(0.125) == 1.0
 
 
 def test_bus_factor_rejects_nonsense() -> None:
     with pytest.raises(InputError):
-        rp.bus_factor("broadcast", 4)
+        bench.bus_factor("broadcast", 4)
     with pytest.raises(ValueError):
-        rp.algbw_gbytes_s(1, 0.0)
+        bench.algbw_gbytes_s(1, 0.0)
 
 
-@given(st.sampled_from(rp.COLLECTIVES), st.integers(2, 4096))
+@given(st.sampled_from(bench.COLLECTIVES), st.integers(2, 4096))
 def test_bus_factor_bounds(collective: str, n: int) -> None:
-    f = rp.bus_factor(collective, n)
+    f = bench.bus_factor(collective, n)
     assert 0 < f < (2 if collective == "all_reduce" else 1)
 
 
 def test_aligned_size_and_percentile() -> None:
-    assert rp.aligned_size(MiB, 3, 4) == 1048572  # 3 ranks x 4-byte floats: 87381 elements each
-    assert rp.aligned_size(MiB, 4, 4) == MiB
-    assert rp.aligned_size(1, 4, 4) == 16
-    assert rp.percentile([1, 2, 3, 4, 5], 10) == pytest.approx(1.4)
-    assert rp.percentile([3.0], 90) == 3.0
+    assert bench.aligned_size(MiB, 3, 4) == 1048572  # 3 ranks x 4-byte floats: 87381 elements each
+    assert bench.aligned_size(MiB, 4, 4) == MiB
+    assert bench.aligned_size(1, 4, 4) == 16
+    assert bench.percentile([1, 2, 3, 4, 5], 10) == pytest.approx(1.4)
+    assert bench.percentile([3.0], 90) == 3.0
 
 
 def test_size_point_uses_median_time_not_mean_of_bandwidths() -> None:
-    p = rp.SizePoint.measured("all_reduce", 2, 10**9, [1.0, 2.0, 4.0])
+    p = bench.SizePoint.measured("all_reduce", 2, 10**9, [1.0, 2.0, 4.0])
     assert p.time_s.median == 2.0
     assert p.busbw_gbytes_s == pytest.approx(0.5)  # from the median time; the mean of bandwidths would be 0.583
     assert p.busbw_gbytes_s_min == pytest.approx(0.25)
     assert p.busbw_gbytes_s_max == pytest.approx(1.0)
 
 
-def _points(busbw_by_mib: dict[int, float]) -> list[rp.SizePoint]:
+def _points(busbw_by_mib: dict[int, float]) -> list[bench.SizePoint]:
     # time chosen so that busbw (2 ranks, all-reduce: factor 1) equals the given value
     return [
-        rp.SizePoint.measured("all_reduce", 2, m * MiB, [m * MiB / (bw * 1e9)] * 3) for m, bw in busbw_by_mib.items()
+        bench.SizePoint.measured("all_reduce", 2, m * MiB, [m * MiB / (bw * 1e9)] * 3) for m, bw in busbw_by_mib.items()
     ]
 
 
 def test_summary() -> None:
-    s = rp.summarize(_points({1: 1.0, 4: 5.0, 16: 8.5, 32: 9.0, 64: 10.0, 128: 9.5}))
+    s = bench.summarize(_points({1: 1.0, 4: 5.0, 16: 8.5, 32: 9.0, 64: 10.0, 128: 9.5}))
     assert s.peak_busbw_gbytes_s == pytest.approx(10.0)
     assert s.peak_size_bytes == 64 * MiB
     assert s.bucket_busbw_gbytes_s == pytest.approx(9.0)  # median of 16, 32, 64 MiB: 8.5, 9, 10
@@ -92,9 +93,9 @@ def test_round_robin_pairs_cover_every_pair_once() -> None:
 
 def test_judge_nodes_names_the_node_behind_the_slow_links() -> None:
     links = [
-        rp.LinkResult(a="n0", b="n1", size_bytes=MiB, busbw_gbytes_s=0.12),
-        rp.LinkResult(a="n0", b="n2", size_bytes=MiB, busbw_gbytes_s=0.03),
-        rp.LinkResult(a="n1", b="n2", size_bytes=MiB, busbw_gbytes_s=0.031),
+        bench.LinkResult(a="n0", b="n1", size_bytes=MiB, busbw_gbytes_s=0.12),
+        bench.LinkResult(a="n0", b="n2", size_bytes=MiB, busbw_gbytes_s=0.03),
+        bench.LinkResult(a="n1", b="n2", size_bytes=MiB, busbw_gbytes_s=0.031),
     ]
     judged, verdicts = rp.judge_nodes(["n0", "n1", "n2"], links, {}, 0.7)
     assert [v.name for v in verdicts if v.slow] == ["n2"]
@@ -108,11 +109,11 @@ def test_judge_nodes_names_the_node_behind_the_slow_links() -> None:
 # ---------------------------------------------------------------------------------------------- schema
 
 
-def make_report(nodes: int = 2, g: int = 2) -> rp.BenchReport:
+def make_report(nodes: int = 2, g: int = 2) -> bench.BenchReport:
     pts_fast = _points({4: 2.0, 16: 4.0, 64: 4.0})
     pts_slow = _points({4: 0.05, 16: 0.06, 64: 0.06})
     results = [
-        rp.CollectiveResult(
+        bench.CollectiveResult(
             group="world",
             collective="all_reduce",
             ranks_per_group=nodes * g,
@@ -123,7 +124,7 @@ def make_report(nodes: int = 2, g: int = 2) -> rp.BenchReport:
     ]
     if nodes > 1:
         results += [
-            rp.CollectiveResult(
+            bench.CollectiveResult(
                 group="intra_node",
                 collective="all_reduce",
                 ranks_per_group=g,
@@ -131,7 +132,7 @@ def make_report(nodes: int = 2, g: int = 2) -> rp.BenchReport:
                 groups_per_node=1,
                 points=pts_fast,
             ),
-            rp.CollectiveResult(
+            bench.CollectiveResult(
                 group="inter_node",
                 collective="all_reduce",
                 ranks_per_group=nodes,
@@ -140,17 +141,19 @@ def make_report(nodes: int = 2, g: int = 2) -> rp.BenchReport:
                 points=pts_slow,
             ),
         ]
-    return rp.BenchReport(
+    return bench.BenchReport(
         created_utc="2026-11-22T05:00:00+00:00",
         backend="gloo",
         device="cpu",
         dtype="float32",
         world_size=nodes * g,
         ranks_per_node=g,
-        nodes=[rp.NodeInfo(name=f"node{i}", node_rank=i, ranks=list(range(i * g, (i + 1) * g))) for i in range(nodes)],
+        nodes=[
+            bench.NodeInfo(name=f"node{i}", node_rank=i, ranks=list(range(i * g, (i + 1) * g))) for i in range(nodes)
+        ],
         versions={"torch": "2.13.0"},
         env={"GLOO_SOCKET_IFNAME": "fab0"},
-        config=rp.BenchConfig(
+        config=bench.BenchConfig(
             sizes_bytes=[4 * MiB, 16 * MiB, 64 * MiB], iters=3, warmup=1, collectives=["all_reduce"], slow_fraction=0.7
         ),
         results=results,
@@ -160,10 +163,10 @@ def make_report(nodes: int = 2, g: int = 2) -> rp.BenchReport:
 def test_schema_round_trip(tmp_path: Path) -> None:
     r = make_report()
     path = tmp_path / "bench.json"
-    rp.dump_bench(r, path)
+    bench.dump_bench(r, path)
     data = json.loads(path.read_text())
     assert data["schema"] == "llmctl.bench-net" and data["schema_version"] == 1
-    assert rp.load_bench(path) == r
+    assert bench.load_bench(path) == r
 
 
 def test_loader_gives_the_planner_intra_and_inter_node_busbw(tmp_path: Path) -> None:
@@ -194,7 +197,7 @@ def test_malformed_json_is_one_clear_line(tmp_path: Path, content: str, message:
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(SpecError) as e:
-        rp.load_bench(path)
+        bench.load_bench(path)
     assert message in str(e.value) and "\n" not in str(e.value) and str(path) in str(e.value)
 
 
@@ -204,9 +207,9 @@ def test_invalid_field_and_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "neg.json"
     path.write_text(json.dumps(data))
     with pytest.raises(SpecError, match=r"results\.0\.points\.0\.size_bytes: Input should be greater than 0"):
-        rp.load_bench(path)
+        bench.load_bench(path)
     with pytest.raises(SpecError, match="no such bench-net report"):
-        rp.load_bench(tmp_path / "missing.json")
+        bench.load_bench(tmp_path / "missing.json")
 
 
 # ---------------------------------------------------------------------------------------------- options, CLI
@@ -348,6 +351,6 @@ def test_render_and_plot(tmp_path: Path) -> None:
 
 
 def test_two_nodes_are_never_flagged() -> None:
-    links = [rp.LinkResult(a="a", b="b", size_bytes=MiB, busbw_gbytes_s=0.01)]
+    links = [bench.LinkResult(a="a", b="b", size_bytes=MiB, busbw_gbytes_s=0.01)]
     judged, verdicts = rp.judge_nodes(["a", "b"], links, {"a": 5.0, "b": 0.5}, 0.7)
     assert not any(v.slow for v in verdicts) and not judged[0].slow

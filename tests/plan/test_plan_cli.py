@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
-from llmctl.netbench import report as rp
+from llmctl.spec import bench
 from llmctl.spec.planfile import load_plan
 
 runner = CliRunner()
@@ -123,12 +123,12 @@ def test_examples_cluster_files_plan(tmp_path: Path) -> None:
 
 def bench_report(
     nodes: int = 2, g: int = 4, intra: float = 240.0, world: float = 6.25, inter: float = 6.25 / 4
-) -> rp.BenchReport:
-    def pts(bw: float) -> list[rp.SizePoint]:
-        return [rp.SizePoint.measured("all_reduce", 2, s * MiB, [s * MiB / (bw * 1e9)] * 3) for s in (16, 64, 256)]
+) -> bench.BenchReport:
+    def pts(bw: float) -> list[bench.SizePoint]:
+        return [bench.SizePoint.measured("all_reduce", 2, s * MiB, [s * MiB / (bw * 1e9)] * 3) for s in (16, 64, 256)]
 
     results = [
-        rp.CollectiveResult(
+        bench.CollectiveResult(
             group="world",
             collective="all_reduce",
             ranks_per_group=nodes * g,
@@ -139,7 +139,7 @@ def bench_report(
     ]
     if nodes > 1:
         results += [
-            rp.CollectiveResult(
+            bench.CollectiveResult(
                 group="intra_node",
                 collective="all_reduce",
                 ranks_per_group=g,
@@ -147,7 +147,7 @@ def bench_report(
                 groups_per_node=1,
                 points=pts(intra),
             ),
-            rp.CollectiveResult(
+            bench.CollectiveResult(
                 group="inter_node",
                 collective="all_reduce",
                 ranks_per_group=nodes,
@@ -156,17 +156,17 @@ def bench_report(
                 points=pts(inter),
             ),
         ]
-    return rp.BenchReport(
+    return bench.BenchReport(
         created_utc="2026-11-22T05:00:00+00:00",
         backend="nccl",
         device="cuda",
         dtype="bfloat16",
         world_size=nodes * g,
         ranks_per_node=g,
-        nodes=[rp.NodeInfo(name=f"n{i}", node_rank=i, ranks=list(range(i * g, (i + 1) * g))) for i in range(nodes)],
+        nodes=[bench.NodeInfo(name=f"n{i}", node_rank=i, ranks=list(range(i * g, (i + 1) * g))) for i in range(nodes)],
         versions={},
         env={},
-        config=rp.BenchConfig(
+        config=bench.BenchConfig(
             sizes_bytes=[16 * MiB, 64 * MiB, 256 * MiB],
             iters=3,
             warmup=1,
@@ -179,7 +179,7 @@ def bench_report(
 
 def test_net_bench_json_drives_the_plan(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
-    rp.dump_bench(bench_report(), path)
+    bench.dump_bench(bench_report(), path)
     args = [
         "plan",
         "llama-2-7b",
@@ -205,7 +205,7 @@ def test_net_bench_json_drives_the_plan(tmp_path: Path) -> None:
     assert data["network"]["intra_busbw_gbytes_s"] == pytest.approx(240.0)
     assert data["network"]["inter_node_gbytes_s"] == pytest.approx(6.25)
     # a fast measured network: FULL_SHARD over both nodes is competitive
-    rp.dump_bench(bench_report(world=200.0, inter=50.0), path)
+    bench.dump_bench(bench_report(world=200.0, inter=50.0), path)
     data = json.loads(invoke(args).stdout)
     full2 = [c for c in data["candidates"] if c["strategy"] == "full_shard" and c["nodes"] == 2]
     assert full2 and full2[0]["tokens_per_s"] >= 0.9 * data["chosen"]["tokens_per_s"]
@@ -213,10 +213,10 @@ def test_net_bench_json_drives_the_plan(tmp_path: Path) -> None:
 
 def test_net_and_inter_gbps_conflict_and_single_node_bench_needs_inter(tmp_path: Path) -> None:
     path = tmp_path / "bench.json"
-    rp.dump_bench(bench_report(), path)
+    bench.dump_bench(bench_report(), path)
     r = invoke([*SEED, "--net", str(path), "--no-write"])  # SEED carries --inter-gbps 50
     assert r.exit_code == 2 and "conflicts with the inter-node bandwidth measured" in r.output
-    rp.dump_bench(bench_report(nodes=1), path)
+    bench.dump_bench(bench_report(nodes=1), path)
     base = [
         "plan",
         "llama-2-7b",
@@ -269,7 +269,7 @@ def test_malformed_bench_json_is_one_line(tmp_path: Path, content: str, message:
 
 def test_bench_with_other_gpus_per_node_is_inconsistent(tmp_path: Path) -> None:
     p = tmp_path / "bench.json"
-    rp.dump_bench(bench_report(g=8), p)
+    bench.dump_bench(bench_report(g=8), p)
     r = invoke([*SEED, "--net", str(p), "--no-write"])
     assert r.exit_code == 2 and "measured 8 GPUs per node but the cluster has 4" in r.output
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from llmctl.netbench.report import BenchReport
+    from llmctl.spec.bench import BenchReport
     from llmctl.spec.planfile import Plan
 
 SLOW_FRACTION = 0.7

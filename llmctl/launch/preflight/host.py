@@ -27,7 +27,7 @@ from llmctl.launch.preflight.job import JobContext, event, log_path, say, step_e
 from llmctl.netbench.quick_files import bench_path, node_result_path
 
 if TYPE_CHECKING:
-    from llmctl.netbench.report import BenchReport
+    from llmctl.spec.bench import BenchReport
 
 TIMEOUT_ENV = "LLMCTL_PREFLIGHT_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
@@ -143,7 +143,7 @@ def _cross(
     env: dict[str, str],
 ) -> tuple[BenchReport | None, str | None]:
     from llmctl.launch.jobs import node_addr
-    from llmctl.netbench.report import load_bench
+    from llmctl.spec.bench import load_bench
 
     addr = node_addr(nodes[0])
     if addr is None:
