@@ -1,178 +1,30 @@
-"""One tiny config per analytical family (2-4 blocks, small widths, few experts), shared by the tests that measure
-activations against autograd and train each family with the engine. Each keeps its family's distinguishing
-features: explicit head_dim, q/k norms, biases, GeGLU, extra norms, sliding/global layers, sinks, MoE layouts, MLA."""
+"""Configs of Hugging Face model types for the tests.
+
+The analytical families' tiny configs are the registry's (the `tiny` of each module under llmctl/families/, one set
+for every test): `tiny` copies one, `MOE` names the ones with expert layers. A test that needs a field changed (a
+longer sequence than the 128 positions, another vocabulary) passes it to `tiny` and says why where it does.
+
+The measured types below are outside the analytical families (measured on fake tensors): the tests' own."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-COMMON: dict[str, Any] = {"vocab_size": 256, "max_position_embeddings": 512, "tie_word_embeddings": False}
-
-TINY: dict[str, dict[str, Any]] = {
-    "llama": {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-    },
-    "qwen3": {
-        "model_type": "qwen3",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-    },
-    "qwen3_moe": {
-        "model_type": "qwen3_moe",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "moe_intermediate_size": 48,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "num_experts": 4,
-        "num_experts_per_tok": 2,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [0],
-    },
-    "gemma2": {
-        "model_type": "gemma2",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "sliding_window": 16,
-        "query_pre_attn_scalar": 16,
-        "hidden_activation": "gelu_pytorch_tanh",
-    },
-    "gemma3_text": {
-        "model_type": "gemma3_text",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "sliding_window": 16,
-        "layer_types": ["sliding_attention", "full_attention"],
-        "query_pre_attn_scalar": 16,
-        "hidden_activation": "gelu_pytorch_tanh",
-    },
-    "olmo2": {
-        "model_type": "olmo2",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-    },
-    "phi3": {
-        "model_type": "phi3",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "pad_token_id": 0,
-    },
-    "deepseek_v3": {
-        "model_type": "deepseek_v3",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "moe_intermediate_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 16,
-        "qk_nope_head_dim": 16,
-        "qk_rope_head_dim": 8,
-        "v_head_dim": 16,
-        "n_routed_experts": 4,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "first_k_dense_replace": 1,
-        "n_group": 1,
-        "topk_group": 1,
-    },
-    "gpt_oss": {
-        "model_type": "gpt_oss",
-        "hidden_size": 64,
-        "intermediate_size": 48,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "sliding_window": 16,
-        "layer_types": ["sliding_attention", "full_attention"],
-    },
-    "llama4_text": {
-        "model_type": "llama4_text",
-        "hidden_size": 64,
-        "intermediate_size": 48,
-        "intermediate_size_mlp": 160,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 1,
-        "interleave_moe_layer_step": 2,
-        "attention_chunk_size": 32,
-        "no_rope_layers": [1, 1, 1, 0],
-    },
-    "smollm3": {
-        "model_type": "smollm3",
-        "pad_token_id": 0,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "no_rope_layers": [1, 1, 1, 0],
-    },
-    "mistral": {
-        "model_type": "mistral",
-        "hidden_size": 64,
-        "intermediate_size": 160,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "sliding_window": None,
-    },
-    "mixtral": {
-        "model_type": "mixtral",
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-    },
-    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2, "vocab_size": 256, "n_positions": 512},
-}
-"""model_type -> tiny config (COMMON merged in by `tiny`). GPT-2 keeps its default dropout (0.1)."""
+from llmctl.families import REGISTRY
+from llmctl.spec.models import from_hf_config
 
 
 def tiny(model_type: str, **over: Any) -> dict[str, Any]:
-    cfg = dict(TINY[model_type])
-    if model_type != "gpt2":
-        cfg = {**COMMON, **cfg}
-    cfg.update(over)
-    return cfg
+    """A deep copy of the registry's tiny config of `model_type` (its nested lists and dicts too: a test may change
+    them) with `over` set."""
+    return {**copy.deepcopy(REGISTRY[model_type].tiny), **over}
+
+
+MOE: tuple[str, ...] = tuple(
+    mt for mt in REGISTRY if any(layer.mlp.moe for layer in from_hf_config(tiny(mt), name=mt).layers)
+)
+"""The analytical model types whose tiny config has expert layers (3-D expert parameters, routers)."""
 
 
 # --- measured types: outside the analytical families, measured on fake tensors (llmctl.measure.fake) ------------------

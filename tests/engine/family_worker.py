@@ -22,10 +22,10 @@ import torch
 import torch.distributed as dist
 from engine_runs import finish, run_plans  # this script's folder is on sys.path
 
-from llmctl.engine.loop import build_optimizer
 from llmctl.engine.loss import install_loss_forward, select_loss, whole_loss
 from llmctl.engine.materialize import clean_name
 from llmctl.engine.model import base_spec, build_meta_model, materialize, select_attention
+from llmctl.engine.optim import build_optimizer
 from llmctl.engine.parallelize import build_mesh, parallelize
 from llmctl.spec.planfile import load_plan
 
@@ -57,6 +57,9 @@ def one_plan(path: str, rank: int, world: int) -> dict:
     optimizer = build_optimizer(model, plan.optimizer, "cpu")
     ids = torch.randint(0, vocab, (t.micro_batch_size, t.seq_len + 1), generator=torch.Generator().manual_seed(rank))
     inputs, targets = ids[:, :-1], ids[:, 1:]
+    # Dropout (GPT-2's default 0.1) draws from the global generator: every plan starts it from the same state, so
+    # a checkpointed run draws the plain run's masks whatever plans ran before it in this process.
+    torch.manual_seed(rank)
     losses, norms = [], []
     for _ in range(plan.total_steps):
         loss = whole_loss(model, inputs, targets, vocab) if impl == "whole" else model(input_ids=inputs, labels=targets)

@@ -1,7 +1,7 @@
-"""Every supported Hugging Face family (tests/engine/family_configs.py) through the engine: decoder blocks found,
-meta build + materialize reproducing transformers' buffers and init rules (also shard by shard), the engine's loss
-equal to transformers' (Gemma 2's final-logit soft-cap included), and 3 training steps on 2 gloo ranks with FSDP2
-full shard, without and with activation checkpointing.
+"""Every analytical Hugging Face family (the registry's tiny configs, llmctl.families) through the engine: decoder
+blocks found, meta build + materialize reproducing transformers' buffers and init rules (also shard by shard), the
+engine's loss equal to transformers' (Gemma 2's final-logit soft-cap included), and 3 training steps on 2 gloo ranks
+with FSDP2 full shard, without and with activation checkpointing.
 
 Training runs two ways, in one 2-rank torchrun of tests/engine/family_worker.py (a torchrun costs ~10 s of CPU
 here, a plan under one): every (family, checkpointing mode) with the engine's build, parallelize, materialize, loss
@@ -34,20 +34,23 @@ from tests.engine.conftest import (
     records,
     torchrun_script,
 )
-from tests.engine.family_configs import FAMILIES, MOE
-from tests.family_configs import OTHERS
+from tests.family_configs import MOE, OTHERS, tiny
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
 
 from llmctl.engine import loss as loss_mod  # noqa: E402
-from llmctl.engine.model import build_meta_model, decoder_layers, fit_attention, materialize  # noqa: E402
+from llmctl.engine.model import build_meta_model, fit_attention, materialize  # noqa: E402
 from llmctl.engine.parallelize import odd_dtype_modules  # noqa: E402
 from llmctl.errors import InputError  # noqa: E402
+from llmctl.families import REGISTRY  # noqa: E402
+from llmctl.families.modules import decoder_layers  # noqa: E402
+from llmctl.spec.models import from_hf_config  # noqa: E402
 from llmctl.spec.planfile import load_plan  # noqa: E402
 
 VOCAB = 300
 SENTENCE = "The quick brown fox jumps over. "  # 32 bytes: the period of the token stream is the block length
+FAMILIES = list(REGISTRY)
 NO_SDPA = ("gemma2", "gpt_oss")  # attention soft-capping / sinks: transformers has no SDPA path for them
 
 # What each family initializes or computes in its own way: the checks below must have seen these names.
@@ -78,7 +81,7 @@ def family_plan(
     """A 2-rank full-shard plan whose model is `family`'s tiny config.json (or `cfg`), on the repeated sentence."""
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "config.json"
-    config.write_text(json.dumps(cfg if cfg is not None else FAMILIES[family]))
+    config.write_text(json.dumps(cfg if cfg is not None else tiny(family)))
     text = folder / "fixed.txt"
     text.write_text(SENTENCE * 100)
     plan = deep_update(
@@ -104,9 +107,10 @@ def one_process(plan_path: Path) -> torch.nn.Module:
     return model
 
 
-def hf_model(family: str) -> torch.nn.Module:
-    """The family's model built the ordinary way (transformers picks the attention kernel), in train mode."""
-    cfg = dict(FAMILIES[family])
+def hf_model(family: str, **over: Any) -> torch.nn.Module:
+    """The family's model (its tiny config, `over` set) built the ordinary way (transformers picks the attention
+    kernel), in train mode."""
+    cfg = tiny(family, **over)
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     config.use_cache = False
     torch.manual_seed(0)
@@ -123,8 +127,9 @@ def test_materialized_model_has_transformers_buffers_and_init_laws(tmp_path: Pat
     normal model's: constants (norms, biases, zero-init) exactly, random draws with the same spread."""
     model = one_process(family_plan(tmp_path, family))
     layers = decoder_layers(model)
-    assert len(layers) == FAMILIES[family]["num_hidden_layers"]
-    assert all(type(b).__name__.endswith("DecoderLayer") for b in layers), {type(b).__name__ for b in layers}
+    assert len(layers) == from_hf_config(tiny(family)).num_layers
+    # The blocks are the modules transformers itself keeps whole (LlamaDecoderLayer, ..., GPT2Block).
+    assert all(type(b).__name__ in model._no_split_modules for b in layers), {type(b).__name__ for b in layers}
     attn = model.config._attn_implementation
     assert attn == ("eager" if family in NO_SDPA else "sdpa")
 
@@ -183,7 +188,8 @@ def _engine_losses(model: torch.nn.Module, ids: torch.Tensor) -> tuple[float, fl
 def test_engine_loss_equals_transformers_loss(family: str) -> None:
     """Whole and chunked loss equal model(input_ids, labels=input_ids).loss for every family (the chunked loss
     computes the logits itself from the final hidden states and the LM head)."""
-    model = hf_model(family)
+    # Without GPT-2's default dropout: each forward draws its own masks, so the losses would differ by them.
+    model = hf_model(family, **({"attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0} if family == "gpt2" else {}))
     ids = torch.randint(0, VOCAB, (2, 33), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         hf = float(model(input_ids=ids, labels=ids).loss)
@@ -241,7 +247,7 @@ def test_attention_falls_back_where_the_model_has_no_such_kernel() -> None:
 def test_fp32_router_of_a_bf16_deepseek_is_its_own_fsdp_group() -> None:
     """transformers keeps DeepSeek-V3's router weight in fp32 in a bf16 model; FSDP2 refuses a group of mixed
     dtypes, so the router is sharded on its own (the dense layer and the other families have one dtype)."""
-    cfg = dict(FAMILIES["deepseek_v3"])
+    cfg = tiny("deepseek_v3")
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
