@@ -23,6 +23,11 @@ def uniform_window(cfg: Config) -> Rule:
     return lambda i: "sliding_attention" if cfg.get("sliding_window") else "full_attention"
 
 
+def alternate(cfg: Config) -> Rule:
+    """Gemma 2, gpt-oss: sliding and full attention alternate, the first layer sliding."""
+    return lambda i: "sliding_attention" if i % 2 == 0 else "full_attention"
+
+
 def no_moe(cfg: Config, act: str, width: int) -> tuple[Mlp | None, Callable[[int], bool]]:
     return None, lambda i: False
 

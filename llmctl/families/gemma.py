@@ -5,14 +5,10 @@ logit soft-capping (Gemma 2), q/k norms and two rotary tables (Gemma 3)."""
 from __future__ import annotations
 
 from llmctl.families.base import Config, Family, Features, integer
-from llmctl.families.decoder import Rule, Traits, read_gated
+from llmctl.families.decoder import Rule, Traits, alternate, read_gated
 from llmctl.families.tiny import tiny
 
 NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
-
-
-def _alternate(cfg: Config) -> Rule:
-    return lambda i: "sliding_attention" if i % 2 == 0 else "full_attention"
 
 
 def _gemma3_rule(cfg: Config) -> Rule:
@@ -22,7 +18,7 @@ def _gemma3_rule(cfg: Config) -> Rule:
 
 
 GEMMA2 = Traits(
-    layer_rule=_alternate, act="geglu", head_dim_default=256, norms=NORMS, softcap_default=30.0, tie_default=True
+    layer_rule=alternate, act="geglu", head_dim_default=256, norms=NORMS, softcap_default=30.0, tie_default=True
 )
 GEMMA3 = Traits(
     layer_rule=_gemma3_rule, act="geglu", head_dim_default=256, norms=NORMS, qk_norm="head", tie_default=True

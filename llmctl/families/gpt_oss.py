@@ -6,13 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from llmctl.families.base import Config, Family, Features, integer
-from llmctl.families.decoder import Rule, Traits, read_gated
+from llmctl.families.decoder import Traits, alternate, read_gated
 from llmctl.families.tiny import tiny
 from llmctl.spec.layers import Mlp
-
-
-def _alternate(cfg: Config) -> Rule:
-    return lambda i: "sliding_attention" if i % 2 == 0 else "full_attention"
 
 
 def _experts(cfg: Config, act: str, width: int) -> tuple[Mlp | None, Callable[[int], bool]]:
@@ -28,7 +24,7 @@ def _experts(cfg: Config, act: str, width: int) -> tuple[Mlp | None, Callable[[i
     return moe, lambda i: True
 
 
-GPT_OSS = Traits(layer_rule=_alternate, attention_bias_default=True, moe=_experts, sinks=True)
+GPT_OSS = Traits(layer_rule=alternate, attention_bias_default=True, moe=_experts, sinks=True)
 
 FAMILIES = (
     Family(
