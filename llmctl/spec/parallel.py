@@ -2,7 +2,7 @@
 tokens per step, each state's shard degree and each collective's group are derived.
 
 Modelled on torchtitan's `ParallelDims` (pytorch/torchtitan, torchtitan/distributed/parallel_dims.py): the world is
-`pp x dp_replicate x dp_shard x tp` ranks, laid out in that order (tp innermost, so a tensor-parallel group is
+`pp x dp_replicate x dp_shard x cp x tp` ranks, laid out in that order (tp innermost, so a tensor-parallel group is
 consecutive ranks inside a node), and node after node (torchrun's rank order).
 
 Sharding strategies are the friendly spelling of degrees, turned into degrees in one place (`from_strategy`):
@@ -10,7 +10,7 @@ Sharding strategies are the friendly spelling of degrees, turned into degrees in
 - `hybrid_shard` (FSDP HYBRID_SHARD, HSDP): (dp / shard, shard) with shard = the data-parallel ranks of one node
 - `no_shard` (DDP): (dp, 1)
 - `shard_grad_op` (ZeRO-2) and `zero1` (ZeRO-1): (1, dp) with fewer kinds of state split (`zero_stage`)
-where dp = world / (tp x pp).
+where dp = world / (tp x cp x pp). Expert parallelism (ep) borrows ranks from dp_shard x cp.
 """
 
 from __future__ import annotations
@@ -69,14 +69,21 @@ class ParallelDims:
     """Pipeline-parallel degree (stages)."""
     zero_stage: int = 3
     """Which states dp_shard splits: 1 optimizer states, 2 + gradients, 3 + parameters (FSDP). 0: none."""
+    cp: int = 1
+    """Context-parallel degree: the sequence split over cp ranks (between dp_shard and tp in the layout, as
+    torchtitan's mesh (dp_replicate, dp_shard, cp, tp)); a cp group shares one micro-batch."""
+    ep: int = 1
+    """Expert-parallel degree: ranks borrowed from dp_shard x cp (torchtitan), not a factor of the world size."""
 
     def __post_init__(self) -> None:
-        for name in ("dp_replicate", "dp_shard", "tp", "pp"):
+        for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "ep"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise InputError(f"parallel degree {name} must be a positive integer, got {v!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise InputError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if (self.dp_shard * self.cp) % self.ep:
+            raise InputError(f"ep={self.ep} must divide dp_shard x cp = {self.dp_shard * self.cp}")
 
     # --- from the friendly spelling --------------------------------------------------------------------------
     @classmethod
@@ -88,38 +95,41 @@ class ParallelDims:
         tp: int = 1,
         pp: int = 1,
         shard_size: int | None = None,
+        cp: int = 1,
+        ep: int = 1,
     ) -> ParallelDims:
         """Degrees for a strategy on nodes x gpus_per_node ranks. `shard_size` (hybrid only) overrides the shard
         group's size (default: the data-parallel ranks of one node, gpus_per_node / tp)."""
         strategy = canonical_strategy(strategy)
-        for label, v in (("nodes", nodes), ("gpus per node", gpus_per_node), ("tp", tp), ("pp", pp)):
+        for label, v in (("nodes", nodes), ("gpus per node", gpus_per_node), ("tp", tp), ("pp", pp), ("cp", cp)):
             if v < 1:
                 raise InputError(f"{label} must be a positive integer, got {v}")
         world = nodes * gpus_per_node
-        if world % (tp * pp):
-            raise InputError(f"{world} GPUs cannot be split into tp={tp} x pp={pp} groups")
-        dp = world // (tp * pp)
+        if world % (tp * pp * cp):
+            cp_part = f" x cp={cp}" if cp > 1 else ""
+            raise InputError(f"{world} GPUs cannot be split into tp={tp}{cp_part} x pp={pp} groups")
+        dp = world // (tp * pp * cp)
         layout, stage = _STRATEGIES[strategy]
         if shard_size is not None and layout != "hybrid":
             raise InputError(f"a shard size is only meaningful with hybrid_shard, not {strategy}")
         if layout == "replicate":
-            return cls(dp, 1, tp, pp, stage)
+            return cls(dp, 1, tp, pp, stage, cp=cp, ep=ep)
         if layout == "shard":
-            return cls(1, dp, tp, pp, stage)
+            return cls(1, dp, tp, pp, stage, cp=cp, ep=ep)
         if shard_size is None:
-            if gpus_per_node % tp:
-                raise InputError(f"hybrid_shard: tp={tp} does not divide {gpus_per_node} GPUs per node")
-            shard_size = gpus_per_node // tp
+            if gpus_per_node % (tp * cp):
+                raise InputError(f"hybrid_shard: tp={tp} x cp={cp} does not divide {gpus_per_node} GPUs per node")
+            shard_size = gpus_per_node // (tp * cp)
         if shard_size < 1 or dp % shard_size:
             raise InputError(
                 f"hybrid_shard: a shard group of {shard_size} does not divide the {dp} data-parallel ranks"
             )
-        return cls(dp // shard_size, shard_size, tp, pp, stage)
+        return cls(dp // shard_size, shard_size, tp, pp, stage, cp=cp, ep=ep)
 
     # --- derived ---------------------------------------------------------------------------------------------
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp_replicate * self.dp_shard * self.tp
+        return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
     @property
     def dp(self) -> int:
@@ -130,7 +140,7 @@ class ParallelDims:
         if self.world_size != world_size:
             raise InputError(
                 f"the parallel degrees (pp {self.pp} x dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} "
-                f"x tp {self.tp} = {self.world_size}) do not match the {world_size} ranks of {what}"
+                f"x cp {self.cp} x tp {self.tp} = {self.world_size}) do not match the {world_size} ranks of {what}"
             )
 
     @property
@@ -150,20 +160,21 @@ class ParallelDims:
     def mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """The data-parallel device mesh the engine builds: ("shard",) for one shard group over all data-parallel
         ranks, ("replicate", "shard") when there are replicas (HSDP; DDP is (dp, 1)). FSDP2's names."""
-        if self.tp > 1 or self.pp > 1:
-            raise InputError("the engine runs data parallelism only (tp = pp = 1)")
+        if self.tp > 1 or self.pp > 1 or self.cp > 1 or self.ep > 1:
+            raise InputError("the engine runs data parallelism only (tp = cp = pp = ep = 1)")
         if self.dp_replicate > 1:
             return (self.dp_replicate, self.dp_shard), ("replicate", "shard")
         return (self.dp_shard,), ("shard",)
 
     def coords(self, rank: int) -> dict[str, int]:
-        """This rank's index along each axis (layout pp, dp_replicate, dp_shard, tp; tp innermost)."""
+        """This rank's index along each axis (layout pp, dp_replicate, dp_shard, cp, tp; tp innermost)."""
         if not 0 <= rank < self.world_size:
             raise InputError(f"rank {rank} is outside a world of {self.world_size}")
         tp_i, rest = rank % self.tp, rank // self.tp
+        cp_i, rest = rest % self.cp, rest // self.cp
         shard_i, rest = rest % self.dp_shard, rest // self.dp_shard
         rep_i, pp_i = rest % self.dp_replicate, rest // self.dp_replicate
-        return {"pp": pp_i, "dp_replicate": rep_i, "dp_shard": shard_i, "tp": tp_i}
+        return {"pp": pp_i, "dp_replicate": rep_i, "dp_shard": shard_i, "cp": cp_i, "tp": tp_i}
 
     def dp_rank(self, rank: int) -> int:
         """Which data-parallel slice of the global batch this rank trains on (ranks of one tp group share it)."""
@@ -179,9 +190,9 @@ class ParallelDims:
         "intra" (the group fits in one node), "inter" (one rank per node: the node's ranks each sit in a different
         group, so the groups share the node's NICs) or "cross" (a ring over several ranks of several nodes)."""
         if axis == "dp_shard":
-            size, stride = self.dp_shard, self.tp
+            size, stride = self.dp_shard, self.tp * self.cp
         elif axis == "dp_replicate":
-            size, stride = self.dp_replicate, self.tp * self.dp_shard
+            size, stride = self.dp_replicate, self.tp * self.cp * self.dp_shard
         else:
             raise InputError(f"no collective group for axis {axis!r}", hint="dp_shard or dp_replicate")
         if size <= 1 or gpus_per_node % (size * stride) == 0:

@@ -126,7 +126,7 @@ class TrainSetup:
                 hint="pass --nodes N --gpus-per-node G",
             )
         dims = ParallelDims.from_strategy(
-            self.strategy, self.nodes, self.gpus_per_node, self.tp, self.pp, shard_size=self.shard_size
+            self.strategy, self.nodes, self.gpus_per_node, self.tp, self.pp, self.shard_size, self.cp, self.ep
         )
         object.__setattr__(self, "dims", dims)
         if self.engine == "fsdp2" and self.strategy == "zero1":

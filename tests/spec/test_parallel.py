@@ -46,7 +46,7 @@ def test_data_parallel_rank_skips_tensor_parallel_ranks() -> None:
     # tp innermost: ranks 0,1 are one tp group (same data), 2,3 the next; dp_shard 2, dp_replicate 2.
     d = ParallelDims(dp_replicate=2, dp_shard=2, tp=2)
     assert [d.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
-    assert d.coords(5) == {"pp": 0, "dp_replicate": 1, "dp_shard": 0, "tp": 1}
+    assert d.coords(5) == {"pp": 0, "dp_replicate": 1, "dp_shard": 0, "cp": 0, "tp": 1}
     # tokens per step count data-parallel ranks only: 2 x 4 accumulation x 1024 x dp 4
     assert d.tokens_per_step(2, 4, 1024) == 2 * 4 * 1024 * 4
     with pytest.raises(InputError, match="outside a world of 8"):
@@ -78,3 +78,17 @@ def test_degrees_multiply_to_the_world_and_dp_ranks_cover_the_batch(strategy: st
     d = ParallelDims.from_strategy(strategy, nodes, gpn)
     assert d.world_size == nodes * gpn == d.dp
     assert sorted(d.dp_rank(r) for r in range(d.world_size)) == list(range(d.dp))
+
+
+def test_context_and_expert_slots() -> None:
+    """cp is a factor of the world laid out between dp_shard and tp (torchtitan's mesh order); ep borrows from
+    dp_shard x cp. Both stay 1 in the engine until their issues."""
+    d = ParallelDims(dp_replicate=1, dp_shard=2, tp=2, cp=2)
+    assert d.world_size == 8 and d.dp == 2
+    assert [d.coords(r)["cp"] for r in range(4)] == [0, 0, 1, 1]
+    assert [d.dp_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]  # a cp x tp group shares its micro-batch
+    assert ParallelDims.from_strategy("full_shard", 2, 8, tp=2, cp=2).dp_shard == 4
+    with pytest.raises(InputError, match="ep=3 must divide"):
+        ParallelDims(dp_shard=4, ep=3)
+    with pytest.raises(InputError, match="data parallelism only"):
+        _ = d.mesh_dims
