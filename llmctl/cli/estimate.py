@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
+from llmctl.cli import estimate_show as show
 from llmctl.cli import render
 from llmctl.cli.options import (
     AttentionOpt,
@@ -30,7 +30,6 @@ from llmctl.cli.options import (
 from llmctl.errors import InputError
 from llmctl.plan import memory as mem
 from llmctl.spec import hardware, models
-from llmctl.spec.parallel import STRATEGIES
 from llmctl.spec.setup import ATTENTIONS, DEFAULT_HEADROOM_FRACTION, TrainSetup, canonical
 
 
@@ -58,183 +57,6 @@ def cluster_shape(gpus: int | None, nodes: int | None, gpus_per_node: int | None
             raise InputError(f"--nodes must be a positive integer, got {nodes}")
         return nodes, gpn or 8
     return 1, gpn or 1
-
-
-def _render(result: dict[str, Any]) -> None:
-    est: mem.MemoryEstimate = result["_estimate"]
-    s, c = est.setup, render.console
-    c.print(f"[bold]{result['model']}[/bold]: {result['params']:,} parameters ({render.human_count(result['params'])})")
-    if result["active_params_per_token"] != result["params"]:
-        active = result["active_params_per_token"]
-        c.print(f"  active per token: {active:,} ({render.human_count(active)}; FLOPs use these)")
-    if result["measured"]:
-        c.print("  parameters and activations measured on fake tensors (no analytical model for this model_type)")
-    c.print(("assumed shape: " if result["assumed_shape"] else "") + result["shape"])
-    world = f"{s.world_size} GPU{'s' if s.world_size > 1 else ''}"
-    if s.nodes > 1:
-        world += f" ({s.nodes} nodes x {s.gpus_per_node})"
-    par = "".join(f", {k}={v}" for k, v in (("tp", s.tp), ("pp", s.pp)) if v > 1)
-    c.print(
-        f"{s.precision} {s.optimizer}, {s.strategy} over {world}{par} (shard degree {s.shard_degree}), "
-        f"engine {s.engine}; micro-batch {s.micro_batch_size} x {s.seq_len} tokens, {s.attention} attention, "
-        f"checkpointing {s.checkpointing}\n",
-        soft_wrap=True,
-    )
-
-    t = render.table(
-        f"Model states: {result['bytes_per_param']:g} bytes/param classic budget, "
-        f"{result['engine_bytes_per_param']:g} kept by {s.engine}",
-        [
-            ("component", "left"),
-            ("bytes/param", "right"),
-            ("sharded from", "left"),
-            ("GiB per GPU", "right"),
-            ("GiB all GPUs", "right"),
-        ],
-    )
-    comp_by_name = {comp.name: comp for comp in est.components}
-    for line in est.ledger:
-        comp = comp_by_name[line.name]
-        stage = {1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}.get(line.sharded_from_stage, "never")
-        t.add_row(
-            line.name + (f"  [dim]({line.note})[/dim]" if line.note else ""),
-            f"{line.bytes_per_param:.4g}",
-            stage,
-            render.gib(comp.bytes),
-            render.gib(comp.bytes * s.world_size),
-        )
-    c.print(t)
-
-    t = render.table(
-        f"Per GPU (peak phase: {est.peak_phase})", [("component", "left"), ("GiB", "right"), ("live in", "left")]
-    )
-    for comp in est.components:
-        if comp.bytes:
-            t.add_row(comp.name, render.gib(comp.bytes, 3), ", ".join(comp.phases))
-    for ph, b in est.phase_bytes.items():
-        t.add_row(f"[bold]= {ph} phase total[/bold]", render.gib(b, 3), "peak" if ph == est.peak_phase else "")
-    t.add_row(f"allocator headroom ({s.headroom_fraction:.0%})", render.gib(est.headroom_bytes, 3), "reserved")
-    t.add_row("CUDA context + NCCL", render.gib(s.cuda_context_bytes, 3), "outside allocator")
-    t.add_row("[bold]total per GPU[/bold]", f"[bold]{render.gib(est.device_bytes, 3)}[/bold]", "")
-    c.print(t)
-    terms = result["layer_activation_terms"]
-    hf = {k: v for k, v in terms.items() if ": HF" in k}
-    if hf:
-        c.print(
-            "[dim]one block without checkpointing keeps "
-            + ", ".join(f"{k} {render.gib(v, 3)}" for k, v in terms.items())
-            + f" GiB; the HF-only lines ({render.gib(sum(hf.values()), 3)} GiB per block) are what a fused RMSNorm and"
-            " SwiGLU (torchtitan, Liger, torch.compile) do not keep[/dim]",
-            soft_wrap=True,
-        )
-    c.print(
-        f"peak allocated {render.gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
-        f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB",
-        soft_wrap=True,
-    )
-
-    if "gpu" in result:
-        ok = "[green]fits[/green]" if result["fits"] else "[red]does NOT fit[/red]"
-        c.print(
-            f"\n{result['gpu']} ({render.gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
-            f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}"
-        )
-        t = render.table(
-            f"Fewest {result['gpu']} GPUs that fit (micro-batch {s.micro_batch_size}, {s.gpus_per_node} per node)",
-            [("strategy", "left"), ("GPUs", "right"), ("nodes", "right"), ("GiB per GPU", "right"), ("note", "left")],
-        )
-        for strat, row in result["min_gpus_by_strategy"].items():
-            t.add_row(
-                strat,
-                str(row["gpus"] or "-"),
-                str(row["nodes"] or "-"),
-                render.gib(row["per_gpu_total_bytes"]),
-                row["note"],
-            )
-        c.print(t)
-        t = render.table(
-            f"Fewest GPUs per checkpointing mode ({s.strategy}, mb {s.micro_batch_size})",
-            [
-                ("checkpointing", "left"),
-                ("GPUs", "right"),
-                ("nodes", "right"),
-                ("GiB per GPU", "right"),
-                ("activations GiB", "right"),
-                ("note", "left"),
-            ],
-        )
-        for mode, row in result["min_gpus_by_checkpointing"].items():
-            t.add_row(
-                mode,
-                str(row["gpus"] or "-"),
-                str(row["nodes"] or "-"),
-                render.gib(row["per_gpu_total_bytes"]),
-                render.gib(row["activations_bytes"]),
-                row["note"],
-            )
-        c.print(t)
-
-
-def _plot(spec: models.ModelSpec, setup: TrainSetup, path: str) -> None:
-    p = render.plot_path(path)
-    plt = render.pyplot()
-    strategies = [
-        st
-        for st in STRATEGIES
-        if not (st == "zero1" and setup.engine == "fsdp2") and not (st == "hybrid_shard" and setup.nodes < 2)
-    ]
-    ests = [mem.estimate(spec, replace(setup, strategy=st)) for st in strategies]
-    names: list[str] = []
-    for e in ests:
-        names += [k for k in e.per_component() if k not in names]
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    bottoms = [0.0] * len(ests)
-    cmap = plt.get_cmap("tab20")
-    for j, name in enumerate(names):
-        vals = [e.per_component().get(name, 0) / render.GIB for e in ests]
-        ax.bar(strategies, vals, bottom=bottoms, label=name, color=cmap(j % 20))
-        bottoms = [b + v for b, v in zip(bottoms, vals)]
-    ax.set_ylabel("GiB per GPU (components live at each strategy's peak phase)")
-    ax.set_title(
-        f"{spec.name}: {setup.precision} {setup.optimizer}, {setup.world_size} GPUs, "
-        f"mb {setup.micro_batch_size} x {setup.seq_len}"
-    )
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-
-
-def _list_models() -> None:
-    t = render.table(
-        "Model presets",
-        [("name", "left"), ("params", "right"), ("active/token", "right"), ("shape", "left"), ("HF id", "left")],
-    )
-    for name in models.preset_names():
-        spec, entry = models.from_preset(name), models.preset_entry(name)
-        active = f"{spec.active_params_per_token:,}" if spec.moe else "="
-        t.add_row(name, f"{spec.params:,}", active, spec.describe(), entry.get("hf_id", "-"))
-    render.console.print(t)
-
-
-def _list_gpus() -> None:
-    t = render.table(
-        "GPU catalog (dense peak TFLOP/s)",
-        [
-            ("name", "left"),
-            ("memory GiB", "right"),
-            ("bf16", "right"),
-            ("fp16", "right"),
-            ("tf32", "right"),
-            ("fp32", "right"),
-            ("link", "left"),
-            ("GB/s", "right"),
-        ],
-    )
-    for g in hardware.gpu_catalog().values():
-        f = [("-" if g.tflops.get(k) is None else f"{g.tflops[k]:g}") for k in ("bf16", "fp16", "tf32", "fp32")]
-        t.add_row(g.name, f"{g.memory_gib:.1f}", *f, g.link, f"{g.link_gbytes_s:g}")
-    render.console.print(t)
 
 
 def estimate_memory(
@@ -271,9 +93,9 @@ def estimate_memory(
     """Per-GPU memory of training MODEL: model states by component, activations, peak; fit and GPU count."""
     if list_models or list_gpus:
         if list_models:
-            _list_models()
+            show.list_models()
         if list_gpus:
-            _list_gpus()
+            show.list_gpus()
         return
     for flag, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--tp", tp), ("--pp", pp)):
         if v < 1:  # named by its flag here; the memory model's own check names the field
@@ -317,11 +139,11 @@ def estimate_memory(
         setup.precision.check_gpu(gpu_spec)  # V100 has no bf16: say so rather than estimate a setup that cannot run
     result = mem.fit_report(spec, setup, gpu_spec)
     if plot:
-        _plot(spec, setup, plot)
+        show.plot(spec, setup, plot)
     if json_out:
         render.print_json({k: v for k, v in result.items() if not k.startswith("_")})
     else:
-        _render(result)
+        show.show(result)
         if plot:
             render.console.print(f"\nplot written to {plot}")
 

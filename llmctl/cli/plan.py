@@ -4,11 +4,11 @@ the lowest cost) on this cluster and its measured network; writes plan.yaml with
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
-from rich.markup import escape
 
+from llmctl.cli import plan_show as show
 from llmctl.cli import render
 from llmctl.cli.options import GpuOpt, JsonOpt, ModelArg, NodesOpt, ParamsOpt, SeqLenOpt
 from llmctl.errors import InputError
@@ -17,112 +17,6 @@ from llmctl.plan import planner as pl
 from llmctl.plan.emit import to_plan, train_from_local_weights
 from llmctl.plan.request import build_request
 from llmctl.spec import planfile as pf
-
-
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 3600:
-        return f"{s / 60:.1f} min"
-    if s < 86400 * 2:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
-
-
-def _render(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
-    req, c = result.request, render.console
-    spec = req.spec
-    c.print(
-        f"[bold]{escape(spec.name)}[/bold]: {spec.params:,} parameters on {req.nodes} x {req.gpus_per_node} {req.gpu.name}; "
-        f"seq {req.seq_len}, global batch {req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), "
-        f"{req.precision.name}"
-    )
-    net = req.network
-    inter = "-" if net.inter_node_gbytes_s is None else f"{net.inter_node_gbytes_s:.3g} GB/s per node"
-    c.print(
-        f"network ({escape(net.source)}): intra-node busbw {net.intra_gbytes_s:.3g} GB/s per GPU, inter-node {inter}; "
-        f"overlap {req.overlap:g}; efficiency x{req.efficiency.calibration:.3g}; {result.evaluated} setups "
-        f"evaluated\n"
-    )
-    cols = [
-        ("#", "right"),
-        ("strategy", "left"),
-        ("nodes", "right"),
-        ("mb x acc", "right"),
-        ("ckpt", "left"),
-        ("attn", "left"),
-        ("compile", "left"),
-        ("GiB", "right"),
-        ("compute", "right"),
-        ("comm", "right"),
-        ("tokens/s", "right"),
-        ("per GPU", "right"),
-        ("MFU", "right"),
-    ]
-    if req.token_budget:
-        cols.append(("time", "right"))
-    if req.price_per_gpu_hour is not None and req.token_budget:
-        cols.append(("cost", "right"))
-    t = render.table(
-        f"Best setup per strategy x nodes x checkpointing (by {'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
-        cols,
-    )
-    t.columns[1].no_wrap = True  # the strategy name stays whole ("hybrid_shard")
-    for i, cand in enumerate(result.candidates[:top]):
-        s, p = cand.setup, cand.predicted
-        row = [
-            str(i + 1),
-            s.strategy,
-            str(s.nodes),
-            f"{s.micro_batch_size}x{s.grad_accum_steps}",
-            s.checkpointing,
-            s.attention,
-            "yes" if s.compile else "no",
-            render.gib(p.memory_per_gpu_bytes, 1),
-            f"{p.compute_s:.2f}",
-            f"{p.comm_exposed_s:.2f}",
-            f"{p.tokens_per_s:,.0f}",
-            f"{p.tokens_per_s_per_gpu:,.0f}",
-            f"{p.mfu:.1%}",
-        ]
-        if req.token_budget:
-            row.append(_duration(p.budget_time_s))
-        if req.price_per_gpu_hour is not None and req.token_budget:
-            row.append(f"${p.budget_cost_usd:,.0f}")
-        t.add_row(*row, style="bold green" if i == 0 else None)
-    c.print(t)
-    c.print("[dim]compute and comm: seconds per optimizer step; comm is the communication compute does not hide[/dim]")
-    cs, ch = result.chosen.setup, result.chosen.predicted
-    c.print(
-        f"\n[bold]chosen[/bold]: {result.chosen.label}, micro-batch {cs.micro_batch_size} x {cs.grad_accum_steps} "
-        f"accumulation, checkpointing {cs.checkpointing}, {cs.attention} attention"
-        f"{', torch.compile' if cs.compile else ''}"
-        f"{f', loss in chunks of {cs.loss_chunk_tokens} tokens' if cs.loss_chunk_tokens else ''}: "
-        f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%}), "
-        f"{render.gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
-        f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
-        f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
-    )
-    if result.memory_choice:
-        c.print(f"[bold]memory[/bold]: {escape(result.memory_choice)}")
-    if req.token_budget:
-        cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
-        c.print(f"{req.token_budget:,} tokens: {_duration(ch.budget_time_s)} on {cs.gpus} GPUs{cost}")
-    if len(result.candidates) > 1:
-        c.print("\n[bold]why the others lost[/bold]:")
-        for i in range(1, min(top, len(result.candidates))):
-            c.print(f"  {i + 1}. {escape(result.why_lost[i])}")
-    dropped = list(dict.fromkeys(result.rejected))
-    if dropped:
-        c.print(f"\n[bold]dropped[/bold] ({len(dropped)} setup families):")
-        for line in dropped[:4]:
-            c.print(f"  {escape(line)}")
-        if len(dropped) > 4:
-            c.print(f"  ... and {len(dropped) - 4} more (see --json)")
-    if out.get("plan_path"):
-        c.print(f"\nplan written to {escape(out['plan_path'])}")
-    elif out.get("plan_note"):
-        c.print(f"\n{out['plan_note']}")
 
 
 def plan_command(
@@ -248,7 +142,7 @@ def plan_command(
     if json_out:
         render.print_json(out)
     else:
-        _render(result, out, top)
+        show.show(result, out, top)
     if refusal is not None:
         raise refusal
 
