@@ -5,6 +5,8 @@ Planning needs only the architecture numbers in config.json, so this reads the l
 `hf download` fetched once is found at once and offline) and only when it is missing asks huggingface_hub to download
 that one file. huggingface_hub is imported inside `_download` alone: planning works without it installed, and
 importing this module stays cheap (a test checks that none of torch, transformers, huggingface_hub is imported).
+Without network the answer comes at once: HF_HUB_OFFLINE=1 (or TRANSFORMERS_OFFLINE=1) makes no network call at
+all, and otherwise one short connection (hub_probe) precedes the download, whose retries would take 24 s.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from llmctl.errors import SpecError
 from llmctl.fileio import load_json
+from llmctl.spec import hub_probe
 
 CONFIG_FILE = "config.json"
 
@@ -114,7 +117,7 @@ def load_hub_config(repo_id: str, revision: str | None = None) -> tuple[dict, st
             raise SpecError(
                 f"{repo_id}: {CONFIG_FILE} is not in the local Hugging Face cache ({_display(cache)}) and {offline}"
                 " forbids downloading it",
-                hint=f"download it once online, or pass a {CONFIG_FILE} path",
+                hint=fill_cache_hint(repo_id, revision, cache),
             )
         path = _download(repo_id, revision, cache)
         source = f"downloaded from the Hugging Face Hub ({_display(path)})"
@@ -168,11 +171,24 @@ def _read_ref(path: Path) -> str | None:
     return sha or None
 
 
+def fill_cache_hint(repo_id: str, revision: str | None, cache: Path) -> str:
+    """How to put config.json of `repo_id` into `cache` from a machine with network (`hf` is huggingface_hub's CLI
+    since 0.34; `huggingface-cli`, the same command, before 1.0), or do without it."""
+    rev = f" --revision {revision}" if revision else ""
+    folder = "models--" + repo_id.replace("/", "--")
+    return (
+        f"on a machine with network run `hf download {repo_id} {CONFIG_FILE}{rev}` or, before huggingface_hub 1.0,"
+        f" `huggingface-cli download {repo_id} {CONFIG_FILE}{rev}`, then copy {folder} from its Hugging Face cache"
+        f" into {_display(cache)} here; or pass a {CONFIG_FILE} path"
+    )
+
+
 def _download(repo_id: str, revision: str | None, cache: Path) -> Path:
     """config.json alone, through huggingface_hub (which stores it in the cache above, so the next call finds it
-    there). Its typed errors become one line each; the class names are huggingface_hub's (errors.py, re-exported by
-    huggingface_hub.utils since 0.x), caught subclass first: GatedRepoError is a RepositoryNotFoundError, and
-    LocalEntryNotFoundError (no network, nothing cached) an EntryNotFoundError."""
+    there), once hub_probe finds the Hub (or the proxy to it) reachable. Its typed errors become one line each; the
+    class names are huggingface_hub's (errors.py, re-exported by huggingface_hub.utils since 0.x), caught subclass
+    first: GatedRepoError is a RepositoryNotFoundError, and LocalEntryNotFoundError (no network, nothing cached) an
+    EntryNotFoundError."""
     try:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.utils import (
@@ -191,10 +207,15 @@ def _download(repo_id: str, revision: str | None, cache: Path) -> Path:
             hint=f"pip install huggingface_hub, or pass a {CONFIG_FILE} path",
         ) from None
     at = f" at revision {revision!r}" if revision else ""
-    no_network_hint = (
-        f"check the network or proxy; without one, copy the Hugging Face cache here and set HF_HUB_OFFLINE=1, or pass"
-        f" a {CONFIG_FILE} path"
-    )
+    no_network_hint = f"check the network or proxy; without one, {fill_cache_hint(repo_id, revision, cache)}"
+    target = hub_probe.probe_target(hub_probe.hub_endpoint())
+    reason = hub_probe.unreachable_reason(target)
+    if reason is not None:
+        raise SpecError(
+            f"{repo_id}: {CONFIG_FILE} is not in the local Hugging Face cache ({_display(cache)}) and the Hugging Face"
+            f" Hub cannot be reached ({target.name}: {reason})",
+            hint=fill_cache_hint(repo_id, revision, cache),
+        )
     try:
         return Path(hf_hub_download(repo_id, CONFIG_FILE, revision=revision))
     except GatedRepoError:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmctl.errors import SpecError
-from llmctl.spec import hub
+from llmctl.spec import hub, hub_probe
 
 SHA = "a" * 40
 OLD_SHA = "b" * 40
@@ -37,6 +37,8 @@ def clean_env(monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The probe before a download finds the Hub reachable without a connection (test_hub_offline.py tests it).
+    monkeypatch.setattr(hub_probe, "unreachable_reason", lambda target, timeout_s=None: None)
 
 
 def add_snapshot(
@@ -350,11 +352,19 @@ def _hub_errors() -> list[tuple[BaseException, str, str]]:
         (errors.RepositoryNotFoundError("404", response=_response(404)), "no such model repository", "HF_TOKEN"),
         (errors.RevisionNotFoundError("404", response=_response(404)), "has no revision 'v9'", "branch, tag"),
         (errors.RemoteEntryNotFoundError("404", response=_response(404)), "has no config.json at revision", "path"),
-        (errors.LocalEntryNotFoundError("connection is off"), "cannot reach the Hugging Face Hub", "HF_HUB_OFFLINE"),
+        (
+            errors.LocalEntryNotFoundError("connection is off"),
+            "cannot reach the Hugging Face Hub",
+            "hf download org/m config.json --revision v9",
+        ),
         (errors.HfHubHTTPError("502 Bad Gateway\nmore", response=_response(502)), "answered 502", "retry later"),
         (errors.HFValidationError("Invalid rev"), "refused by huggingface_hub: Invalid rev", ""),
-        (httpx2.ProxyError("proxy said no"), "cannot reach the Hugging Face Hub (ProxyError", "HF_HUB_OFFLINE"),
-        (ConnectionError("reset"), "cannot reach the Hugging Face Hub", "HF_HUB_OFFLINE"),
+        (
+            httpx2.ProxyError("proxy said no"),
+            "cannot reach the Hugging Face Hub (ProxyError",
+            "hf download org/m config.json --revision v9",
+        ),
+        (ConnectionError("reset"), "cannot reach the Hugging Face Hub", "hf download org/m config.json --revision v9"),
         (OSError(28, "No space left on device"), "cannot store config.json", "HF_HUB_CACHE"),
     ]
 
