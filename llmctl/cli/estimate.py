@@ -6,14 +6,15 @@ from typing import Annotated, Optional
 
 import typer
 
+from llmctl.cli import estimate_plot, render
 from llmctl.cli import estimate_show as show
-from llmctl.cli import render
 from llmctl.cli.options import (
     AttentionOpt,
     CheckpointingOpt,
     EngineOpt,
     GpuOpt,
     GpusOpt,
+    GpusPerNodeOpt,
     JsonOpt,
     LossChunkOpt,
     MicroBatchOpt,
@@ -33,39 +34,13 @@ from llmctl.spec import hardware, models
 from llmctl.spec.setup import ATTENTIONS, DEFAULT_HEADROOM_FRACTION, TrainSetup, canonical
 
 
-def cluster_shape(gpus: int | None, nodes: int | None, gpus_per_node: int | None) -> tuple[int, int]:
-    """(--gpus | --nodes, --gpus-per-node) -> (nodes, gpus per node). One GPU when nothing is given."""
-    gpn = gpus_per_node
-    if gpn is not None and gpn < 1:
-        raise InputError(f"--gpus-per-node must be a positive integer, got {gpn}")
-    if gpus is not None and nodes is not None:
-        raise InputError("give either --gpus or --nodes (with --gpus-per-node), not both")
-    if gpus is not None:
-        if gpus < 1:
-            raise InputError(f"--gpus must be a positive integer, got {gpus}")
-        g = gpn or 8
-        if gpus <= g:
-            return 1, gpus
-        if gpus % g:
-            raise InputError(
-                f"--gpus {gpus} is not a whole number of nodes of {g} GPUs",
-                hint="set --gpus-per-node, or use --nodes N --gpus-per-node G",
-            )
-        return gpus // g, g
-    if nodes is not None:
-        if nodes < 1:
-            raise InputError(f"--nodes must be a positive integer, got {nodes}")
-        return nodes, gpn or 8
-    return 1, gpn or 1
-
-
 def estimate_memory(
     model: ModelArg = None,
     params: ParamsOpt = None,
     gpu: GpuOpt = None,
     gpus: GpusOpt = None,
     nodes: NodesOpt = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node.")] = None,
+    gpus_per_node: GpusPerNodeOpt = None,
     strategy: StrategyOpt = "full_shard",
     precision: PrecisionOpt = "bf16-mixed",
     optimizer: OptimizerOpt = "adamw",
@@ -109,8 +84,14 @@ def estimate_memory(
             f"{attention}, estimated here",
             soft_wrap=True,
         )
-    n_nodes, gpn = cluster_shape(gpus, nodes, gpus_per_node)
     gpu_spec = hardware.resolve_gpu(gpu) if gpu else None
+    # The GPU kind's usual node (8 when no kind is given): what --gpus and --nodes fill, and the node the "how many
+    # GPUs" answer counts in. Nothing given estimates one GPU.
+    node_gpus = gpus_per_node or (gpu_spec.node_gpus if gpu_spec else 8)
+    if gpus is None and nodes is None:
+        n_nodes, gpn = hardware.cluster_shape(None, None, gpus_per_node, 1)
+    else:
+        n_nodes, gpn = hardware.cluster_shape(gpus, nodes, gpus_per_node, node_gpus)
     if (
         strategy.strip().lower().replace("-", "_") in ("hybrid_shard", "hybrid", "hsdp")
         and gpus_per_node is None
@@ -137,9 +118,9 @@ def estimate_memory(
     )
     if gpu_spec is not None:
         setup.precision.check_gpu(gpu_spec)  # V100 has no bf16: say so rather than estimate a setup that cannot run
-    result = mem.fit_report(spec, setup, gpu_spec)
+    result = mem.fit_report(spec, setup, gpu_spec, node_gpus=max(node_gpus, gpn))
     if plot:
-        show.plot(spec, setup, plot)
+        estimate_plot.write(spec, setup, gpu_spec, plot)
     if json_out:
         render.print_json({k: v for k, v in result.items() if not k.startswith("_")})
     else:

@@ -1,16 +1,13 @@
-"""What `llmctl estimate-memory` shows: the ledger and per-GPU tables, the fewest GPUs, the PNG plot, the model and
-GPU lists (rendering only; the numbers are llmctl.plan.memory's)."""
+"""What `llmctl estimate-memory` shows: the ledger and per-GPU tables, the fewest GPUs, the model and GPU lists
+(rendering only; the numbers are llmctl.plan.memory's). The PNG plot is llmctl.cli.estimate_plot."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from llmctl.cli import render
 from llmctl.plan import memory as mem
 from llmctl.spec import hardware, models
-from llmctl.spec.parallel import STRATEGIES
-from llmctl.spec.setup import TrainSetup
 
 
 def show(result: dict[str, Any]) -> None:
@@ -93,7 +90,7 @@ def show(result: dict[str, Any]) -> None:
             f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}"
         )
         t = render.table(
-            f"Fewest {result['gpu']} GPUs that fit (micro-batch {s.micro_batch_size}, {s.gpus_per_node} per node)",
+            f"Fewest {result['gpu']} GPUs that fit (micro-batch {s.micro_batch_size}, {result['node_gpus']} per node)",
             [("strategy", "left"), ("GPUs", "right"), ("nodes", "right"), ("GiB per GPU", "right"), ("note", "left")],
         )
         for strat, row in result["min_gpus_by_strategy"].items():
@@ -126,36 +123,6 @@ def show(result: dict[str, Any]) -> None:
                 row["note"],
             )
         c.print(t)
-
-
-def plot(spec: models.ModelSpec, setup: TrainSetup, path: str) -> None:
-    p = render.plot_path(path)
-    plt = render.pyplot()
-    strategies = [
-        st
-        for st in STRATEGIES
-        if not (st == "zero1" and setup.engine == "fsdp2") and not (st == "hybrid_shard" and setup.nodes < 2)
-    ]
-    ests = [mem.estimate(spec, replace(setup, strategy=st)) for st in strategies]
-    names: list[str] = []
-    for e in ests:
-        names += [k for k in e.per_component() if k not in names]
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    bottoms = [0.0] * len(ests)
-    cmap = plt.get_cmap("tab20")
-    for j, name in enumerate(names):
-        vals = [e.per_component().get(name, 0) / render.GIB for e in ests]
-        ax.bar(strategies, vals, bottom=bottoms, label=name, color=cmap(j % 20))
-        bottoms = [b + v for b, v in zip(bottoms, vals)]
-    ax.set_ylabel("GiB per GPU (components live at each strategy's peak phase)")
-    ax.set_title(
-        f"{spec.name}: {setup.precision} {setup.optimizer}, {setup.world_size} GPUs, "
-        f"mb {setup.micro_batch_size} x {setup.seq_len}"
-    )
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
 
 
 def list_models() -> None:

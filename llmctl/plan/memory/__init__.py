@@ -36,7 +36,16 @@ from llmctl.plan.memory.activations import (
     shared_activation_bytes,
     stage_activation_bytes,
 )
-from llmctl.plan.memory.estimate import Component, MemoryEstimate, MinGpus, estimate, fits, max_micro_batch, min_gpus
+from llmctl.plan.memory.estimate import (
+    Component,
+    MemoryEstimate,
+    MinGpus,
+    estimate,
+    fits,
+    max_micro_batch,
+    min_gpus,
+    state_shard_degree,
+)
 from llmctl.plan.memory.ledger import (
     StateLine,
     classic_bytes_per_param,
@@ -72,4 +81,5 @@ __all__ = [
     "stage_activation_bytes",
     "stage_params",
     "state_ledger",
+    "state_shard_degree",
 ]

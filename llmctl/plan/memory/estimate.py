@@ -80,6 +80,12 @@ class MemoryEstimate:
         return out
 
 
+def state_shard_degree(setup: TrainSetup, line: StateLine) -> int:
+    """Data-parallel ranks one model state is split over (1: each rank holds all of it). FSDP2 shards every state at
+    rest (SHARD_GRAD_OP differs only while computing); ZeRO by its stage."""
+    return setup.dims.dp_shard if setup.engine == "fsdp2" else setup.dims.shard_degree(line.sharded_from_stage)
+
+
 def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Per-GPU memory of one training step (see module docstring for what is predicted)."""
     if setup.attention == "auto":
@@ -89,8 +95,7 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     dims = setup.dims
     comps: list[Component] = []
     for line in ledger:
-        # FSDP2 shards every state at rest (SHARD_GRAD_OP differs only while computing); ZeRO by its stage.
-        deg = dims.dp_shard if setup.engine == "fsdp2" else dims.shard_degree(line.sharded_from_stage)
+        deg = state_shard_degree(setup, line)
         comps.append(
             Component(
                 line.name,
