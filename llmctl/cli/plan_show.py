@@ -14,6 +14,8 @@ from llmctl.plan import planner as pl
 def duration(s: float | None) -> str:
     if s is None:
         return "-"
+    if s < 60:
+        return f"{s:.1f} s"
     if s < 3600:
         return f"{s / 60:.1f} min"
     if s < 86400 * 2:
@@ -111,7 +113,21 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
             c.print(f"  {escape(line)}")
         if len(dropped) > 4:
             c.print(f"  ... and {len(dropped) - 4} more (see --json)")
+    margin = out.get("memory_margin") or {}
+    if margin:
+        kept = f"; {margin['margin_fraction']:.0%} kept free as asked" if margin["margin_fraction"] else ""
+        c.print(
+            f"memory margin: {render.gib(margin['predicted_bytes'], 1)} of {render.gib(margin['gpu_bytes'], 1)} GiB "
+            f"per GPU predicted, including {margin['headroom_fraction']:.0%} allocator headroom "
+            f"({render.gib(margin['allocator_headroom_bytes'], 1)} GiB) and the CUDA context "
+            f"({render.gib(margin['cuda_context_bytes'], 1)} GiB); {render.gib(margin['free_bytes'], 1)} GiB "
+            f"({margin['free_fraction']:.1%}) free{kept}"
+        )
+        if margin["warning"]:
+            render.err_console.print(f"warning: {escape(margin['warning'])}", soft_wrap=True)
     if out.get("plan_path"):
         c.print(f"\nplan written to {escape(out['plan_path'])}")
+        for note in out.get("run_notes") or []:
+            c.print(f"  {escape(note)}")
     elif out.get("plan_note"):
         c.print(f"\n{out['plan_note']}")

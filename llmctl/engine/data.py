@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from llmctl.data.check import check_tokenizer, check_vocab, expand_paths
+from llmctl.data.check import expected_tokenizers as _expected
 from llmctl.data.format import open_prepared
 from llmctl.data.tokenizer import Tokenizer, load_tokenizer, token_dtype
 from llmctl.errors import InputError
@@ -39,23 +41,6 @@ from llmctl.spec.planfile import DataSection
 
 if TYPE_CHECKING:
     import torch
-
-TEXT_SUFFIXES = (".txt", ".md", ".rst", ".jsonl")
-
-
-def expand_paths(paths: Sequence[str], key: str = "data.paths") -> list[Path]:
-    """Files as given, folders expanded to their text files (sorted, so the order never depends on the disk)."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            out += sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in TEXT_SUFFIXES)
-        elif p.is_file():
-            out.append(p)
-        else:
-            raise InputError(f"{key}: {str(p)!r} does not exist")
-    if not out:
-        raise InputError(f"{key}: no text files found in {list(paths)}")
-    return out
 
 
 def iter_documents(files: Iterable[Path], jsonl_field: str = "text") -> Iterable[str]:
@@ -184,22 +169,6 @@ class Stream:
     description: str
 
 
-def check_tokenizer(meta_tokenizer: Any, path: str, expected: Sequence[tuple[str, str]]) -> None:
-    """Refuse prepared data whose tokenizer is not the one the plan names (data.tokenizer, or the tokenizer that
-    ships in model.weights): same vocabulary size is not enough, the ids must mean the same text."""
-    if not isinstance(meta_tokenizer, dict) or not meta_tokenizer.get("fingerprint"):
-        return  # no fingerprint recorded: only the vocabulary size can be checked
-    for key, folder in expected:
-        mine = load_tokenizer(folder).fingerprint()
-        if mine != meta_tokenizer["fingerprint"]:
-            raise InputError(
-                f"data.paths: {path} was prepared with tokenizer {meta_tokenizer.get('name')!r} "
-                f"(fingerprint {str(meta_tokenizer['fingerprint'])[:12]}), not the {key} {folder!r} "
-                f"(fingerprint {mine[:12]})",
-                hint="prepare the data again with --tokenizer set to the model's tokenizer",
-            )
-
-
 def open_stream(
     data: DataSection, paths: Sequence[str], split: str, key: str, expected: Sequence[tuple[str, str]] = ()
 ) -> Stream:
@@ -227,20 +196,12 @@ def open_stream(
 
 
 def _check_vocab(stream: Stream, model_vocab: int) -> None:
-    if stream.vocab_size > model_vocab:
-        raise InputError(
-            f"data: the tokenizer of {stream.description} has {stream.vocab_size} tokens but the model's "
-            f"vocabulary is {model_vocab}",
-            hint="set model.overrides.vocab_size or use a matching tokenizer",
-        )
+    check_vocab(stream.vocab_size, model_vocab, stream.description)
 
 
 def expected_tokenizers(data: DataSection, weights: str | None) -> list[tuple[str, str]]:
     """The tokenizers prepared data must have been made with: data.tokenizer, and the one in model.weights."""
-    out = [("data.tokenizer", data.tokenizer)] if data.tokenizer else []
-    if weights and any((Path(weights) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        out.append(("tokenizer of model.weights", weights))
-    return out
+    return _expected(data.tokenizer, weights)
 
 
 def build_source(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,10 +36,52 @@ def predicted_section(c: Candidate, network: cm.Network | None = None) -> dict[s
     return out
 
 
-def to_plan(result: PlanResult, name: str | None = None) -> pf.Plan | None:
+DEFAULT_CHECKPOINT_MINUTES = 30.0
+"""How often a planned run checkpoints by default, in minutes of training: what a failure loses at most (half of it on
+average). torchtitan's and Megatron-LM's examples save every few hundred steps, which at their step times is 10-60
+minutes; a SLURM time limit or preemption is covered apart from this (SIGUSR1 saves a checkpoint first)."""
+DEFAULT_RUNS_DIR = "runs"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What makes a plan a run and not only a prediction: its data (a `data:` section, llmctl.data.check.plan_data)
+    and its folder (checkpoints under <run_dir>/checkpoints, logs and metrics in <run_dir>)."""
+
+    data: dict[str, Any] | None = None
+    """None: synthetic tokens."""
+    run_dir: str | None = None
+    """None: runs/<plan name>."""
+    checkpoint_minutes: float = DEFAULT_CHECKPOINT_MINUTES
+    keep_last: int = 2
+
+
+def checkpoint_interval_steps(step_time_s: float, minutes: float) -> int:
+    """Optimizer steps between checkpoints for about `minutes` of training at the planned step time (at least 1)."""
+    if step_time_s <= 0:
+        return 1
+    return max(1, math.ceil(minutes * 60 / step_time_s))
+
+
+def _model_name(name: str, source: str) -> str:
+    """A preset's name as it is (llama-3.1-8b keeps its dots); a config's folder name (.../Qwen3-8B/config.json)."""
+    if source == "preset":
+        return name
+    p = Path(name)
+    return p.parent.name if p.name == "config.json" else p.name
+
+
+def _total_steps(training: dict[str, Any], tokens_per_step: int) -> int:
+    if training["max_steps"]:
+        return int(training["max_steps"])
+    return -(-int(training["token_budget"]) // tokens_per_step)
+
+
+def to_plan(result: PlanResult, name: str | None = None, run: RunOptions | None = None) -> pf.Plan | None:
     """The chosen candidate as the engine's plan file (None for --params: the engine needs an architecture).
     Validated like a plan file read from disk: a request the engine could not run (a token budget of more than
-    planfile.MAX_STEPS steps, a sequence longer than a GPT-2's positions) is one SpecError line, not a plan."""
+    planfile.MAX_STEPS steps, a sequence longer than a GPT-2's positions) is one SpecError line, not a plan.
+    With `run`: its data, and checkpoints and logs in its run folder (without: synthetic data, no checkpoints)."""
     if result.request.spec.source not in ("preset", "config"):
         return None
     req, c = result.request, result.chosen
@@ -45,7 +89,7 @@ def to_plan(result: PlanResult, name: str | None = None) -> pf.Plan | None:
     model = {"preset": spec.name} if spec.source == "preset" else {"config": spec.name}
     sections = pf.setup_sections(s)
     data: dict[str, Any] = {
-        "name": name or f"{Path(spec.name).stem}-{s.strategy}-{s.nodes}x{s.gpus_per_node}",
+        "name": name or f"{_model_name(spec.name, spec.source)}-{s.strategy}-{s.nodes}x{s.gpus_per_node}",
         "model": model,
         "hardware": {"gpu": req.gpu.name, **sections["hardware"]},
         "parallel": sections["parallel"],
@@ -56,6 +100,19 @@ def to_plan(result: PlanResult, name: str | None = None) -> pf.Plan | None:
         },
         "predicted": predicted_section(c, req.network),
     }
+    if run is not None:
+        folder = run.run_dir or str(Path(DEFAULT_RUNS_DIR) / data["name"])
+        data["data"] = run.data or {"kind": "synthetic"}
+        data["checkpoint"] = {
+            "dir": str(Path(folder) / "checkpoints"),
+            # At most the run's length: a run shorter than the interval saves at its end (and on SIGUSR1).
+            "interval_steps": min(
+                checkpoint_interval_steps(c.predicted.step_time_s, run.checkpoint_minutes),
+                _total_steps(data["training"], s.tokens_per_step),
+            ),
+            "keep_last": run.keep_last,
+        }
+        data["logging"] = {"dir": folder}
     try:
         return pf.Plan.model_validate(data)
     except ValidationError as e:

@@ -20,7 +20,7 @@ from llmctl.errors import DoesNotFitError, InputError
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration
 from llmctl.plan.explain import explain_memory_choice, recompute_seconds, sort_key, why_lost
-from llmctl.plan.request import PlanRequest
+from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
 from llmctl.plan.timing import Candidate, evaluate
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GIB
@@ -51,6 +51,34 @@ class PlanResult:
     evaluated: int
     memory_choice: str = ""
     """Why this checkpointing and loss: what the other modes would fit and cost on the same strategy and nodes."""
+
+    def memory_margin(self) -> dict[str, Any]:
+        """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
+        headroom, CUDA context), the margin asked for, what is left free, and a warning when that is under
+        request.TIGHT_MEMORY_FRACTION of the GPU without a margin asked for."""
+        req, s = self.request, self.chosen.setup
+        est = mem.estimate(req.spec, s)
+        total = req.gpu.memory_bytes
+        free = total - est.device_bytes
+        out: dict[str, Any] = {
+            "gpu_bytes": total,
+            "predicted_bytes": est.device_bytes,
+            "allocator_headroom_bytes": est.headroom_bytes,
+            "headroom_fraction": s.headroom_fraction,
+            "cuda_context_bytes": s.cuda_context_bytes,
+            "margin_fraction": req.memory_margin,
+            "free_bytes": free,
+            "free_fraction": free / total,
+            "warning": None,
+        }
+        if req.memory_margin == 0 and free < TIGHT_MEMORY_FRACTION * total:
+            out["warning"] = (
+                f"the chosen setup leaves {free / GIB:.1f} GiB ({free / total:.1%}) of the {total / GIB:.1f} GiB free, "
+                f"under {TIGHT_MEMORY_FRACTION:.0%}: a CUDA or NCCL stack with larger workspaces than assumed, or "
+                f"fragmentation beyond the {s.headroom_fraction:.0%} headroom, would run out of memory; "
+                f"--memory-margin {TIGHT_MEMORY_FRACTION:g} plans with that much kept free"
+            )
+        return out
 
     def as_dict(self, top: int, calibration: Calibration | None = None) -> dict[str, Any]:
         """What `llmctl plan --json` prints (the top candidates, and the calibration the request used)."""
@@ -97,6 +125,7 @@ class PlanResult:
             "variants_considered": len(result.variants),
             "why_lost": [result.why_lost[i] for i in range(1, min(top, len(result.candidates)))],
             "memory_choice": result.memory_choice,
+            "memory_margin": result.memory_margin(),
             "rejected": list(dict.fromkeys(result.rejected))[:50],
             "plan_path": None,
         }
@@ -258,7 +287,7 @@ class MemorySearch:
         if key not in self.cache:
             setup = self.req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk)
             need = mem.estimate(self.req.spec, setup).device_bytes
-            cap = self.req.gpu.memory_bytes
+            cap = self.req.capacity_bytes
             limit = max(1, self.req.global_batch // self.req.gpus_per_node)
             fitted = mem.max_micro_batch(self.req.spec, setup, cap, limit=limit) if need <= cap else 0
             self.cache[key] = (fitted, need)
@@ -269,7 +298,7 @@ class MemorySearch:
     ) -> list[int]:
         """The micro-batches to try (divisors of the per-GPU batch that fit, or the pinned one), ascending; [] with
         the reason appended to `rejected` when none."""
-        req, cap = self.req, self.req.gpu.memory_bytes
+        req, cap = self.req, self.req.capacity_bytes
         max_mb = self.max_mb(strategy, n, ckpt, attn, chunk, per_gpu)
         where = (
             f"{strategy} on {n} node{'s' if n > 1 else ''}, checkpointing {ckpt}, {attn}"
@@ -320,7 +349,7 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
         "flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa"
     )
     setup = req.setup("full_shard", 1, 1, 1, "full", best_attn)
-    m = mem.min_gpus(req.spec, setup, req.gpu.memory_bytes, "full_shard")
+    m = mem.min_gpus(req.spec, setup, req.capacity_bytes, "full_shard")
     where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
     if m.gpus is None:
         raise DoesNotFitError(
@@ -336,5 +365,5 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
         f"{req.spec.name} does not fit on {where} in any setup; the smallest cluster of "
         f"{req.gpu.name} that fits is {shape} ({m.gpus} GPUs) with full_shard, checkpointing, "
         f"{best_attn} attention, micro-batch 1 ({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
-        hint=f"pass --nodes {m.nodes} or more",
+        hint=f"pass --gpus {m.gpus} or more" + (f" (--nodes {m.nodes})" if (m.nodes or 0) > 1 else ""),
     )

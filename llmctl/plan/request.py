@@ -51,6 +51,12 @@ COMPILE_SPEEDUP = 1.10
 HBM_EFFICIENCY = 0.7
 DEFAULT_GLOBAL_BATCH_SEQS = 128
 """Default global batch when none is given: max(128 sequences, one per GPU)."""
+TIGHT_MEMORY_FRACTION = 0.05
+"""The plan warns when the chosen setup leaves less than this fraction of the GPU's memory free (beyond the allocator
+headroom the estimate already holds). The estimate matches torch.cuda.max_memory_allocated for the model types it is
+exact for (tests/plan/test_memory_measured.py); what it cannot see is outside the allocator and varies by a few
+percent of an 80 GB GPU between stacks: the CUDA context and cuBLAS/NCCL workspaces are 0.5-2 GiB depending on the
+driver, NCCL version and number of communicators (NCCL docs, "NCCL_BUFFSIZE": 4 MiB per channel and peer)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,9 @@ class PlanRequest:
     overlap: float = cm.DEFAULT_OVERLAP
     efficiency: Efficiency = field(default_factory=Efficiency)
     sync_every_micro_batch: bool = True
+    memory_margin: float = 0.0
+    """Fraction of each GPU's memory the chosen setup must leave free (--memory-margin), on top of the allocator
+    headroom and CUDA context the estimate includes."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node", "seq_len"):
@@ -125,6 +134,13 @@ class PlanRequest:
             raise InputError(f"unknown objective {self.objective!r}", hint="throughput or cost")
         if not 0 <= self.overlap <= 1:
             raise InputError(f"--overlap must be in [0, 1], got {self.overlap}")
+        if not 0 <= self.memory_margin < 1:
+            raise InputError(f"--memory-margin must be a fraction in [0, 1), got {self.memory_margin}")
+        if self.objective == "cost" and self.price_per_gpu_hour is None:
+            raise InputError(
+                "--objective cost needs a price",
+                hint="pass --price USD_PER_GPU_HOUR (or price_per_gpu_hour in --cluster)",
+            )
         object.__setattr__(self, "precision", policy(self.precision))
         self.precision.check_engine()
         if self.strategy is not None:
@@ -144,6 +160,11 @@ class PlanRequest:
     @property
     def global_batch(self) -> int:
         return self.global_batch_seqs or max(DEFAULT_GLOBAL_BATCH_SEQS, self.nodes * self.gpus_per_node)
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of each GPU a setup may use: its memory less the margin asked for."""
+        return int(self.gpu.memory_bytes * (1 - self.memory_margin))
 
     @property
     def compute_dtype(self) -> str:
@@ -186,11 +207,14 @@ def build_request(
     checkpointing: str | None = None,
     compile_: bool | None = None,
 ) -> tuple[PlanRequest, Calibration | None]:
-    """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, nodes, gpus_per_node,
+    """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes, gpus_per_node,
     cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
-    precision, loss_chunk, attention, overlap, calibrate) and the pinned decisions, every value checked in one order
+    precision, loss_chunk, attention, overlap, calibrate, memory_margin; gpus and memory_margin may be absent) and the pinned decisions, every value checked in one order
     (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
     request here too."""
+    gpus = o.get("gpus")
+    if gpus is not None and o["nodes"] is not None:
+        raise InputError("give either --gpus or --nodes (with --gpus-per-node), not both")
     flags = {
         "gpu": o["gpu"],
         "nodes": o["nodes"],
@@ -211,6 +235,9 @@ def build_request(
         if o["gpu"] is None:
             raise InputError("no GPU kind given", hint="pass --gpu KIND or --cluster cluster.yaml")
         hw = hardware.make_cluster("the flags", **flags)
+    if gpus is not None:  # a total: one node up to a node's worth (the file's, the flag's or the kind's), else nodes
+        n, g = hardware.cluster_shape(gpus, None, o["gpus_per_node"], hw.gpus_per_node)
+        hw = hw.model_copy(update={"nodes": n, "gpus_per_node": g})
     seq_len, gb, gbt = o["seq_len"], o["global_batch"], o["global_batch_tokens"]
     if gb is not None and gbt is not None:
         raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
@@ -244,5 +271,6 @@ def build_request(
         loss_chunk_tokens=o["loss_chunk"],
         overlap=o["overlap"],
         efficiency=Efficiency(calibration=cal.factor) if cal else Efficiency(),
+        memory_margin=o.get("memory_margin") or 0.0,
     )
     return req, cal

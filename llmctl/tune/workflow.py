@@ -29,6 +29,7 @@ DEFAULT_DIR = "llmctl-tune"
 PLAN_OPTIONS = (
     "params",
     "gpu",
+    "gpus",
     "nodes",
     "gpus_per_node",
     "cluster",
@@ -46,6 +47,7 @@ PLAN_OPTIONS = (
     "attention",
     "overlap",
     "calibrate",
+    "memory_margin",
 )
 """The `llmctl plan` options `tune MODEL` takes (by name, as build_request reads them)."""
 PLAN_FILE_OPTIONS = ("gpu", "calibrate", "net", "inter_gbps", "intra_gbps")

@@ -15,10 +15,11 @@ from llmctl.spec.parallel import STRATEGIES
 from llmctl.spec.setup import TrainSetup
 
 
-def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None) -> dict[str, Any]:
+def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpus: int | None = None) -> dict[str, Any]:
     """`llmctl estimate-memory`'s whole answer as plain data (what --json prints and the tables show): the ledger,
     the components by phase, one block's activation terms, and on a GPU whether it fits, the largest micro-batch and
-    the fewest GPUs per strategy and per checkpointing mode. The estimate itself is under "_estimate"."""
+    the fewest GPUs per strategy and per checkpointing mode, in nodes of `node_gpus` GPUs (default: the setup's). The
+    estimate itself is under "_estimate"."""
     est = estimate(spec, setup)
     out: dict[str, Any] = {
         "model": spec.name,
@@ -80,10 +81,12 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None) -> dict[
         out["gpu_memory_bytes"] = gpu.memory_bytes
         out["fits"] = fits(est, gpu.memory_bytes)
         out["max_micro_batch"] = max_micro_batch(spec, setup, gpu.memory_bytes)
+        sized = setup if node_gpus in (None, setup.gpus_per_node) else replace(setup, gpus_per_node=node_gpus)
         table = {}
         for strat in STRATEGIES:
-            m = min_gpus(spec, setup, gpu.memory_bytes, strat)
+            m = min_gpus(spec, sized, gpu.memory_bytes, strat)
             table[strat] = {"gpus": m.gpus, "nodes": m.nodes, "per_gpu_total_bytes": m.device_bytes, "note": m.note}
+        out["node_gpus"] = sized.gpus_per_node
         out["min_gpus_by_strategy"] = table
         out["min_gpus"] = table[setup.strategy]["gpus"]
         by_mode = {}
@@ -94,7 +97,7 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None) -> dict[
             if mode.startswith("partial:") and spec.num_layers // int(mode.split(":")[1]) == 0:
                 continue
             alt = replace(setup, checkpointing=mode)
-            m = min_gpus(spec, alt, gpu.memory_bytes, setup.strategy)
+            m = min_gpus(spec, replace(sized, checkpointing=mode), gpu.memory_bytes, setup.strategy)
             acts = sum(comp.bytes for comp in estimate(spec, alt).components if comp.name.startswith("activations"))
             by_mode[mode] = {
                 "gpus": m.gpus,
