@@ -9,6 +9,26 @@ from typing import Any
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _llmctl_home_for_the_session(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No test writes llmctl's per-user state (the job index, llmctl.launch.registry) into the real home: the
+    session's fixtures see this folder, and each test gets its own below."""
+    import os
+
+    os.environ["LLMCTL_HOME"] = str(tmp_path_factory.getbasetemp() / "llmctl-home-session")
+
+
+@pytest.fixture(autouse=True)
+def _llmctl_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """$LLMCTL_HOME of this test (and the processes it starts): a folder of its own, created only when used, so
+    that `llmctl status`/`logs` in one test never see another test's jobs."""
+    import uuid
+
+    home = tmp_path_factory.getbasetemp() / f"llmctl-home-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv("LLMCTL_HOME", str(home))
+    return home
+
+
 @pytest.fixture(scope="session")
 def measured_others(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every config of tests/family_configs.py's OTHERS measured on fake tensors once for the session (tens of

@@ -1,5 +1,6 @@
-"""`llmctl status`, `llmctl logs`, `llmctl cancel`: the jobs `llmctl launch` started, each asked through the backend
-named in its record (llmctl.launch.backends)."""
+"""`llmctl status`, `llmctl logs`, `llmctl cancel`: the jobs `llmctl launch` started, found through the per-user job
+index (llmctl.launch.registry) from any folder, or under --jobs-dir, and each asked through the backend named in its
+record (llmctl.launch.backends)."""
 
 from __future__ import annotations
 
@@ -15,70 +16,97 @@ from llmctl.errors import InputError
 from llmctl.launch import jobs
 
 JobArg = Annotated[str, typer.Argument(help="Job id, job folder name or path.", show_default=False)]
+LatestJobArg = Annotated[
+    str | None,
+    typer.Argument(help="Job id, job folder name or path (default: the latest launched).", show_default=False),
+]
+SHOWN = 20
+"""`status` without a job lists the latest SHOWN jobs (--all: every one the index holds)."""
+
+
+def _root(jobs_dir: str | None) -> Path | None:
+    """--jobs-dir restricts to the jobs under it; without it, the per-user index (and ./llmctl-jobs)."""
+    return jobs.jobs_root(jobs_dir) if jobs_dir else None
 
 
 def status(
-    job: Annotated[str | None, typer.Argument(help="Job id or folder (default: all jobs).")] = None,
+    job: Annotated[str | None, typer.Argument(help="Job id or folder (default: the latest jobs).")] = None,
     jobs_dir: JobsDirOpt = None,
+    every: Annotated[bool, typer.Option("--all", help=f"Every job, not only the latest {SHOWN}.")] = False,
 ) -> None:
-    """State of jobs launched from here, from each job's own executor (SLURM, or a local run's pid; else its folder)."""
+    """State of the jobs llmctl launched (from any folder), from each job's own executor (SLURM, or a local run's pid)
+    and its folder's events: RUNNING, COMPLETED, FAILED (exit N), CANCELLED, REQUEUED, ...; and the last checkpoint."""
     from rich.console import Console
     from rich.table import Table
 
-    from llmctl.launch import jobs
-
-    root = jobs.jobs_root(jobs_dir)
-    records = [jobs.find(job, root)] if job else jobs.all_records(root)
+    if job:
+        records, found = [jobs.find(job, _root(jobs_dir))], None
+    else:
+        found = jobs.listing(_root(jobs_dir))
+        records = found.records if every else found.records[-SHOWN:]
+        if found.note():
+            typer.echo(found.note(), err=True)
     if not records:
-        typer.echo(f"no jobs launched from {root}")
+        typer.echo(f"no jobs in {found.where if found else jobs_dir}")
         return
     table = Table(box=None)
     notes = [jobs.preflight_note(r) for r in records]
-    columns = ("job", "backend", "plan", "nodes", "state", "submitted", "folder")
+    columns = ("job", "backend", "plan", "nodes", "state", "checkpoint", "submitted", "folder")
     for col in columns + (("preflight",) if any(notes) else ()):
         table.add_column(col, overflow="fold")
     for r, note in zip(records, notes):
+        step = jobs.last_checkpoint_step(r)
         table.add_row(
             r.job_id,
             r.backend,
             r.plan_name,
             f"{r.nodes}x{r.nproc_per_node}" + (f" +{r.spare_nodes} spare" if r.spare_nodes else ""),
             _state(r),
-            r.submitted_at,
-            Path(r.folder).name,
+            "" if step is None else f"step {step}",
+            r.submitted_at.split(".")[0].rstrip("Z") + "Z",  # to the second (the record keeps milliseconds)
+            r.folder,
             *((note,) if any(notes) else ()),
         )
-    Console(width=200).print(table)
+    Console(width=240).print(table)
+    if found is not None and len(records) < len(found.records):
+        typer.echo(f"(the latest {len(records)} of {len(found.records)} jobs; --all lists every one)")
 
 
 def logs(
-    job: JobArg,
+    job: LatestJobArg = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing until the job ends.")] = False,
     jobs_dir: JobsDirOpt = None,
 ) -> None:
-    """Print a job's log (task 0's for submitit); --follow streams it until the job ends."""
-    from llmctl.launch import backends, jobs
+    """Print what a job's console showed (a local run's console.log, SLURM's slurm-<id>.out, submitit's task logs),
+    tracebacks included; --follow streams it until the job ends. The engine's metrics stay in metrics.jsonl."""
+    from llmctl.launch import backends
 
-    record = jobs.find(job, jobs.jobs_root(jobs_dir))
+    record = jobs.find(job, _root(jobs_dir))
+    if job is None:
+        typer.echo(f"llmctl: job {record.job_id} (the latest launched), folder {record.folder}", err=True)
     backend = backends.backend_for(record)
-    paths = backend.logs(record)
-    offsets = dict.fromkeys(paths, 0)
+    offsets: dict[Path, int] = {}
+    last: list[Path] = []
 
     def drain() -> None:
-        for p in paths:
+        for p in backend.logs(record):  # asked again each time: SLURM task logs appear as tasks start
             if not p.is_file():
                 continue
             with p.open("rb") as f:
-                f.seek(offsets[p])
+                f.seek(offsets.get(p, 0))
                 data = f.read()
-            offsets[p] += len(data)
-            if data:
-                sys.stdout.write(data.decode(errors="replace"))
-                sys.stdout.flush()
+            offsets[p] = offsets.get(p, 0) + len(data)
+            if not data:
+                continue
+            if last and last[0] != p:  # like tail: a header when the output switches to another file
+                sys.stdout.write(f"\n==> {p} <==\n")
+            last[:] = [p]
+            sys.stdout.write(data.decode(errors="replace"))
+            sys.stdout.flush()
 
     drain()
     if not follow:
-        if not any(p.is_file() for p in paths):
+        if not offsets:
             typer.echo(f"no log yet for job {record.job_id} (state {backend.state(record)})", err=True)
         return
     while True:
@@ -103,12 +131,14 @@ def cancel(
     job: JobArg,
     jobs_dir: JobsDirOpt = None,
 ) -> None:
-    """Stop a job (no requeue): scancel for SLURM jobs, SIGTERM to torchrun for a local run."""
-    from llmctl.launch import backends, jobs
+    """Stop a job (no requeue), letting it save a checkpoint: scancel for SLURM jobs; for a local run, SIGTERM to its
+    ranks, which checkpoint at the next step boundary, then it waits for the run to end (the launching llmctl exits
+    with code 143)."""
+    from llmctl.launch import backends
 
-    record = jobs.find(job, jobs.jobs_root(jobs_dir))
-    backends.backend_for(record).cancel(record)
-    typer.echo(f"cancelled job {record.job_id} ({record.backend})")
+    record = jobs.find(job, _root(jobs_dir))
+    message = backends.backend_for(record).cancel(record)
+    typer.echo(message or f"cancelled job {record.job_id} ({record.backend})")
 
 
 def register(app: typer.Typer) -> None:

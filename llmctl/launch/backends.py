@@ -9,8 +9,8 @@ that `llmctl --help` does not pay for jinja2 or submitit. A new backend is one `
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -84,6 +84,8 @@ class Job:
         return folder
 
     def record(self, backend: str, job_id: str, folder: Path, logs: list[Path], command: list[str]) -> jobs.JobRecord:
+        plan = self.effective_plan
+        ckpt = plan.checkpoint.dir
         return jobs.JobRecord(
             job_id=job_id,
             backend=backend,
@@ -92,9 +94,12 @@ class Job:
             nodes=self.nodes,
             nproc_per_node=self.nproc_per_node,
             spare_nodes=self.preflight.spare_nodes,
-            submitted_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            submitted_at=jobs.now_utc(precise=True),
             logs=[str(p) for p in logs],
             command=command,
+            # The engine resolves the plan's relative paths from the workdir (where it runs).
+            metrics=str(self.workdir / plan.logging.dir / "metrics.jsonl"),
+            checkpoint_dir=str(self.workdir / ckpt) if ckpt else None,
         )
 
     def env_prefix(self) -> str:
@@ -131,20 +136,24 @@ class LaunchBackend(ABC):
         return [Path(p) for p in record.logs]
 
     @abstractmethod
-    def cancel(self, record: jobs.JobRecord) -> None:
-        """Stop the job (no requeue)."""
+    def cancel(self, record: jobs.JobRecord) -> str | None:
+        """Stop the job (no requeue). Returns the line `llmctl cancel` prints (None: a plain "cancelled job ...")."""
 
 
 class SlurmBackend(LaunchBackend):
-    """A backend that submits to SLURM: state from squeue/sacct/scontrol, else the job folder; scancel."""
+    """A backend that submits to SLURM: state from squeue/sacct/scontrol and the job folder's events; scancel."""
 
     slurm = True
 
     def state(self, record: jobs.JobRecord) -> str:
-        return jobs.slurm_state(record.job_id) or jobs.folder_state(record)
+        return jobs.slurm_job_state(jobs.slurm_state(record.job_id), jobs.folder_state(record), jobs.requeues(record))
 
-    def cancel(self, record: jobs.JobRecord) -> None:
+    def cancel(self, record: jobs.JobRecord) -> str | None:
         jobs.scancel(record.job_id)
+        # SLURM forgets a finished job without accounting (sacct) after MinJobAge: the folder remembers the cancel.
+        with contextlib.suppress(OSError):  # scancel did the work; only that late `status` would lack the word
+            jobs.append_event(record, f"{jobs.CANCELLED} {jobs.now_utc()} by llmctl cancel")
+        return None
 
 
 # name -> a backend, or "module:Class" for a built-in not imported yet.

@@ -1,10 +1,16 @@
-"""Job folders: one per launch, holding the plan copy, the script, the logs and a `job.json` record, so that
-`llmctl status`, `logs` and `cancel` work for jobs launched from here: they ask the backend named in the record
-(llmctl.launch.backends), which uses squeue/sacct/scontrol or a pid, else what the folder says. Torch-free.
+"""Job folders: one per launch, holding the plan copy, the script, the logs and a `job.json` record, and the
+per-user index that points at them (llmctl.launch.registry), so that `llmctl status`, `logs` and `cancel` work from
+any folder: they ask the backend named in the record (llmctl.launch.backends), which uses squeue/sacct/scontrol or a
+pid, and what the folder's `events` say. Torch-free.
 
-Layout of <jobs-dir>/<stamp>-<name>/: plan.yaml, job.sbatch (sbatch) or submitit/ (submitit), slurm-<id>.out,
-events (lines appended by the job: "exit N ...", "requeued ..." or "preflight ok|warning|failed ..."), job.json,
-preflight/ (the preflight's results: llmctl.launch.preflight).
+Layout of <jobs-dir>/<stamp>-<name>/: plan.yaml, job.sbatch (sbatch) or submitit/ (submitit), slurm-<id>.out
+(sbatch) or console.log (local: what the console showed), job.json, preflight/ (llmctl.launch.preflight), and
+`events`, one line appended per happening, its first word saying what:
+    exit N TIME restart R             the run ended with exit code N (the sbatch script, or a local launch)
+    requeued TIME restart R           the job checkpointed on SIGUSR1 and was requeued (the sbatch script)
+    cancel-requested TIME             `llmctl cancel` asked a local run's ranks to checkpoint and stop
+    cancelled TIME [step S] [checkpoint C] [exit N]   the job was cancelled (`llmctl cancel`)
+    preflight ok|warning|failed ...   the preflight's verdict
 """
 
 from __future__ import annotations
@@ -13,16 +19,20 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from llmctl.errors import InputError, RuntimeFailure
 from llmctl.fileio import write_atomic
-from llmctl.launch import shell
+from llmctl.launch import registry, shell
 
 RECORD = "job.json"
+EVENTS = "events"
 DEFAULT_JOBS_DIR = "llmctl-jobs"
+CANCEL_REQUESTED = "cancel-requested"
+CANCELLED = "cancelled"
 
 
 def jobs_root(given: str | None = None) -> Path:
@@ -50,9 +60,24 @@ class JobRecord:
     """Local runs: torchrun's pid, with its start time (`pid_start`) and `host` to tell it from a reused pid."""
     pid_start: str | None = None
     host: str | None = None
+    metrics: str | None = None
+    """The engine's metrics.jsonl (absolute): the plan's logging.dir as seen from the launch's folder."""
+    checkpoint_dir: str | None = None
+    """The plan's checkpoint.dir (absolute), None without checkpoints: `status` shows its latest step."""
 
     def save(self) -> None:
+        """Write job.json and the job's entry in the per-user index (a failure there is a warning: the job runs)."""
         write_atomic(Path(self.folder) / RECORD, json.dumps(asdict(self), indent=2) + "\n")
+        entry = registry.Entry(self.job_id, self.backend, self.folder, self.plan_name, self.submitted_at)
+        try:
+            registry.register(entry)
+        except OSError as e:
+            print(
+                f"llmctl: warning: could not register job {self.job_id} in {registry.index_dir()} ({e.strerror}):"
+                f" status/logs/cancel will find it only with --jobs-dir {shell.quote(str(Path(self.folder).parent))}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def new_folder(root: Path, name: str) -> Path:
@@ -65,30 +90,85 @@ def new_folder(root: Path, name: str) -> Path:
 
 def load(folder: Path) -> JobRecord:
     data = json.loads((folder / RECORD).read_text())
-    return JobRecord(**data)
+    known = {f.name for f in fields(JobRecord)}
+    return JobRecord(**{k: v for k, v in data.items() if k in known})  # a newer llmctl's extra keys: ignored
+
+
+def _order(r: JobRecord) -> tuple[str, str]:
+    return (r.submitted_at, r.folder)
 
 
 def all_records(root: Path) -> list[JobRecord]:
+    """The jobs whose folders are under root, oldest first."""
     if not root.is_dir():
         return []
     out = []
-    for rec in sorted(root.glob(f"*/{RECORD}")):
+    for rec in root.glob(f"*/{RECORD}"):
         try:
             out.append(load(rec.parent))
         except (OSError, ValueError, TypeError):
             continue
-    return out
+    return sorted(out, key=_order)
 
 
-def find(job: str, root: Path) -> JobRecord:
-    """A job by id (SLURM's, or local-<pid>), folder name or folder path. The newest folder wins if an id was reused."""
-    p = Path(job)
-    if (p / RECORD).is_file():
-        return load(p)
-    matches = [r for r in all_records(root) if job in (r.job_id, Path(r.folder).name)]
-    if not matches:
-        raise InputError(f"no job {job!r} launched from {root}", hint="see `llmctl status` for the list")
-    return matches[-1]
+@dataclass
+class Listing:
+    """The jobs `status`, `logs` and `cancel` know (oldest first), and the registered ones whose folder is gone."""
+
+    records: list[JobRecord]
+    gone: list[registry.Entry]
+    where: str
+    """Where they were looked for, for messages: the --jobs-dir root, or the index."""
+
+    def note(self) -> str:
+        """One line about the registered jobs skipped because their folder was deleted ("" when none)."""
+        if not self.gone:
+            return ""
+        last = self.gone[-1]
+        return (
+            f"note: skipped {len(self.gone)} registered job(s) whose folder is gone (latest: {last.job_id},"
+            f" {shell.quote(last.folder)}); their entries are in {registry.index_dir()}"
+        )
+
+
+def listing(root: Path | None = None) -> Listing:
+    """With root (--jobs-dir): the jobs under it. Without: every job in the per-user index, and those under the
+    default jobs root ($LLMCTL_JOBS_DIR or ./llmctl-jobs) that an older llmctl launched without registering them."""
+    if root is not None:
+        return Listing(all_records(root), [], str(root))
+    by_folder: dict[str, JobRecord] = {}
+    gone = []
+    for e in registry.entries():
+        try:
+            by_folder[e.folder] = load(Path(e.folder))
+        except FileNotFoundError:
+            gone.append(e)
+        except (OSError, ValueError, TypeError):
+            continue  # a folder we may not read, or a record being rewritten: not listed this time
+    for r in all_records(jobs_root()):
+        by_folder.setdefault(r.folder, r)
+    return Listing(sorted(by_folder.values(), key=_order), gone, f"the job index {registry.index_dir()}")
+
+
+def find(job: str | None, root: Path | None = None) -> JobRecord:
+    """A job by id (SLURM's, or local-<pid>), folder name or folder path; None: the latest launched. Looked up under
+    root when given (--jobs-dir), else in the per-user index. The newest wins if an id was reused."""
+    if job is not None:
+        p = Path(job)
+        if (p / RECORD).is_file():
+            return load(p)
+    found = listing(root)
+    if job is None:
+        if not found.records:
+            raise InputError(f"no jobs in {found.where}", hint="launch one with `llmctl launch PLAN`")
+        return found.records[-1]
+    matches = [r for r in found.records if job in (r.job_id, Path(r.folder).name)]
+    if matches:
+        return matches[-1]
+    gone = [e for e in found.gone if job in (e.job_id, Path(e.folder).name)]
+    if gone:
+        raise InputError(f"job {job!r}: its folder {shell.quote(gone[-1].folder)} no longer exists")
+    raise InputError(f"no job {job!r} in {found.where}", hint="see `llmctl status` for the list")
 
 
 def query(argv: list[str]) -> str | None:
@@ -135,13 +215,32 @@ def node_addr(node: str) -> str | None:
     return None
 
 
+def events(record: JobRecord) -> list[str]:
+    """The non-empty lines of the job's `events` file (none when it is missing or unreadable)."""
+    try:
+        text = (Path(record.folder) / EVENTS).read_text(errors="replace")
+    except OSError:
+        return []
+    return [ln for ln in text.split("\n") if ln.strip()]
+
+
+def append_event(record: JobRecord, line: str) -> None:
+    """Append one line to the job's `events` (O_APPEND: one short write, so lines from two writers do not mix)."""
+    with open(Path(record.folder) / EVENTS, "a") as f:
+        f.write(line.rstrip("\n") + "\n")
+
+
+def now_utc(precise: bool = False) -> str:
+    """ISO 8601 UTC; `precise` adds milliseconds (a job's submission time: two launches in one second still sort)."""
+    t = time.time()
+    ms = f".{int(t * 1000) % 1000:03d}" if precise else ""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + ms + "Z"
+
+
 def preflight_note(record: JobRecord) -> str:
     """The last preflight line of the job's events (llmctl.launch.preflight), shortened: "ok: training on ...",
     "failed: ...", "warning: ..."; "" when the job had none."""
-    events = Path(record.folder) / "events"
-    if not events.is_file():
-        return ""
-    lines = [ln for ln in events.read_text().split("\n") if ln.startswith("preflight ")]
+    lines = [ln for ln in events(record) if ln.startswith("preflight ")]
     if not lines:
         return ""
     words = lines[-1].split(" ", 5)  # preflight KIND TIME restart R: text
@@ -164,23 +263,65 @@ def scancel(job_id: str) -> None:
 
 
 def folder_state(record: JobRecord) -> str:
-    """What the job folder says: the last line the batch script appended to `events`."""
-    events = Path(record.folder) / "events"
-    if events.is_file():
-        lines = events.read_text().split("\n")
-        last = next((ln for ln in reversed(lines) if ln.strip()), "")
-        if last.startswith("exit "):
-            code = last.split()[1]
-            return "COMPLETED" if code == "0" else f"FAILED (exit {code})"
-        if last.startswith("requeued"):
-            return "REQUEUED"
-    result = list((Path(record.folder) / "submitit").glob("*_result.pkl"))
-    if result:
+    """What the job folder's `events` say, read in order: "exit N" -> COMPLETED or FAILED (exit N); "requeued" ->
+    REQUEUED; "cancelled" -> CANCELLED, which later "exit" lines do not change (the sbatch script still appends
+    one after scancel); "cancel-requested" with nothing after it -> CANCELLING (a local run's ranks are saving their
+    checkpoint). Without any: FINISHED when submitit left a result, else UNKNOWN."""
+    state = "UNKNOWN"
+    for line in events(record):
+        word, *rest = line.split()
+        if word == "requeued":
+            state = "REQUEUED"
+        elif word == CANCELLED:
+            state = "CANCELLED"
+        elif word == CANCEL_REQUESTED and state != "CANCELLED":
+            state = "CANCELLING"
+        elif word == "exit" and rest and state != "CANCELLED":
+            state = "COMPLETED" if rest[0] == "0" else f"FAILED (exit {rest[0]})"
+    if state == "UNKNOWN" and list((Path(record.folder) / "submitit").glob("*_result.pkl")):
         return "FINISHED"
-    return "UNKNOWN"
+    return state
+
+
+def requeues(record: JobRecord) -> int:
+    """How many times the job checkpointed and was requeued (its events' "requeued" lines)."""
+    return sum(1 for ln in events(record) if ln.startswith("requeued "))
+
+
+def slurm_job_state(slurm: str | None, folder: str, requeued: int) -> str:
+    """A SLURM job's state from what SLURM says (None: it knows nothing, e.g. no accounting) and what its folder
+    says (`folder_state`), in SLURM's words: a requeued job waiting again is REQUEUED (PENDING to squeue), a job
+    `llmctl cancel` stopped is CANCELLED (CANCELLING while its steps still run), a failed one FAILED (exit N)."""
+    if slurm is None:
+        return folder
+    if slurm in ACTIVE:
+        if folder == "CANCELLED":
+            return "CANCELLING"
+        if requeued and slurm in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"):
+            return f"REQUEUED ({slurm.lower()}, restart {requeued})"
+        return f"{slurm} (restart {requeued})" if requeued else slurm
+    if slurm == "CANCELLED" or folder == "CANCELLED":
+        return "CANCELLED"
+    if slurm == "FAILED" and folder.startswith("FAILED"):
+        return folder  # with the exit code the script recorded
+    return slurm
+
+
+def last_checkpoint_step(record: JobRecord) -> int | None:
+    """The step of the newest complete checkpoint in the job's checkpoint.dir (None: none, or not known)."""
+    if not record.checkpoint_dir:
+        return None
+    from llmctl.engine.checkpoint import latest_checkpoint  # torch-free at import: the layout's one definition
+
+    try:
+        latest = latest_checkpoint(Path(record.checkpoint_dir))
+    except OSError:
+        return None
+    return latest[0] if latest else None
 
 
 ACTIVE = {
+    "CANCELLING",
     "PENDING",
     "RUNNING",
     "CONFIGURING",

@@ -1,29 +1,49 @@
 """Local launch: one `torchrun --standalone` on this machine running `python -m llmctl.engine PLAN`, and the
 torchrun command line that `llmctl bench-net` uses too (`module_argv`). Torch-free.
 
-A local run streams its output to this terminal as before and its exit code is llmctl's; it also gets a job
-folder with a `job.json` record (the torchrun pid) and an `events` line when it ends, so that `llmctl status`,
-`logs` (the engine's metrics.jsonl) and `cancel` (SIGTERM to torchrun) work for it like for a SLURM job.
+A local run streams its output to this terminal and its exit code is llmctl's; it also gets a job folder with a
+`job.json` record (the torchrun pid), `console.log` (everything torchrun and the ranks printed, tracebacks
+included: llmctl copies torchrun's stdout and stderr there as it passes them to the terminal) and an `events` line
+when it ends, so that `llmctl status`, `logs` and `cancel` work for it like for a SLURM job.
+
+`llmctl cancel` asks the engine ranks themselves to stop (SIGTERM, the engine's stop signal: they agree at the next
+step boundary, save a checkpoint and exit 0), so torchrun ends cleanly instead of raising its SignalException; the
+launching llmctl then records `cancelled ...` in events and exits with CANCELLED_EXIT (143).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from llmctl.errors import InputError, RuntimeFailure
 from llmctl.launch import jobs, shell
 from llmctl.launch.backends import Job, LaunchBackend
 
 ENGINE_MODULE = "llmctl.engine"
+CONSOLE_LOG = "console.log"
+CANCELLED_EXIT = 128 + signal.SIGTERM
+"""The launching llmctl's exit code after `llmctl cancel`: 143, what a shell reports for a process ended by SIGTERM
+(the signal cancel sends), apart from 1 (the run failed), 2 (bad input) and 130 (Ctrl-C)."""
+RANKS_READY_WAIT_S = 120.0
+"""How long `cancel` waits for starting ranks to install the engine's stop-signal handler before it falls back to
+SIGTERM to torchrun (ranks still importing torch would die of a SIGTERM, and torchrun would report a failure)."""
+CANCEL_WAIT_S = 300.0
+"""How long `cancel` waits for a run to save its checkpoint and end before it returns (the run keeps stopping)."""
+LAUNCHER_LINE_WAIT_S = 10.0
+"""How long `cancel` waits, once torchrun has exited, for the launching llmctl to record the end in events."""
 
 
 def torchrun_command() -> list[str]:
@@ -115,33 +135,91 @@ def torchrun_argv(plan_path: str | os.PathLike[str], nproc_per_node: int) -> lis
 class RunFailed(RuntimeFailure):
     """The launched run failed: its exit code becomes llmctl's."""
 
-    def __init__(self, code: int) -> None:
-        super().__init__(f"the run exited with code {code}")
+    def __init__(self, code: int, hint: str | None = None) -> None:
+        super().__init__(f"the run exited with code {code}", hint)
         self.exit_code = code
 
 
+class RunCancelled(RuntimeFailure):
+    """The launched run was stopped by `llmctl cancel`: llmctl exits with CANCELLED_EXIT."""
+
+    exit_code = CANCELLED_EXIT
+
+
 def run(
-    argv: list[str], env: dict[str, str] | None = None, on_start: Callable[[subprocess.Popen], None] | None = None
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+    console: Path | None = None,
 ) -> int:
-    """Run the command with this terminal's stdout/stderr (the engine's progress streams through) and return
-    its exit code. Ctrl-C reaches torchrun through the terminal's process group; we only wait for it.
-    `env` is added to this process's environment; `on_start` is called with the process once it runs."""
+    """Run the command, its output on this terminal's stdout/stderr, and return its exit code. Ctrl-C reaches
+    torchrun through the terminal's process group; we only wait for it. `env` is added to this process's
+    environment; `on_start` is called with the process once it runs. With `console`, the output also goes to that
+    file: read from pipes, line by line (so the ranks see no terminal and print plain lines, unbuffered)."""
+    if console is not None:
+        env = {**(env or {}), "PYTHONUNBUFFERED": "1"}  # a crashed rank's last lines are not lost in a buffer
+        sys.stdout.flush()
+        sys.stderr.flush()
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} if console is not None else {}
     try:
-        proc = subprocess.Popen(argv, env={**os.environ, **env} if env else None)
+        proc = subprocess.Popen(argv, env={**os.environ, **env} if env else None, **pipes)
     except OSError as e:
         raise RuntimeFailure(f"could not start {argv[0]}: {e.strerror}", hint="is torch installed?") from None
+    tee = _Tee(proc, console) if console is not None else None
     if on_start is not None:
         on_start(proc)
-    while True:
-        try:
-            return _exit_code(proc.wait())
-        except KeyboardInterrupt:
-            # torchrun got the SIGINT too and is shutting its workers down; give it time, then insist.
+    try:
+        while True:
             try:
-                return _exit_code(proc.wait(timeout=60))
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                proc.send_signal(signal.SIGKILL)
                 return _exit_code(proc.wait())
+            except KeyboardInterrupt:
+                # torchrun got the SIGINT too and is shutting its workers down; give it time, then insist.
+                try:
+                    return _exit_code(proc.wait(timeout=60))
+                except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                    proc.send_signal(signal.SIGKILL)
+                    return _exit_code(proc.wait())
+    finally:
+        if tee is not None:
+            tee.close()
+
+
+class _Tee:
+    """Copies a process's stdout and stderr, line by line, to ours and to one log file (a thread per stream)."""
+
+    def __init__(self, proc: subprocess.Popen, path: Path) -> None:
+        self.log = open(path, "ab", buffering=0)  # noqa: SIM115 - closed in close(), after the copying threads
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._copy, args=(src, dst), daemon=True)
+            for src, dst in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _copy(self, src: BinaryIO, dst: object) -> None:
+        out = getattr(dst, "buffer", None)
+        for line in iter(src.readline, b""):
+            with self.lock:
+                self.log.write(line)
+            try:
+                if out is not None:
+                    out.write(line)
+                    out.flush()
+                else:  # a text-only stream (a test's capture)
+                    dst.write(line.decode(errors="replace"))  # type: ignore[attr-defined]
+                    dst.flush()  # type: ignore[attr-defined]
+            except (OSError, ValueError):
+                pass  # the terminal or reader went away: the log still gets every line
+        src.close()
+
+    def close(self) -> None:
+        # The pipes close when torchrun and its ranks have exited; a stray grandchild holding them must not keep
+        # llmctl waiting forever.
+        for t in self.threads:
+            t.join(timeout=10)
+        if not any(t.is_alive() for t in self.threads):
+            self.log.close()
 
 
 def _exit_code(rc: int) -> int:
@@ -169,6 +247,122 @@ def _alive(record: jobs.JobRecord) -> bool:
     except PermissionError:
         pass  # someone else's process: it exists
     return record.pid_start is None or _process_start(record.pid) == record.pid_start
+
+
+_SIGTERM_BIT = 1 << (signal.SIGTERM - 1)
+
+
+def _engine_ranks(torchrun_pid: int) -> dict[int, bool] | None:
+    """torchrun's engine ranks (its children running ENGINE_MODULE): pid -> whether the rank catches SIGTERM yet
+    (its SigCgt mask in /proc/PID/status: the engine installs its stop-signal handler early in the run). None where
+    /proc cannot tell."""
+    try:
+        pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    except OSError:
+        return None
+    out: dict[int, bool] = {}
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != torchrun_pid:  # field 4, the parent pid
+                continue
+            if ENGINE_MODULE not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0"):
+                continue
+            status = Path(f"/proc/{pid}/status").read_text()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        caught = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), "0")
+        out[pid] = bool(int(caught, 16) & _SIGTERM_BIT)
+    return out
+
+
+def _ranks_ready(record: jobs.JobRecord, timeout_s: float) -> list[int] | None:
+    """The pids of the run's ranks once all of them catch SIGTERM; [] when the run ended meanwhile; None when that
+    cannot be seen (no /proc) or did not happen within timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not _alive(record):
+            return []
+        ranks = _engine_ranks(record.pid)  # type: ignore[arg-type]
+        if ranks is None:
+            return None
+        if len(ranks) >= record.nproc_per_node and all(ranks.values()):
+            return list(ranks)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.2)
+
+
+def _wait_ended(record: jobs.JobRecord, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _alive(record):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _run_outcome(metrics: str | None, offset: int) -> dict[str, int | str | None]:
+    """What this run's engine recorded in metrics.jsonl past `offset` (earlier runs of the plan wrote before it):
+    the step it stopped at on the signal, its last checkpoint's step, and why it ended ("done", "signal")."""
+    out: dict[str, int | str | None] = {"stop": None, "checkpoint": None, "end": None}
+    if not metrics:
+        return out
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(offset)
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by a crash
+        event = rec.get("event") if isinstance(rec, dict) else None
+        if event == "stop":
+            out["stop"] = rec.get("step")
+        elif event == "checkpoint":
+            out["checkpoint"] = rec.get("step")
+        elif event == "end":
+            out["end"] = rec.get("reason")
+    return out
+
+
+def _cancelled_line(record: jobs.JobRecord, outcome: dict[str, int | str | None], code: int | None) -> str:
+    """The events line of a cancelled local run: `cancelled TIME step S checkpoint C exit N` ("-": not known)."""
+
+    def word(v: object) -> str:
+        return "-" if v is None else str(v)
+
+    checkpoint = outcome["checkpoint"] if outcome["checkpoint"] is not None else jobs.last_checkpoint_step(record)
+    return (
+        f"{jobs.CANCELLED} {jobs.now_utc()} step {word(outcome['stop'])} checkpoint {word(checkpoint)}"
+        f" exit {word(code)}"
+    )
+
+
+def cancel_message(record: jobs.JobRecord, line: str) -> str:
+    """One line from a `cancelled ...` events line: "job X cancelled at step S: checkpoint at step S saved"."""
+    words = line.split()
+    fields = dict(zip(words[2::2], words[3::2]))
+    step, ckpt, code = (fields.get(k, "-") for k in ("step", "checkpoint", "exit"))
+    text = f"job {record.job_id} cancelled" + (f" at step {step}" if step != "-" else "")
+    if ckpt != "-" and ckpt == step:
+        text += f": checkpoint at step {ckpt} saved (launch the plan again to resume from it)"
+    elif ckpt != "-":
+        text += f": last checkpoint at step {ckpt}"
+    elif record.checkpoint_dir is None:
+        text += ": no checkpoint (the plan has no checkpoint.dir)"
+    else:
+        text += ": no checkpoint saved"
+    if code not in ("-", "0"):
+        text += f" (torchrun exited with code {code})"
+    return text
+
+
+def _cancel_requested(record: jobs.JobRecord) -> bool:
+    return any(ln.split()[0] == jobs.CANCEL_REQUESTED for ln in jobs.events(record))
 
 
 class LocalBackend(LaunchBackend):
@@ -200,9 +394,11 @@ class LocalBackend(LaunchBackend):
         # otherwise the user's own file (so the command is the one they would type).
         run_plan = folder / "plan.yaml" if job.resized else job.plan_path
         argv = torchrun_argv(run_plan, job.nproc_per_node)
-        metrics = job.workdir / job.plan.logging.dir / "metrics.jsonl"
-        record = job.record(self.name, "local", folder, [metrics], argv)
+        console = folder / CONSOLE_LOG
+        record = job.record(self.name, "local", folder, [console], argv)
         record.host = socket.gethostname()
+        metrics = Path(record.metrics)  # type: ignore[arg-type]
+        offset = metrics.stat().st_size if metrics.is_file() else 0  # the plan's earlier runs wrote before this
         print(f"llmctl: {job.env_prefix()}{shell.join(argv)}", file=sys.stderr, flush=True)
 
         def started(proc: subprocess.Popen) -> None:
@@ -210,15 +406,25 @@ class LocalBackend(LaunchBackend):
             record.save()
             print(f"llmctl: job {record.job_id}, folder {shell.quote(str(folder))}", file=sys.stderr, flush=True)
 
-        code = run(argv, env=job.env, on_start=started)
-        with open(folder / "events", "a") as f:  # the same line the sbatch script appends
-            f.write(f"exit {code} {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} restart 0\n")
+        code = run(argv, env=job.env, on_start=started, console=console)
+        if _cancel_requested(record):
+            outcome = _run_outcome(record.metrics, offset)
+            if not (code == 0 and outcome["end"] == "done"):  # else it finished before the stop took effect
+                line = _cancelled_line(record, outcome, code)
+                jobs.append_event(record, line)
+                raise RunCancelled(cancel_message(record, line))
+        jobs.append_event(record, f"exit {code} {jobs.now_utc()} restart 0")  # the line the sbatch script appends
         if code:
-            raise RunFailed(code)
+            raise RunFailed(code, hint=f"its output: {shell.quote(str(console))}, or `llmctl logs {record.job_id}`")
         return record
+
+    def logs(self, record: jobs.JobRecord) -> list[Path]:
+        return [Path(record.folder) / CONSOLE_LOG]  # also for records that listed metrics.jsonl (older llmctl)
 
     def state(self, record: jobs.JobRecord) -> str:
         ended = jobs.folder_state(record)
+        if ended == "CANCELLING":  # a stop was asked; no line since, so the launching llmctl has not seen the end
+            return ended if _alive(record) else "CANCELLED"
         if ended != "UNKNOWN":
             return ended
         if _alive(record):
@@ -227,8 +433,36 @@ class LocalBackend(LaunchBackend):
             return f"UNKNOWN (ran on {record.host})"
         return "UNKNOWN"  # llmctl was killed before it could record the exit code
 
-    def cancel(self, record: jobs.JobRecord) -> None:
+    def cancel(self, record: jobs.JobRecord) -> str:
+        """Ask the ranks to checkpoint and stop (SIGTERM to each: the engine's stop signal), wait for the run to
+        end, and say how it ended. A second cancel while it is still stopping sends SIGTERM to torchrun, which
+        ends the ranks at once (SIGKILL after its shutdown timeout)."""
         if not _alive(record):
             raise InputError(f"job {record.job_id} is not running (state {self.state(record)})")
-        # torchrun shares llmctl's process group (so Ctrl-C reaches it): signal torchrun, which stops its ranks.
-        os.kill(record.pid, signal.SIGTERM)  # type: ignore[arg-type]
+        pid: int = record.pid  # type: ignore[assignment]
+        if _cancel_requested(record):
+            os.kill(pid, signal.SIGTERM)
+            return f"job {record.job_id}: already stopping; sent SIGTERM to torchrun, which ends its ranks now"
+        jobs.append_event(record, f"{jobs.CANCEL_REQUESTED} {jobs.now_utc()}")
+        ranks = _ranks_ready(record, RANKS_READY_WAIT_S)
+        for rank in ranks or ([pid] if ranks is None else []):  # None: the ranks cannot listen; torchrun must
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGTERM)
+        if not _wait_ended(record, CANCEL_WAIT_S):
+            return (
+                f"job {record.job_id}: asked to stop; still saving its checkpoint after {CANCEL_WAIT_S:.0f} s"
+                f" (`llmctl status {record.job_id}`; `llmctl cancel {record.job_id}` again stops it at once)"
+            )
+        # The launching llmctl writes the last line once torchrun has exited; if it is gone too, write it here.
+        deadline = time.monotonic() + LAUNCHER_LINE_WAIT_S
+        while time.monotonic() < deadline:
+            last = (jobs.events(record) or [""])[-1]
+            if last.startswith((jobs.CANCELLED + " ", "exit ")):
+                break
+            time.sleep(0.2)
+        else:
+            last = _cancelled_line(record, {"stop": None, "checkpoint": None, "end": None}, None)
+            jobs.append_event(record, last)
+        if last.startswith("exit "):
+            return f"job {record.job_id} ended before the stop took effect: {self.state(record)}"
+        return cancel_message(record, last)

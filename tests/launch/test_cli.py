@@ -3,6 +3,7 @@ for exit codes, and one real local torchrun run of the engine."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -78,7 +79,11 @@ def test_local_exit_code_is_propagated(workdir: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(local, "torchrun_command", lambda: [sys.executable, "-c", "import sys; sys.exit(3)"])
     code, out = invoke("launch", str(plan_file(workdir)))
     assert code == 3
-    assert out.strip().splitlines()[-1] == "llmctl: error: the run exited with code 3"
+    folder = next((workdir / "llmctl-jobs").iterdir())
+    job_id = json.loads((folder / "job.json").read_text())["job_id"]
+    assert out.strip().splitlines()[-1] == (
+        f"llmctl: error: the run exited with code 3 (its output: {folder}/console.log, or `llmctl logs {job_id}`)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -222,7 +227,7 @@ def test_local_launch_runs_the_engine(workdir: Path, monkeypatch: pytest.MonkeyP
     (workdir / "plan.yaml").write_text(yaml.safe_dump(plan))
     env = {k: v for k, v in os.environ.items() if k not in SECRETS}
     run = subprocess.run(
-        [sys.executable, "-m", "llmctl", "launch", "plan.yaml"],
+        [sys.executable, "-m", "llmctl", "launch", "plan.yaml", "--allow-no-checkpoint"],
         cwd=workdir,
         env=env,
         capture_output=True,
