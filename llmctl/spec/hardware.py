@@ -3,6 +3,7 @@ validated on load; nothing here or in the planner is keyed by a GPU name."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -12,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from llmctl.errors import SpecError, UnknownNameError, suggest
+from llmctl.errors import InputError, SpecError, UnknownNameError, suggest
 from llmctl.fileio import load_yaml, parse_yaml, read_input
 from llmctl.units import GIB as GIB  # re-exported (the planner reads it from here)
 from llmctl.units import MIB
@@ -38,6 +39,12 @@ class _Entry(BaseModel):
     efficiency: float = Field(gt=0, le=2)
     efficiency_source: str = Field(min_length=1)
     aliases: list[str]
+    node_gpus: int = Field(8, ge=1, le=64)
+    """GPUs in the usual node of this kind (the default of --gpus-per-node); 8 when an entry does not say."""
+    node_cpus_per_gpu: int | None = Field(None, ge=1, le=1024)
+    """SLURM CPUs per GPU that every listed node of this kind has (llmctl.launch.slurm_resources); None: unknown."""
+    node_memory_gib_per_gpu: int | None = Field(None, ge=1, le=65536)
+    """Host memory per GPU, GiB, that every listed node of this kind can give a job; None: unknown."""
 
     @field_validator("tflops")
     @classmethod
@@ -72,6 +79,12 @@ class GPUSpec:
     """Achievable fraction of peak relative to A100 (the planner's kernel factors were measured there)."""
     efficiency_source: str = ""
     aliases: tuple[str, ...] = ()
+    node_gpus: int = 8
+    """GPUs in the usual node of this kind: what --gpus-per-node means when not given (presets/gpus.yaml)."""
+    node_cpus_per_gpu: int | None = None
+    """SLURM CPUs per GPU on the smallest common node of this kind: a partial node's share (None: not known)."""
+    node_memory_gib_per_gpu: int | None = None
+    """Host memory per GPU, GiB, on the smallest common node of this kind, less the OS's part (None: not known)."""
 
     @property
     def memory_gib(self) -> float:
@@ -124,6 +137,9 @@ def parse_catalog(text: str, source: str) -> list[GPUSpec]:
                 efficiency=e.efficiency,
                 efficiency_source=e.efficiency_source,
                 aliases=tuple(a.lower() for a in e.aliases),
+                node_gpus=e.node_gpus,
+                node_cpus_per_gpu=e.node_cpus_per_gpu,
+                node_memory_gib_per_gpu=e.node_memory_gib_per_gpu,
             )
         )
     return out
@@ -193,10 +209,38 @@ def _cluster_error(err: ValidationError, source: str) -> SpecError:
     return SpecError(f"{source}: {loc + ': ' if loc else ''}{msg}")
 
 
+def cluster_shape(gpus: int | None, nodes: int | None, gpus_per_node: int | None, node_gpus: int) -> tuple[int, int]:
+    """The one reading of --gpus / --nodes / --gpus-per-node (estimate, plan, tune, launch): (nodes, GPUs per node).
+    `node_gpus` is what a node holds when --gpus-per-node is not given (the GPU kind's usual node, `node_gpus` in
+    presets/gpus.yaml). --gpus up to a node's worth is one node of that many GPUs, beyond it whole nodes; nothing
+    given is one node."""
+    for flag, v in (("--gpus", gpus), ("--nodes", nodes), ("--gpus-per-node", gpus_per_node)):
+        if v is not None and v < 1:
+            raise InputError(f"{flag} must be a positive integer, got {v}")
+    if gpus is not None and nodes is not None:
+        raise InputError("give either --gpus or --nodes (with --gpus-per-node), not both")
+    g = gpus_per_node or node_gpus
+    if gpus is None:
+        return nodes or 1, g
+    if gpus <= g:
+        return 1, gpus
+    if gpus % g:
+        raise InputError(
+            f"--gpus {gpus} is not a whole number of nodes of {g} GPUs",
+            hint=f"set --gpus-per-node, or use --nodes {-(-gpus // g)} --gpus-per-node {g}",
+        )
+    return gpus // g, g
+
+
 def make_cluster(source: str = "the cluster", **fields: Any) -> Cluster:
-    """A validated Cluster from fields (None values are left at their defaults)."""
+    """A validated Cluster from fields (None values are left at their defaults; GPUs per node: the kind's usual
+    node when not given)."""
+    fields = {k: v for k, v in fields.items() if v is not None}
+    if "gpus_per_node" not in fields and isinstance(fields.get("gpu"), str):
+        with contextlib.suppress(SpecError):  # an unknown kind is reported where the cluster's GPU is resolved
+            fields["gpus_per_node"] = resolve_gpu(fields["gpu"]).node_gpus
     try:
-        return Cluster.model_validate({k: v for k, v in fields.items() if v is not None})
+        return Cluster.model_validate(fields)
     except ValidationError as e:
         raise _cluster_error(e, source) from None
 
