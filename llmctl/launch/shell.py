@@ -9,8 +9,11 @@ Two contexts, two rules:
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
 from collections.abc import Iterable, Mapping
 
 from llmctl.errors import InputError
@@ -36,6 +39,15 @@ _DIRECTIVE_CHARS = {
 def quote(value: object) -> str:
     """One shell word, whatever the value contains."""
     return shlex.quote(str(value))
+
+
+def quote_lines(value: str) -> str:
+    """One bash word on one line for a multi-line value: ANSI-C quoting, $'...' with backslash, quote, newline, CR and
+    tab escaped (bash(1), QUOTING). For the --setup lines, so that the script shows each as a command only once."""
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    for char, escape in (("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t")):
+        escaped = escaped.replace(char, escape)
+    return f"$'{escaped}'"
 
 
 def join(argv: Iterable[object]) -> str:
@@ -64,21 +76,72 @@ def check_sbatch_arg(arg: str) -> str:
     return arg
 
 
-def check_env(assignments: Iterable[str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Parse KEY=VALUE pairs for the job's environment, refusing secrets (by name or by value)."""
-    known_secrets = set(secret_values(environ))
-    out: dict[str, str] = {}
+class JobEnv(dict[str, str]):
+    """The job's environment as `--env` gave it: NAME=VALUE pairs written into the job (this dict), and `by_name`,
+    variables the job inherits from the submitting environment whose values are never written anywhere (secrets).
+    A dict, so that every backend that only knows assignments keeps working; a local run inherits `by_name` anyway."""
+
+    by_name: tuple[str, ...] = ()
+
+
+def check_env(assignments: Iterable[str], environ: Mapping[str, str] | None = None) -> JobEnv:
+    """Parse `--env` values: NAME=VALUE (written into the job; secrets refused, by name or by value) or NAME alone
+    (passed by name from this environment, where it must be set: its value is never written)."""
+    env = os.environ if environ is None else environ
+    known_secrets = set(secret_values(env))
+    out, by_name = JobEnv(), []
     for a in assignments:
         key, sep, value = a.partition("=")
-        if not sep or not _ENV_NAME.match(key):
-            raise InputError(f"--env {a!r}: expected NAME=VALUE with NAME like NCCL_DEBUG")
+        if not _ENV_NAME.match(key):
+            raise InputError(f"--env {a!r}: expected NAME=VALUE, or NAME to pass it from this environment")
+        if not sep:
+            if key not in env:
+                raise InputError(
+                    f"--env {key}: not set in this environment",
+                    hint=f"export {key} before launching: the job inherits it by name and its value is never written",
+                )
+            if key not in by_name:
+                by_name.append(key)
+            continue
         if is_secret_name(key) or value in known_secrets:
             raise InputError(
-                f"--env {key}: looks like a secret and would be written into the job script",
-                hint="export it in your shell before launching; SLURM passes the environment to the job",
+                f"--env {key}=...: looks like a secret and would be written into the job script",
+                hint=f"export {key} in your shell and pass it by name: --env {key} (its value is never written)",
             )
         out[key] = value
+    clash = sorted(set(out) & set(by_name))
+    if clash:
+        raise InputError(f"--env {clash[0]}: given both by name and as {clash[0]}=VALUE")
+    out.by_name = tuple(by_name)
     return out
+
+
+def env_names(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The variables passed by name in a job's environment (`JobEnv.by_name`; none for a plain dict)."""
+    return tuple(getattr(env, "by_name", ()))
+
+
+def check_setup_line(line: str) -> str:
+    """A `--setup` line: shell code run as written in the job script, so it must be one complete line: no line
+    break, NUL or other control character (tab aside), no trailing backslash (it would join the script's next line),
+    and complete shell syntax with no here-document (checked with `bash -n`, which runs nothing), so that it cannot
+    swallow the lines llmctl writes after it."""
+    if any(c in line for c in "\n\r\0") or not line.replace("\t", " ").isprintable():
+        raise InputError(f"--setup {line!r}: one line of shell code, without line breaks or control characters")
+    if not line.strip():
+        raise InputError("--setup '': an empty line")
+    if (len(line) - len(line.rstrip("\\"))) % 2:
+        raise InputError(f"--setup {line!r}: ends with a backslash, which would join the script's next line")
+    bash = shutil.which("bash")
+    if bash is not None:  # a SLURM login node has bash; elsewhere the job's own bash reports a bad line
+        out = subprocess.run([bash, "-n", "-c", line], capture_output=True, text=True, timeout=10, check=False)
+        problem = (out.stderr.strip().splitlines() or [""])[-1]
+        if out.returncode != 0 or problem:
+            raise InputError(
+                f"--setup {line!r}: not one complete shell command line ({problem.removeprefix('bash: -c: ')})",
+                hint="each --setup is one line; give several --setup for several lines",
+            )
+    return line
 
 
 _NAME_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")

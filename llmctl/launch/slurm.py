@@ -2,13 +2,30 @@
 `sbatch` launch backend built from them.
 
 Every value that reaches the script is either validated for an `#SBATCH` line (see `shell.check_directive`)
-or shell-quoted in the body (the `sq` filter). Torch-free.
+or shell-quoted in the body (the `sq` filter); the one exception is `--setup`, shell code the user wrote, written
+as given after `shell.check_setup_line` made sure it is one complete line. Torch-free.
+
+The job's environment (what a demanding user expects, and why):
+- Each node's step is a fresh `bash -c` started by srun on another node. srun passes the batch shell's environment
+  to it (srun --export=ALL, the default; the script sets SLURM_EXPORT_ENV=ALL so that a job submitted with
+  --export=NONE still does), so what `module load`, `source .../activate`, `conda activate` and `export` set reaches
+  the step. The step still runs the `--setup` lines again (from LLMCTL_SETUP) before torchrun: what is not an
+  exported variable (shell functions, values a line computes on its own node) and a container's environment (the
+  image's variables win over the host's) are made where torchrun runs.
+- The interpreter: the launch host's torchrun/python (absolute paths, right when they are on a file system the nodes
+  share), unless a container runs the steps or a --setup line activates an environment: then `torchrun` and
+  `python3` from the PATH the job made. A --setup line can export LLMCTL_TORCHRUN / LLMCTL_PYTHON to choose others.
+- Variables passed by name (`--env HF_TOKEN`) reach the job because sbatch exports the submitting environment
+  (--export=ALL); the script checks they arrived, never writes their values, and lets them win over a container
+  image's own (pyxis --container-env, apptainer APPTAINERENV_NAME).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -19,7 +36,7 @@ import jinja2
 import llmctl
 from llmctl.errors import InputError, RuntimeFailure
 from llmctl.fileio import write_atomic
-from llmctl.launch import jobs, local, shell, slurm_options
+from llmctl.launch import jobs, local, sharedfs, shell, slurm_options, slurm_resources
 from llmctl.launch.backends import Job, SlurmBackend
 from llmctl.launch.local import ENGINE_MODULE
 from llmctl.launch.preflight.options import PreflightOptions
@@ -39,10 +56,26 @@ training's ports (29500 + 2000) and the preflight's (31500 + 2000)."""
 # The job step on each node: one torchrun agent per node, rendezvous (c10d) hosted by $LLMCTL_RDZV_NODE at
 # $LLMCTL_RDZV_ADDR:$LLMCTL_RDZV_PORT, running the engine on $LLMCTL_PLAN. Single-quoted into `bash -c` (sbatch
 # template) or passed as one argument (tune's trials), so SLURMD_NODENAME and the node's own address expand on each
-# node. torchrun handles SIGUSR1 (forwarding it to the ranks) instead of dying from it, and waits up to the shutdown
-# timeout for them to finish their checkpoint.
+# node. First the --setup lines (LLMCTL_SETUP, one per line, each must succeed; stdin closed so that a line cannot
+# read the others); then the node's address: from LLMCTL_NODE_ADDRS ("node=addr ...", looked up by the batch shell
+# when the step runs in a container without scontrol), else from scontrol. torchrun handles SIGUSR1 (forwarding it to
+# the ranks) instead of dying from it, and waits up to the shutdown timeout for them to finish their checkpoint.
 _NODE_STEP_SCRIPT = """
-node_addr=$(scontrol show node "$SLURMD_NODENAME" | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p" | head -n 1)
+{container}while IFS= read -r llmctl_line; do
+  [ -n "$llmctl_line" ] || continue
+  eval "$llmctl_line" </dev/null || {{
+    llmctl_rc=$?
+    echo "llmctl: --setup failed on $SLURMD_NODENAME (exit $llmctl_rc): $llmctl_line" >&2
+    exit "$llmctl_rc"
+  }}
+done <<<"${{LLMCTL_SETUP:-}}"
+node_addr=
+for llmctl_pair in ${{LLMCTL_NODE_ADDRS:-}}; do
+  if [ "${{llmctl_pair%%=*}}" = "$SLURMD_NODENAME" ]; then node_addr=${{llmctl_pair#*=}}; fi
+done
+if [ -z "$node_addr" ]; then
+  node_addr=$(scontrol show node "$SLURMD_NODENAME" | sed -n "s/.*NodeAddr=\\([^ ]*\\).*/\\1/p" | head -n 1)
+fi
 is_host=0
 if [ "$SLURMD_NODENAME" = "$LLMCTL_RDZV_NODE" ]; then is_host=1; fi
 exec "$LLMCTL_TORCHRUN" \\
@@ -60,8 +93,11 @@ exec "$LLMCTL_TORCHRUN" \\
 """
 
 
-def node_step_script(engine_module: str = ENGINE_MODULE) -> str:
-    return _NODE_STEP_SCRIPT.format(engine_module=engine_module)
+def node_step_script(engine_module: str = ENGINE_MODULE, container: str | None = None) -> str:
+    """The step's script; inside a container (pyxis or apptainer) it sets LLMCTL_CONTAINER to say so first, so that
+    a --setup line meant for the host only can be skipped there: `[ -n "${LLMCTL_CONTAINER:-}" ] || module load x`."""
+    prefix = f"export LLMCTL_CONTAINER={container}\n" if container else ""
+    return _NODE_STEP_SCRIPT.format(engine_module=engine_module, container=prefix)
 
 
 def node_step_argv(nodes: list[str], engine_module: str = ENGINE_MODULE) -> list[str]:
@@ -98,6 +134,16 @@ class SbatchParams:
     """The user's SLURM options (validated when built)."""
     preflight: PreflightOptions = field(default_factory=PreflightOptions)
     env: dict[str, str] = field(default_factory=dict)
+    env_names: tuple[str, ...] = ()
+    """Variables passed by name from the submitting environment: checked in the job, their values never written."""
+    resources: slurm_resources.Resources = field(
+        default_factory=lambda: slurm_resources.Resources(False, None, None, "the cluster's defaults")
+    )
+    """What each node gets (llmctl.launch.slurm_resources.derive; `make_params` fills it in)."""
+    interpreter: str = "this machine's"
+    """Whose torchrun and python the job runs, in words (`job_interpreter`)."""
+    gpu_runtime: str | None = None
+    """apptainer's GPU option for the plan's devices: "--nv" (NVIDIA), "--rocm" (AMD), None (CPU)."""
     max_requeues: int = DEFAULT_MAX_REQUEUES
     rdzv_port_base: int = RDZV_PORT_BASE
     engine_module: str = ENGINE_MODULE
@@ -120,20 +166,29 @@ def make_params(
     torchrun: str,
     python: str = "python3",
     gpus_per_node: int | None = None,
+    gpu: str | None = None,
     env: dict[str, str] | None = None,
+    env_names: Iterable[str] = (),
     max_requeues: int = DEFAULT_MAX_REQUEUES,
     preflight: PreflightOptions | None = None,
     **slurm: Any,
 ) -> SbatchParams:
     """Validate user values and build the renderer's input. `slurm` holds SlurmOptions by name (time,
-    partition, ..., extra_sbatch_args, signal_lead_s); an unknown name is an error listing the valid ones.
-    Raises InputError naming the bad option."""
+    partition, ..., extra_sbatch_args, signal_lead_s, cpus_per_task, mem, exclusive, setup, container_image,
+    apptainer, container_mounts); an unknown name is an error listing the valid ones. `gpu`: the plan's GPU kind
+    (the catalog's node facts size the resources). Raises InputError naming the bad option."""
     if nodes < 1:
         raise InputError(f"--nodes {nodes}: must be at least 1")
     options = SlurmOptions.from_kwargs(**slurm)
     for key in env or {}:
         if shell.is_secret_name(key):
-            raise InputError(f"env {key}: secrets are never written into the job script")
+            raise InputError(
+                f"env {key}: secrets are never written into the job script", hint=f"pass it by name: --env {key}"
+            )
+    preflight = preflight or PreflightOptions()
+    if options.container is not None:
+        _check_container(options, preflight, workdir, job_dir)
+    python, torchrun, interpreter = job_interpreter(options, python, torchrun)
     return SbatchParams(
         job_name=shell.safe_name(job_name),
         nodes=nodes,
@@ -146,9 +201,56 @@ def make_params(
         gpus_per_node=gpus_per_node,
         slurm=options,
         env=dict(env or {}),
+        env_names=tuple(dict.fromkeys(env_names)),
+        resources=slurm_resources.derive(options, nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node, gpu=gpu),
+        interpreter=interpreter,
+        gpu_runtime=_gpu_runtime(gpu) if gpus_per_node else None,
         max_requeues=max_requeues,
-        preflight=preflight or PreflightOptions(),
+        preflight=preflight,
     )
+
+
+def _check_container(options: SlurmOptions, preflight: PreflightOptions, workdir: str, job_dir: str) -> None:
+    flag = "--container-image" if options.container == "pyxis" else "--apptainer"
+    if preflight.enabled:
+        raise InputError(
+            f"{flag}: the preflight runs on the nodes outside the container (with this machine's Python and llmctl)",
+            hint="add --no-preflight",
+        )
+    for what, path in (("the workdir", workdir), ("the job folder", job_dir)):
+        if any(c in path for c in ",:") or not path.isprintable():
+            raise InputError(
+                f"{flag}: {what} {path!r} is mounted into the container, and a mount path cannot hold ',' or ':'",
+                hint="launch from a folder (or with a --jobs-dir) without them",
+            )
+
+
+def _gpu_runtime(gpu: str | None) -> str:
+    """apptainer's option that brings the host's GPU driver into the container: --rocm for AMD Instinct (the
+    catalog's cdna architectures), else --nv (apptainer exec --nv / --rocm, apptainer.org/docs/user/main/gpu.html)."""
+    from llmctl.spec.hardware import resolve_gpu
+
+    try:
+        return "--rocm" if gpu and resolve_gpu(gpu).architecture.startswith("cdna") else "--nv"
+    except InputError:
+        return "--nv"
+
+
+# A --setup line that activates an environment: a venv's or conda's `activate`, `spack env activate`,
+# `eval "$(pixi shell-hook)"`, or one that sets PATH. `module load` is not one: a module adds libraries or tools
+# as often as an interpreter, and the launch host's (shared) venv usually still is the one meant.
+_ACTIVATES = re.compile(r"\bactivate\b|\bPATH=|\bshell-hook\b")
+
+
+def job_interpreter(options: SlurmOptions, python: str, torchrun: str) -> tuple[str, str, str]:
+    """(python, torchrun, whose in words) for the job: the container's, or the environment a --setup line
+    activates (both from PATH: `python3`, `torchrun`), else the given ones (the launch host's)."""
+    if options.container is not None:
+        return "python3", "torchrun", "the container's, from its PATH"
+    active = next((line for line in options.setup if _ACTIVATES.search(line)), None)
+    if active is not None:
+        return "python3", "torchrun", f"from the PATH that --setup {active!r} makes"
+    return python, torchrun, "this machine's (the one that ran llmctl launch)"
 
 
 def template_text(name: str = TEMPLATE_NAME) -> str:
@@ -174,24 +276,62 @@ def _environment() -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     env.filters["sq"] = shell.quote
+    env.filters["lines"] = shell.quote_lines
     return env
 
 
 def render(params: SbatchParams, template: str | None = None) -> str:
     """Pure: parameters in, script text out."""
     context = {f.name: getattr(params, f.name) for f in fields(params) if f.name not in ("slurm", "preflight")}
+    options = params.slurm
     context.update(
         preflight=params.preflight.enabled,
         preflight_strict=params.preflight.strict,
         spare_nodes=params.preflight.spare_nodes,
         alloc_nodes=params.nodes + params.preflight.spare_nodes,
-        directives=params.slurm.directives(),
-        extra_sbatch_args=params.slurm.extra_sbatch_args,
-        signal_lead_s=params.slurm.signal_lead_s,
+        directives=options.directives(),
+        extra_sbatch_args=options.extra_sbatch_args,
+        signal_lead_s=options.signal_lead_s,
         shutdown_timeout_s=params.shutdown_timeout_s,
-        node_step_script=node_step_script(params.engine_module),
+        setup=options.setup,
+        setup_text="\n".join(options.setup),
+        srun_cpus_lines=params.resources.srun_cpus_lines(),
+        container=options.container,
+        container_env=sorted({*params.env, *params.env_names}),
+        step_words=_container_words(params),
+        node_step_script=node_step_script(params.engine_module, options.container),
     )
     return _environment().from_string(template if template is not None else template_text()).render(context)
+
+
+def container_mounts(options: SlurmOptions, workdir: str, job_dir: str) -> str:
+    """The container's mounts, SRC:DST[,...]: the workdir and the job folder (unless inside it) at their own paths,
+    then the user's (`SRC` alone is SRC:SRC)."""
+    own = [workdir] + ([] if (job_dir + "/").startswith(workdir.rstrip("/") + "/") else [job_dir])
+    user = [m if ":" in m else f"{m}:{m}" for m in options.mounts]
+    return ",".join([f"{p}:{p}" for p in own] + user)
+
+
+def _container_words(params: SbatchParams) -> str:
+    """What goes between the step's srun options and `bash -c`, shell-quoted, each part on a continued line:
+    pyxis's srun options, or `apptainer exec ... IMAGE`. Empty without a container."""
+    options = params.slurm
+    mounts = container_mounts(options, params.workdir, params.job_dir)
+    if options.container == "pyxis":
+        parts = [
+            [f"--container-image={options.container_image}"],
+            [f"--container-mounts={mounts}"],
+            [f"--container-workdir={params.workdir}"],
+        ]
+        names = sorted({*params.env, *params.env_names})
+        if names:  # pyxis: by default the image's value of a variable wins over the host's; these win here
+            parts.append([f"--container-env={','.join(names)}"])
+    elif options.container == "apptainer":
+        runtime = [params.gpu_runtime] if params.gpu_runtime else []
+        parts = [["apptainer", "exec", *runtime, f"--bind={mounts}", f"--pwd={params.workdir}", str(options.apptainer)]]
+    else:
+        return ""
+    return "".join(f"\\\n  {shell.join(words)} " for words in parts) + "\\\n  "
 
 
 @dataclass(frozen=True)
@@ -206,6 +346,10 @@ class TuneParams:
     python: str
     gpus_per_node: int | None = None
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    resources: slurm_resources.Resources = field(
+        default_factory=lambda: slurm_resources.Resources(False, None, None, "the cluster's defaults")
+    )
+    interpreter: str = "this machine's"
     rdzv_port_base: int = TUNE_RDZV_PORT_BASE
     llmctl_version: str = llmctl.__version__
 
@@ -219,12 +363,23 @@ def make_tune_params(
     torchrun: str,
     python: str,
     gpus_per_node: int | None = None,
+    nproc_per_node: int | None = None,
+    gpu: str | None = None,
     **slurm: Any,
 ) -> TuneParams:
-    """Validated as `make_params` validates a launch's (the same SlurmOptions). The job gets the submitting
-    environment (sbatch's default), as a launch's job does."""
+    """Validated as `make_params` validates a launch's (the same SlurmOptions, the same derived resources and
+    --setup lines). The job gets the submitting environment (sbatch's default), as a launch's job does. Containers
+    are refused: the trial runner (`python -m llmctl.tune.job`) runs on the batch host."""
     if nodes < 1:
         raise InputError(f"--nodes {nodes}: must be at least 1")
+    options = SlurmOptions.from_kwargs(**slurm)
+    if options.container is not None:
+        flag = "--container-image" if options.container == "pyxis" else "--apptainer"
+        raise InputError(
+            f"{flag}: llmctl tune --slurm runs its trial runner on the batch host, outside any container",
+            hint="use --setup lines that make the environment instead",
+        )
+    python, torchrun, interpreter = job_interpreter(options, python, torchrun)
     return TuneParams(
         job_name=shell.safe_name(job_name),
         nodes=nodes,
@@ -233,7 +388,11 @@ def make_tune_params(
         torchrun=torchrun,
         python=python,
         gpus_per_node=gpus_per_node,
-        slurm=SlurmOptions.from_kwargs(**slurm),
+        slurm=options,
+        resources=slurm_resources.derive(
+            options, nproc_per_node=nproc_per_node or gpus_per_node, gpus_per_node=gpus_per_node, gpu=gpu
+        ),
+        interpreter=interpreter,
     )
 
 
@@ -244,16 +403,33 @@ def render_tune(params: TuneParams) -> str:
         directives=params.slurm.directives(),
         extra_sbatch_args=params.slurm.extra_sbatch_args,
         shutdown_timeout_s=max(10, params.slurm.signal_lead_s - 10),
+        setup=params.slurm.setup,
+        setup_text="\n".join(params.slurm.setup),
+        srun_cpus_lines=params.resources.srun_cpus_lines(),
     )
     return _environment().from_string(template_text(TUNE_TEMPLATE_NAME)).render(context)
 
 
 def node_python_and_torchrun() -> tuple[str, str]:
     """What the nodes run: the login node's torchrun if it is one executable (a shared venv), else the compute
-    node's PATH; the batch host's Python: this one when the torchrun is its venv's, else the nodes' python3."""
+    node's PATH; the batch host's Python: this one when the torchrun is its venv's, else the nodes' python3.
+    (`job_interpreter` then prefers a container's or an activated environment's.)"""
     command = local.torchrun_command()
     beside = len(command) == 1 and Path(command[0]).parent == Path(sys.executable).parent
     return (sys.executable if beside else "python3"), (command[0] if len(command) == 1 else "torchrun")
+
+
+SBATCH_FIX = (
+    "make the environment on the nodes with --setup 'source /shared/venv/bin/activate' - a venv on a shared file "
+    "system - or a module, or run in a container: --container-image or --apptainer"
+)
+
+
+def _say_interpreter_note(params: SbatchParams) -> None:
+    """The one note of `sharedfs.interpreter_note`, on stderr: at submit and with --dry-run."""
+    note = sharedfs.interpreter_note([params.torchrun, params.python], SBATCH_FIX)
+    if note is not None:
+        print(f"llmctl: note: {note}", file=sys.stderr, flush=True)
 
 
 def submit(script_path: Path, job_dir: Path) -> str:
@@ -293,7 +469,9 @@ def params_for(job: Job, folder: Path) -> SbatchParams:
         torchrun=torchrun,
         python=python,
         gpus_per_node=job.nproc_per_node if job.plan.hardware.gpu else None,
-        env=job.env,
+        gpu=job.plan.hardware.gpu,
+        env=dict(job.env),
+        env_names=shell.env_names(job.env),
         preflight=job.preflight,
         **{f.name: getattr(job.slurm, f.name) for f in fields(job.slurm)},
     )
@@ -307,6 +485,7 @@ class SbatchBackend(SlurmBackend):
     def render(self, job: Job) -> str:
         params = params_for(job, job.dry_run_folder())
         job.effective_plan  # noqa: B018 - validates the resized plan, as a real launch would
+        _say_interpreter_note(params)
         return render(params)
 
     def submit(self, job: Job) -> jobs.JobRecord:
@@ -318,6 +497,7 @@ class SbatchBackend(SlurmBackend):
         script = folder / "job.sbatch"
         write_atomic(script, render(params), mode=0o755)
         job_id = submit(script, folder)
+        _say_interpreter_note(params)  # with the submitted job (a failed sbatch is its one line alone)
         record = job.record(
             self.name, job_id, folder, [folder / f"slurm-{job_id}.out"], ["sbatch", "--parsable", script.name]
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmctl.errors import InputError, RuntimeFailure
-from llmctl.launch import jobs, shell
+from llmctl.launch import jobs, sharedfs, shell
 from llmctl.launch.backends import Job, SlurmBackend
 from llmctl.launch.local import ENGINE_MODULE
 
@@ -82,6 +82,14 @@ class EngineTask:
         return submitit.helpers.DelayedSubmission(EngineTask(self.plan_path, self.workdir, self.env))
 
 
+def _say_interpreter_note() -> None:
+    """Every task runs this Python (submitit's command line names it): a note when the nodes may not have it."""
+    fix = "launch from a venv on a shared file system, or use --executor sbatch with --setup or a container"
+    note = sharedfs.interpreter_note([sys.executable], fix)
+    if note is not None:
+        print(f"llmctl: note: {note}", file=sys.stderr, flush=True)
+
+
 def check_folder(folder: Path) -> None:
     """submitit writes the folder into `#SBATCH --output=...` lines (quoted, but a line break still ends the
     comment and would start a command), and reads `%j` in it as the job id: refuse such paths before anything
@@ -95,15 +103,55 @@ def check_folder(folder: Path) -> None:
 
 
 def executor_parameters(job: Job) -> dict[str, Any]:
-    """submitit.SlurmExecutor parameters for the job: its size and name, and the user's SlurmOptions."""
+    """submitit.SlurmExecutor parameters for the job: its size and name, the user's SlurmOptions, and the same
+    per-node resources, --setup lines and --env names as the sbatch template. One task per rank here, so a node's
+    CPUs are split over its ranks. Containers are refused: each task runs this machine's Python (submitit's design)."""
+    from llmctl.launch import slurm_resources
+
+    options = job.slurm
+    if options.container is not None:
+        flag = "--container-image" if options.container == "pyxis" else "--apptainer"
+        raise InputError(
+            f"{flag}: the submitit executor runs this machine's Python in every task, not a container's",
+            hint="use --executor sbatch (the default with --slurm)",
+        )
+    gpus = job.nproc_per_node if job.plan.hardware.gpu else None
+    res = slurm_resources.derive(
+        options, nproc_per_node=job.nproc_per_node, gpus_per_node=gpus, gpu=job.plan.hardware.gpu
+    )
     params: dict[str, Any] = {
         "job_name": shell.safe_name(job.name),
         "nodes": job.nodes,
         "ntasks_per_node": job.nproc_per_node,
-        **job.slurm.submitit_parameters(),
+        **options.submitit_parameters(),
     }
-    if job.plan.hardware.gpu:
-        params["gpus_per_node"] = job.nproc_per_node
+    if gpus:
+        params["gpus_per_node"] = gpus
+    if res.exclusive:
+        params["exclusive"] = True
+    if res.mem is not None:
+        params["mem"] = res.mem
+    if res.cpus_per_task is not None:
+        per_rank = res.cpus_per_task // job.nproc_per_node
+        if per_rank < 1:
+            raise InputError(
+                f"--cpus-per-task {res.cpus_per_task}: the submitit executor runs one task per rank, and a node has "
+                f"{job.nproc_per_node} ranks",
+                hint=f"give at least {job.nproc_per_node}, or use --executor sbatch",
+            )
+        params["cpus_per_task"] = per_rank
+    setup = [f"# Per node: {res.why} (llmctl.launch.slurm_resources), over {job.nproc_per_node} task(s)"]
+    setup += res.srun_cpus_lines(tasks_per_node=job.nproc_per_node)
+    for name in shell.env_names(job.env):  # passed by name: checked in the job, their values never written
+        missing = f"llmctl: {name} (--env {name}) is not in the job's environment"
+        setup.append(f'if [ -z "${{{name}+set}}" ]; then echo "{missing}" >&2; exit 1; fi')
+    # --setup: run in the batch script before srun, which passes the environment they make to the tasks.
+    for i, line in enumerate(options.setup, 1):
+        setup += [
+            line,
+            f'llmctl_rc=$?; if [ "$llmctl_rc" != 0 ]; then echo "llmctl: --setup line {i} failed" >&2; exit "$llmctl_rc"; fi',
+        ]
+    params["setup"] = setup
     return params
 
 
@@ -157,6 +205,7 @@ class SubmititBackend(SlurmBackend):
         check_folder(job.jobs_root)
         params = executor_parameters(job)
         job.effective_plan  # noqa: B018 - validates the resized plan, as a real launch would
+        _say_interpreter_note()
         return render(job.dry_run_folder(), params)
 
     def submit(self, job: Job) -> jobs.JobRecord:
@@ -166,6 +215,17 @@ class SubmititBackend(SlurmBackend):
         folder = job.new_folder()
         task = EngineTask(str(folder / "plan.yaml"), str(job.workdir), job.env)
         job_id, logs = submit(folder, params, task)
+        _say_interpreter_note()  # with the submitted job (a failed submission is its one line alone)
         record = job.record(self.name, job_id, folder, logs, ["submitit", "SlurmExecutor"])
         record.save()
         return record
+
+    def logs(self, record: jobs.JobRecord) -> list[Path]:
+        """Task 0's stdout and stderr (the console), then every other task's stderr, where a rank that crashed
+        alone left its traceback (submitit names them <job>_<task>_log.err)."""
+        others = []
+        for p in (Path(record.folder) / "submitit").glob(f"{record.job_id}_*_log.err"):
+            task = p.name[len(record.job_id) + 1 : -len("_log.err")]
+            if task.isdigit() and task != "0":
+                others.append((int(task), p))
+        return [Path(p) for p in record.logs] + [p for _, p in sorted(others)]

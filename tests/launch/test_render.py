@@ -18,8 +18,8 @@ from llmctl.launch.preflight.options import PreflightOptions
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def golden_params() -> slurm.SbatchParams:
-    return slurm.make_params(
+def golden_params(**kw: object) -> slurm.SbatchParams:
+    values: dict[str, object] = dict(
         job_name="llama2-7b-fsdp",
         nodes=2,
         nproc_per_node=4,
@@ -35,11 +35,15 @@ def golden_params() -> slurm.SbatchParams:
         qos="high",
         constraint="a100&80gb",
         exclude="gpu[03,07]",
-        extra_sbatch_args=["--mem=0", "--exclusive"],
+        gpu="A100-80GB",
+        exclusive=True,  # 4 of an 8-GPU node, taken whole
+        extra_sbatch_args=["--mail-type=END"],
         env={"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "ib0"},
         signal_lead_s=300,
         preflight=PreflightOptions(spare_nodes=1, strict=True),
     )
+    values.update(kw)
+    return slurm.make_params(**values)  # type: ignore[arg-type]
 
 
 def no_preflight_params() -> slurm.SbatchParams:
@@ -83,6 +87,45 @@ def test_render_minimal_matches_golden() -> None:
 
 def test_render_without_preflight_matches_golden() -> None:
     check_golden("slurm-no-preflight.sbatch", slurm.render(no_preflight_params()))
+
+
+def pyxis_70b_params() -> slurm.SbatchParams:
+    """The user's 70B job (8 nodes x 8 H100) in a pyxis container, with --setup lines and a token by name."""
+    return slurm.make_params(
+        job_name="llama-3.1-70b-8x8-h100",
+        nodes=8,
+        nproc_per_node=8,
+        workdir="/lustre/alice/runs",
+        job_dir="/lustre/alice/runs/llmctl-jobs/20260101-000000-llama-3.1-70b-8x8-h100-abcd",
+        plan_path="/lustre/alice/runs/llmctl-jobs/20260101-000000-llama-3.1-70b-8x8-h100-abcd/plan.yaml",
+        torchrun="/home/alice/.venv/bin/torchrun",
+        python="/home/alice/.venv/bin/python",
+        gpus_per_node=8,
+        gpu="H100-SXM",
+        time="24:00:00",
+        partition="gpu",
+        account="myproj",
+        env={"NCCL_DEBUG": "WARN"},
+        env_names=["HF_TOKEN"],
+        setup=["export HF_HOME=/lustre/alice/hf", '[ -n "${LLMCTL_CONTAINER:-}" ] || module load cuda/12.4'],
+        container_image="nvcr.io#nvidia/pytorch:24.05-py3",
+        container_mounts=["/lustre:/lustre"],
+        preflight=PreflightOptions(enabled=False),
+    )
+
+
+def test_render_70b_pyxis_matches_golden() -> None:
+    check_golden("slurm-8x8-h100-pyxis.sbatch", slurm.render(pyxis_70b_params()))
+
+
+def test_sbatch_args_of_the_resource_options_render_as_the_options() -> None:
+    """Scripts written before --exclusive/--mem/--cpus-per-task existed passed them as --sbatch-arg: the same
+    job, each line once."""
+    old = golden_params(exclusive=None, extra_sbatch_args=["--mem=0", "--exclusive", "--mail-type=END"])
+    assert slurm.render(old) == slurm.render(golden_params(mem="0"))
+    partial = golden_params(exclusive=None, extra_sbatch_args=["-c 20", "--mem=100G"])
+    lines = [ln for ln in slurm.render(partial).splitlines() if ln.startswith("#SBATCH")]
+    assert "#SBATCH --cpus-per-task=20" in lines and "#SBATCH --mem=100G" in lines and "#SBATCH -c 20" not in lines
 
 
 def test_render_is_pure() -> None:
