@@ -37,11 +37,26 @@ NprocOpt = Annotated[
     str | None,
     typer.Option(
         "--nproc-per-node",
-        help="Processes per node: a number, or 'auto' (the GPUs present). Default: the plan's hardware.nproc_per_node.",
+        "--gpus-per-node",
+        help="Processes (GPUs) per node: a number, or 'auto' (the GPUs present). Default: the plan's "
+        "hardware.nproc_per_node.",
+    ),
+]
+GpusOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus",
+        help="Total processes (GPUs): one node up to the plan's GPUs per node, else whole nodes of them.",
+        metavar="N",
     ),
 ]
 EnvOpt = Annotated[
-    list[str] | None, typer.Option("--env", help="NAME=VALUE for the job (repeatable; secrets are refused).")
+    list[str] | None,
+    typer.Option(
+        "--env",
+        help="NAME=VALUE for the job, or NAME alone to pass it from this environment by name (repeatable). Secrets "
+        "go by name only (--env HF_TOKEN): their values are never written into the job.",
+    ),
 ]
 IfnameOpt = Annotated[
     str | None, typer.Option("--socket-ifname", help="Sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME.")
@@ -83,6 +98,19 @@ SpareNodesOpt = Annotated[
         "slow nodes, then the worst of the rest, and training runs on the plan's number of nodes.",
     ),
 ]
+AllowSyntheticOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-synthetic", help="Run a plan that trains on random tokens (data.kind synthetic): a benchmark."
+    ),
+]
+AllowNoCheckpointOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-no-checkpoint",
+        help="Run a plan that saves no checkpoint (checkpoint.dir null): nothing survives a preemption or the end.",
+    ),
+]
 AllocateAllOpt = Annotated[
     bool,
     typer.Option(
@@ -94,6 +122,8 @@ AllocateAllOpt = Annotated[
 
 
 def _job_env(env: list[str] | None, socket_ifname: str | None, nccl_debug: str | None) -> dict[str, str]:
+    """The job's environment: the --env values (a `shell.JobEnv`: NAME=VALUE pairs, and `by_name`, the variables
+    passed by name from this environment) and the network settings."""
     from llmctl.launch import shell
 
     out = shell.check_env(env or [])
@@ -110,6 +140,7 @@ def launch(
     slurm: SlurmOpt = False,
     executor: ExecutorOpt = None,
     nodes: NodesOpt = None,
+    gpus: GpusOpt = None,
     nproc_per_node: NprocOpt = None,
     env: EnvOpt = None,
     socket_ifname: IfnameOpt = None,
@@ -121,6 +152,8 @@ def launch(
     no_preflight: NoPreflightOpt = False,
     preflight_strict: PreflightStrictOpt = False,
     spare_nodes: SpareNodesOpt = 0,
+    allow_synthetic: AllowSyntheticOpt = False,
+    allow_no_checkpoint: AllowNoCheckpointOpt = False,
     **slurm_options: Any,
 ) -> None:
     """Run a plan: torchrun on this machine, or a SLURM job (sbatch template or submitit) that survives
@@ -149,7 +182,12 @@ def launch(
             hint="use --executor sbatch, the default with --slurm",
         )
     loaded = load_plan(plan)
+    _check_runnable(loaded, str(plan), dry_run, allow_synthetic, allow_no_checkpoint)
     nproc = local.resolve_nproc(nproc_per_node, loaded.hardware.nproc_per_node)
+    if gpus is not None:  # the one reading of --gpus (estimate, plan, tune): nodes of the per-node count
+        from llmctl.spec.hardware import cluster_shape
+
+        nodes, nproc = cluster_shape(gpus, nodes, nproc if nproc_per_node is not None else None, nproc)
     job_env = _job_env(env, socket_ifname, nccl_debug)
     if not backend.slurm:
         given = SlurmOptions.given_flags(slurm_options)
@@ -169,7 +207,11 @@ def launch(
     if dry_run:
         typer.echo(backend.render(job), nl=False)
         return
-    record = backend.submit(job)
+    try:
+        record = backend.submit(job)
+    except local.RunCancelled as e:  # `llmctl cancel`: what was asked, not an error; its own exit code (143)
+        typer.echo(f"llmctl: {e}", err=True)
+        raise typer.Exit(e.exit_code) from None
     if backend.foreground:
         return  # it ran here, its output streamed through
     typer.echo(f"submitted job {record.job_id} ({backend.name}, {job.nodes} nodes x {job.nproc_per_node} processes)")
@@ -182,6 +224,20 @@ def launch(
     for p in record.logs:
         typer.echo(f"log: {shell.quote(p)}")
     typer.echo(f"follow it: llmctl logs {record.job_id} --follow")
+
+
+def _check_runnable(plan: Any, source: str, dry_run: bool, allow_synthetic: bool, allow_no_checkpoint: bool) -> None:
+    """A plan that would produce nothing: refused in one line naming the fix (warned about with --dry-run)."""
+    from llmctl.launch.runnable import problems
+
+    allowed = {"--allow-synthetic": allow_synthetic, "--allow-no-checkpoint": allow_no_checkpoint}
+    for p in problems(plan, source):
+        if allowed[p.allow]:
+            continue
+        if dry_run:
+            typer.echo(f"warning: {p.what}; launched, it is refused until you {p.fix}, or pass {p.allow}", err=True)
+        else:
+            raise InputError(p.what, hint=f"{p.fix}; or pass {p.allow} if that is meant")
 
 
 def _dry_start(plan: Path, allocate_all: bool) -> None:

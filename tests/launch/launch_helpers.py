@@ -9,6 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_PLAN = REPO / "examples" / "tiny-cpu.yaml"
+CORPUS = REPO / "examples" / "corpus" / "stdlib-docstrings.txt"
 
 # Names and paths that try every way out of a shell word: quotes, ;, $(), backticks, newlines.
 HOSTILE = 'it\'s "x"; $(touch PWNED1) `touch PWNED2`\n touch PWNED3 & echo \\ $HOME %j'
@@ -31,6 +32,10 @@ def minimal_plan_yaml(name: str = "tiny", nodes: int = 1, nproc: int = 2) -> str
         f"version: 1\nname: {json.dumps(name)}\nmodel:\n  preset: llama-tiny\n"
         f"hardware:\n  nodes: {nodes}\n  nproc_per_node: {nproc}\n"
         "training:\n  max_steps: 3\n  precision: fp32\n  seq_len: 32\n"
+        # A plan that launch runs: real data and a checkpoint folder (a synthetic or checkpoint-less plan is refused
+        # without --allow-synthetic / --allow-no-checkpoint).
+        f"data:\n  kind: text\n  paths: [{json.dumps(str(CORPUS))}]\n"
+        "checkpoint:\n  dir: checkpoints\n"
     )
 
 

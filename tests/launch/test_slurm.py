@@ -266,16 +266,43 @@ def test_sbatch_two_node_job_finishes_with_metrics(job_env: Path) -> None:
     assert "ok: training on node1,node2" in cli("status", job_id)
 
 
+def planned_run(folder: Path) -> tuple[Path, int]:
+    """What a user does: prepare data, then `llmctl plan --data ... --run-dir ...` (CPU-sized pins: fp32, a tiny
+    batch, SDPA, no compile). Returns the plan and its number of steps on 2 nodes x 1 process."""
+    docs = [d for d in (REPO / "examples" / "corpus" / "stdlib-docstrings.txt").read_text().split("\n\n") if d.strip()]
+    (folder / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:400]))
+    cli("data", "prepare", str(folder / "docs.jsonl"), "--out", str(folder / "prepared"), "--val-fraction", "0.05")
+    # Pins: plan llama-tiny as if on GPUs, with what a CPU runs (fp32, SDPA, no compile) and a small batch.
+    pins = ["--precision", "fp32", "--seq-len", "128", "--global-batch", "16", "--micro-batch", "8"]
+    pins += ["--checkpointing", "none", "--attention", "sdpa", "--no-compile", "--loss-chunk", "0"]
+    plan = folder / "plan.yaml"
+    out = cli(
+        "plan", "llama-tiny", "--gpu", "A100-80GB", "--nodes", "2", "--gpus-per-node", "1", "--inter-gbps", "100",
+        *pins, "--tokens", "120k", "--data", str(folder / "prepared"), "--run-dir", str(folder / "run"), "-o", str(plan),
+    )  # fmt: skip
+    assert "data: " in out and "val split" in out, out
+    written = yaml.safe_load(plan.read_text())
+    assert written["data"]["kind"] == "tokens" and written["checkpoint"]["dir"] == str(folder / "run" / "checkpoints")
+    # The one edit: the test cluster's fake nodes have no GPU (a plan names its GPU kind, and the job would ask SLURM
+    # for --gpus-per-node, which these nodes cannot give). Everything else runs as `plan` wrote it.
+    written["hardware"]["gpu"] = None
+    plan.write_text(yaml.safe_dump(written, sort_keys=False))
+    t = written["training"]
+    steps = -(-t["token_budget"] // (t["micro_batch_size"] * t["grad_accum_steps"] * 2 * t["seq_len"]))
+    return plan, steps
+
+
 def sbatch_requeue(job_env: Path) -> None:
-    plan = make_plan(job_env, max_steps=30)
+    plan, total = planned_run(job_env)
     job_id, folder = launch(str(plan), "--slurm", "--nodes", "2", "--nproc-per-node", "1", "--signal-lead", "60")
     interrupt_and_resume(job_id, job_env / "run", ["scancel", "--batch", "--signal=USR1", job_id], at_step=5)
     wait_for_resumed_run(job_id, job_env / "run", folder)
-    k = assert_resumed_exactly_once(job_env / "run", 30)
+    k = assert_resumed_exactly_once(job_env / "run", total)
     lines = job_events(folder)
     assert lines[0].startswith("requeued ") and lines[-1].startswith("exit 0 ") and "restart 1" in lines[-1]
     log = (folder / f"slurm-{job_id}.out").read_text()
-    assert "SIGUSR1" in log and f"resuming at step {k}/30" in log  # one log across both runs (open-mode append)
+    assert "SIGUSR1" in log and f"resuming at step {k}/{total}" in log  # one log across both runs (open-mode append)
+    assert "validation loss" in log  # the prepared folder's val split, as the plan says
     assert log.count("closing signal SIGUSR1") == 2  # each node's torchrun forwarded it (not killed by it)
     assert "COMPLETED" in cli("status", job_id)
     assert_no_secrets(folder)
