@@ -164,7 +164,7 @@ def test_gpus_fills_one_node_then_whole_nodes() -> None:
         (["--gpus", "8", "--nodes", "1"], "either --gpus or --nodes"),
         (["--objective", "cost"], "--objective cost needs a price"),
         (["--seq-len", "12q"], "not a length in tokens"),
-        (["--global-batch-tokens", "lots"], "not a count"),
+        (["--global-batch-tokens", "lots"], "is not a whole count"),
         (["--memory-margin", "1"], "--memory-margin must be a fraction"),
     ],
 )
