@@ -39,3 +39,16 @@ def parse_bytes(text: str, what: str = "size") -> int:
     if value <= 0:
         raise InputError(f"{what} must be positive, got {text!r}")
     return value
+
+
+def duration(s: float | None) -> str:
+    """Seconds as people read them: 42.0 s, 12.5 min, 3.1 h, 2.4 d."""
+    if s is None:
+        return "-"
+    if s < 60:
+        return f"{s:.1f} s"
+    if s < 3600:
+        return f"{s / 60:.1f} min"
+    if s < 86400 * 2:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"

@@ -121,20 +121,6 @@ AllocateAllOpt = Annotated[
 ]
 
 
-def _job_env(env: list[str] | None, socket_ifname: str | None, nccl_debug: str | None) -> dict[str, str]:
-    """The job's environment: the --env values (a `shell.JobEnv`: NAME=VALUE pairs, and `by_name`, the variables
-    passed by name from this environment) and the network settings."""
-    from llmctl.launch import shell
-
-    out = shell.check_env(env or [])
-    if socket_ifname:
-        out["NCCL_SOCKET_IFNAME"] = socket_ifname
-        out["GLOO_SOCKET_IFNAME"] = socket_ifname
-    if nccl_debug:
-        out["NCCL_DEBUG"] = nccl_debug
-    return out
-
-
 def launch(
     plan: PlanArg,
     slurm: SlurmOpt = False,
@@ -182,13 +168,16 @@ def launch(
             hint="use --executor sbatch, the default with --slurm",
         )
     loaded = load_plan(plan)
-    _check_runnable(loaded, str(plan), dry_run, allow_synthetic, allow_no_checkpoint)
+    from llmctl.launch.runnable import check
+
+    for warning in check(loaded, str(plan), dry_run, allow_synthetic, allow_no_checkpoint):
+        typer.echo(f"warning: {warning}", err=True)
     nproc = local.resolve_nproc(nproc_per_node, loaded.hardware.nproc_per_node)
     if gpus is not None:  # the one reading of --gpus (estimate, plan, tune): nodes of the per-node count
         from llmctl.spec.hardware import cluster_shape
 
         nodes, nproc = cluster_shape(gpus, nodes, nproc if nproc_per_node is not None else None, nproc)
-    job_env = _job_env(env, socket_ifname, nccl_debug)
+    job_env = shell.job_env(env or [], socket_ifname, nccl_debug)
     if not backend.slurm:
         given = SlurmOptions.given_flags(slurm_options)
         if given:
@@ -226,56 +215,13 @@ def launch(
     typer.echo(f"follow it: llmctl logs {record.job_id} --follow")
 
 
-def _check_runnable(plan: Any, source: str, dry_run: bool, allow_synthetic: bool, allow_no_checkpoint: bool) -> None:
-    """A plan that would produce nothing: refused in one line naming the fix (warned about with --dry-run)."""
-    from llmctl.launch.runnable import problems
-
-    allowed = {"--allow-synthetic": allow_synthetic, "--allow-no-checkpoint": allow_no_checkpoint}
-    for p in problems(plan, source):
-        if allowed[p.allow]:
-            continue
-        if dry_run:
-            typer.echo(f"warning: {p.what}; launched, it is refused until you {p.fix}, or pass {p.allow}", err=True)
-        else:
-            raise InputError(p.what, hint=f"{p.fix}; or pass {p.allow} if that is meant")
-
-
 def _dry_start(plan: Path, allocate_all: bool) -> None:
     from llmctl.launch.dry_start import dry_start
 
     typer.echo(f"dry start of {plan}: rank 0's setup in this machine's memory ...", err=True)
+    from llmctl.cli.launch_show import render_dry_start
+
     typer.echo(render_dry_start(dry_start(plan, allocate_all)))
-
-
-def render_dry_start(r: dict[str, Any]) -> str:
-    from llmctl.units import fmt_bytes
-
-    t = r["timings_s"]
-    mesh = " x ".join(f"{n} {d}" for n, d in zip(r["mesh"], r["mesh_dims"], strict=True))
-    out = [
-        f"plan {r['plan']}: rank {r['rank']} of {r['world_size']} set up in {r['seconds']:.1f} s "
-        f"(model on meta {t['build on meta']:.1f} s, sharding {t['parallelize']:.1f} s, "
-        f"materialize {t['materialize']:.1f} s)",
-        f"  mesh {mesh}; model {r['params']:,} parameters ({r['layer_params']:,} per layer); {r['init']}",
-        f"  data: {r['data']}",
-        "",
-        f"  {'rank ' + str(r['rank']) + ' holds':<22}{'this run':>14}{'estimate-memory':>18}{'ratio':>9}",
-    ]
-    for line in r["lines"]:
-        how = "" if line["line"] == "parameters" or line["allocated_bytes"] is not None else " (sized)"
-        est, ratio = line["estimate_bytes"], line["ratio"]
-        out.append(
-            f"  {line['line'] + how:<22}{fmt_bytes(line['bytes']):>14}"
-            f"{fmt_bytes(est) if est else '-':>18}{f'{ratio:.3f}' if ratio else '-':>9}"
-        )
-    out += [
-        "",
-        f"  peak resident memory of this process: {fmt_bytes(r['rss_peak_bytes'])} "
-        f"({fmt_bytes(r['rss_before_model_bytes'])} before the model)",
-    ]
-    out += [f"  note: {n}" for n in r["notes"]]
-    out.append("the plan starts: launch it without --dry-start")
-    return "\n".join(out)
 
 
 def _with_slurm_options(command: Callable[..., None]) -> Callable[..., None]:

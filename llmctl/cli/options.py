@@ -122,3 +122,49 @@ JobsDirOpt = Annotated[
         " under it (default: every job in the index in $LLMCTL_HOME, from any folder).",
     ),
 ]
+
+# --- what makes `llmctl plan`'s plan a run (llmctl.plan.emit.run_plan), and its memory margin ---------------------------
+MemoryMarginOpt = Annotated[
+    float,
+    typer.Option(
+        "--memory-margin",
+        help="Fraction of each GPU's memory to keep free beyond the estimate's allocator headroom (e.g. 0.05).",
+    ),
+]
+DataOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--data",
+        help="Training data (repeatable): a folder made by `llmctl data prepare`, or .txt/.jsonl files or folders "
+        "of them. Checked now, vocabulary against the model's.",
+        show_default=False,
+    ),
+]
+TokenizerOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--tokenizer",
+        help="With --data: a local Hugging Face tokenizer folder (default: the model folder's, else bytes).",
+        show_default=False,
+    ),
+]
+SyntheticOpt = Annotated[
+    bool, typer.Option("--synthetic", help="Train on random tokens (a benchmark): no --data, on purpose.")
+]
+RunDirOpt = Annotated[
+    Optional[str],
+    typer.Option(
+        "--run-dir",
+        help="The run's folder: checkpoints in RUN_DIR/checkpoints, logs and metrics in RUN_DIR "
+        "(default: runs/<plan name>, relative to where the job is launched).",
+        show_default=False,
+    ),
+]
+CheckpointEveryOpt = Annotated[
+    float,
+    typer.Option(
+        "--checkpoint-every",
+        help="Minutes of training between checkpoints, turned into steps at the planned step time.",
+        metavar="MINUTES",
+    ),
+]

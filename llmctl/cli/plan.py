@@ -11,21 +11,26 @@ import typer
 from llmctl.cli import plan_show as show
 from llmctl.cli import render
 from llmctl.cli.options import (
+    CheckpointEveryOpt,
+    DataOpt,
     GpuOpt,
     GpusOpt,
     GpusPerNodeOpt,
     JsonOpt,
+    MemoryMarginOpt,
     ModelArg,
     NodesOpt,
     ParamsOpt,
+    RunDirOpt,
     SeqLenOpt,
+    SyntheticOpt,
+    TokenizerOpt,
     decimal_count,
 )
-from llmctl.cli.plan_show import duration
 from llmctl.errors import InputError
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
-from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, RunOptions, to_plan, train_from_local_weights
+from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, run_plan
 from llmctl.plan.request import build_request
 from llmctl.spec import planfile as pf
 
@@ -82,13 +87,7 @@ def plan_command(
     objective: Annotated[
         str, typer.Option("--objective", help="throughput | cost (cost per token; needs --price).")
     ] = "throughput",
-    memory_margin: Annotated[
-        float,
-        typer.Option(
-            "--memory-margin",
-            help="Fraction of each GPU's memory to keep free beyond the estimate's allocator headroom (e.g. 0.05).",
-        ),
-    ] = 0.0,
+    memory_margin: MemoryMarginOpt = 0.0,
     precision: Annotated[str, typer.Option("--precision", help="bf16-mixed | bf16 | fp32.")] = "bf16-mixed",
     strategy: Annotated[
         Optional[str], typer.Option("--strategy", help="Pin: full_shard | hybrid_shard | no_shard.")
@@ -119,43 +118,11 @@ def plan_command(
             "tokens/s.",
         ),
     ] = None,
-    data: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--data",
-            help="Training data (repeatable): a folder made by `llmctl data prepare`, or .txt/.jsonl files or folders "
-            "of them. Checked now, vocabulary against the model's.",
-            show_default=False,
-        ),
-    ] = None,
-    tokenizer: Annotated[
-        Optional[str],
-        typer.Option(
-            "--tokenizer",
-            help="With --data: a local Hugging Face tokenizer folder (default: the model folder's, else bytes).",
-            show_default=False,
-        ),
-    ] = None,
-    synthetic: Annotated[
-        bool, typer.Option("--synthetic", help="Train on random tokens (a benchmark): no --data, on purpose.")
-    ] = False,
-    run_dir: Annotated[
-        Optional[str],
-        typer.Option(
-            "--run-dir",
-            help="The run's folder: checkpoints in RUN_DIR/checkpoints, logs and metrics in RUN_DIR "
-            "(default: runs/<plan name>, relative to where the job is launched).",
-            show_default=False,
-        ),
-    ] = None,
-    checkpoint_every: Annotated[
-        float,
-        typer.Option(
-            "--checkpoint-every",
-            help="Minutes of training between checkpoints, turned into steps at the planned step time.",
-            metavar="MINUTES",
-        ),
-    ] = DEFAULT_CHECKPOINT_MINUTES,
+    data: DataOpt = None,
+    tokenizer: TokenizerOpt = None,
+    synthetic: SyntheticOpt = False,
+    run_dir: RunDirOpt = None,
+    checkpoint_every: CheckpointEveryOpt = DEFAULT_CHECKPOINT_MINUTES,
     top: Annotated[int, typer.Option("--top", help="Candidates to show.")] = 8,
     json_out: JsonOpt = False,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Where to write the plan.")] = None,
@@ -204,9 +171,8 @@ def plan_command(
     out = result.as_dict(top, cal)
     refusal = None
     if not no_write:
-        plan_obj = train_from_local_weights(to_plan(result))
-        if plan_obj is not None:
-            plan_obj, notes = _as_run(plan_obj, result, data, synthetic, tokenizer, run_dir, checkpoint_every)
+        plan_obj, notes = run_plan(result, data, synthetic, tokenizer, run_dir, checkpoint_every)
+        if notes:
             out["run_notes"] = notes
         if plan_obj is None:
             out["plan_note"] = "no plan file written: --params gives no architecture for the engine (pass a preset)"
@@ -255,45 +221,6 @@ def _check_flags(
         raise InputError("give either --data PATH or --synthetic, not both")
     if not checkpoint_every > 0:
         raise InputError(f"--checkpoint-every must be a positive number of minutes, got {checkpoint_every}")
-
-
-def _as_run(
-    plan_obj: pf.Plan,
-    result: pl.PlanResult,
-    data: list[str] | None,
-    synthetic: bool,
-    tokenizer: str | None,
-    run_dir: str | None,
-    checkpoint_every: float,
-) -> tuple[pf.Plan, list[str]]:
-    """The plan as a run: its data (checked now), checkpoints and logs in its run folder; the lines saying so."""
-    from llmctl.data.check import plan_data
-
-    notes = []
-    section = None
-    if data:
-        model_vocab = result.request.spec.vocab_size
-        section, line = plan_data(data, model_vocab, tokenizer, plan_obj.model.weights)
-        notes.append(f"data: {line}")
-    run = RunOptions(data=section, run_dir=run_dir, checkpoint_minutes=checkpoint_every)
-    plan_obj = to_plan(result, run=run)
-    assert plan_obj is not None  # the same result gave a plan above
-    plan_obj = train_from_local_weights(plan_obj)
-    ck = plan_obj.checkpoint
-    step_s = result.chosen.predicted.step_time_s
-    if ck.interval_steps >= plan_obj.total_steps:
-        when = f"at the end of its {plan_obj.total_steps:,} steps (~{duration(plan_obj.total_steps * step_s)} planned)"
-    else:
-        when = f"every {ck.interval_steps:,} steps (~{duration(ck.interval_steps * step_s)} at {step_s:.3g} s per step)"
-    notes.append(f"run folder: {plan_obj.logging.dir}; checkpoints {when} and on SIGUSR1, the last {ck.keep_last} kept")
-    if data is None:
-        notes.append(
-            "data: synthetic (random tokens), as asked; `llmctl launch` runs it with --allow-synthetic"
-            if synthetic
-            else "warning: no --data: this plan trains on random tokens and `llmctl launch` refuses it (pass --data "
-            "PATH: a folder made by `llmctl data prepare`, or .txt/.jsonl files; --synthetic for a benchmark)"
-        )
-    return plan_obj, notes
 
 
 def register(app: typer.Typer) -> None:

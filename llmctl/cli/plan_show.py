@@ -9,18 +9,7 @@ from rich.markup import escape
 
 from llmctl.cli import render
 from llmctl.plan import planner as pl
-
-
-def duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    if s < 60:
-        return f"{s:.1f} s"
-    if s < 3600:
-        return f"{s / 60:.1f} min"
-    if s < 86400 * 2:
-        return f"{s / 3600:.1f} h"
-    return f"{s / 86400:.1f} d"
+from llmctl.units import duration
 
 
 def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:

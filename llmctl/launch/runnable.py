@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmctl.errors import InputError
 from llmctl.spec.planfile import Plan
 
 
@@ -41,3 +42,17 @@ def problems(plan: Plan, source: str) -> list[Problem]:
             )
         )
     return out
+
+
+def check(plan: Plan, source: str, dry_run: bool, allow_synthetic: bool, allow_no_checkpoint: bool) -> list[str]:
+    """`llmctl launch`'s verdict: the first problem not allowed is one InputError line naming the fix; with
+    --dry-run (nothing runs) the problems are returned as warnings instead."""
+    allowed = {"--allow-synthetic": allow_synthetic, "--allow-no-checkpoint": allow_no_checkpoint}
+    warnings = []
+    for p in problems(plan, source):
+        if allowed[p.allow]:
+            continue
+        if not dry_run:
+            raise InputError(p.what, hint=f"{p.fix}; or pass {p.allow} if that is meant")
+        warnings.append(f"{p.what}; launched, it is refused until you {p.fix}, or pass {p.allow}")
+    return warnings

@@ -151,3 +151,15 @@ def safe_name(name: str, max_len: int = 48) -> str:
     """A job or folder name made of [A-Za-z0-9_.-] only (used in #SBATCH --job-name and folder names)."""
     cleaned = _NAME_SAFE.sub("_", name).strip("._-")[:max_len]
     return cleaned or "llmctl"
+
+
+def job_env(env: list[str], socket_ifname: str | None, nccl_debug: str | None) -> JobEnv:
+    """`llmctl launch`'s job environment: the --env values (NAME=VALUE pairs, and `by_name`, the variables passed by
+    name from this environment; check_env) and the network settings it asked for."""
+    out = check_env(env)
+    if socket_ifname:
+        out["NCCL_SOCKET_IFNAME"] = socket_ifname
+        out["GLOO_SOCKET_IFNAME"] = socket_ifname
+    if nccl_debug:
+        out["NCCL_DEBUG"] = nccl_debug
+    return out

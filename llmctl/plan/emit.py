@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from llmctl.errors import SpecError
+from llmctl.errors import InputError, SpecError
 from llmctl.plan import comm as cm
 from llmctl.plan.timing import Candidate
 from llmctl.spec import planfile as pf
+from llmctl.units import duration
 
 if TYPE_CHECKING:
     from llmctl.plan.planner import PlanResult
@@ -129,3 +130,45 @@ def train_from_local_weights(plan_obj: pf.Plan | None) -> pf.Plan | None:
     if any(folder.glob("*.safetensors")):
         plan_obj.model = pf.ModelSection(weights=str(folder), pad_vocab_multiple=plan_obj.model.pad_vocab_multiple)
     return plan_obj
+
+
+def run_plan(
+    result: PlanResult,
+    data: list[str] | None = None,
+    synthetic: bool = False,
+    tokenizer: str | None = None,
+    run_dir: str | None = None,
+    checkpoint_minutes: float = DEFAULT_CHECKPOINT_MINUTES,
+) -> tuple[pf.Plan | None, list[str]]:
+    """`llmctl plan`'s plan file as a run: its data (checked now: llmctl.data.check.plan_data), checkpoints and logs
+    in its run folder, fine-tuning from a local weights folder; with the lines that say so. None (and no lines) for
+    --params, which gives the engine no architecture."""
+    if result.request.spec.source not in ("preset", "config"):
+        return None, []
+    if run_dir is not None and Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise InputError(f"--run-dir {run_dir}: is a file, not a folder (checkpoints and logs go in it)")
+    run = RunOptions(run_dir=run_dir, checkpoint_minutes=checkpoint_minutes)
+    plan_obj = train_from_local_weights(to_plan(result, run=run))
+    assert plan_obj is not None  # a preset or config always gives a plan
+    notes = []
+    if data:
+        from llmctl.data.check import plan_data  # numpy, and transformers for a tokenizer folder: only when asked
+
+        section, line = plan_data(data, result.request.spec.vocab_size, tokenizer, plan_obj.model.weights)
+        plan_obj.data = pf.DataSection(**section)
+        notes.append(f"data: {line}")
+    ck = plan_obj.checkpoint
+    step_s = result.chosen.predicted.step_time_s
+    if ck.interval_steps >= plan_obj.total_steps:
+        when = f"at the end of its {plan_obj.total_steps:,} steps (~{duration(plan_obj.total_steps * step_s)} planned)"
+    else:
+        when = f"every {ck.interval_steps:,} steps (~{duration(ck.interval_steps * step_s)} at {step_s:.3g} s per step)"
+    notes.append(f"run folder: {plan_obj.logging.dir}; checkpoints {when} and on SIGUSR1, the last {ck.keep_last} kept")
+    if data is None:
+        notes.append(
+            "data: synthetic (random tokens), as asked; `llmctl launch` runs it with --allow-synthetic"
+            if synthetic
+            else "warning: no --data: this plan trains on random tokens and `llmctl launch` refuses it (pass --data "
+            "PATH: a folder made by `llmctl data prepare`, or .txt/.jsonl files; --synthetic for a benchmark)"
+        )
+    return plan_obj, notes

@@ -48,6 +48,11 @@ PLAN_OPTIONS = (
     "overlap",
     "calibrate",
     "memory_margin",
+    "data",
+    "tokenizer",
+    "synthetic",
+    "run_dir",
+    "checkpoint_every",
 )
 """The `llmctl plan` options `tune MODEL` takes (by name, as build_request reads them)."""
 PLAN_FILE_OPTIONS = ("gpu", "calibrate", "net", "inter_gbps", "intra_gbps")
@@ -220,11 +225,23 @@ def _from_plan_file(
 def _from_model(
     model: str, options: dict[str, Any], pins: dict[str, Any], compile_: bool | None
 ) -> tuple[pf.Plan, tune_space.Pool, str]:
-    from llmctl.plan.emit import to_plan, train_from_local_weights
+    from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, run_plan
 
+    if options.get("tokenizer") and not options.get("data"):
+        raise InputError("--tokenizer only applies with --data (text files are tokenized with it)")
+    if options.get("data") and options.get("synthetic"):
+        raise InputError("give either --data PATH or --synthetic, not both")
     req = _model_request(model, options, pins, compile_)
     result = pl.plan(req)
-    base = train_from_local_weights(to_plan(result))
+    # The plan it writes is a run as `llmctl plan` writes it: its data (the trials train on it too), its run folder.
+    base, _ = run_plan(
+        result,
+        options.get("data"),
+        bool(options.get("synthetic")),
+        options.get("tokenizer"),
+        options.get("run_dir"),
+        options.get("checkpoint_every") or DEFAULT_CHECKPOINT_MINUTES,
+    )
     if base is None:
         raise InputError("--params gives no architecture for the engine to run", hint="pass a preset or a config.json")
     chosen = result.chosen.setup

@@ -109,6 +109,7 @@ def test_text_data_takes_the_model_folders_tokenizer_else_bytes(here: Path) -> N
         (["--no-write", "--run-dir", "x"], "--run-dir only apply"),
         (["--checkpoint-every", "0"], "--checkpoint-every must be a positive number"),
         (["--data", "{prep}", "--data", "{corpus}"], "give it alone"),
+        (["--run-dir", "{corpus}"], "is a file, not a folder"),
     ],
 )
 def test_run_flags_refused_in_one_line(here: Path, prepared: Path, args: list[str], message: str) -> None:

@@ -146,6 +146,17 @@ def test_model_form_starts_from_the_planners_choice() -> None:
     )
     assert base.setup == first and base.hardware.gpu == A100
 
+    # Without --data the measured-best plan is synthetic but still checkpoints into its run folder (as `plan` writes
+    # it); with --data and --run-dir it is the run `llmctl plan` would write: tokens of that data, that folder.
+    assert base.data.kind == "synthetic" and base.checkpoint.dir == f"runs/{base.name}/checkpoints"
+    corpus = str(Path(__file__).resolve().parents[2] / "examples" / "corpus")
+    opts.update(data=[corpus], run_dir="r")
+    base, _, _ = workflow._from_model("llama-tiny", opts, pins, False)
+    assert base.data.kind == "text" and base.data.paths == [corpus]
+    assert base.checkpoint.dir == "r/checkpoints" and base.logging.dir == "r"
+    with pytest.raises(InputError, match="--tokenizer only applies with --data"):
+        workflow._from_model("llama-tiny", {**opts, "data": None, "tokenizer": "tok"}, pins, False)
+
 
 # --- trial plans, measurements, the report -----------------------------------------------------------------------
 def test_trial_plan_runs_steps_without_checkpoints_and_the_hook_breaks_its_data(tmp_path: Path) -> None:
