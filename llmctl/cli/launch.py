@@ -111,6 +111,15 @@ AllowNoCheckpointOpt = Annotated[
         help="Run a plan that saves no checkpoint (checkpoint.dir null): nothing survives a preemption or the end.",
     ),
 ]
+DryTpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tp",
+        min=1,
+        max=4096,
+        help="With --dry-start: size rank 0 at this tensor-parallel degree, not the plan's parallel.tp.",
+    ),
+]
 AllocateAllOpt = Annotated[
     bool,
     typer.Option(
@@ -135,6 +144,7 @@ def launch(
     dry_run: DryRunOpt = False,
     dry_start: DryStartOpt = False,
     allocate_all: AllocateAllOpt = False,
+    tp: DryTpOpt = None,
     no_preflight: NoPreflightOpt = False,
     preflight_strict: PreflightStrictOpt = False,
     spare_nodes: SpareNodesOpt = 0,
@@ -149,13 +159,14 @@ def launch(
     from llmctl.launch.slurm_options import SlurmOptions
     from llmctl.spec.planfile import load_plan
 
-    if allocate_all and not dry_start:
-        raise InputError("--allocate-all only applies with --dry-start")
+    for flag, given in (("--allocate-all", allocate_all), ("--tp", tp is not None)):
+        if given and not dry_start:
+            raise InputError(f"{flag} only applies with --dry-start", hint="set parallel.tp in the plan to run it")
     if dry_start:
         if dry_run:
             raise InputError("--dry-run and --dry-start are different checks: give one")
         load_plan(plan)  # a bad plan fails here, in a fraction of a second
-        _dry_start(plan, allocate_all)
+        _dry_start(plan, allocate_all, tp)
         return
     backend = backends.get_backend(backends.resolve_executor(executor, slurm))
     preflight = PreflightOptions(enabled=not no_preflight, strict=preflight_strict, spare_nodes=spare_nodes)
@@ -215,13 +226,13 @@ def launch(
     typer.echo(f"follow it: llmctl logs {record.job_id} --follow")
 
 
-def _dry_start(plan: Path, allocate_all: bool) -> None:
+def _dry_start(plan: Path, allocate_all: bool, tp: int | None) -> None:
+    from llmctl.cli.launch_show import render_dry_start
     from llmctl.launch.dry_start import dry_start
 
-    typer.echo(f"dry start of {plan}: rank 0's setup in this machine's memory ...", err=True)
-    from llmctl.cli.launch_show import render_dry_start
-
-    typer.echo(render_dry_start(dry_start(plan, allocate_all)))
+    at = f" at tp {tp}" if tp is not None else ""
+    typer.echo(f"dry start of {plan}{at}: rank 0's setup in this machine's memory ...", err=True)
+    typer.echo(render_dry_start(dry_start(plan, allocate_all, tp)))
 
 
 def _with_slurm_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -34,7 +34,7 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """The bytes AdamW will allocate for its states over these (local) parameters, without allocating them:
     exp_avg + exp_avg_sq shaped and typed like each parameter (+ max_exp_avg_sq with amsgrad), and the `step`
     (a float32 scalar tensor per parameter). `--allocate-all` checks this against the real allocation."""
-    from llmctl.engine.materialize import local_rows
+    from llmctl.engine.materialize import local_block
 
     if type(optimizer).__name__ != "AdamW":
         raise InputError(f"dry-start sizes AdamW states only, not {type(optimizer).__name__}")
@@ -42,7 +42,7 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     for group in optimizer.param_groups:
         per = 3 if group.get("amsgrad") else 2
         for p in group["params"]:
-            local, _, _ = local_rows(p)
+            local = local_block(p)[0]
             total += per * local.numel() * local.element_size() + 4
     return total
 
@@ -50,13 +50,13 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 def allocated_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     import torch
 
-    from llmctl.engine.materialize import local_rows
+    from llmctl.engine.materialize import local_block
 
     total = 0
     for st in optimizer.state.values():
         for v in st.values():
             if isinstance(v, torch.Tensor):
-                local, _, _ = local_rows(v) if v.ndim else (v, 0, 1)
+                local = local_block(v)[0] if v.ndim else v
                 total += local.numel() * local.element_size()
     return total
 
@@ -69,13 +69,15 @@ def estimated_lines(plan: Plan) -> dict[str, int]:
     from llmctl.spec.setup import TrainSetup
 
     spec = model_spec_for(plan)
-    setup = TrainSetup(precision=plan.training.precision, optimizer="adamw", engine="fsdp2")
+    p = plan.setup
+    setup = TrainSetup(precision=p.precision, optimizer="adamw", engine="fsdp2", tp=p.tp, gpus_per_node=p.tp)
+    held, _ = mem.stage_params(spec, setup)  # after the tp split (norms replicated)
     shard = plan.parallel_dims.dp_shard
     out: dict[str, int] = {}
     for line in mem.state_ledger(spec, setup):
         key = "parameters" if line.name.startswith("param") else line.name.split(" ")[0]
         if key in ("parameters", "gradients", "optimizer") and line.bytes_per_param:
-            out[key] = math.ceil(spec.params * line.bytes_per_param / shard)
+            out[key] = math.ceil(held * line.bytes_per_param / shard)
     return out
 
 
@@ -87,7 +89,7 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
 
     from llmctl.engine.data import RankData
     from llmctl.engine.loggers import check_installed
-    from llmctl.engine.materialize import WeightFiles, local_rows, slots
+    from llmctl.engine.materialize import WeightFiles, local_block, slots
     from llmctl.engine.model import build_meta_model, materialize, model_spec_for
     from llmctl.engine.optim import build_optimizer
     from llmctl.engine.parallelize import build_mesh, parallelize
@@ -141,7 +143,7 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
         if allocate_all:
             for s in all_slots:
                 s.param.grad = torch.zeros_like(s.param)
-            measured["gradients"] = sum(local_rows(s.param.grad)[0].nbytes for s in all_slots)
+            measured["gradients"] = sum(local_block(s.param.grad)[0].nbytes for s in all_slots)
             optimizer.step()
             measured["optimizer"] = allocated_state_bytes(optimizer)
         layer0 = sum(p.numel() for p in next(iter(_layers(model))).parameters())

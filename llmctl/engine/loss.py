@@ -27,7 +27,7 @@ from llmctl.errors import SpecError
 if TYPE_CHECKING:
     import torch
 
-IMPLS = ("whole", "chunked", "liger")
+IMPLS = ("whole", "chunked", "liger", "parallel")
 
 
 def liger_importable() -> bool:
@@ -35,8 +35,11 @@ def liger_importable() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def select_loss(chunk_tokens: int, cuda_available: bool, liger_available: bool) -> tuple[str, str]:
-    """(implementation, why): whole when chunking is off, liger on CUDA where installed, else checkpointed chunks."""
+def select_loss(chunk_tokens: int, cuda_available: bool, liger_available: bool, tp: int = 1) -> tuple[str, str]:
+    """(implementation, why): loss parallel under tensor parallelism, whole when chunking is off, liger on CUDA where
+    installed, else checkpointed chunks."""
+    if tp > 1:
+        return "parallel", f"tp {tp}: cross-entropy on the LM head's vocabulary shards (loss_parallel)"
     if chunk_tokens <= 0:
         return "whole", "loss_chunk_tokens 0: whole logits"
     if cuda_available and liger_available:
@@ -170,10 +173,44 @@ def whole_loss(
     return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), targets.reshape(-1), reduction=reduction)
 
 
+def parallel_loss(
+    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, vocab: int, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy on the vocabulary shards of a tensor-parallel LM head (logits a DTensor sharded on their last
+    dimension); call it, and the loss's backward, inside `torch.distributed.tensor.parallel.loss_parallel()`. The
+    padded vocabulary columns (model.pad_vocab_multiple) are set to -inf on the rank that holds them: they take no
+    probability mass and get no gradient, as the whole loss's slice to the real vocabulary does."""
+    import torch.nn.functional as F
+    from torch.distributed.tensor import DTensor
+
+    logits = model(input_ids=inputs).logits.float()
+    padded = logits.shape[-1]
+    if padded > vocab:
+        local = logits.to_local()
+        n = local.shape[-1]
+        start = logits.device_mesh.get_local_rank() * n  # Shard(-1): rank r holds columns [r*n, (r+1)*n)
+        if start + n > vocab:
+            keep = max(0, vocab - start)
+            local = local.clone()
+            local[..., keep:] = float("-inf")
+        logits = DTensor.from_local(local, logits.device_mesh, logits.placements, run_check=False)
+    return F.cross_entropy(logits.reshape(-1, padded), targets.reshape(-1), reduction=reduction)
+
+
 def loss_sum(
     model: torch.nn.Module, impl: str, inputs: torch.Tensor, targets: torch.Tensor, vocab: int
 ) -> torch.Tensor:
     """Summed cross-entropy over the targets that are not -100, with the run's loss implementation."""
     if impl == "whole":
         return whole_loss(model, inputs, targets, vocab, reduction="sum")
+    if impl == "parallel":
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        with loss_parallel():
+            return local_value(parallel_loss(model, inputs, targets, vocab, reduction="sum"))
     return model(input_ids=inputs, labels=targets, reduction="sum")
+
+
+def local_value(loss: torch.Tensor) -> torch.Tensor:
+    """A loss as a plain tensor (loss parallel returns a replicated DTensor: every rank holds the value)."""
+    return loss.to_local() if hasattr(loss, "to_local") else loss

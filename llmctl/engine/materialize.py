@@ -61,6 +61,10 @@ class Slot:
     rows: int
     local: Any = field(repr=False)
     """The local tensor this rank holds (a view into FSDP2's sharded storage, or the parameter itself)."""
+    col_offset: int = 0
+    cols: int | None = None
+    """A 2-D parameter split by columns too (a tensor-parallel rowwise weight): this rank's columns [col_offset,
+    col_offset + cols) of its rows; None: all columns."""
 
     @property
     def name(self) -> str:
@@ -71,20 +75,31 @@ class Slot:
         return math.prod(self.global_shape[1:])
 
 
-def local_rows(param: Any) -> tuple[Any, int, int]:
-    """(local tensor, first row, number of rows) of a parameter: a DTensor sharded on dim 0 (FSDP2, HSDP) or a
-    plain tensor (a world of one: all rows)."""
+def local_block(param: Any) -> tuple[Any, int, int, int, int | None]:
+    """(local tensor, first row, number of rows, first column, number of columns or None for all) of a parameter:
+    a DTensor sharded on dim 0 (FSDP2, HSDP, a colwise TP weight, both), on dim 1 too (a rowwise TP weight, 2-D), or
+    a plain tensor (a world of one: all rows)."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(param, DTensor):
         from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
         shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
-        if any(o for o in offset[1:]) or tuple(shape[1:]) != tuple(param.shape[1:]):
-            raise SpecError(f"parameter sharded on a dimension other than 0 ({param.placements}): not supported")
+        col_split = param.ndim == 2 and tuple(shape[1:]) != tuple(param.shape[1:])
+        if any(o for o in offset[2:]) or tuple(shape[2:]) != tuple(param.shape[2:]) or (param.ndim > 2 and offset[1]):
+            raise SpecError(f"parameter sharded on a dimension past 1 ({param.placements}): not supported")
         local = param.to_local()
-        return local, int(offset[0]) if offset else 0, int(shape[0]) if shape else 1
-    return param, 0, int(param.shape[0]) if param.ndim else 1
+        rows, first = (int(shape[0]), int(offset[0])) if shape else (1, 0)
+        return local, first, rows, int(offset[1]) if col_split else 0, int(shape[1]) if col_split else None
+    return param, 0, int(param.shape[0]) if param.ndim else 1, 0, None
+
+
+def local_rows(param: Any) -> tuple[Any, int, int]:
+    """(local tensor, first row, number of rows) of a parameter split by rows only (see local_block)."""
+    local, first, rows, _, cols = local_block(param)
+    if cols is not None:
+        raise SpecError(f"parameter split by columns ({param.placements}): expected rows only")
+    return local, first, rows
 
 
 def slots(model: torch.nn.Module) -> list[Slot]:
@@ -93,8 +108,8 @@ def slots(model: torch.nn.Module) -> list[Slot]:
     for fqn, p in model.named_parameters(remove_duplicate=False):
         s = by_id.get(id(p))
         if s is None:
-            local, off, rows = local_rows(p)
-            by_id[id(p)] = Slot([clean_name(fqn)], p, tuple(p.shape), off, rows, local)
+            local, off, rows, c0, cols = local_block(p)
+            by_id[id(p)] = Slot([clean_name(fqn)], p, tuple(p.shape), off, rows, local, c0, cols)
         else:
             s.names.append(clean_name(fqn))
     return list(by_id.values())
@@ -118,8 +133,15 @@ def draw_rows(slot: Slot, seed: int, kind: str, a: float, b: float) -> None:
     block_rows = max(1, BLOCK_VALUES // per_row)
     total_rows = slot.global_shape[0] if slot.global_shape else 1
     lo, hi = slot.offset, slot.offset + slot.rows
-    direct = slot.local.device.type == "cpu" and slot.local.dtype == torch.float32 and slot.local.is_contiguous()
-    host = slot.local if direct else torch.empty(slot.local.shape, dtype=torch.float32)
+    whole_rows = slot.cols is None
+    direct = (
+        whole_rows
+        and slot.local.device.type == "cpu"
+        and slot.local.dtype == torch.float32
+        and slot.local.is_contiguous()
+    )
+    # Columns split (TP rowwise): whole rows are drawn (the draws do not depend on the split), our columns kept.
+    host = slot.local if direct else torch.empty((slot.rows, per_row), dtype=torch.float32)
     flat = host.view(slot.rows, per_row)
     gen = torch.Generator(device="cpu")
 
@@ -141,7 +163,10 @@ def draw_rows(slot: Slot, seed: int, kind: str, a: float, b: float) -> None:
             fill(vals)
             flat[s0 - lo : s1 - lo].copy_(vals[s0 - b0 : s1 - b0])
     if not direct:
-        slot.local.copy_(host.view(slot.local.shape))
+        if whole_rows:
+            slot.local.copy_(host.view(slot.local.shape))
+        else:
+            slot.local.copy_(host[:, slot.col_offset : slot.col_offset + slot.cols])
 
 
 def storage_key(t: Any) -> tuple[int, tuple[int, ...]] | None:
@@ -362,7 +387,7 @@ def load_weights(model: torch.nn.Module, files: WeightFiles, vocab_rows: int) ->
                             continue
                         have = min(hi, rows_in_file)
                         if lo < have:
-                            part = sl[lo:have]
+                            part = sl[lo:have] if s.cols is None else sl[lo:have, s.col_offset : s.col_offset + s.cols]
                             bytes_read += part.numel() * part.element_size()
                             s.local[: have - lo].copy_(part)
                         if hi > rows_in_file:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from llmctl.errors import InputError
+from llmctl.errors import InputError, SpecError
 from llmctl.families.modules import decoder_layers
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.planfile import Plan
@@ -213,15 +213,31 @@ def needs_fsdp(mesh_size: int, precision: str | PrecisionPolicy) -> bool:
     return mesh_size > 1 or policy(precision).mixed
 
 
+def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """The data-parallel part of the mesh (every dimension but tp): what FSDP2 shards and replicates over."""
+    names = tuple(n for n in mesh.mesh_dim_names or () if n != "tp")
+    return mesh[names] if names != tuple(mesh.mesh_dim_names or ()) else mesh
+
+
 def parallelize(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh) -> bool:
-    """Apply AC -> compile -> FSDP2 in place; returns whether FSDP2 was applied."""
+    """Apply TP -> AC -> compile -> FSDP2 in place (torchtitan's order); returns whether FSDP2 was applied."""
     s = plan.setup
+    if s.tp > 1:
+        from llmctl.engine.model import model_spec_for
+        from llmctl.engine.tensor_parallel import apply_tp
+        from llmctl.families.tensor_parallel import plan_problem
+
+        problem = plan_problem(model_spec_for(plan), s.tp)
+        if problem:
+            raise SpecError(problem, hint="choose a parallel.tp that divides it, or 1")
+        apply_tp(model, mesh["tp"])
     apply_activation_checkpointing(model, s.checkpointing)
     if s.compile:
         apply_compile(model)
-    fsdp = needs_fsdp(mesh.size(), s.precision)
+    dp = dp_mesh(mesh)
+    fsdp = needs_fsdp(dp.size(), s.precision)
     if fsdp:
-        apply_fsdp(model, mesh, s.precision)
+        apply_fsdp(model, dp, s.precision)
     log.info(
         "parallelized: mesh %s %s, fsdp2 %s, checkpointing %s, compile %s, precision %s",
         tuple(mesh.shape),

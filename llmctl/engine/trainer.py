@@ -32,7 +32,14 @@ from llmctl.engine.data import Batch, RankData, build_source, build_val_source, 
 from llmctl.engine.evaluate import Evaluator
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
-from llmctl.engine.loss import install_loss_forward, liger_importable, select_loss, whole_loss
+from llmctl.engine.loss import (
+    install_loss_forward,
+    liger_importable,
+    local_value,
+    parallel_loss,
+    select_loss,
+    whole_loss,
+)
 from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (
     base_spec,
@@ -150,7 +157,7 @@ class Trainer:
         self.setup_ = s = plan.setup  # the one training setup (llmctl.spec.setup): degrees, precision, batch, ...
         cuda = self.device.type == "cuda"
         self.attn_impl, self.attn_why = select_attention(s.attention, cuda, flash_attn_importable())
-        self.loss_impl, self.loss_why = select_loss(s.loss_chunk_tokens, cuda, liger_importable())
+        self.loss_impl, self.loss_why = select_loss(s.loss_chunk_tokens, cuda, liger_importable(), s.tp)
         if s.precision.compute_dtype == "bf16" and self.device.type == "cpu":
             log.info("precision %s on a CPU works but is slower than fp32 without AMX", s.precision.name)
         check_installed(plan.logging)
@@ -255,7 +262,7 @@ class Trainer:
         # The loss is over the real vocabulary: the rows padded onto the LM head (model.pad_vocab_multiple) are never
         # a target and take no probability mass, so the loss equals the unpadded model's (and their gradient is 0).
         self.vocab = base_spec(plan).vocab_size
-        if self.loss_impl != "whole":
+        if self.loss_impl in ("chunked", "liger"):
             install_loss_forward(self.model, self.loss_impl, self.vocab, self.setup_.loss_chunk_tokens)
         return rss_base
 
@@ -322,6 +329,13 @@ class Trainer:
     def forward_backward(self, batch: Batch) -> torch.Tensor:
         """One micro-batch: its loss (the mean over its tokens) and the backward of loss / grad_accum_steps, so the
         accumulated gradients are the mean over the step's micro-batches."""
+        if self.loss_impl == "parallel":
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            with loss_parallel():  # the loss's backward too runs on the vocabulary shards
+                loss = parallel_loss(self.model, batch.inputs, batch.targets, self.vocab)
+                (loss / self.setup_.grad_accum_steps).backward()
+            return local_value(loss)
         if self.loss_impl == "whole":
             loss = whole_loss(self.model, batch.inputs, batch.targets, self.vocab)
         else:
@@ -351,7 +365,12 @@ class Trainer:
         grad_norm = None
         clip = self.plan.training.grad_clip
         if clip is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True)
+            if self.setup_.tp > 1:  # DTensors of two meshes (data x tp, and data only for unsplit parameters)
+                from llmctl.engine.tensor_parallel import clip_grad_norm
+
+                grad_norm = clip_grad_norm(list(self.model.parameters()), clip)
+            else:
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True)
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()

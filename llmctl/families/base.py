@@ -79,7 +79,10 @@ class Family:
     decoder_path: str = "model.layers"
     """Where the decoder layers sit in transformers' causal LM (dotted attributes)."""
     tp_plan: Mapping[str, str] | None = None
-    """Tensor-parallel plan (module pattern -> colwise / rowwise), filled in with tensor parallelism."""
+    """Tensor-parallel plan: a path inside one decoder layer -> a style (llmctl.families.tensor_parallel); None: the
+    family cannot be split (see `tp_unsupported`)."""
+    tp_unsupported: str = ""
+    """Why there is no tensor-parallel plan (the refusal's words)."""
     notes: str = field(default="", compare=False)
 
 

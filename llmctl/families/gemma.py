@@ -4,6 +4,7 @@ logit soft-capping (Gemma 2), q/k norms and two rotary tables (Gemma 3)."""
 
 from __future__ import annotations
 
+from llmctl.families import tensor_parallel as tpp
 from llmctl.families.base import Config, Family, Features, integer
 from llmctl.families.decoder import Rule, Traits, alternate, read_gated
 from llmctl.families.tiny import tiny
@@ -44,6 +45,7 @@ FAMILIES = (
             final_logit_softcapping=30.0,
             **_SLIDING,
         ),
+        tp_plan=tpp.GEMMA,
     ),
     Family(
         "gemma3_text",
@@ -65,5 +67,6 @@ FAMILIES = (
             },
             **_SLIDING,
         ),
+        tp_plan=tpp.GEMMA3,
     ),
 )

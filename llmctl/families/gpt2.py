@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmctl.families import tensor_parallel as tpp
 from llmctl.families.base import Config, Family, Features, flag, get, integer, layer_count
 from llmctl.spec.layers import Attention, Layer, Mlp
 
@@ -49,5 +50,6 @@ FAMILIES = (
             "eos_token_id": 257,
         },
         decoder_path="transformer.h",
+        tp_unsupported=tpp.FUSED_QKV,
     ),
 )

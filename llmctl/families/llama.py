@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from llmctl.families import tensor_parallel as tpp
 from llmctl.families.base import Config, Family, Features, integer
 from llmctl.families.decoder import Rule, Traits, read_gated
 from llmctl.families.tiny import tiny
@@ -39,6 +40,7 @@ FAMILIES = (
         # LlamaConfig has no head_dim default other than hidden // heads: the heads split the hidden size.
         Features(heads_split_hidden=True),
         tiny(model_type="llama", num_hidden_layers=2, intermediate_size=160),
+        tp_plan=tpp.LLAMA,
     ),
     Family(
         "mistral",
@@ -47,6 +49,7 @@ FAMILIES = (
         Features(),
         # head_dim 32 differs from hidden / heads (Mistral-Nemo: 5120 hidden, 32 heads, head_dim 128)
         tiny(model_type="mistral", num_hidden_layers=2, intermediate_size=128, head_dim=32, sliding_window=None),
+        tp_plan=tpp.LLAMA,
     ),
     Family(
         "mixtral",
@@ -56,6 +59,7 @@ FAMILIES = (
         tiny(
             model_type="mixtral", num_hidden_layers=2, intermediate_size=96, num_local_experts=4, num_experts_per_tok=2
         ),
+        tp_plan=tpp.LLAMA,
     ),
     Family(
         "smollm3",
@@ -70,5 +74,6 @@ FAMILIES = (
             no_rope_layer_interval=2,
             tie_word_embeddings=True,
         ),
+        tp_plan=tpp.LLAMA,
     ),
 )

@@ -3,6 +3,7 @@ multiply by their weight in fp32."""
 
 from __future__ import annotations
 
+from llmctl.families import tensor_parallel as tpp
 from llmctl.families.base import Family, Features
 from llmctl.families.decoder import Traits, read_gated
 from llmctl.families.tiny import tiny
@@ -16,5 +17,6 @@ FAMILIES = (
         lambda cfg: read_gated(cfg, OLMO2),
         Features(norm="fp32_weight"),
         tiny(model_type="olmo2", num_hidden_layers=2, intermediate_size=128),
+        tp_unsupported=tpp.OLMO2_NORM,
     ),
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from llmctl.families import tensor_parallel as tpp
 from llmctl.families.base import Family, Features
 from llmctl.families.decoder import Traits, read_gated
 from llmctl.families.tiny import tiny
@@ -26,5 +27,6 @@ FAMILIES = (
                 "long_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0],
             },
         ),
+        tp_unsupported=tpp.FUSED_QKV,
     ),
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from llmctl.families import tensor_parallel as tpp
 from llmctl.families.base import Config, Family, Features, flag, integer
 from llmctl.families.decoder import Rule, Traits, read_gated
 from llmctl.families.tiny import tiny
@@ -42,6 +43,7 @@ FAMILIES = (
         lambda cfg: read_gated(cfg, QWEN2),
         Features(),
         tiny(model_type="qwen2", num_hidden_layers=2, intermediate_size=128),
+        tp_plan=tpp.LLAMA,
     ),
     Family(
         "qwen3",
@@ -50,6 +52,7 @@ FAMILIES = (
         Features(),
         # q/k RMSNorm per head, explicit head_dim
         tiny(model_type="qwen3", num_hidden_layers=2, intermediate_size=128, head_dim=16, tie_word_embeddings=True),
+        tp_plan=tpp.QK_NORM,
     ),
     Family(
         "qwen3_moe",
@@ -69,5 +72,6 @@ FAMILIES = (
             decoder_sparse_step=1,
             mlp_only_layers=[0],
         ),
+        tp_plan=tpp.QK_NORM,
     ),
 )

@@ -14,10 +14,13 @@ from llmctl.childerrors import ChildErrors
 from llmctl.errors import RuntimeFailure
 
 
-def dry_start(plan: Path, allocate_all: bool = False) -> dict[str, Any]:
+def dry_start(plan: Path, allocate_all: bool = False, tp: int | None = None) -> dict[str, Any]:
     """Run `python -m llmctl.engine --dry-start` in a process of its own (its fake process group and its peak
-    memory are its own); its report (llmctl.engine.dryrun), or the child's one error line raised."""
+    memory are its own); its report (llmctl.engine.dryrun), or the child's one error line raised. `tp`: the plan
+    at that tensor-parallel degree instead of its own (a copy in the temporary folder; the file is not touched)."""
     with tempfile.TemporaryDirectory(prefix="llmctl-dry-start-") as tmp:
+        if tp is not None:
+            plan = _at_tp(plan, tp, Path(tmp))
         out, errors = Path(tmp) / "report.json", ChildErrors.in_folder(Path(tmp))
         env = errors.env()
         env.setdefault("TMPDIR", tmp)
@@ -30,3 +33,15 @@ def dry_start(plan: Path, allocate_all: bool = False) -> dict[str, Any]:
             tail = [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:] or ["?"]
             raise RuntimeFailure(f"dry start failed (exit {proc.returncode}): {tail[0][:300]}")
         return json.loads(out.read_text())
+
+
+def _at_tp(path: Path, tp: int, folder: Path) -> Path:
+    """A copy of the plan at `path` with parallel.tp = `tp` (validated as the plan file would be)."""
+    from dataclasses import replace
+
+    from llmctl.spec.planfile import load_plan, save_plan
+
+    plan = load_plan(path)
+    out = folder / path.name
+    save_plan(plan.with_setup(replace(plan.setup, tp=tp), f"{path} at tp {tp}"), out)
+    return out

@@ -158,13 +158,20 @@ class ParallelDims:
 
     @property
     def mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """The data-parallel device mesh the engine builds: ("shard",) for one shard group over all data-parallel
-        ranks, ("replicate", "shard") when there are replicas (HSDP; DDP is (dp, 1)). FSDP2's names."""
-        if self.tp > 1 or self.pp > 1 or self.cp > 1 or self.ep > 1:
-            raise InputError("the engine runs data parallelism only (tp = cp = pp = ep = 1)")
+        """The device mesh the engine builds: ("shard",) for one shard group over all data-parallel ranks,
+        ("replicate", "shard") when there are replicas (HSDP; DDP is (dp, 1)), FSDP2's names; then ("tp",) innermost
+        with tensor parallelism (torchtitan's order: tp ranks consecutive)."""
+        if self.pp > 1 or self.cp > 1 or self.ep > 1:
+            raise InputError("the engine runs data and tensor parallelism only (cp = pp = ep = 1)")
+        tp = ((self.tp,), ("tp",)) if self.tp > 1 else ((), ())
         if self.dp_replicate > 1:
-            return (self.dp_replicate, self.dp_shard), ("replicate", "shard")
-        return (self.dp_shard,), ("shard",)
+            return (self.dp_replicate, self.dp_shard, *tp[0]), ("replicate", "shard", *tp[1])
+        return (self.dp_shard, *tp[0]), ("shard", *tp[1])
+
+    @property
+    def dp_mesh_dims(self) -> tuple[str, ...]:
+        """The mesh dimensions FSDP2 shards and replicates over (every one but tp)."""
+        return tuple(n for n in self.mesh_dims[1] if n != "tp")
 
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's index along each axis (layout pp, dp_replicate, dp_shard, cp, tp; tp innermost)."""

@@ -193,7 +193,13 @@ class ParallelSection(_Strict):
     """full_shard: FSDP2 over all ranks, dims (1, world); hybrid_shard: shard inside a node, replicate across
     nodes (2-D mesh), dims (world / shard_size, shard_size); no_shard: replicate everywhere (DDP-like), (world, 1)."""
     shard_size: Int | None = Field(None, ge=1, le=LIMITS["--gpus"])
-    """hybrid_shard: ranks per shard group (default: nproc_per_node). Replicate size = world / shard_size."""
+    """hybrid_shard: data-parallel ranks per shard group (default: those of one node, nproc_per_node / tp).
+    Replicate size = world / (tp x shard_size)."""
+    tp: Int = Field(1, ge=1, le=LIMITS["--tp"])
+    """Tensor-parallel degree, with sequence parallelism: tp consecutive ranks of a node split each layer's matmuls
+    and share one micro-batch (training.micro_batch_size is per data-parallel rank, as in torchtitan)."""
+    async_tp: bool = False
+    """Async TP (CUDA only, with training.compile): TP's collectives micro-pipelined with its matmuls."""
 
     @field_validator("sharding", mode="before")
     @classmethod
@@ -330,10 +336,14 @@ class Plan(_Strict):
         if self.version != PLAN_VERSION:
             raise ValueError(f"version {self.version} is not supported (this llmctl reads version {PLAN_VERSION})")
         par = self.parallel
+        if self.world_size % par.tp:
+            raise ValueError(f"parallel.tp {par.tp} does not divide the world size {self.world_size}")
         if par.sharding == "hybrid_shard":
-            shard = par.shard_size or self.hardware.nproc_per_node
-            if self.world_size % shard:
-                raise ValueError(f"parallel.shard_size {shard} does not divide the world size {self.world_size}")
+            shard = par.shard_size or max(1, self.hardware.nproc_per_node // par.tp)
+            if (self.world_size // par.tp) % shard:
+                raise ValueError(
+                    f"parallel.shard_size {shard} does not divide the {self.world_size // par.tp} data-parallel ranks"
+                )
         elif par.shard_size is not None:
             raise ValueError("parallel.shard_size is only meaningful with parallel.sharding: hybrid_shard")
         if self.training.attention == "flash" and not policy(self.training.precision).flash_attention:
@@ -351,10 +361,12 @@ class Plan(_Strict):
                 f"hardware.nodes {hw.nodes} x hardware.nproc_per_node {hw.nproc_per_node} = {world:,} ranks, "
                 f"more than {int(LIMITS['--gpus']):,}"
             )
-        sequences = t.micro_batch_size * t.grad_accum_steps * world  # data-parallel ranks = world (tp = pp = 1)
+        dp = world // self.parallel.tp  # data-parallel ranks (a tp group shares a micro-batch)
+        sequences = t.micro_batch_size * t.grad_accum_steps * dp
         if sequences > LIMITS["--global-batch"]:
             raise ValueError(
-                f"training.micro_batch_size x training.grad_accum_steps x {world} ranks = {sequences:,} sequences "
+                f"training.micro_batch_size x training.grad_accum_steps x {dp} data-parallel ranks = {sequences:,} "
+                "sequences "
                 f"per step, more than {int(LIMITS['--global-batch']):,}"
             )
         if self.tokens_per_step > LIMITS["--global-batch-tokens"]:
@@ -391,6 +403,12 @@ class Plan(_Strict):
             raise ValueError(str(e)) from None
         if spec.params > MAX_PARAMS:
             raise ValueError(f"{where}: a model of {spec.params:,} parameters, more than {MAX_PARAMS:.0e}")
+        if self.parallel.tp > 1:
+            from llmctl.families.tensor_parallel import plan_problem
+
+            problem = plan_problem(spec, self.parallel.tp)
+            if problem:
+                raise ValueError(f"parallel.tp: {problem}")
         if spec.is_gpt2 and self.training.seq_len > spec.max_position_embeddings:
             # GPT-2 learns one embedding per position (wpe): a longer sequence indexes past the table.
             raise ValueError(
@@ -406,8 +424,10 @@ class Plan(_Strict):
     def setup(self) -> TrainSetup:
         """The plan's training setup: the one place the parallel, hardware and training sections become one."""
         hw, par, t = self.hardware, self.parallel, self.training
-        shard = (par.shard_size or hw.nproc_per_node) if par.sharding == "hybrid_shard" else None
+        shard = (par.shard_size or max(1, hw.nproc_per_node // par.tp)) if par.sharding == "hybrid_shard" else None
         return TrainSetup(
+            tp=par.tp,
+            async_tp=par.async_tp,
             precision=t.precision,
             optimizer=self.optimizer.name,
             strategy=par.sharding,
@@ -461,7 +481,11 @@ def setup_sections(setup: TrainSetup) -> dict[str, dict[str, Any]]:
         "parallel": {
             "sharding": setup.strategy,
             # A shard group of one node is the default; another size is spelled out.
-            "shard_size": setup.shard_size if hybrid and setup.shard_size not in (None, setup.gpus_per_node) else None,
+            "shard_size": setup.shard_size
+            if hybrid and setup.shard_size not in (None, max(1, setup.gpus_per_node // setup.tp))
+            else None,
+            "tp": setup.tp,
+            "async_tp": setup.async_tp,
         },
         "training": {
             "precision": setup.precision.name,

@@ -69,7 +69,11 @@ class TrainSetup:
     nodes: int = 1
     gpus_per_node: int = 1
     tp: int = 1
-    """Tensor-parallel degree (assumed with sequence parallelism, so activations divide by tp too)."""
+    """Tensor-parallel degree, with sequence parallelism (the norms' inputs are split by tp too): the tp ranks of one
+    group are consecutive inside a node and share one micro-batch."""
+    async_tp: bool = False
+    """Async TP (torch's symmetric-memory micro-pipelining of TP's all-gather and reduce-scatter with the matmuls):
+    CUDA only, and needs compile (torchtitan's `enable_async_tensor_parallel`)."""
     cp: int = 1
     """Context-parallel degree (the sequence split over cp ranks); 1 until context parallelism lands."""
     pp: int = 1
@@ -118,6 +122,13 @@ class TrainSetup:
             raise InputError("context and expert parallelism are not modelled yet (cp = ep = 1)")
         if self.loss_chunk_tokens < 0:
             raise InputError(f"loss chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
+        if self.tp > 1 and self.loss_chunk_tokens:
+            raise InputError(
+                "a chunked loss does not run with tensor parallelism (its loss is computed on vocabulary shards)",
+                hint="set the loss chunk to 0 with tp > 1",
+            )
+        if self.async_tp and (self.tp < 2 or not self.compile):
+            raise InputError("async TP needs tp > 1 and compile", hint="turn on compile, or drop async TP")
         if self.cuda_context_bytes < 0 or not 0 <= self.headroom_fraction < 1:
             raise InputError("CUDA context must be >= 0 and headroom in [0, 1)")
         if self.strategy == "hybrid_shard" and self.nodes < 2 and self.shard_size is None:
@@ -195,4 +206,5 @@ class TrainSetup:
             "grad_accum": self.grad_accum_steps,
             "checkpointing": self.checkpointing,
             "compile": self.compile,
+            "tp": self.tp,
         }

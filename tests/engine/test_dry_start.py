@@ -105,6 +105,22 @@ def test_the_cli_prints_the_table_and_the_verdict(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("llmctl-jobs*")), "a dry start must not create a job folder"
 
 
+def test_dry_start_at_another_tp_sizes_each_rank_exactly(tmp_path: Path) -> None:
+    """--tp: the plan's world split 2 x tp 2; every state line equals the estimate's (norms replicated, the rest
+    split by tp, then sharded by dp); the plan file is not rewritten; a tp that cannot split the world is one line."""
+    plan = write_plan(tmp_path, {"hardware": {"nproc_per_node": 4}})
+    before = plan.read_text()
+    proc = llmctl(["launch", str(plan), "--dry-start", "--tp", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "mesh 2 shard x 2 tp" in proc.stdout, proc.stdout
+    ratios = [ln.split()[-1] for ln in proc.stdout.splitlines() if ln.strip().startswith(("parameters", "grad", "opt"))]
+    assert len(ratios) == 3 and all(r == "1.000" for r in ratios), proc.stdout
+    assert plan.read_text() == before
+    proc = llmctl(["launch", str(plan), "--dry-start", "--tp", "3"], tmp_path)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmctl: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "tp=3" in errors[0], proc.stderr
+
+
 @pytest.mark.parametrize(
     ("over", "needle"),
     [
@@ -143,6 +159,8 @@ def test_flags_that_need_dry_start(tmp_path: Path) -> None:
     plan = write_plan(tmp_path)
     proc = llmctl(["launch", str(plan), "--allocate-all"], tmp_path)
     assert proc.returncode == 2 and "--allocate-all only applies with --dry-start" in proc.stderr
+    proc = llmctl(["launch", str(plan), "--tp", "2"], tmp_path)
+    assert proc.returncode == 2 and "--tp only applies with --dry-start" in proc.stderr
     proc = llmctl(["launch", str(plan), "--dry-start", "--dry-run"], tmp_path)
     assert proc.returncode == 2 and "give one" in proc.stderr
     assert set(os.listdir(tmp_path)) <= {"plan.yaml", "scratch"}, "a refused launch must not create anything"

@@ -65,8 +65,14 @@ def test_mesh_and_collective_scopes() -> None:
     assert hybrid.group_scope("dp_replicate", 4) == "inter"  # one rank per node, 4 groups share the NICs
     assert ddp.group_scope("dp_replicate", 4) == "cross"
     assert ParallelDims.from_strategy("no_shard", 1, 8).group_scope("dp_replicate", 8) == "intra"
-    with pytest.raises(InputError, match="data parallelism only"):
-        _ = ParallelDims(dp_shard=4, tp=2).mesh_dims
+    # tp innermost (torchtitan's order): consecutive ranks form a tp group; FSDP2 gets every other dimension.
+    assert ParallelDims(dp_shard=4, tp=2).mesh_dims == ((4, 2), ("shard", "tp"))
+    hsdp_tp = ParallelDims.from_strategy("hybrid_shard", 2, 8, tp=2)
+    assert hsdp_tp.mesh_dims == ((2, 4, 2), ("replicate", "shard", "tp"))
+    assert hsdp_tp.dp_mesh_dims == ("replicate", "shard")
+    assert [hsdp_tp.dp_rank(r) for r in range(4)] == [0, 0, 1, 1]  # a tp group shares its micro-batch
+    with pytest.raises(InputError, match="data and tensor parallelism only"):
+        _ = ParallelDims(dp_shard=4, cp=2).mesh_dims
 
 
 @given(
@@ -90,5 +96,5 @@ def test_context_and_expert_slots() -> None:
     assert ParallelDims.from_strategy("full_shard", 2, 8, tp=2, cp=2).dp_shard == 4
     with pytest.raises(InputError, match="ep=3 must divide"):
         ParallelDims(dp_shard=4, ep=3)
-    with pytest.raises(InputError, match="data parallelism only"):
+    with pytest.raises(InputError, match="data and tensor parallelism only"):
         _ = d.mesh_dims

@@ -107,12 +107,19 @@ def stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
     def tp_params(layer: Layer) -> float:
         if spec.measured is not None:
             return spec.params_of(layer) / setup.tp
-        norms = sum(math.prod(s) for n, s in layer.tensors(spec.hidden_size) if "norm" in n)
-        return (spec.params_of(layer) - norms) / setup.tp + norms  # norms are replicated under TP
+        tensors = layer.tensors(spec.hidden_size)
+        # Replicated over the tp group: the norms, and in llmctl's engine a mixture-of-experts block whole
+        # (llmctl.families.tensor_parallel: experts are not split until expert parallelism; Megatron's expert
+        # tensor parallelism, the zero ledger, splits them).
+        moe = setup.engine == "fsdp2" and any("experts" in n for n, _ in tensors)
+        whole = sum(math.prod(s) for n, s in tensors if "norm" in n or (moe and n.startswith("mlp.")))
+        return (spec.params_of(layer) - whole) / setup.tp + whole
 
     per = {layer: tp_params(layer) for layer, _ in spec.layer_groups}
     stages = [spec.layers[i : i + layers] for i in range(0, spec.num_layers, layers)]
-    ends = [spec.embedding_params / setup.tp, spec.head_params / setup.tp]
+    # The final norm is replicated over the tp group like the blocks' norms; the LM head is split by vocabulary.
+    final_norm = 0 if spec.measured is not None else sum(math.prod(s) for n, s in spec.head_tensors() if "norm" in n)
+    ends = [spec.embedding_params / setup.tp, (spec.head_params - final_norm) / setup.tp + final_norm]
     if setup.pp > 1:
         # The first stage holds the embedding, the last the head; the largest stage decides.
         totals = [sum(per[la] for la in st) for st in stages]

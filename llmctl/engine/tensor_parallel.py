@@ -1,0 +1,198 @@
+"""Tensor parallelism with sequence parallelism, with torch's own APIs (`parallelize_module` and its styles), applied
+before activation checkpointing, compile and FSDP2 (torchtitan's order, models/llama3/infra/parallelize.py).
+
+What each family splits is its plan in the registry (llmctl.families.tensor_parallel, torch-free); this module
+turns the plan's styles into `ParallelStyle`s. Between decoder layers the residual stream is a plain tensor holding
+this rank's s/tp tokens; each layer all-gathers it before attention and before the MLP and reduce-scatters after
+o_proj and down_proj (forward; backward the mirror). The embedding is split by vocabulary rows and all-reduced
+(transformers builds masks and rotary tables from the whole sequence), and the first layer cuts its input to this
+rank's sequence shard. The LM head is split by vocabulary and the loss is computed on the vocabulary shards
+(`loss_parallel`): logits stay a DTensor sharded on their last dimension.
+
+Parameters the plan does not split (the MoE blocks, replicated over the tp group) stay plain tensors: their inputs
+are the same on every rank of the group, so are their gradients; `grad_norm` sums norms over DTensors of different
+meshes (FSDP2's 1-D data-parallel ones and the 2-D data x tp ones), which `clip_grad_norm_` refuses to stack.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from llmctl.errors import SpecError
+from llmctl.families import family_of
+from llmctl.families import tensor_parallel as tpp
+from llmctl.families.modules import decoder_layers
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+log = logging.getLogger("llmctl.engine")
+
+DENSE_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _at(root: torch.nn.Module, path: str) -> torch.nn.Module | None:
+    obj = root
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _layer_styles(layer: torch.nn.Module, plan: dict[str, str]) -> dict[str, object]:
+    """One decoder layer's {submodule path: ParallelStyle} from the family's plan (paths the layer lacks skipped:
+    a no-rope layer, a layer without q/k norms)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleInputOutput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    styles: dict[str, object] = {}
+    for path, style in plan.items():
+        module = _at(layer, path)
+        if module is None:
+            continue
+        if style == "norm":
+            styles[path] = SequenceParallel()
+        elif style == "norm_local":
+            styles[path] = SequenceParallel(use_local_output=True)
+        elif style == "head_norm":
+            # (b, s, heads/tp, head_dim): the local heads are a shard of dimension 2.
+            styles[path] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        elif style == "attention":
+            styles[path] = PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+            )
+        elif style == "colwise":
+            styles[path] = ColwiseParallel()
+        elif style == "rowwise":
+            styles[path] = RowwiseParallel(output_layouts=Shard(1))
+        elif style in ("mlp", "mlp_pair"):
+            if all(isinstance(getattr(module, n, None), _linear()) for n in DENSE_MLP):
+                styles[path] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                styles[f"{path}.gate_proj"] = ColwiseParallel()
+                styles[f"{path}.up_proj"] = ColwiseParallel()
+                styles[f"{path}.down_proj"] = RowwiseParallel(output_layouts=Shard(1))
+            else:  # a mixture of experts: replicated over the tp group (expert parallelism is a later step)
+                if style == "mlp_pair":
+                    # Llama 4's MoE returns its output flattened to (b*s, h): back to (b, s, h) before the output is
+                    # cut to sequence shards (this hook runs before the style's, registered later).
+                    module.register_forward_hook(_unflatten_first_output)
+                styles[path] = PrepareModuleInputOutput(
+                    input_layouts=(Shard(1),),
+                    desired_input_layouts=(Replicate(),),
+                    use_local_input=True,
+                    # mlp_pair: the router logits, second, pass through as they are
+                    output_layouts=(Replicate(),) if style == "mlp" else (Replicate(), None),
+                    desired_output_layouts=(Shard(1),) if style == "mlp" else (Shard(1), None),
+                    use_local_output=True,
+                )
+        else:
+            raise SpecError(f"unknown tensor-parallel style {style!r} for {path}")
+    return styles
+
+
+def _unflatten_first_output(module: torch.nn.Module, args: tuple, output: tuple) -> tuple:
+    """A (b*s, h) first output shaped as the block's (b, s, h) input."""
+    return (output[0].view(args[0].shape), *output[1:])
+
+
+def _linear():  # -> type
+    import torch
+
+    return torch.nn.Linear
+
+
+def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Split `model` (a transformers causal LM on the meta device) over `tp_mesh` with its family's plan."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    mt = str(getattr(model.config, "model_type", ""))
+    fam = family_of(mt)
+    if fam is None or fam.tp_plan is None:
+        why = fam.tp_unsupported if fam is not None and fam.tp_unsupported else "it has no tensor-parallel plan"
+        raise SpecError(f"{mt or type(model).__name__} cannot use tensor parallelism: {why}", hint="set parallel.tp: 1")
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    root = {k: _at(model, v) for k, v in tpp.ROOT.items()}
+    missing = [tpp.ROOT[k] for k, m in root.items() if m is None]
+    if missing:
+        raise SpecError(f"{mt}: no {', '.join(missing)} to split for tensor parallelism", hint="set parallel.tp: 1")
+    vocab = root["embed"].weight.shape[0]
+    if vocab % tp_mesh.size():
+        raise SpecError(
+            f"the padded vocabulary {vocab} is not divisible by tp {tp_mesh.size()}",
+            hint="set model.pad_vocab_multiple to a multiple of tp",
+        )
+    parallelize_module(
+        model,
+        tp_mesh,
+        {
+            tpp.ROOT["embed"]: RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            tpp.ROOT["norm"]: SequenceParallel(),
+            tpp.ROOT["head"]: ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+        },
+    )
+    layers = decoder_layers(model)
+    for i, layer in enumerate(layers):
+        styles = _layer_styles(layer, dict(fam.tp_plan))
+        if i == 0:  # the whole sequence in, this rank's s/tp tokens out to the residual stream
+            parallelize_module(
+                layer,
+                tp_mesh,
+                PrepareModuleInput(
+                    input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+                ),
+            )
+        parallelize_module(layer, tp_mesh, styles)
+    if tied:  # the embedding and the head are both split by vocabulary rows (Shard(0)): one parameter again
+        root["head"].weight = root["embed"].weight
+    log.info("tensor parallel: tp %d, %s plan over %d layers", tp_mesh.size(), fam.family, len(layers))
+
+
+def _grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of gradients that are plain tensors or DTensors on different meshes: each mesh's norms
+    stacked and made whole once (`full_tensor`), the groups summed in squares."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    groups: dict[object, list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
+    total = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    for group in groups.values():
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group, 2.0)), 2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total = total + norm.float().pow(2)
+    return total.sqrt()
+
+
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+    """`clip_grad_norm_` over mixed meshes: the global norm before clipping, every gradient scaled by
+    min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ does."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = _grad_norm(grads)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    with torch.no_grad():
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        torch._foreach_mul_(local, coef.to(local[0].device) if local else coef)
+    return total

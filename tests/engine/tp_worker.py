@@ -1,0 +1,117 @@
+"""Tensor parallelism against data parallelism, in one 4-rank torchrun (`torchrun --nproc_per_node 4 tp_worker.py
+OUT.json REF_PLAN TP_PLAN [REF_PLAN TP_PLAN ...]`): each pair is the same model and global batch trained 5 steps two
+ways with the engine's own pieces (meta build, parallelize, materialize, loss, optimizer): FSDP2 over 4 ranks at
+micro-batch m, and FSDP2 2 x TP 2 at micro-batch 2m (a tp group shares its micro-batch: data-parallel rank d trains on
+what ranks 2d and 2d+1 trained on in the reference).
+
+Per plan rank 0 writes {"losses", "grad_norms", "grads", "state_bytes"} (or {"error"}): the mean loss and global
+gradient norm of each step, every parameter's whole gradient after the first backward (gathered with full_tensor;
+as lists of floats), and this rank's bytes of parameters, gradients and AdamW states after the first step.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from engine_runs import finish  # this script's folder is on sys.path
+
+from llmctl.engine.loss import local_value, parallel_loss, select_loss, whole_loss
+from llmctl.engine.materialize import clean_name
+from llmctl.engine.model import base_spec, build_meta_model, materialize, select_attention
+from llmctl.engine.optim import build_optimizer
+from llmctl.engine.parallelize import build_mesh, parallelize
+from llmctl.engine.tensor_parallel import clip_grad_norm
+from llmctl.spec.planfile import load_plan
+
+STEPS = 5
+
+
+def _local_bytes(tensors) -> int:  # noqa: ANN001
+    return sum((t.to_local() if hasattr(t, "to_local") else t).nbytes for t in tensors)
+
+
+def one_plan(path: str, rank: int, world: int) -> dict:
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    plan = load_plan(path)
+    t, setup = plan.training, plan.setup
+    attn, _ = select_attention(t.attention, False, False)
+    mesh = build_mesh(plan, "cpu", world)
+    model = build_meta_model(plan, attn)
+    parallelize(model, plan, mesh)
+    materialize(model, plan, torch.device("cpu"))
+    vocab = base_spec(plan).vocab_size
+    impl, _ = select_loss(0, False, False, setup.tp)
+    optimizer = build_optimizer(model, plan.optimizer, "cpu")
+    # The reference's rank r trains on batch r (m sequences); a tp group's data-parallel rank d on batches
+    # d*k .. d*k + k - 1 (k = micro-batch / m), the same global batch.
+    m = 2
+    d = setup.dims.dp_rank(rank)
+    k = t.micro_batch_size // m
+    parts = [
+        torch.randint(0, vocab, (m, t.seq_len + 1), generator=torch.Generator().manual_seed(1000 + d * k + j))
+        for j in range(k)
+    ]
+    ids = torch.cat(parts)
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    torch.manual_seed(0)
+    losses, norms, grads, state = [], [], {}, None
+    for step in range(STEPS):
+        if impl == "parallel":
+            with loss_parallel():
+                loss = parallel_loss(model, inputs, targets, vocab)
+                loss.backward()
+            loss = local_value(loss)
+        else:
+            loss = whole_loss(model, inputs, targets, vocab)
+            loss.backward()
+        if step == 0:
+            for n, p in model.named_parameters():
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                if rank == 0:
+                    grads[clean_name(n)] = g.detach().float().flatten().tolist()
+        norm = clip_grad_norm(list(model.parameters()), 1e9)
+        if step == 0:
+            params = list(model.parameters())
+            state = {
+                "parameters": _local_bytes(params),
+                "gradients": _local_bytes(p.grad for p in params),
+            }
+        optimizer.step()
+        if step == 0:
+            state["optimizer"] = _local_bytes(
+                v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim
+            )
+        optimizer.zero_grad(set_to_none=True)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(float(mean) / world)
+        norms.append(float(norm))
+    every = [None] * world
+    dist.all_gather_object(every, state)
+    return {"losses": losses, "grad_norms": norms, "grads": grads, "state_bytes": every}
+
+
+def main() -> None:
+    out, plans = Path(sys.argv[1]), sys.argv[2:]
+    store, rank, world = next(dist.rendezvous("env://"))
+    dist.init_process_group("gloo", store=dist.PrefixStore("tp-worker/", store), rank=rank, world_size=world)
+    results = {}
+    for p in plans:
+        try:
+            results[p] = one_plan(p, rank, world)
+        except Exception as e:  # noqa: BLE001 - recorded for the plan's test; build errors are raised on every rank
+            results[p] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+    if rank == 0:
+        out.write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+    finish(0)
+
+
+if __name__ == "__main__":
+    main()
