@@ -224,13 +224,18 @@ def parallelize(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh) -> bool:
     s = plan.setup
     if s.tp > 1:
         from llmctl.engine.model import model_spec_for
-        from llmctl.engine.tensor_parallel import apply_tp
+        from llmctl.engine.tensor_parallel import apply_tp, enable_async_tp, select_async_tp
         from llmctl.families.tensor_parallel import plan_problem
 
         problem = plan_problem(model_spec_for(plan), s.tp)
         if problem:
             raise SpecError(problem, hint="choose a parallel.tp that divides it, or 1")
         apply_tp(model, mesh["tp"])
+        on, why = select_async_tp(s.async_tp, mesh.device_type == "cuda", s.compile)
+        if on:
+            enable_async_tp(mesh["tp"])
+        if s.async_tp:
+            log.log(logging.INFO if on else logging.WARNING, why)
     apply_activation_checkpointing(model, s.checkpointing)
     if s.compile:
         apply_compile(model)

@@ -165,6 +165,28 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     log.info("tensor parallel: tp %d, %s plan over %d layers", tp_mesh.size(), fam.family, len(layers))
 
 
+def select_async_tp(requested: bool, cuda_available: bool, compiled: bool) -> tuple[bool, str]:
+    """(on, why): async TP (symmetric-memory micro-pipelining of TP's all-gather / reduce-scatter with the matmuls,
+    an inductor pass) runs where asked on CUDA with compile; elsewhere the run goes on without it, and says so."""
+    if not requested:
+        return False, "parallel.async_tp off"
+    if not cuda_available:
+        return False, "async TP asked, but it needs CUDA (symmetric memory): TP's collectives run unpipelined"
+    if not compiled:
+        return False, "async TP asked, but it is an inductor pass: it needs training.compile"
+    return True, "async TP on: TP's collectives micro-pipelined with their matmuls"
+
+
+def enable_async_tp(tp_mesh: DeviceMesh) -> None:
+    """Turn on inductor's micro-pipelined TP for the compiled layers, with symmetric memory for the tp group
+    (torchtitan's maybe_enable_async_tp, torchtitan/distributed/tensor_parallel.py)."""
+    import torch._inductor.config as inductor
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    inductor._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)
+
+
 def _grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """The global L2 norm of gradients that are plain tensors or DTensors on different meshes: each mesh's norms
     stacked and made whole once (`full_tensor`), the groups summed in squares."""

@@ -77,6 +77,8 @@ def test_precision_to_peak_dtype() -> None:
         ({"sharding": "hybrid"}, {"nodes": 2, "nproc_per_node": 2}, (2, 2), ("replicate", "shard")),
         ({"sharding": "hybrid", "shard_size": 4}, {"nodes": 2, "nproc_per_node": 4}, (2, 4), ("replicate", "shard")),
         ({"sharding": "no_shard"}, {"nproc_per_node": 4}, (4, 1), ("replicate", "shard")),
+        ({"sharding": "full", "tp": 2}, {"nproc_per_node": 8}, (4, 2), ("shard", "tp")),
+        ({"sharding": "hybrid", "tp": 4}, {"nodes": 2, "nproc_per_node": 8}, (2, 2, 4), ("replicate", "shard", "tp")),
     ],
 )
 def test_mesh_per_strategy(parallel: dict, hardware: dict, shape: tuple, names: tuple) -> None:
@@ -129,3 +131,21 @@ def test_fsdp_only_where_it_does_something() -> None:
 
     assert needs_fsdp(2, "fp32") and needs_fsdp(1, "bf16-mixed")
     assert not needs_fsdp(1, "fp32") and not needs_fsdp(1, "bf16")
+
+
+@pytest.mark.parametrize(
+    ("requested", "cuda", "compiled", "on", "needle"),
+    [
+        (False, True, True, False, "off"),
+        (True, False, True, False, "needs CUDA"),
+        (True, True, False, False, "needs training.compile"),
+        (True, True, True, True, "micro-pipelined"),
+    ],
+)
+def test_async_tp_runs_only_on_cuda_with_compile(
+    requested: bool, cuda: bool, compiled: bool, on: bool, needle: str
+) -> None:
+    from llmctl.engine.tensor_parallel import select_async_tp
+
+    got, why = select_async_tp(requested, cuda, compiled)
+    assert got is on and needle in why

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.engine.conftest import TINY, check_ok, deep_update, losses, run_engine_plans
+from tests.engine.conftest import CORPUS, TINY, check_ok, deep_update, losses, records, run_engine_plans
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
 
+VAL = sorted(CORPUS.glob("*.txt"))[0]
 GLOBAL_BATCH = 8  # sequences per step: micro-batch x data-parallel ranks in every leg
 
 
@@ -31,7 +32,9 @@ def leg(root: Path, name: str, ranks: int, tp: int, steps: int, ckpt: Path) -> P
         "training": {"max_steps": steps, "seq_len": 32, "micro_batch_size": GLOBAL_BATCH * tp // ranks},
         "optimizer": {"lr": 3e-3, "warmup_steps": 0, "min_lr_ratio": 1.0},
         "checkpoint": {"dir": str(ckpt), "interval_steps": 1000},
-        "logging": {"dir": str(folder / "logs")},
+        # Validation every 2 steps (on files of the corpus): the loss-parallel evaluation sums over -100 targets
+        "data": {"val": [str(VAL)]},
+        "logging": {"dir": str(folder / "logs"), "eval_interval_steps": 2, "eval_batches": 2},
     }
     path = folder / "plan.yaml"
     path.write_text(yaml.safe_dump(deep_update(TINY, over), sort_keys=False))
@@ -60,6 +63,11 @@ def test_resume_across_tp_degrees_continues_the_loss_curve(chain: dict[str, Path
     for step in ref:
         assert abs(ref[step] - got[step]) <= 1e-5, (step, ref, got)
     assert ref[6] < ref[1]
+    ref_eval = {r["step"]: r["val_loss"] for r in records(chain["reference"], "eval")}
+    got_eval = {r["step"]: r["val_loss"] for leg in ("tp2", "tp1", "tp4") for r in records(chain[leg], "eval")}
+    assert sorted(ref_eval) == sorted(got_eval) == [2, 4, 6]
+    for step, v in ref_eval.items():
+        assert abs(v - got_eval[step]) <= 1e-5, (step, ref_eval, got_eval)
 
 
 def test_export_of_a_tp_checkpoint_equals_the_data_parallel_export(chain: dict[str, Path]) -> None:
