@@ -112,6 +112,15 @@ EngineOpt = Annotated[
     ),
 ]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (divides weights and activations).")]
+TpPinOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--tp",
+        metavar="N",
+        help="Pin the tensor-parallel degree (sequence parallel, inside a node; 1: off). Default: try 1, 2, 4, 8 "
+        "where they divide the GPUs per node and the model's heads, kv heads and MLP width.",
+    ),
+]
 PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree (divides layers).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 JobsDirOpt = Annotated[

@@ -1,5 +1,6 @@
-"""`llmctl plan`: the sharding, micro-batch, accumulation, checkpointing and kernel that give the most tokens/s (or
-the lowest cost) on this cluster and its measured network; writes plan.yaml with the predictions recorded."""
+"""`llmctl plan`: the sharding, tensor parallelism, micro-batch, accumulation, checkpointing and kernel that give the
+most tokens/s (or the lowest cost) on this cluster and its measured network; writes plan.yaml with the predictions
+recorded."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from llmctl.cli.options import (
     SeqLenOpt,
     SyntheticOpt,
     TokenizerOpt,
+    TpPinOpt,
     decimal_count,
 )
 from llmctl.errors import InputError
@@ -101,6 +103,7 @@ def plan_command(
         typer.Option("--loss-chunk", help="Pin the loss chunk in tokens (0: whole logits; default: try both)."),
     ] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Pin: eager | sdpa | flash.")] = None,
+    tp: TpPinOpt = None,
     compile_: Annotated[
         Optional[bool],
         typer.Option(
@@ -129,7 +132,8 @@ def plan_command(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing plan file.")] = False,
     no_write: Annotated[bool, typer.Option("--no-write", help="Do not write a plan file.")] = False,
 ) -> None:
-    """Choose full_shard vs hybrid_shard, micro-batch, accumulation, checkpointing and kernels for MODEL on a cluster."""
+    """Choose full_shard vs hybrid_shard, tensor parallelism, micro-batch, accumulation, checkpointing and kernels for
+    MODEL on a cluster."""
     if top < 1:
         raise InputError(f"--top must be >= 1, got {top}")
     run_flags = [
@@ -165,6 +169,7 @@ def plan_command(
         "overlap": overlap,
         "calibrate": calibrate,
         "memory_margin": memory_margin,
+        "tp": tp,
     }
     req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)
     result = pl.plan(req)

@@ -31,6 +31,7 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         ("#", "right"),
         ("strategy", "left"),
         ("nodes", "right"),
+        ("tp", "right"),
         ("mb x acc", "right"),
         ("ckpt", "left"),
         ("attn", "left"),
@@ -57,6 +58,7 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
             str(i + 1),
             s.strategy,
             str(s.nodes),
+            f"{s.tp}{'a' if s.async_tp else ''}",
             f"{s.micro_batch_size}x{s.grad_accum_steps}",
             s.checkpointing,
             s.attention,
@@ -74,7 +76,10 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
             row.append(f"${p.budget_cost_usd:,.0f}")
         t.add_row(*row, style="bold green" if i == 0 else None)
     c.print(t)
-    c.print("[dim]compute and comm: seconds per optimizer step; comm is the communication compute does not hide[/dim]")
+    c.print(
+        "[dim]compute and comm: seconds per optimizer step; comm is the communication compute does not hide; "
+        "tp: tensor-parallel degree (a: async TP); mb: per data-parallel rank[/dim]"
+    )
     cs, ch = result.chosen.setup, result.chosen.predicted
     c.print(
         f"\n[bold]chosen[/bold]: {result.chosen.label}, micro-batch {cs.micro_batch_size} x {cs.grad_accum_steps} "
@@ -88,6 +93,8 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     )
     if result.memory_choice:
         c.print(f"[bold]memory[/bold]: {escape(result.memory_choice)}")
+    if result.tp_choice:
+        c.print(f"[bold]tensor parallel[/bold]: {escape(result.tp_choice)}")
     if req.token_budget:
         cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
         c.print(f"{req.token_budget:,} tokens: {duration(ch.budget_time_s)} on {cs.gpus} GPUs{cost}")

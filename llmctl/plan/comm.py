@@ -9,7 +9,9 @@ Torch-free, pure functions. Conventions are nccl-tests' (NVIDIA/nccl-tests doc/P
   on the ring: min(intra-node busbw, the node's aggregate inter-node bandwidth). The node's GPUs share that NIC
   bandwidth; nccl-tests shows exactly this (a 2-node all-gather's busbw is about the node's NIC rate).
 - HYBRID's cross-node all-reduce runs one group per local rank (G concurrent rings, one GPU per node each): each
-  ring gets 1/G of the node's inter-node bandwidth and moves 1/G of the gradients.
+  ring gets 1/G of the node's inter-node bandwidth and moves 1/G of the gradients. Likewise k concurrent groups with
+  several ranks on each node (FSDP's shard groups beside tensor parallelism: k = tp) share the node's NICs:
+  busbw = min(intra-node busbw, node bandwidth / k).
 
 Per mesh axis (llmctl.spec.parallel.ParallelDims) and per optimizer step (FSDP, one collective per decoder layer,
 Zhao et al. 2023 "PyTorch FSDP", arXiv:2304.11277):
@@ -24,6 +26,31 @@ Overlap: FSDP prefetches the next layer's all-gather during the current layer's 
 backward. `overlap` is the fraction of the overlappable time that is really hidden (a stated parameter):
 exposed = comm - overlap x min(comm, compute window). Forward-phase collectives hide behind forward compute only,
 backward-phase ones behind backward compute only.
+
+With tensor parallelism (tp ranks, consecutive inside a node) FSDP runs on the data-parallel axes only and gathers
+1/tp of each layer's split parameters (the parts a tp group replicates, norms and MoE blocks, whole). TP with sequence
+parallelism (Korthikanti et al. 2022, arXiv:2205.05198, section 4.2.2; llmctl.engine.tensor_parallel) moves the
+activation A = b x s x h in the compute dtype, per micro-batch (`tp_calls`, `tp_step_comm`):
+- a decoder layer, forward: all-gather before attention and before the MLP, reduce-scatter after o_proj and after
+  down_proj; backward the mirror (2 reduce-scatters + 2 all-gathers). A mixture-of-experts block is replicated over
+  the tp group (its input all-gathered, its output cut back to the sequence shard locally): forward AG, RS, AG;
+  backward AG (the cut's gradient), AG, RS.
+- recompute (activation checkpointing re-runs a layer's forward in backward): the all-gathers and the attention's
+  reduce-scatter again; the MLP's reduce-scatter makes the layer's output, which no backward op reads, and
+  non-reentrant checkpointing stops recomputing once the last tensor saved for backward is regenerated
+  (torch/utils/checkpoint.py, early stop, on by default), unless a norm reads it inside the layer (Gemma's
+  post-feed-forward norm). The engine's selective policy keeps no collective output (llmctl.engine.parallelize
+  _sac_save_ops; torchtitan keeps reduce_scatter_tensor), so selective re-runs them in every layer.
+- the embedding (split by vocabulary rows): an all-reduce of A in forward, an all-gather of its gradient in backward
+  (the first layer's Replicate -> Shard(1) cut); the LM head (split by vocabulary): an all-gather of its input in
+  forward, a reduce-scatter of the gradient in backward. loss_parallel's all-reduces move b x s scalars (max,
+  sum of exponentials, target logit): ignored.
+The group is inside one node, so every TP collective runs at the intra-node busbw. They sit on the critical path
+(never hidden, `overlap` does not apply), except with async TP (torch's micro-pipelining of all-gather -> matmul and
+matmul -> reduce-scatter, CUDA with compile): the matmul is cut into tp chunks and each chunk's transfer runs
+behind another chunk's matmul, so exposed = max(comm / tp, comm - matmul) per pair: one chunk of tp has nothing to
+hide behind (the pipeline's fill or drain), the rest hides as long as the matmul lasts. An assumption beyond that:
+no slowdown of the chunked matmuls or of the copies.
 """
 
 from __future__ import annotations
@@ -145,7 +172,7 @@ class CommOp:
     calls_per_step: int
     phase: str
     """'forward', 'backward' (hidden behind that phase of its micro-batch) or 'last_backward' (once per step,
-    behind the last micro-batch's backward)."""
+    behind the last micro-batch's backward); 'tp' for tensor parallelism's collectives (see `tp_step_comm`)."""
     busbw_gbytes_s: float
     time_per_call_s: float
 
@@ -175,6 +202,15 @@ class CommShape:
     """Bytes per parameter all-gathered (bf16 compute copy)."""
     grad_bytes: int = 4
     """Bytes per gradient element reduced (llmctl's engine: MixedPrecisionPolicy reduce_dtype=float32)."""
+    tp: int = 1
+    """Tensor-parallel degree: each rank holds 1/tp of the split parameters, so FSDP gathers and reduces that."""
+    tp_replicated_params: int = 0
+    """Parameters every rank of a tp group holds whole (norms, MoE blocks): FSDP moves them whole."""
+
+    @property
+    def params_per_rank(self) -> float:
+        """Parameters one rank of a tp group holds (before FSDP's sharding)."""
+        return (self.params - self.tp_replicated_params) / self.tp + self.tp_replicated_params
 
 
 def _exposed(comm_s: float, window_s: float, overlap: float) -> float:
@@ -203,17 +239,24 @@ def step_comm(
         raise InputError(f"overlap must be in [0, 1], got {overlap}")
     if grad_accum < 1:
         raise InputError(f"gradient accumulation must be >= 1, got {grad_accum}")
-    if dims.tp > 1 or dims.pp > 1:
-        raise InputError("the communication model covers data parallelism only (tp = pp = 1)")
+    if dims.pp > 1 or dims.cp > 1:
+        raise InputError("the communication model covers data and tensor parallelism only (pp = cp = 1)")
+    if dims.tp != shape.tp:
+        raise InputError(f"the parallel degrees have tp {dims.tp} but the shape tp {shape.tp}")
     L = shape.num_layers
-    layer_params = shape.params / L
+    layer_params = shape.params_per_rank / L
     spans_nodes = dims.world_size > gpus_per_node
     ops: list[CommOp] = []
 
-    def op(name: str, collective: str, scope: str, ranks: int, size: float, calls: int, phase: str) -> None:
+    def op(
+        name: str, collective: str, scope: str, ranks: int, size: float, calls: int, phase: str, stride: int = 1
+    ) -> None:
         if ranks <= 1 or calls <= 0:
             return
         bw = net.busbw(collective, scope, size, gpus_per_node)
+        if scope == "cross" and stride > 1 and net.inter_node_gbytes_s:
+            # `stride` concurrent groups (one per tp rank, ...) each have ranks on every node: they share its NICs.
+            bw = min(bw, net.inter_node_gbytes_s / stride)
         t = collective_time_s(collective, ranks, size, bw, net.alpha(scope))
         ops.append(CommOp(name, collective, scope, ranks, size, calls, phase, bw, t))
 
@@ -229,14 +272,16 @@ def step_comm(
         rs_calls = L * (grad_accum if sync_every_micro_batch else 1)
         rs_phase = "backward" if sync_every_micro_batch else "last_backward"
         gathered = layer_params * shape.param_bytes
-        op(f"all-gather (forward{where})", "all_gather", scope, S, gathered, L * grad_accum, "forward")
-        op(f"all-gather (backward{where})", "all_gather", scope, S, gathered, L * grad_accum, "backward")
+        k = dims.tp * dims.cp  # the shard groups side by side (ranks laid out with tp and cp innermost)
+        op(f"all-gather (forward{where})", "all_gather", scope, S, gathered, L * grad_accum, "forward", k)
+        op(f"all-gather (backward{where})", "all_gather", scope, S, gathered, L * grad_accum, "backward", k)
         name = f"reduce-scatter{' (intra-node)' if where else ''}"
-        op(name, "reduce_scatter", scope, S, layer_params * shape.grad_bytes, rs_calls, rs_phase)
+        op(name, "reduce_scatter", scope, S, layer_params * shape.grad_bytes, rs_calls, rs_phase, k)
     if R > 1:
         scope = dims.group_scope("dp_replicate", gpus_per_node)
         name = f"all-reduce of the {'shard' if S > 1 else 'gradients'}{' (inter-node)' if scope == 'inter' else ''}"
-        op(name, "all_reduce", scope, R, layer_params * shape.grad_bytes / S, L, "last_backward")
+        k = dims.tp * dims.cp * S
+        op(name, "all_reduce", scope, R, layer_params * shape.grad_bytes / S, L, "last_backward", k)
 
     fwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "forward")
     bwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "backward")
@@ -251,3 +296,126 @@ def step_comm(
     top = max(ops, key=lambda o: o.time_per_step_s, default=None)
     bottleneck = "" if top is None else f"{top.name} at {top.busbw_gbytes_s:.3g} GB/s"
     return StepComm(ops=ops, total_s=total, exposed_s=max(0.0, exposed), bottleneck=bottleneck)
+
+
+# --- tensor parallelism (module docstring) ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class TpLayer:
+    """One kind of decoder layer as tensor parallelism sees it: how many there are, how many are recomputed, and the
+    seconds of one micro-batch's forward matmuls on one rank that each collective feeds or follows (async TP
+    pipelines them; 0 where there is none)."""
+
+    count: int
+    recomputed: int = 0
+    dense_mlp: bool = True
+    """The MLP is split (gate/up column-wise, down row-wise); False: a MoE block replicated over the tp group."""
+    norm_after_mlp: bool = False
+    """A norm inside the layer reads the MLP's reduce-scatter output (Gemma): the recompute re-runs it."""
+    qkv_s: float = 0.0
+    o_s: float = 0.0
+    gate_up_s: float = 0.0
+    down_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TpCall:
+    """One kind of TP collective per micro-batch: how many calls, and the matmul seconds it can hide behind."""
+
+    collective: str
+    phase: str
+    """forward | backward | recompute."""
+    calls: int
+    matmul_s: float = 0.0
+
+
+def tp_calls(layers: list[TpLayer], head_s: float = 0.0) -> list[TpCall]:
+    """The TP collectives of one micro-batch (module docstring). Backward pairs each collective with the input-gradient
+    matmul of the same projection (as long as its forward matmul)."""
+    out: list[TpCall] = [
+        TpCall("all_reduce", "forward", 1),  # embedding
+        TpCall("all_gather", "backward", 1),  # embedding: the first layer's cut, backward
+        TpCall("all_gather", "forward", 1, head_s),  # LM head input
+        TpCall("reduce_scatter", "backward", 1, head_s),  # LM head input's gradient
+    ]
+    for la in layers:
+        n, r = la.count, la.recomputed
+        out += [
+            TpCall("all_gather", "forward", n, la.qkv_s),
+            TpCall("reduce_scatter", "forward", n, la.o_s),
+            TpCall("all_gather", "forward", n, la.gate_up_s if la.dense_mlp else 0.0),
+            TpCall("all_gather", "backward", n, la.o_s),
+            TpCall("reduce_scatter", "backward", n, la.qkv_s),
+            TpCall("all_gather", "recompute", r, la.qkv_s),
+            TpCall("reduce_scatter", "recompute", r, la.o_s),
+            TpCall("all_gather", "recompute", r, la.gate_up_s if la.dense_mlp else 0.0),
+        ]
+        if la.dense_mlp:
+            out += [
+                TpCall("reduce_scatter", "forward", n, la.down_s),
+                TpCall("all_gather", "backward", n, la.down_s),
+                TpCall("reduce_scatter", "backward", n, la.gate_up_s),
+            ]
+        else:
+            out.append(TpCall("all_gather", "backward", n))  # the gradient of the output's cut to the shard
+        if la.norm_after_mlp:
+            out.append(TpCall("reduce_scatter", "recompute", r, la.down_s if la.dense_mlp else 0.0))
+    return [c for c in out if c.calls > 0]
+
+
+def tp_step_comm(
+    calls: list[TpCall],
+    tp: int,
+    activation_bytes: float,
+    grad_accum: int,
+    net: Network,
+    gpus_per_node: int,
+    async_tp: bool = False,
+) -> StepComm:
+    """TP's communication per optimizer step: every call moves the activation (b x s x h x compute bytes: the
+    all-gather's output, the reduce-scatter's input, the all-reduce's buffer) over the tp ranks of one node, once per
+    micro-batch; all exposed, or with async TP max(comm / tp, comm - matmul) per call paired with a matmul."""
+    if tp <= 1 or not calls:
+        return StepComm(ops=[], total_s=0.0, exposed_s=0.0, bottleneck="")
+    if gpus_per_node % tp:
+        raise InputError(f"tp {tp} does not divide the {gpus_per_node} GPUs of a node (a TP group stays in one node)")
+    per_call: dict[str, float] = {}
+    bw: dict[str, float] = {}
+    for c in {c.collective for c in calls}:
+        bw[c] = net.busbw(c, "intra", activation_bytes, gpus_per_node)
+        per_call[c] = collective_time_s(c, tp, activation_bytes, bw[c], net.alpha("intra"))
+    counts: dict[tuple[str, str], int] = {}
+    exposed = 0.0
+    for c in calls:
+        counts[(c.collective, c.phase)] = counts.get((c.collective, c.phase), 0) + c.calls
+        t = per_call[c.collective]
+        hidden = async_tp and c.matmul_s > 0
+        exposed += c.calls * (max(t / tp, t - c.matmul_s) if hidden else t)
+    ops = [
+        CommOp(
+            f"TP {coll.replace('_', '-')} ({phase})",
+            coll,
+            "intra",
+            tp,
+            activation_bytes,
+            n * grad_accum,
+            "tp",
+            bw[coll],
+            per_call[coll],
+        )
+        for (coll, phase), n in counts.items()
+    ]
+    total = sum(o.time_per_step_s for o in ops)
+    top = max(ops, key=lambda o: o.time_per_step_s)
+    return StepComm(ops, total, exposed * grad_accum, f"{top.name} at {top.busbw_gbytes_s:.3g} GB/s")
+
+
+def combine(a: StepComm, b: StepComm) -> StepComm:
+    """Two sets of collectives of one step (data-parallel and tensor-parallel): times add, the bottleneck is the op
+    with the most time."""
+    if not b.ops:
+        return a
+    ops = a.ops + b.ops
+    top = max(ops, key=lambda o: o.time_per_step_s)
+    return StepComm(
+        ops, a.total_s + b.total_s, a.exposed_s + b.exposed_s, f"{top.name} at {top.busbw_gbytes_s:.3g} GB/s"
+    )

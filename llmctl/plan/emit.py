@@ -90,7 +90,9 @@ def to_plan(result: PlanResult, name: str | None = None, run: RunOptions | None 
     model = {"preset": spec.name} if spec.source == "preset" else {"config": spec.name}
     sections = pf.setup_sections(s)
     data: dict[str, Any] = {
-        "name": name or f"{_model_name(spec.name, spec.source)}-{s.strategy}-{s.nodes}x{s.gpus_per_node}",
+        "name": name
+        or f"{_model_name(spec.name, spec.source)}-{s.strategy}-{s.nodes}x{s.gpus_per_node}"
+        + (f"-tp{s.tp}" if s.tp > 1 else ""),
         "model": model,
         "hardware": {"gpu": req.gpu.name, **sections["hardware"]},
         "parallel": sections["parallel"],

@@ -1,14 +1,18 @@
 """Why the planner chose what it chose: what a setup's recompute costs, what the other checkpointing modes would fit
-and cost, and one sentence per losing setup (torch-free)."""
+and cost, why tensor parallelism won or lost, and one sentence per losing setup (torch-free)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from llmctl.families.tensor_parallel import plan_problem
+from llmctl.plan import flops as fl
+from llmctl.plan import memory as mem
 from llmctl.plan.request import PlanRequest
 from llmctl.plan.timing import Candidate, compute_times, evaluate
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.hardware import GIB
 from llmctl.spec.setup import TrainSetup
 
 if TYPE_CHECKING:
@@ -33,7 +37,7 @@ def recompute_cost(req: PlanRequest, setup: TrainSetup) -> float:
 def recompute_seconds(req: PlanRequest, setup: TrainSetup) -> float:
     """Backward seconds of one single-sequence micro-batch without compile: orders setups by their recompute (it
     scales with the tokens, so the order holds at every micro-batch)."""
-    return compute_times(req, replace(setup, micro_batch_size=1, compile=False))[2]
+    return compute_times(req, replace(setup, micro_batch_size=1, compile=False, async_tp=False))[2]
 
 
 def explain_memory_choice(
@@ -55,8 +59,8 @@ def explain_memory_choice(
         if mode == s.checkpointing:
             continue
         alts = []
-        for chunk in chunks:
-            for mb in search.micro_batches(s.strategy, s.nodes, mode, s.attention, chunk, per_gpu, rejected=[]):
+        for chunk in chunks if s.tp == 1 else [0]:
+            for mb in search.micro_batches(s.strategy, s.nodes, mode, s.attention, chunk, per_gpu, [], s.tp):
                 alt_setup = replace(
                     s, micro_batch_size=mb, grad_accum_steps=per_gpu // mb, checkpointing=mode, loss_chunk_tokens=chunk
                 )
@@ -122,3 +126,137 @@ def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
         causes.append(f"smaller micro-batch ({s.micro_batch_size} vs {b.micro_batch_size})")
     detail = ", ".join(causes) or "slower compute"
     return f"{name}: compute {p.compute_s:.2f} s/step vs {bp.compute_s:.2f} s ({detail}); {pct}"
+
+
+# --- tensor parallelism ------------------------------------------------------------------------------------------
+def activation_bytes(setup: TrainSetup, req: PlanRequest) -> int:
+    """Bytes per GPU of what a step keeps for backward and its loss at the peak phase (the memory model's components
+    that are neither model states nor FSDP's unsharded buffers)."""
+    est = mem.estimate(req.spec, setup)
+    peak = est.peak_phase
+    return sum(
+        c.bytes
+        for c in est.components
+        if peak in c.phases and c.bytes_per_param is None and not c.name.startswith("unsharded")
+    )
+
+
+def tp_share(c: Candidate) -> tuple[float, float]:
+    """(share of the step exposed in TP collectives, TP collectives' total seconds per step)."""
+    p = c.predicted
+    total = sum(o.time_per_step_s for o in p.comm_ops if o.phase == "tp")
+    return (p.tp_comm_exposed_s / p.step_time_s if p.step_time_s else 0.0), total
+
+
+def _link(req: PlanRequest) -> str:
+    return "the measured intra-node links" if req.network.curve is not None else req.gpu.link
+
+
+def _s(seconds: float) -> str:
+    """Seconds for a sentence: 2 decimals, or milliseconds to 2 significant digits below 0.1 s (a tiny model)."""
+    return f"{seconds:.2f} s" if seconds >= 0.1 or seconds == 0 else f"{seconds * 1e3:.2g} ms"
+
+
+def _short(c: Candidate) -> str:
+    s = c.setup
+    return f"{c.label}, mb {s.micro_batch_size} x {s.grad_accum_steps}, {ckpt_modes.label(s.checkpointing)}"
+
+
+def _gap(req: PlanRequest, c: Candidate, best: Candidate) -> str:
+    """'12% fewer tokens/s' (throughput) or '12% more cost per token' (cost) of `c` against `best`."""
+    if req.objective == "cost":
+        mine, top = c.predicted.tokens_per_s_per_gpu, best.predicted.tokens_per_s_per_gpu
+        return f"{(top / mine - 1 if mine else 0):.0%} more cost per token"
+    mine, top = c.predicted.tokens_per_s, best.predicted.tokens_per_s
+    return f"{(1 - mine / top if top else 0):.0%} fewer tokens/s"
+
+
+def _tp_costs(req: PlanRequest, c: Candidate, verb: str = "cost") -> str:
+    """'its collectives cost 24% of the step on NVLink4 (2.32 s of 9.71 s)', or with async TP 'its collectives (0.74 s
+    per step on NVLink4) hide behind the matmuls with async TP but for 0.05 s (0.7% of the step)'."""
+    s, p = c.setup, c.predicted
+    share, total = tp_share(c)
+    if s.async_tp:
+        return (
+            f"its collectives ({_s(total)} per step on {_link(req)}) hide behind the matmuls with async TP but for "
+            f"{_s(p.tp_comm_exposed_s)} ({share:.1%} of the step)"
+        )
+    return f"its collectives {verb} {share:.1%} of the step on {_link(req)} ({_s(total)} of {_s(p.step_time_s)})"
+
+
+def _tp_memory(req: PlanRequest, c: Candidate) -> tuple[str, bool]:
+    """'frees 38.2 GiB of activations per GPU at micro-batch 8 (41.0 -> 2.8 GiB)', and whether the same setup without
+    TP fits."""
+    s = c.setup
+    flat = replace(s, tp=1, async_tp=False)
+    with_tp, without = activation_bytes(s, req), activation_bytes(flat, req)
+    fits = mem.estimate(req.spec, flat).device_bytes <= req.capacity_bytes
+    text = (
+        f"frees {(without - with_tp) / GIB:.1f} GiB of activations per GPU at micro-batch {s.micro_batch_size} "
+        f"({without / GIB:.1f} -> {with_tp / GIB:.1f} GiB, {ckpt_modes.label(s.checkpointing)})"
+    )
+    return text, fits
+
+
+def _split(c: Candidate) -> str:
+    q = c.predicted
+    return (
+        f"{_s(q.compute_s)} compute + {_s(q.comm_exposed_s - q.tp_comm_exposed_s)} exposed data-parallel communication"
+    )
+
+
+def explain_tp_choice(
+    req: PlanRequest,
+    chosen: Candidate,
+    variants: list[Candidate],
+    tps: list[int],
+    pruned: dict[int, float] | None = None,
+) -> str:
+    """One sentence on tensor parallelism: why the chosen degree beat the best setup of the other kind (tp 1 against
+    tp > 1), with the memory it frees and the share of the step its collectives take. `pruned`: tp -> the bound of
+    the families the planner did not search (llmctl.plan.planner.tp_bound)."""
+    if tps == [1]:
+        if req.tp == 1:
+            return "tensor parallelism: pinned off (--tp 1)"
+        problem = plan_problem(req.spec, 2) if req.gpus_per_node % 2 == 0 else None
+        why = problem or f"no degree of 2, 4 or 8 divides the {req.gpus_per_node} GPUs per node"
+        if req.loss_chunk_tokens:
+            why = f"--loss-chunk {req.loss_chunk_tokens} (TP computes the loss on vocabulary shards, unchunked)"
+        return f"tensor parallelism: not considered: {why}"
+    s = chosen.setup
+    other = next((c for c in variants if (c.setup.tp > 1) != (s.tp > 1)), None)
+    if s.tp > 1:
+        freed, _ = _tp_memory(req, chosen)
+        text = f"TP {s.tp}{' (async)' if s.async_tp else ''} {freed}; {_tp_costs(req, chosen)}"
+        if other is None:
+            return text + ("; no setup without TP fits" if req.tp is None else " (--tp pinned)")
+        return text + f"; the best without TP ({_short(other)}) predicts {_gap(req, other, chosen)}"
+    if other is None and pruned:
+        t, bound = max(pruned.items(), key=lambda kv: kv[1])
+        metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
+        p = chosen.predicted
+        mine = p.tokens_per_s if req.objective == "throughput" else p.tokens_per_s_per_gpu
+        return (
+            f"tensor parallelism cannot win here: even without communication or recompute, TP {t} reaches at most "
+            f"{bound:,.0f} {metric} (its row-wise matmuls at x{req.efficiency.tp_width_factor(req.spec, t):.3f} "
+            f"efficiency), below the chosen {mine:,.0f}"
+        )
+    if other is None:
+        return f"tensor parallelism: no setup with TP {', '.join(str(t) for t in tps if t > 1)} fits"
+    o = other.setup
+    freed, flat_fits = _tp_memory(req, other)
+    reasons = [
+        f"its step is {_split(other)} + {_s(other.predicted.tp_comm_exposed_s)} TP (chosen: {_split(chosen)})",
+        _tp_costs(req, other, "would cost"),
+    ]
+    width = req.efficiency.tp_width_factor(req.spec, o.tp)
+    if width < 0.995:
+        reasons.append(f"its row-wise matmuls reduce over 1/{o.tp} of the width (x{width:.3f} efficiency)")
+    rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len)[0]
+    if rep:
+        share = rep / fl.model_flops_per_token(req.spec, req.seq_len)
+        reasons.append(f"every TP rank runs and gathers the whole MoE blocks ({share:.0%} of the FLOPs)")
+    reasons.append(freed + (", but that micro-batch fits without TP too" if flat_fits else ""))
+    return f"TP {o.tp} lost: the best with TP ({_short(other)}) predicts {_gap(req, other, chosen)}; " + "; ".join(
+        reasons
+    )

@@ -16,6 +16,9 @@ Conventions (stated once, used everywhere):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
@@ -68,10 +71,32 @@ def selective_kept(spec: ModelSpec, layer: Layer | None = None) -> list[bool]:
     return [n % 2 == 0 for n in range(len(layer_matmuls(spec, layer)))]
 
 
+_MEMO: dict[int, tuple[ModelSpec, dict[tuple, Any]]] = {}
+
+
+def _memo(spec: ModelSpec, key: tuple, fn: Callable[[], Any]) -> Any:
+    """fn() cached per spec object (specs are frozen) and key: the planner asks the same per-layer sums thousands of
+    times. The entry holds the spec itself, so an id is never reused while its entry lives."""
+    entry = _MEMO.get(id(spec))
+    if entry is None or entry[0] is not spec:
+        if len(_MEMO) >= 16:
+            _MEMO.clear()
+        entry = _MEMO[id(spec)] = (spec, {})
+    cache = entry[1]
+    if key not in cache:
+        cache[key] = fn()
+    return cache[key]
+
+
 def recompute_flops_per_token(
     spec: ModelSpec, seq_len: int, checkpointing: str = "none", attention: str = "sdpa", loss_chunked: bool = False
 ) -> int:
     """FLOPs re-run in backward per token (see the module docstring)."""
+    key = ("recompute", seq_len, checkpointing, attention, loss_chunked)
+    return _memo(spec, key, lambda: _recompute_flops(spec, seq_len, checkpointing, attention, loss_chunked))
+
+
+def _recompute_flops(spec: ModelSpec, seq_len: int, checkpointing: str, attention: str, loss_chunked: bool) -> int:
     extra = 2 * spec.vocab_size * spec.hidden_size if loss_chunked else 0
     if checkpointing == "none":
         return extra
@@ -93,6 +118,41 @@ def recompute_flops_per_token(
         return int(round(total)) + extra
     whole = ckpt_modes.whole_layers(checkpointing, spec.num_layers)
     return int(round(sum(layer_fwd(spec.layers[i]) + attn_fwd(spec.layers[i]) for i in whole))) + extra
+
+
+def tp_replicated_flops_per_token(
+    spec: ModelSpec, seq_len: int, checkpointing: str = "none", attention: str = "sdpa"
+) -> tuple[int, int]:
+    """(model, recompute) FLOPs per token of what a tensor-parallel group does not split: its mixture-of-experts blocks,
+    which every rank of the group runs whole on the whole sequence (llmctl.families.tensor_parallel, the `mlp` style
+    of an MoE layer). Attention, dense MLPs and the LM head are split over the tp ranks; a model measured on fake
+    tensors has no tensor-parallel plan. Model FLOPs: 3 x the forward (forward + backward), as 6N is 3 x 2N."""
+    if spec.measured is not None:
+        return 0, 0
+    key = ("tp_replicated", seq_len, checkpointing, attention)
+    return _memo(spec, key, lambda: _tp_replicated(spec, checkpointing))
+
+
+def _tp_replicated(spec: ModelSpec, checkpointing: str) -> tuple[int, int]:
+    h = spec.hidden_size
+
+    def moe_fwd(layer: Layer) -> int:
+        return 2 * sum(i * o for _, i, o in layer.mlp.matmuls(h)) if layer.mlp.moe else 0
+
+    model = sum(n * 3 * moe_fwd(layer) for layer, n in spec.layer_groups)
+    if checkpointing == "none" or model == 0:
+        return model, 0
+    if checkpointing == "selective":
+        again = 0
+        for layer, n in spec.layer_groups:
+            if not layer.mlp.moe:
+                continue
+            first = len(layer.attention.matmuls(h))  # layer_matmuls lists attention's projections, then the MLP's
+            mm, kept = layer_matmuls(spec, layer), selective_kept(spec, layer)
+            again += n * sum(2 * i * o for k, ((_, i, o), keep) in enumerate(zip(mm, kept)) if k >= first and not keep)
+        return model, again
+    whole = ckpt_modes.whole_layers(checkpointing, spec.num_layers)
+    return model, sum(moe_fwd(spec.layers[i]) for i in whole)
 
 
 def hardware_flops_per_token(

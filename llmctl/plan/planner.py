@@ -1,9 +1,13 @@
 """The planner: enumerate setups, drop what does not fit, time the rest, rank, explain (torch-free).
 
-Search space: strategy (full_shard, hybrid_shard, no_shard: what the engine runs) x nodes used
-(powers of two and divisors of the cluster's node count: on a slow network fewer nodes can win) x micro-batch
-(divisors of the per-GPU batch, up to memory.max_micro_batch) x gradient accumulation (the global batch is held
-fixed: micro_batch x accumulation x data-parallel ranks = global batch) x checkpointing x attention kernel x compile.
+Search space: tensor-parallel degree (llmctl.families.tensor_parallel.valid_tp: 1, 2, 4, 8 inside a node, where the
+model's family has a plan and the degree divides its heads, kv heads and MLP width) x strategy (full_shard,
+hybrid_shard, no_shard: what the engine runs, over the data-parallel ranks) x nodes used (powers of two and divisors
+of the cluster's node count: on a slow network fewer nodes can win) x micro-batch (per data-parallel rank: a tp group
+shares one; divisors of the per-rank batch, up to memory.max_micro_batch) x gradient accumulation (the global batch
+is held fixed: micro_batch x accumulation x data-parallel ranks = global batch) x checkpointing x attention kernel x
+compile (with tp > 1, compile on a CUDA GPU turns on async TP: it only hides communication) x loss chunk (0 with
+tp > 1: TP computes the loss on vocabulary shards).
 
 What fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is llmctl.plan.request,
 the explanations llmctl.plan.explain, the plan file llmctl.plan.emit.
@@ -17,11 +21,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmctl.errors import DoesNotFitError, InputError
+from llmctl.families.tensor_parallel import valid_tp
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration
-from llmctl.plan.explain import explain_memory_choice, recompute_seconds, sort_key, why_lost
+from llmctl.plan.explain import explain_memory_choice, explain_tp_choice, recompute_seconds, sort_key, why_lost
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
-from llmctl.plan.timing import Candidate, evaluate
+from llmctl.plan.timing import Candidate, compute_times, evaluate
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GIB
 from llmctl.spec.models import ModelSpec
@@ -39,18 +44,20 @@ class PlanResult:
     request: PlanRequest
     chosen: Candidate
     candidates: list[Candidate]
-    """Ranked best first; the best setup of each (strategy, nodes used, recompute or not) family: the alternatives a
+    """Ranked best first; the best setup of each (tp, strategy, nodes used, recompute or not) family: the alternatives a
     person weighs (the modes, kernel, loss and compile variants of one family are in `variants`; `memory_choice`
     compares the checkpointing modes of the chosen strategy)."""
     why_lost: dict[int, str]
     """Index into candidates -> one sentence."""
     variants: list[Candidate]
-    """Every (strategy, nodes, checkpointing, attention, compile, loss chunk) at its best micro-batch, ranked."""
+    """Every (tp, strategy, nodes, checkpointing, attention, compile, loss chunk) at its best micro-batch, ranked."""
     rejected: list[str]
     """Why whole families were dropped (does not fit, pins, batch does not split)."""
     evaluated: int
     memory_choice: str = ""
     """Why this checkpointing and loss: what the other modes would fit and cost on the same strategy and nodes."""
+    tp_choice: str = ""
+    """Why tensor parallelism won or lost: memory freed, share of the step in TP collectives, against the best other."""
 
     def memory_margin(self) -> dict[str, Any]:
         """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
@@ -125,6 +132,7 @@ class PlanResult:
             "variants_considered": len(result.variants),
             "why_lost": [result.why_lost[i] for i in range(1, min(top, len(result.candidates)))],
             "memory_choice": result.memory_choice,
+            "tp_choice": result.tp_choice,
             "memory_margin": result.memory_margin(),
             "rejected": list(dict.fromkeys(result.rejected))[:50],
             "plan_path": None,
@@ -168,6 +176,17 @@ def checkpointing_modes(spec: ModelSpec) -> list[str]:
     return out + ["selective", "full"]
 
 
+def tp_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:
+    """The tensor-parallel degrees to search: the pin, or valid_tp (those a pinned loss chunk allows)."""
+    if req.tp is not None:
+        return [req.tp]  # checked by PlanRequest
+    tps = valid_tp(req.spec, req.gpus_per_node)
+    if req.loss_chunk_tokens and len(tps) > 1:
+        rejected.append(f"tensor parallelism: --loss-chunk {req.loss_chunk_tokens} (TP computes the loss unchunked)")
+        return [1]
+    return tps
+
+
 def plan(req: PlanRequest) -> PlanResult:
     """Enumerate, filter by memory, predict, rank. Raises DoesNotFitError with the reasons when nothing is left."""
     spec, gpu, g, G = req.spec, req.gpu, req.gpus_per_node, req.global_batch
@@ -196,18 +215,23 @@ def plan(req: PlanRequest) -> PlanResult:
     if req.strategy == "hybrid_shard" and req.nodes < 2:
         rejected.append("--strategy hybrid_shard: needs at least 2 nodes (on one node it is full_shard)")
 
-    usable_nodes = [n for n in node_counts(req.nodes) if G % (n * g) == 0]
-    if not usable_nodes:
+    tps = tp_degrees(req, rejected)
+    usable = {tp: [n for n in node_counts(req.nodes) if G % (n * g // tp) == 0] for tp in tps}
+    if not any(usable.values()):
+        dp = g // max(tps)  # the fewest data-parallel ranks per node searched
+        ranks = f"{dp} GPUs per node" if dp == g else f"{dp} data-parallel ranks per node (tp {max(tps)})"
         raise InputError(
-            f"global batch {G} sequences does not split evenly over {g} GPUs per node on any node count",
-            hint=f"use a multiple of {g} (e.g. --global-batch {g * max(1, round(G / g))})",
+            f"global batch {G} sequences does not split evenly over {ranks} on any node count",
+            hint=f"use a multiple of {dp} (e.g. --global-batch {dp * max(1, round(G / dp))})",
         )
-    for n in node_counts(req.nodes):
-        if n not in usable_nodes and n == req.nodes:
-            rejected.append(f"{n} nodes: global batch {G} is not a multiple of {n * g} GPUs")
+    for tp in tps:
+        if req.nodes not in usable[tp]:
+            ranks = f"{req.nodes * g} GPUs" if tp == 1 else f"{req.nodes * g // tp} data-parallel ranks (tp {tp})"
+            rejected.append(f"{req.nodes} nodes: global batch {G} is not a multiple of {ranks}")
 
     best: dict[tuple, Candidate] = {}
     evaluated = 0
+    tp_pruned: dict[int, float] = {}
     search = MemorySearch(req)
     order = {
         a: sorted(
@@ -216,36 +240,72 @@ def plan(req: PlanRequest) -> PlanResult:
         )
         for a in attns
     }
-    for strategy in strategies:
-        for n in usable_nodes:
-            if strategy == "hybrid_shard" and n < 2:
+    top_key = [0.0]  # the best candidate's sort key so far (its first figure)
+
+    def group(tp: int, strategy: str, n: int, attn: str) -> None:
+        """Search one (tp, strategy, nodes, kernel) family: the Pareto front of checkpointing x loss chunk."""
+        nonlocal evaluated
+        if strategy == "hybrid_shard" and (n < 2 or g // tp < 2):
+            return  # one node, or a shard group of one rank: that is full_shard, or no_shard
+        per_rank = G // (n * g // tp)
+        top = req.micro_batch or per_rank  # the largest micro-batch worth fitting
+        # Pareto front, cheapest recompute first: an option is worth its memory search and timing only if it fits a
+        # larger micro-batch than every cheaper one (at an equal micro-batch the cheaper recompute is faster, at every
+        # micro-batch, since both scale with its tokens); once one fits the whole per-rank batch, nothing dearer can
+        # win. Thousands of dominated setups are never searched or timed.
+        largest = 0
+        for ckpt, chunk in order[attn]:
+            if largest >= top:
+                break
+            if tp > 1 and chunk:
+                continue  # TP computes the loss on vocabulary shards (loss parallel), unchunked
+            mbs = search.micro_batches(strategy, n, ckpt, attn, chunk, per_rank, rejected, tp)
+            # At an equal micro-batch the order by recompute (priced at mb 1, without compile) can disagree with the
+            # timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
+            if not mbs or mbs[-1] < largest:
                 continue
-            per_gpu = G // (n * g)
-            top = req.micro_batch or per_gpu  # the largest micro-batch worth fitting
+            largest = mb = mbs[-1]
+            # Only the largest micro-batch that fits is timed: a step's compute time falls with the micro-batch (the
+            # GEMM-shape efficiency rises with the tokens per micro-batch) and so does its communication (fewer
+            # micro-batches, each hiding more behind longer compute).
+            for comp in compiles:
+                async_tp = tp > 1 and comp and req.async_tp  # async TP only hides communication
+                c = evaluate(req, req.setup(strategy, n, mb, per_rank // mb, ckpt, attn, comp, chunk, tp, async_tp))
+                evaluated += 1
+                key = (tp, strategy, n, ckpt, attn, comp, chunk)
+                if key not in best or sort_key(req, c) < sort_key(req, best[key]):
+                    best[key] = c
+                top_key[0] = min(top_key[0], sort_key(req, c)[0])
+
+    # Without TP every data-parallel family is searched: the table compares them.
+    for strategy in strategies:
+        for n in usable.get(1, []):
             for attn in attns:
-                # Pareto front, cheapest recompute first: an option is worth its memory search and timing only if it
-                # fits a larger micro-batch than every cheaper one (at an equal micro-batch the cheaper recompute is
-                # faster, at every micro-batch, since both scale with its tokens); once one fits the whole per-GPU
-                # batch, nothing dearer can win. Thousands of dominated setups are never searched or timed.
-                largest = 0
-                for ckpt, chunk in order[attn]:
-                    if largest >= top:
-                        break
-                    mbs = search.micro_batches(strategy, n, ckpt, attn, chunk, per_gpu, rejected)
-                    # At an equal micro-batch the order by recompute (priced at mb 1, without compile) can disagree
-                    # with the timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
-                    if not mbs or mbs[-1] < largest:
-                        continue
-                    largest = mb = mbs[-1]
-                    # Only the largest micro-batch that fits is timed: a step's compute time falls with the
-                    # micro-batch (the GEMM-shape efficiency rises with the tokens per micro-batch) and so does its
-                    # communication (fewer micro-batches, each hiding more behind longer compute).
-                    for comp in compiles:
-                        c = evaluate(req, req.setup(strategy, n, mb, per_gpu // mb, ckpt, attn, comp, chunk))
-                        evaluated += 1
-                        key = (strategy, n, ckpt, attn, comp, chunk)
-                        if key not in best or sort_key(req, c) < sort_key(req, best[key]):
-                            best[key] = c
+                group(1, strategy, n, attn)
+    # With TP, a (tp, nodes, kernel) family is searched only if its compute alone (no communication, no recompute,
+    # the largest micro-batch) could beat the best setup so far: most node counts of a large cluster cannot.
+    bounds = sorted(
+        (
+            (tp_bound(req, tp, n, attn, max(compiles)), tp, n, attn)
+            for tp in tps
+            if tp > 1
+            for n in usable[tp]
+            for attn in attns
+        ),
+        key=lambda b: -b[0],
+    )
+    for bound, tp, n, attn in bounds:
+        if best and bound < -top_key[0]:
+            tp_pruned[tp] = max(tp_pruned.get(tp, 0.0), bound)
+            continue
+        for strategy in strategies:
+            group(tp, strategy, n, attn)
+    metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
+    for tp, bound in tp_pruned.items():
+        rejected.append(
+            f"TP {tp} on some node counts: at most {bound:,.0f} {metric} even without communication or recompute, "
+            f"below the best {-top_key[0]:,.0f}"
+        )
     if not best:
         _nothing_fits(req, rejected)
     ranked = sorted(best.values(), key=lambda c: sort_key(req, c))
@@ -253,19 +313,33 @@ def plan(req: PlanRequest) -> PlanResult:
     filled = []
     for c in ranked:
         # Memory does not depend on accumulation or compile.
-        k = replace(c.setup, grad_accum_steps=1, compile=False)
+        k = replace(c.setup, grad_accum_steps=1, compile=False, async_tp=False)
         if k not in mem_cache:
             mem_cache[k] = mem.estimate(spec, k).device_bytes
         filled.append(replace(c, predicted=replace(c.predicted, memory_per_gpu_bytes=mem_cache[k])))
     families: dict[tuple, Candidate] = {}
     for c in filled:
-        # One row per (strategy, nodes, recompute or not): the best of selective / partial / full stands for
+        # One row per (tp, strategy, nodes, recompute or not): the best of selective / partial / full stands for
         # checkpointing (rows per mode would crowd out the strategies); memory_choice compares the modes.
-        families.setdefault((c.setup.strategy, c.setup.nodes, c.setup.checkpointing != "none"), c)
+        families.setdefault((c.setup.tp, c.setup.strategy, c.setup.nodes, c.setup.checkpointing != "none"), c)
     fam = list(families.values())
     why = {i: why_lost(c, fam[0], req) for i, c in enumerate(fam) if i > 0}
     choice = explain_memory_choice(req, fam[0], search, ckpts, chunks)
-    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, choice)
+    tp_choice = explain_tp_choice(req, fam[0], filled, tps, tp_pruned)
+    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, choice, tp_choice)
+
+
+def tp_bound(req: PlanRequest, tp: int, nodes: int, attn: str, compile_: bool) -> float:
+    """An upper bound on what a tp > 1 family on `nodes` nodes predicts (tokens/s, or per GPU for the cost objective):
+    its compute alone at the largest micro-batch (the GEMM efficiency only grows with it), without recompute or
+    communication (both only add time)."""
+    g = req.gpus_per_node
+    per_rank = req.global_batch // (nodes * g // tp)
+    mb = req.micro_batch or per_rank
+    setup = req.setup("full_shard", nodes, mb, max(1, per_rank // mb), "none", attn, compile_, 0, tp)
+    _, fwd, bwd = compute_times(req, setup)
+    tps = setup.tokens_per_step / (setup.grad_accum_steps * (fwd + bwd))
+    return tps if req.objective == "throughput" else tps / setup.gpus
 
 
 class MemorySearch:
@@ -276,48 +350,58 @@ class MemorySearch:
         self.req = req
         self.cache: dict[tuple, tuple[int, int]] = {}
 
-    def max_mb(self, strategy: str, n: int, ckpt: str, attn: str, chunk: int, per_gpu: int) -> int:
-        return min(self._search(strategy, n, ckpt, attn, chunk)[0], per_gpu)
+    def max_mb(self, strategy: str, n: int, ckpt: str, attn: str, chunk: int, per_gpu: int, tp: int = 1) -> int:
+        return min(self._search(strategy, n, ckpt, attn, chunk, tp)[0], per_gpu)
 
-    def _search(self, strategy: str, n: int, ckpt: str, attn: str, chunk: int) -> tuple[int, int]:
-        """(largest micro-batch that fits up to the one-node per-GPU batch, bytes per GPU at micro-batch 1).
-        Memory depends neither on the per-GPU batch nor, between SDPA and flash, on the kernel."""
+    def _search(self, strategy: str, n: int, ckpt: str, attn: str, chunk: int, tp: int = 1) -> tuple[int, int]:
+        """(largest micro-batch that fits up to the one-node per-rank batch, bytes per GPU at micro-batch 1).
+        Memory depends neither on the per-rank batch nor, between SDPA and flash, on the kernel; full_shard's depends
+        on the node count, and its search stops at that count's per-rank batch (what the planner asks)."""
         kernel = "eager" if attn == "eager" else "fused"
-        key = (strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
+        key = (tp, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
         if key not in self.cache:
-            setup = self.req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk)
-            need = mem.estimate(self.req.spec, setup).device_bytes
-            cap = self.req.capacity_bytes
-            limit = max(1, self.req.global_batch // self.req.gpus_per_node)
-            fitted = mem.max_micro_batch(self.req.spec, setup, cap, limit=limit) if need <= cap else 0
+            req = self.req
+            setup = req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk, tp)
+            need = mem.estimate(req.spec, setup).device_bytes
+            cap = req.capacity_bytes
+            dp_per_node = req.gpus_per_node // tp
+            limit = max(1, req.global_batch // (dp_per_node * (n if strategy == "full_shard" else 1)))
+            fitted = mem.max_micro_batch(req.spec, setup, cap, limit=limit) if need <= cap else 0
             self.cache[key] = (fitted, need)
         return self.cache[key]
 
     def micro_batches(
-        self, strategy: str, n: int, ckpt: str, attn: str, chunk: int, per_gpu: int, rejected: list[str]
+        self,
+        strategy: str,
+        n: int,
+        ckpt: str,
+        attn: str,
+        chunk: int,
+        per_gpu: int,
+        rejected: list[str],
+        tp: int = 1,
     ) -> list[int]:
-        """The micro-batches to try (divisors of the per-GPU batch that fit, or the pinned one), ascending; [] with
-        the reason appended to `rejected` when none."""
+        """The micro-batches to try (divisors of the per-rank batch that fit, or the pinned one), ascending; [] with
+        the reason appended to `rejected` when none. `per_gpu`: sequences per data-parallel rank per step."""
         req, cap = self.req, self.req.capacity_bytes
-        max_mb = self.max_mb(strategy, n, ckpt, attn, chunk, per_gpu)
-        where = (
-            f"{strategy} on {n} node{'s' if n > 1 else ''}, checkpointing {ckpt}, {attn}"
-            f"{f', loss chunks of {chunk}' if chunk else ''}"
-        )
+        max_mb = self.max_mb(strategy, n, ckpt, attn, chunk, per_gpu, tp)
+        on = f"{strategy}{f' x TP {tp}' if tp > 1 else ''} on {n} node{'s' if n > 1 else ''}"
+        where = f"{on}, checkpointing {ckpt}, {attn}{f', loss chunks of {chunk}' if chunk else ''}"
         if max_mb == 0:
-            need = self._search(strategy, n, ckpt, attn, chunk)[1]
+            need = self._search(strategy, n, ckpt, attn, chunk, tp)[1]
             rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
             return []
         if req.micro_batch is None:
             return [d for d in divisors(per_gpu) if d <= max_mb]
         if per_gpu % req.micro_batch:
+            ranks = f"{n * req.gpus_per_node // tp} data-parallel ranks" if tp > 1 else f"{n * req.gpus_per_node} GPUs"
             rejected.append(
-                f"{strategy} on {n} node{'s' if n > 1 else ''}: micro-batch {req.micro_batch} does not divide the "
-                f"{per_gpu} sequences per GPU (global batch {req.global_batch} over {n * req.gpus_per_node} GPUs)"
+                f"{on}: micro-batch {req.micro_batch} does not divide the {per_gpu} sequences per "
+                f"{'data-parallel rank' if tp > 1 else 'GPU'} (global batch {req.global_batch} over {ranks})"
             )
             return []
         if req.micro_batch > max_mb:
-            need = mem.estimate(req.spec, req.setup(strategy, n, req.micro_batch, 1, ckpt, attn, False, chunk))
+            need = mem.estimate(req.spec, req.setup(strategy, n, req.micro_batch, 1, ckpt, attn, False, chunk, tp))
             rejected.append(
                 f"{where}: micro-batch {req.micro_batch} needs {need.device_bytes / GIB:.1f} GiB per GPU > "
                 f"{cap / GIB:.1f} GiB"
@@ -334,6 +418,7 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
             ("micro_batch", req.micro_batch),
             ("checkpointing", req.checkpointing),
             ("attention", req.attention),
+            ("tp", req.tp),
         )
         if v is not None
     ]

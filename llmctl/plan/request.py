@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmctl.errors import InputError
+from llmctl.families.tensor_parallel import plan_problem
 from llmctl.plan import comm as cm
 from llmctl.plan.calibrate import Calibration, read_calibration
 from llmctl.plan.network import network_for
@@ -20,6 +21,8 @@ from llmctl.spec.precision import PrecisionPolicy, policy
 from llmctl.spec.setup import ATTENTIONS, TrainSetup, canonical
 
 OBJECTIVES = ("throughput", "cost")
+ROW_WISE = ("o_proj", "down_proj")
+"""The projections a tensor-parallel plan splits by rows (reduction width K / tp; llmctl.families.tensor_parallel)."""
 
 # --- achievable efficiency: the fraction of dense peak a training step reaches, in hardware FLOPs ---------------
 # Per attention kernel, for large GEMMs (hidden >= 4096, >= 4k tokens per micro-batch), bf16 on A100/H100.
@@ -41,6 +44,11 @@ HIDDEN_HALF = 256
 # Tensor cores need dims that are multiples of 64 on A100 (docs/sources.md#fsdp-seed: "our tensor shapes must be a multiple of
 # 64"); hidden or MLP sizes that are not run at a reduced rate. The engine pads the vocabulary itself.
 MISALIGNED_PENALTY = 0.85
+# Tensor parallelism narrows each rank's matmuls: column-wise ones (q/k/v, gate/up) keep their reduction width K = h
+# and lose output columns, row-wise ones (o_proj, down_proj) reduce over K / tp. We apply the same saturating factor
+# K / (K + HIDDEN_HALF) to the row-wise matmuls' K, relative to tp = 1, weighted by their FLOPs (`tp_width_factor`);
+# column-wise matmuls keep their rate (the GEMM's M, the tokens, and K are unchanged). An assumption built on the
+# factor above, not a measurement.
 # Per GPU kind, relative to A100 (where the kernel factors come from): the catalog's `efficiency` field
 # (spec/presets/gpus.yaml, each with its source).
 # torch.compile fuses norms, rotary and SwiGLU elementwise ops: torchtitan reports ~1.1x on Llama-3-8B.
@@ -75,17 +83,42 @@ class Efficiency:
             raise InputError("efficiency calibration and compile speedup must be positive")
 
     def of(
-        self, attention: str, tokens_per_micro_batch: int, spec: ModelSpec, compile_: bool, gpu: GPUSpec | None = None
+        self,
+        attention: str,
+        tokens_per_micro_batch: int,
+        spec: ModelSpec,
+        compile_: bool,
+        gpu: GPUSpec | None = None,
+        tp: int = 1,
     ) -> float:
-        """Fraction of peak (hardware FLOPs) one GPU reaches; never above 1. `gpu` None: the baseline GPU (1.0)."""
+        """Fraction of peak (hardware FLOPs) one GPU reaches; never above 1. `gpu` None: the baseline GPU (1.0).
+        With tensor parallelism the tp ranks run the whole micro-batch's tokens through narrower matmuls."""
         m, h = tokens_per_micro_batch, spec.hidden_size
         e = self.kernel[attention] * m / (m + self.tokens_half) * h / (h + self.hidden_half)
+        e *= self.tp_width_factor(spec, tp)
         e *= gpu.efficiency if gpu is not None else 1.0
         if spec.hidden_size % 64 or spec.intermediate_size % 64:
             e *= self.misaligned_penalty
         if compile_:
             e *= self.compile_speedup
         return min(1.0, e * self.calibration)
+
+    def tp_width_factor(self, spec: ModelSpec, tp: int) -> float:
+        """The rate of a layer's matmuls split over tp ranks relative to tp = 1 (TP note above): row-wise o_proj and
+        down_proj reduce over K / tp, at (K/tp) / (K/tp + hidden_half) against K / (K + hidden_half)."""
+        if tp <= 1 or spec.measured is not None:
+            return 1.0
+
+        def width(k: float) -> float:
+            return k / (k + self.hidden_half)
+
+        total = scaled = 0.0
+        for layer, n in spec.layer_groups:
+            for name, k, out in layer.matmuls(spec.hidden_size):
+                w = n * k * out
+                total += w
+                scaled += w * (width(k / tp) / width(k) if name in ROW_WISE else 1.0)
+        return scaled / total if total else 1.0
 
 
 @dataclass(frozen=True)
@@ -111,6 +144,8 @@ class PlanRequest:
     compile: bool | None = None
     loss_chunk_tokens: int | None = None
     """Pin: 0 whole logits, N chunks of N tokens; None: the planner tries both (auto_loss_chunk)."""
+    tp: int | None = None
+    """Pin the tensor-parallel degree (None: the planner tries llmctl.families.tensor_parallel.valid_tp)."""
     overlap: float = cm.DEFAULT_OVERLAP
     efficiency: Efficiency = field(default_factory=Efficiency)
     sync_every_micro_batch: bool = True
@@ -156,6 +191,35 @@ class PlanRequest:
             raise InputError(f"--loss-chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
         if self.attention is not None:
             object.__setattr__(self, "attention", canonical(self.attention, ATTENTIONS, "attention"))
+        if self.tp is not None:
+            self._check_tp(self.tp)
+
+    def _check_tp(self, tp: int) -> None:
+        """A pinned tp: within one node, splittable for the model, and no chunked loss (TP uses loss parallel)."""
+        if tp < 1:
+            raise InputError(f"--tp must be a positive integer, got {tp}")
+        if self.gpus_per_node % tp:
+            raise InputError(
+                f"--tp {tp} does not divide the {self.gpus_per_node} GPUs per node (a TP group stays inside one node)",
+                hint="use a divisor of --gpus-per-node",
+            )
+        problem = plan_problem(self.spec, tp)
+        if problem:
+            raise InputError(f"--tp {tp}: {problem}", hint="use --tp 1, or no pin")
+        if tp > 1 and self.loss_chunk_tokens:
+            raise InputError(
+                f"--tp {tp} with --loss-chunk {self.loss_chunk_tokens}: tensor parallelism computes the loss on "
+                "vocabulary shards (loss parallel), not in chunks",
+                hint="drop --loss-chunk, or pass --loss-chunk 0",
+            )
+
+    @property
+    def async_tp(self) -> bool:
+        """Whether the planner prices async TP on this GPU: NVLink-connected CUDA GPUs from Hopper on, where torch's
+        micro-pipelined TP (symmetric memory, CUDA + compile) was measured (PyTorch dev-discuss, "Introducing Async
+        Tensor Parallelism in PyTorch", 2024: H100 SXM with NVSwitch; torchtitan's docs/async_tp.md). Elsewhere TP's
+        collectives are priced unhidden; a plan may still set parallel.async_tp and the engine runs it on CUDA."""
+        return self.gpu.architecture in ("hopper", "blackwell") and self.gpu.link.startswith("NVLink")
 
     @property
     def global_batch(self) -> int:
@@ -180,9 +244,13 @@ class PlanRequest:
         attention: str = "sdpa",
         compile_: bool = False,
         loss_chunk_tokens: int = 0,
+        tp: int = 1,
+        async_tp: bool = False,
     ) -> TrainSetup:
         """A setup of the search on this request's GPUs per node, sequence and precision (FSDP2, AdamW)."""
         return TrainSetup(
+            tp=tp,
+            async_tp=async_tp,
             precision=self.precision,
             optimizer="adamw",
             strategy=strategy,
@@ -209,7 +277,7 @@ def build_request(
 ) -> tuple[PlanRequest, Calibration | None]:
     """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes, gpus_per_node,
     cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
-    precision, loss_chunk, attention, overlap, calibrate, memory_margin; gpus and memory_margin may be absent) and the pinned decisions, every value checked in one order
+    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp; gpus, memory_margin and tp may be absent) and the pinned decisions, every value checked in one order
     (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
     request here too."""
     gpus = o.get("gpus")
@@ -269,6 +337,7 @@ def build_request(
         attention=o["attention"],
         compile=compile_,
         loss_chunk_tokens=o["loss_chunk"],
+        tp=o.get("tp"),
         overlap=o["overlap"],
         efficiency=Efficiency(calibration=cal.factor) if cal else Efficiency(),
         memory_margin=o.get("memory_margin") or 0.0,

@@ -3,10 +3,16 @@ does not hide (llmctl.plan.comm); a candidate is a setup plus this prediction (t
 
 Step time = accumulation x (forward + backward of one micro-batch) + exposed communication. Memory comes from
 llmctl.plan.memory only; this module never re-derives a byte.
+
+Tensor parallelism (tp ranks share one micro-batch): each rank runs 1/tp of the split FLOPs (attention, dense MLPs,
+LM head) and all of what the group replicates (MoE blocks: llmctl.plan.flops.tp_replicated_flops_per_token), at the
+efficiency of its narrower matmuls (llmctl.plan.request.Efficiency.tp_width_factor); TP's collectives come from
+llmctl.plan.comm.tp_calls, timed per layer kind with the matmul seconds async TP can hide them behind.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +20,9 @@ from llmctl.plan import comm as cm
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
 from llmctl.plan.request import HBM_EFFICIENCY, PlanRequest
+from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.layers import Layer
+from llmctl.spec.models import ModelSpec
 from llmctl.spec.setup import TrainSetup
 
 
@@ -27,7 +36,7 @@ class Prediction:
     """Compute seconds per optimizer step."""
     comm_total_s: float
     comm_exposed_s: float
-    """Communication seconds per step that compute does not hide."""
+    """Communication seconds per step that compute does not hide (data-parallel and tensor-parallel)."""
     step_time_s: float
     tokens_per_step: int
     tokens_per_s: float
@@ -36,6 +45,8 @@ class Prediction:
     memory_per_gpu_bytes: int
     """The memory model's device bytes per GPU (0: not sized, see `predict`)."""
     bottleneck: str
+    tp_comm_exposed_s: float = 0.0
+    """Of comm_exposed_s, tensor parallelism's collectives."""
     comm_ops: list[cm.CommOp] = field(default_factory=list, compare=False, repr=False)
     budget_time_s: float | None = None
     budget_cost_usd: float | None = None
@@ -51,7 +62,8 @@ class Candidate:
     @property
     def label(self) -> str:
         s = self.setup
-        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}"
+        tp = f" x TP {s.tp}{' (async)' if s.async_tp else ''}" if s.tp > 1 else ""
+        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}{tp}"
 
     def as_dict(self) -> dict[str, Any]:
         s, p = self.setup, self.predicted
@@ -59,6 +71,8 @@ class Candidate:
             "strategy": s.strategy,
             "nodes": s.nodes,
             "gpus": s.gpus,
+            "tp": s.tp,
+            "async_tp": s.async_tp,
             "micro_batch": s.micro_batch_size,
             "grad_accum": s.grad_accum_steps,
             "checkpointing": s.checkpointing,
@@ -73,6 +87,7 @@ class Candidate:
             "compute_s": p.compute_s,
             "comm_total_s": p.comm_total_s,
             "comm_exposed_s": p.comm_exposed_s,
+            "tp_comm_exposed_s": p.tp_comm_exposed_s,
             "efficiency": p.efficiency,
             "bottleneck": p.bottleneck,
             "budget_time_s": p.budget_time_s,
@@ -87,34 +102,123 @@ def recompute_memory_s(req: PlanRequest, setup: TrainSetup) -> float:
     re-runs the same mix of ops as the forward, which the FLOP-based efficiency already prices."""
     if setup.checkpointing != "selective" or req.gpu.hbm_gbytes_s <= 0:
         return 0.0
+    # One rank's share under tensor parallelism (llmctl's engine: torch's sequence-parallel layout, as the memory
+    # model; the zero ledger keeps Megatron's everything-divides-by-tp).
+    per_rank = setup.engine == "fsdp2" and req.spec.measured is None
     regenerated = mem.recompute_buffer_bytes(
-        req.spec, setup.micro_batch_size, req.seq_len, setup.compute_bytes, setup.attention, setup.checkpointing
+        req.spec,
+        setup.micro_batch_size,
+        req.seq_len,
+        setup.compute_bytes,
+        setup.attention,
+        setup.checkpointing,
+        tp=setup.tp if per_rank else 1,
     )
-    return 2 * regenerated * req.spec.num_layers / (req.gpu.hbm_gbytes_s * 1e9 * HBM_EFFICIENCY)
+    share = 1 if per_rank else setup.tp
+    return 2 * regenerated * req.spec.num_layers / share / (req.gpu.hbm_gbytes_s * 1e9 * HBM_EFFICIENCY)
+
+
+def _recompute_per_rank(req: PlanRequest, ckpt: str, attention: str, chunked: bool, tp: int) -> float:
+    """Recompute FLOPs per token one rank of a tp group runs (all of them at tp = 1)."""
+    again = fl.recompute_flops_per_token(req.spec, req.seq_len, ckpt, attention, chunked)
+    if tp == 1:
+        return again
+    rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len, ckpt, attention)[1]
+    return (again - rep) / tp + rep
 
 
 def compute_times(req: PlanRequest, setup: TrainSetup) -> tuple[float, float, float]:
     """(efficiency, forward s, backward s) of one micro-batch on one GPU. Backward carries the recomputation."""
-    mb, ckpt, attention, chunked = (
+    mb, ckpt, attention, chunked, tp = (
         setup.micro_batch_size,
         setup.checkpointing,
         setup.attention,
         setup.loss_chunk_tokens > 0,
+        setup.tp,
     )
-    eff = req.efficiency.of(attention, mb * req.seq_len, req.spec, setup.compile, req.gpu)
+    eff = req.efficiency.of(attention, mb * req.seq_len, req.spec, setup.compile, req.gpu, tp=tp)
     rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * eff
     tokens = mb * req.seq_len
     model = fl.model_flops_per_token(req.spec, req.seq_len)
-    again = fl.recompute_flops_per_token(req.spec, req.seq_len, ckpt, attention, chunked)
+    if tp > 1:  # each rank: 1/tp of what the group splits, all of what it replicates
+        rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len)[0]
+        model = (model - rep) / tp + rep
+    again = _recompute_per_rank(req, ckpt, attention, chunked, tp)
     fwd = tokens * (model / 3) / rate  # forward 2N + attention/3 of 6N + attention (Kaplan et al. 2020)
     redo = tokens * again / rate
     if ckpt == "selective":
         # Selective re-runs a subset of what full re-runs: never more time than full's recompute (a GPU with little
         # memory bandwidth for its FLOPs, e.g. L40S with eager attention, would otherwise price it above).
-        full = fl.recompute_flops_per_token(req.spec, req.seq_len, "full", attention, chunked)
+        full = _recompute_per_rank(req, "full", attention, chunked, tp)
         redo = min(redo + recompute_memory_s(req, setup), tokens * full / rate)
     bwd = tokens * (model * 2 / 3) / rate + redo
     return eff, fwd, bwd
+
+
+def tp_replicated_params(spec: ModelSpec) -> int:
+    """Parameters every rank of a tp group holds whole: the norms (and per-head q/k norms) and the MoE blocks
+    (llmctl.families.tensor_parallel); the rest is split over the tp ranks."""
+    h = spec.hidden_size
+    total = h  # the final norm
+    for layer, n in spec.layer_groups:
+        total += n * sum(
+            math.prod(shape)
+            for name, shape in layer.tensors(h)
+            if "norm" in name or (layer.mlp.moe and name.startswith("mlp."))
+        )
+    return total
+
+
+def tp_layers(req: PlanRequest, setup: TrainSetup, rate: float) -> tuple[list[cm.TpLayer], float]:
+    """The layer kinds TP's collectives are counted over (llmctl.plan.comm.tp_calls) and the LM head's forward matmul
+    seconds: per kind, the forward seconds of one micro-batch's matmuls on one rank that each collective pairs with."""
+    spec, tp, tokens = req.spec, setup.tp, setup.micro_batch_size * req.seq_len
+    h = spec.hidden_size
+
+    def secs(mms: list[tuple[str, int, int]]) -> float:
+        return tokens * sum(2 * i * o for _, i, o in mms) / tp / rate
+
+    recomputed: dict[Layer, int] = {}
+    if setup.checkpointing == "selective":
+        recomputed = {layer: n for layer, n in spec.layer_groups}
+    else:
+        for i in ckpt_modes.whole_layers(setup.checkpointing, spec.num_layers):
+            recomputed[spec.layers[i]] = recomputed.get(spec.layers[i], 0) + 1
+    out = []
+    for layer, n in spec.layer_groups:
+        attn, mlp = layer.attention.matmuls(h), layer.mlp.matmuls(h)
+        dense = not layer.mlp.moe
+        out.append(
+            cm.TpLayer(
+                count=n,
+                recomputed=recomputed.get(layer, 0),
+                dense_mlp=dense,
+                norm_after_mlp=any(name.startswith("post_feedforward") for name in layer.norms),
+                qkv_s=secs(attn[:-1]),
+                o_s=secs(attn[-1:]),
+                gate_up_s=secs(mlp[:-1]) if dense else 0.0,
+                down_s=secs(mlp[-1:]) if dense else 0.0,
+            )
+        )
+    return out, secs([("lm_head", h, spec.vocab_size)])
+
+
+def tp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float) -> cm.StepComm:
+    """Tensor parallelism's collectives per optimizer step (none at tp = 1)."""
+    if setup.tp == 1:
+        return cm.StepComm(ops=[], total_s=0.0, exposed_s=0.0, bottleneck="")
+    rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * efficiency
+    layers, head_s = tp_layers(req, setup, rate)
+    activation = setup.micro_batch_size * req.seq_len * req.spec.hidden_size * setup.compute_bytes
+    return cm.tp_step_comm(
+        cm.tp_calls(layers, head_s),
+        setup.tp,
+        activation,
+        setup.grad_accum_steps,
+        req.network,
+        setup.gpus_per_node,
+        setup.async_tp,
+    )
 
 
 def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Candidate:
@@ -124,10 +228,17 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
     p = setup.precision
     # The engine all-gathers parameters in the compute dtype and reduces gradients in the reduce dtype.
     shape = cm.CommShape(
-        params=req.spec.params, num_layers=req.spec.num_layers, param_bytes=p.compute_bytes, grad_bytes=p.reduce_bytes
+        params=req.spec.params,
+        num_layers=req.spec.num_layers,
+        param_bytes=p.compute_bytes,
+        grad_bytes=p.reduce_bytes,
+        tp=setup.tp,
+        tp_replicated_params=tp_replicated_params(req.spec) if setup.tp > 1 else 0,
     )
     accum = setup.grad_accum_steps
     c = cm.step_comm(setup.dims, shape, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
+    t = tp_comm(req, setup, eff)
+    c = cm.combine(c, t)
     compute = accum * (fwd + bwd)
     step = compute + c.exposed_s
     gpus = setup.gpus
@@ -153,6 +264,7 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         mfu=mfu,
         memory_per_gpu_bytes=memory_bytes,
         bottleneck=c.bottleneck,
+        tp_comm_exposed_s=t.exposed_s,
         comm_ops=c.ops,
         budget_time_s=budget_t,
         budget_cost_usd=cost,

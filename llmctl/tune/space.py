@@ -75,6 +75,7 @@ class Space:
                 grad_accum_steps=self.per_rank_batch // mb,
                 checkpointing=ck,
                 compile=comp,
+                async_tp=b.async_tp and comp,  # async TP is an inductor pass: off with compile off
             )
             for s, mb, ck, comp in itertools.product(
                 self.strategies, self.micro_batches, self.checkpointing, self.compile
@@ -187,7 +188,8 @@ def make_pool(req: PlanRequest, space: Space, device: str | None, first: TrainSe
     fitting, dropped = [], []
     attention = req.attention or "sdpa"
     for s in space.setups():
-        priced = replace(s, precision=req.precision, attention=attention, loss_chunk_tokens=req.loss_chunk_tokens or 0)
+        chunk = 0 if s.tp > 1 else req.loss_chunk_tokens or 0  # tp > 1 computes the loss on vocabulary shards
+        priced = replace(s, precision=req.precision, attention=attention, loss_chunk_tokens=chunk)
         p = predict(req, priced).predicted
         if device is not None and p.memory_per_gpu_bytes > req.gpu.memory_bytes:
             dropped.append(

@@ -25,8 +25,9 @@ TP_FAMILIES = [mt for mt, f in REGISTRY.items() if f.tp_plan is not None]
 NO_SDPA = ("gemma2",)
 
 
-def pair(folder: Path, family: str) -> tuple[Path, Path]:
-    """(reference: FSDP2 over 4 ranks at micro-batch 2, FSDP2 2 x TP 2 at micro-batch 4) for `family`'s tiny config."""
+def pair(folder: Path, family: str, hybrid: bool = False) -> tuple[Path, Path]:
+    """(reference: FSDP2 over 4 ranks at micro-batch 2, FSDP2 2 x TP 2 at micro-batch 4) for `family`'s tiny config;
+    `hybrid`: the TP run on 2 nodes x 2 ranks with HSDP, the 3-D mesh (replicate 2, shard 1, tp 2)."""
     folder.mkdir(parents=True, exist_ok=True)
     config = folder / "config.json"
     config.write_text(json.dumps(tiny(family)))
@@ -35,8 +36,8 @@ def pair(folder: Path, family: str) -> tuple[Path, Path]:
         plan = deep_update(
             TINY,
             {
-                "hardware": {"nproc_per_node": 4},
-                "parallel": {"tp": tp},
+                "hardware": {"nodes": 2, "nproc_per_node": 2} if hybrid and tp > 1 else {"nproc_per_node": 4},
+                "parallel": {"tp": tp, "sharding": "hybrid_shard" if hybrid and tp > 1 else "full_shard"},
                 "training": {
                     "max_steps": 5,
                     "seq_len": 32,
@@ -59,6 +60,7 @@ def pair(folder: Path, family: str) -> tuple[Path, Path]:
 def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
     root = tmp_path_factory.mktemp("tp")
     pairs = {mt: pair(root / mt, mt) for mt in TP_FAMILIES}
+    pairs["llama-hsdp"] = pair(root / "llama-hsdp", "llama", hybrid=True)
     out = root / "results.json"
     args = [str(out)] + [str(p) for ab in pairs.values() for p in ab]
     proc = torchrun_script(REPO / "tests" / "engine" / "tp_worker.py", args, 4, root, {}, timeout=1200)
@@ -69,7 +71,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[dict[st
     return found
 
 
-@pytest.mark.parametrize("family", TP_FAMILIES)
+@pytest.mark.parametrize("family", [*TP_FAMILIES, "llama-hsdp"])
 def test_tp_trains_like_data_parallel(trained: dict, family: str) -> None:
     ref, tp = trained[family]
     assert "error" not in ref, ref.get("error")

@@ -29,6 +29,8 @@ SEED = [
     "50",
     "--seq-len",
     "1024",
+    "--tp",
+    "1",  # the seed's story is data parallelism; TP on the seed: tests/plan/test_tp_cli.py
     "--global-batch",
     "128",
 ]
@@ -99,7 +101,7 @@ def test_never_clobbers_an_existing_plan(tmp_path: Path) -> None:
 def test_cluster_file(tmp_path: Path) -> None:
     cl = tmp_path / "cluster.yaml"
     cl.write_text("gpu: A100-80GB\nnodes: 2\ngpus_per_node: 4\ninter_node_gbps: 50\nprice_per_gpu_hour: 2\n")
-    r = invoke(["plan", "llama-2-7b", "--cluster", str(cl), "--seq-len", "1024", "--json", "--no-write"])
+    r = invoke(["plan", "llama-2-7b", "--cluster", str(cl), "--seq-len", "1024", "--tp", "1", "--json", "--no-write"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["chosen"]["strategy"] == "hybrid_shard"
     # the file is the main input; a flag overrides its value
@@ -195,6 +197,8 @@ def test_net_bench_json_drives_the_plan(tmp_path: Path) -> None:
         "1024",
         "--global-batch",
         "128",
+        "--tp",
+        "1",
         "--json",
         "--no-write",
     ]

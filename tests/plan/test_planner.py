@@ -29,8 +29,12 @@ FAST_NET = cm.Network(A100.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, 8 * 400 /
 
 
 def seed_request(**kw) -> PlanRequest:
-    """The seed: Llama-2-7B, seq 1024, 2 nodes x 4 A100-80GB, 50 Gbps; a fine-tuning global batch of 128 sequences."""
-    args = dict(spec=L7B, gpu=A100, nodes=2, gpus_per_node=4, network=SEED_NET, seq_len=1024, global_batch_seqs=128)
+    """The seed: Llama-2-7B, seq 1024, 2 nodes x 4 A100-80GB, 50 Gbps; a fine-tuning global batch of 128 sequences.
+    The seed's story is data parallelism (FSDP's strategies): tensor parallelism off, unless asked (its search on the
+    seed: tests/plan/test_tp_planner.py)."""
+    args = dict(
+        spec=L7B, gpu=A100, nodes=2, gpus_per_node=4, network=SEED_NET, seq_len=1024, global_batch_seqs=128, tp=1
+    )
     args.update(kw)
     return PlanRequest(**args)
 
@@ -292,6 +296,7 @@ def test_large_vocabulary_plans_a_chunked_loss_when_memory_is_short() -> None:
         global_batch_seqs=32,
         checkpointing="full",
         strategy="full_shard",
+        tp=1,  # one GPU's memory: TP would split the logits instead (loss parallel)
     )
     r = pl.plan(req)
     whole = [v for v in r.variants if v.setup.loss_chunk_tokens == 0]

@@ -112,7 +112,9 @@ def test_a_new_gpu_through_yaml_alone_plans(tmp_path: Path, monkeypatch: pytest.
     runner = CliRunner()
     r = runner.invoke(app, ["estimate", "--list-gpus"])
     assert r.exit_code == 0 and "Z1-96GB" in r.output
-    r = runner.invoke(app, ["plan", "llama-2-7b", "--gpu", "z1", "--gpus-per-node", "8", "--json", "--no-write"])
+    r = runner.invoke(
+        app, ["plan", "llama-2-7b", "--gpu", "z1", "--gpus-per-node", "8", "--json", "--no-write", "--tp", "1"]
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["gpu"] == "Z1-96GB" and out["efficiency"]["gpu"] == 0.5
@@ -122,7 +124,9 @@ def test_a_new_gpu_through_yaml_alone_plans(tmp_path: Path, monkeypatch: pytest.
     faster = tmp_path / "faster.yaml"
     faster.write_text(yaml.safe_dump([{**FAKE, "efficiency": 1.0}]))
     monkeypatch.setenv(hardware.CATALOG_ENV, f"{extra}{os.pathsep}{faster}")
-    r2 = runner.invoke(app, ["plan", "llama-2-7b", "--gpu", "z1", "--gpus-per-node", "8", "--json", "--no-write"])
+    r2 = runner.invoke(
+        app, ["plan", "llama-2-7b", "--gpu", "z1", "--gpus-per-node", "8", "--json", "--no-write", "--tp", "1"]
+    )
     c1, c2 = out["chosen"], json.loads(r2.stdout)["chosen"]
     assert c2["efficiency"] == pytest.approx(2 * c1["efficiency"])
     monkeypatch.setenv(hardware.CATALOG_ENV, str(tmp_path / "missing.yaml"))

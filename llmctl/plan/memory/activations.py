@@ -1,7 +1,18 @@
 """Activations: what each decoder block, the head and the loss keep for backward, derived tensor by tensor from what
 Hugging Face's blocks save (measured with torch.autograd.graph.saved_tensors_hooks; tests/plan/test_memory_measured.py
 and tests/plan/test_families_measured.py re-measure them), for each checkpointing mode and attention kernel
-(torch-free)."""
+(torch-free).
+
+With tensor parallelism (`tp` > 1) the functions give one rank's bytes under torch's sequence parallelism as the
+engine applies it (llmctl.engine.tensor_parallel; measured on 4 gloo ranks by tests/engine/test_tp_activations.py).
+Unlike Megatron-LM's sequence parallelism (Korthikanti et al. 2022: every tensor divided by tp), autograd keeps the
+*all-gathered* input of the column-parallel matmuls (q/k/v share one, gate/up another: b*s*h each, the whole
+sequence), which Megatron re-gathers in backward instead. The rest splits one of three ways: the norms and the residual
+stream hold this rank's s/tp tokens; attention's internals and the MLP's intermediates hold this rank's heads and
+columns (/tp); the rotary tables and masks are built from the whole sequence on every rank (not split), as is a mixture
+of experts (replicated over the tp group, on the gathered sequence). A checkpointed first layer holds the whole
+sequence as its input (the embedding's all-reduced output; the layer cuts it to its shard inside the checkpoint).
+"""
 
 from __future__ import annotations
 
@@ -25,15 +36,37 @@ def _norm_bytes(spec: ModelSpec, n: int, rows: int, ab: int) -> int:
     return (4 + ab) * n + 4 * rows
 
 
+def _split(n: int, tp: int) -> int:
+    """This rank's share of n things split over tp ranks (the first ranks' share when tp does not divide n)."""
+    return -(-n // tp)
+
+
+COLWISE = frozenset(
+    ("q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj", "gate_up_proj")
+)
+"""Matmuls split by output columns under tensor parallelism (each rank: its heads / columns; GPT-2's in COLWISE_GPT2).
+The row-parallel ones (o_proj, down_proj) produce a partial sum over the whole sequence, reduce-scattered afterwards;
+any other (a router, experts, the latent projections of MLA) is replicated over the tp group."""
+COLWISE_GPT2 = frozenset(("c_attn", "c_fc"))
+
+
 DROPOUT_MASK_BYTES = 1
 """On CUDA, dropout (torch.native_dropout) keeps a bool mask: 1 byte per element. (On the CPU, F.dropout keeps its
 mask in the input's dtype: the CPU measurements in the tests pass mask_bytes=act_bytes.)"""
 
 
 def block_activation_terms(
-    spec: ModelSpec, layer: Layer, b: int, s: int, act_bytes: int, attention: str, mask_bytes: int = DROPOUT_MASK_BYTES
+    spec: ModelSpec,
+    layer: Layer,
+    b: int,
+    s: int,
+    act_bytes: int,
+    attention: str,
+    mask_bytes: int = DROPOUT_MASK_BYTES,
+    tp: int = 1,
 ) -> dict[str, int]:
-    """Bytes one decoder block saves for backward, by tensor group (micro-batch b, sequence s, no TP).
+    """Bytes one decoder block saves for backward on one rank, by tensor group (micro-batch b, sequence s, tensor
+    parallel over tp ranks with torch's sequence parallelism: the module docstring).
 
     Derived tensor by tensor from what the Hugging Face modules save (torch.autograd.graph.saved_tensors_hooks;
     tests/plan/test_memory_measured.py and tests/plan/test_families_measured.py re-measure every family):
@@ -52,30 +85,39 @@ def block_activation_terms(
       and the residual branches (GPT-2's resid_pdrop twice per block).
     - GPT-2 block: LayerNorms keep input + mean + rstd; c_attn's output holds q, k, v in one tensor (3sbh); the
       gelu_new MLP keeps 5 tensors of size sbi; eager keeps one softmax tensor (b*a*s^2).
+
+    Under tensor parallelism (tp > 1) each term is what the rank's tensors hold: sbt = b*s/tp tokens for the norms
+    (their inputs are the sequence-sharded residual stream, SequenceParallel), sb (the whole sequence) for the
+    all-gathered inputs of q/k/v and gate/up (autograd keeps the gathered tensor), a/tp, kv/tp heads and i/tp columns
+    for everything between a column-parallel and its row-parallel matmul, and sb for a mixture of experts
+    (replicated). GPT-2 and MLA have no tensor-parallel plan in the engine: their terms apply the same rules.
     """
     h, sb, ab = spec.hidden_size, s * b, act_bytes
     at, m = layer.attention, layer.mlp
-    a, kv, d, dv = at.num_heads, at.num_kv_heads, at.head_dim, at.v_head_dim
+    a, kv, d, dv = _split(at.num_heads, tp), _split(at.num_kv_heads, tp), at.head_dim, at.v_head_dim  # this rank's
+    sbt = b * _split(s, tp)  # tokens of the sequence-sharded residual stream on this rank
     eager = attention == "eager"
     s2 = b * a * s * s
     if spec.is_gpt2:
-        i = m.intermediate_size
-        norm = 2 * (ab * sb * h + 2 * ab * sb)  # ln_1, ln_2: input + mean + rstd
+        i = _split(m.intermediate_size, tp)
+        hl = _split(h, tp)  # this rank's heads x head size
+        norm = 2 * (ab * sbt * h + 2 * ab * sbt)  # ln_1, ln_2: input + mean + rstd
         terms = {
             "norms": norm,
-            "attention inputs/outputs": ab * sb * h * (1 + 3 + 1) + ab * sb * h,  # c_attn in, qkv, out, ln_2 out
+            # c_attn in (gathered under tp), qkv and out (this rank's heads), ln_2 out (c_fc's gathered input)
+            "attention inputs/outputs": ab * sb * h + ab * sb * hl * (3 + 1) + ab * sb * h,
             "mlp": 5 * ab * sb * i,
         }
         if eager:
             terms["attention scores (s^2)"] = (4 if ab == 4 else 2) * s2
         else:
             terms["attention logsumexp"] = 4 * b * a * s
-        _dropout_terms(spec, terms, sb, h, s2, eager, ab, mask_bytes)
+        _dropout_terms(spec, terms, sbt, h, s2, eager, ab, mask_bytes)
         return terms
     norm_n = len(layer.norms)
-    terms = {"norms": norm_n * _norm_bytes(spec, sb * h, sb, ab) - norm_n * 4 * sb * h}
+    terms = {"norms": norm_n * _norm_bytes(spec, sbt * h, sbt, ab) - norm_n * 4 * sbt * h}
     # Split as before: what a lean block keeps too, and HF's fp32 upcast copies (4sbh per norm) on top.
-    terms["norms: HF fp32 upcast copy"] = norm_n * 4 * sb * h
+    terms["norms: HF fp32 upcast copy"] = norm_n * 4 * sbt * h
     # SDPA with an explicit mask (a sliding-window or chunked layer past its window): transformers repeats k and v to every head
     # (no native GQA with a mask) and torch turns the boolean mask into an additive one in the compute dtype, which
     # the kernel keeps for backward; each layer converts its own.
@@ -85,7 +127,8 @@ def block_activation_terms(
         terms["sliding-window mask (sdpa, b*s^2)"] = ab * b * s * s
     if at.mla:
         c, r, rope = at.kv_lora_rank, at.q_lora_rank, at.rope_dim
-        latent = ab * sb * h  # the block input to q_a / kv_a (one storage)
+        # the block input to q_a / kv_a (one storage; under tp the gathered sequence: the latent path is replicated)
+        latent = ab * sb * h
         if r:
             latent += ab * sb * r + _norm_bytes(spec, sb * r, sb, ab)  # q_a output (its norm's input), q_a norm
             latent += ab * sb * r  # q_b input (the norm's output)
@@ -98,6 +141,8 @@ def block_activation_terms(
             # Phi-3: v is a view of the fused qkv output, so SDPA (or eager without GQA repeats) keeps that whole
             # storage alive, not just v's share.
             v_storage = a * d + kv * d + kv * dv
+        # q/k/v's shared input (under tp: all-gathered, the whole sequence), q, k, v (this rank's heads) and the
+        # kernel's output (o_proj's input).
         terms["attention inputs/outputs"] = (
             ab * sb * h + ab * sb * (a * d + kv_heads * d + v_storage) + ab * sb * a * dv
         )
@@ -114,6 +159,7 @@ def block_activation_terms(
         # rotary complex product itself; bf16: the upcast copy) and an fp32 rsqrt per head row. No weight: its
         # output is kept only by attention (q, k above).
         terms["q/k norms (l2)"] = 4 * sb * (a + kv) * d + 4 * sb * (a + kv)
+    # A mixture of experts is replicated over the tp group and runs on the gathered sequence: its terms are sb's.
     if m.moe and spec.features.dense_moe:
         i, k, e = m.intermediate_size, m.experts_per_token, m.num_experts
         terms["mlp"] = ab * sb * h  # the MoE input: router, routed copies and shared expert read it
@@ -144,8 +190,9 @@ def block_activation_terms(
         if m.shared_size:
             terms["shared expert"] = 4 * ab * sb * m.shared_size
     else:
-        i = m.intermediate_size
-        # the MLP input, gate and up outputs (for act's and the product's backward) and the product (down's input).
+        i = _split(m.intermediate_size, tp)
+        # the MLP input (under tp: all-gathered, the whole sequence; gate and up share it), gate and up outputs (for
+        # act's and the product's backward) and the product (down's input): this rank's i/tp columns.
         terms["mlp"] = ab * sb * h + 3 * ab * sb * i
         # HF's act_fn(gate) * up keeps act(gate) as its own tensor; a fused SwiGLU (Liger's, or torch.compile's
         # fusion) recomputes it from gate in backward: ab*sbi per layer more.
@@ -164,7 +211,7 @@ def block_activation_terms(
             terms["attention softcap (s^2)"] = ab * s2
     else:
         terms["attention logsumexp"] = 4 * b * a * s
-    _dropout_terms(spec, terms, sb, h, s2, eager, ab, mask_bytes)
+    _dropout_terms(spec, terms, sbt, h, s2, eager, ab, mask_bytes)
     return terms
 
 
@@ -183,22 +230,22 @@ def _dropout_terms(
 
 
 def layer_activation_terms(
-    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, layer: Layer | None = None
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, layer: Layer | None = None, tp: int = 1
 ) -> dict[str, int]:
-    """Bytes one block saves for backward by tensor group: the given block, else the model's largest. A measured
-    model has no groups: its block's measured bytes, as one line."""
+    """Bytes one block saves for backward by tensor group (one rank's, under tp): the given block, else the model's
+    largest. A measured model has no groups: its block's measured bytes, as one line."""
     if spec.measured is not None:
         layer = layer or largest_block(spec, b, s, act_bytes, attention)
         return {"block, measured on fake tensors": layer_activation_bytes(spec, b, s, act_bytes, attention, layer)}
     return block_activation_terms(
-        spec, layer or largest_block(spec, b, s, act_bytes, attention), b, s, act_bytes, attention
+        spec, layer or largest_block(spec, b, s, act_bytes, attention, tp), b, s, act_bytes, attention, tp=tp
     )
 
 
-def largest_block(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> Layer:
+def largest_block(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, tp: int = 1) -> Layer:
     return max(
         (layer for layer, _ in spec.layer_groups),
-        key=lambda la: layer_activation_bytes(spec, b, s, act_bytes, attention, la),
+        key=lambda la: layer_activation_bytes(spec, b, s, act_bytes, attention, la, tp=tp),
     )
 
 
@@ -210,12 +257,14 @@ def layer_activation_bytes(
     attention: str,
     layer: Layer | None = None,
     mask_bytes: int = DROPOUT_MASK_BYTES,
+    tp: int = 1,
 ) -> int:
-    """Bytes one block saves for backward (the given one, else the first)."""
+    """Bytes one block saves for backward (the given one, else the first; one rank's under tp). A measured model has
+    no tensor-parallel layout: its block as measured, whatever tp."""
     layer = layer or spec.layers[0]
     if spec.measured is not None:
         return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "none")
-    return sum(block_activation_terms(spec, layer, b, s, act_bytes, attention, mask_bytes).values())
+    return sum(block_activation_terms(spec, layer, b, s, act_bytes, attention, mask_bytes, tp).values())
 
 
 def measured_saved_bytes(
@@ -230,70 +279,113 @@ def measured_saved_bytes(
     return int(round(lin * b * s + quad * b * s * s))
 
 
+def _checkpoint_input_tokens(b: int, s: int, tp: int, first: bool) -> int:
+    """Tokens of a checkpointed block's input (what the checkpoint holds for its recompute): under tp this rank's
+    sequence shard, but the first block's is the embedding's all-reduced output, the whole sequence (the block cuts it
+    to its shard inside the checkpoint)."""
+    return b * (s if first else _split(s, tp))
+
+
 def selective_layer_terms(
-    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, layer: Layer | None = None
+    spec: ModelSpec,
+    b: int,
+    s: int,
+    act_bytes: int,
+    attention: str,
+    layer: Layer | None = None,
+    tp: int = 1,
+    first: bool = False,
 ) -> dict[str, int]:
     """Bytes one block keeps for backward under selective checkpointing (the engine's op policy): its input (the
     checkpoint's argument), the outputs of every other matmul (flops.selective_kept: q, v, gate, down in a Llama
     block; c_attn and c_fc in GPT-2's; per MoE token the router and each expert's down) and a fused attention
     kernel's output and fp32 logsumexp. Everything else is regenerated in backward. Measured exact to the byte
-    (tests/plan/test_memory_checkpointing.py)."""
+    (tests/plan/test_memory_checkpointing.py).
+
+    Under tp (torch's sequence parallelism, measured by tests/engine/test_tp_activations.py): the input is this rank's
+    sequence shard (the first block's: the whole sequence), a column-parallel matmul's output holds this rank's
+    heads or columns, a row-parallel one's (o, down) is its partial sum over the whole sequence (the policy keeps the
+    matmul's output, before the reduce-scatter), a replicated one's (router, experts) is whole, and the kernel's
+    output and logsumexp hold this rank's heads."""
     layer = layer or spec.layers[0]
     sb, ab = s * b, act_bytes
-    kept = [o for (_, _, o), k in zip(fl.layer_matmuls(spec, layer), fl.selective_kept(spec, layer)) if k]
-    terms = {"block input": ab * sb * spec.hidden_size, "kept matmul outputs": ab * sb * sum(kept)}
+    names = COLWISE_GPT2 | COLWISE if spec.is_gpt2 else COLWISE
+    mm = [(n, o) for (n, _, o), k in zip(fl.layer_matmuls(spec, layer), fl.selective_kept(spec, layer)) if k]
+    kept = sum(_split(o, tp) if n in names else o for n, o in mm)
+    tokens = _checkpoint_input_tokens(b, s, tp, first)
+    terms = {"block input": ab * tokens * spec.hidden_size, "kept matmul outputs": ab * sb * kept}
     if attention != "eager":
         at = layer.attention
-        terms["attention output + logsumexp"] = ab * sb * at.num_heads * at.v_head_dim + 4 * b * at.num_heads * s
+        a = _split(at.num_heads, tp)
+        terms["attention output + logsumexp"] = ab * sb * a * at.v_head_dim + 4 * b * a * s
     return terms
 
 
 def layer_saved_bytes(
-    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str, layer: Layer | None = None
+    spec: ModelSpec,
+    b: int,
+    s: int,
+    act_bytes: int,
+    attention: str,
+    checkpointing: str,
+    layer: Layer | None = None,
+    tp: int = 1,
+    first: bool = False,
 ) -> int:
-    """Bytes a block keeps for backward in a mode (partial:K: use stage_activation_bytes, it differs per layer)."""
+    """Bytes a block keeps for backward in a mode (partial:K: use stage_activation_bytes, it differs per layer); one
+    rank's under tp, where the first block (`first`) checkpointed holds the whole sequence as its input."""
     layer = layer or spec.layers[0]
     if checkpointing == "full":
         if spec.measured is not None:  # what the checkpoint keeps, measured (the block input, or more)
             return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "full")
-        return act_bytes * b * s * spec.hidden_size
+        return act_bytes * _checkpoint_input_tokens(b, s, tp, first) * spec.hidden_size
     if checkpointing == "selective":
         if spec.measured is not None:  # not measured: bounded by the two measured modes, take the no-checkpoint one
             return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "none")
-        return sum(selective_layer_terms(spec, b, s, act_bytes, attention, layer).values())
-    return layer_activation_bytes(spec, b, s, act_bytes, attention, layer)
+        return sum(selective_layer_terms(spec, b, s, act_bytes, attention, layer, tp, first).values())
+    return layer_activation_bytes(spec, b, s, act_bytes, attention, layer, tp=tp)
 
 
 def stage_activation_bytes(
-    spec: ModelSpec, layers: int, b: int, s: int, act_bytes: int, attention: str, checkpointing: str
+    spec: ModelSpec, layers: int, b: int, s: int, act_bytes: int, attention: str, checkpointing: str, tp: int = 1
 ) -> int:
     """Bytes `layers` consecutive blocks from the first keep for backward (partial:K checkpoints layers // K of them
-    whole). Past the last block the pattern repeats (a what-if deeper stack of the same blocks)."""
+    whole), one rank's under tp. Past the last block the pattern repeats (a what-if deeper stack of the same
+    blocks)."""
     blocks = [spec.layers[i % spec.num_layers] for i in range(layers)]
     if ckpt_modes.partial_every(checkpointing):
         whole = set(ckpt_modes.whole_layers(checkpointing, layers))
         return sum(
-            layer_saved_bytes(spec, b, s, act_bytes, attention, "full" if i in whole else "none", layer)
+            layer_saved_bytes(spec, b, s, act_bytes, attention, "full" if i in whole else "none", layer, tp, i == 0)
             for i, layer in enumerate(blocks)
         )
     counts: dict[Layer, int] = {}
     for layer in blocks:
         counts[layer] = counts.get(layer, 0) + 1
-    return sum(n * layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing, la) for la, n in counts.items())
+    total = sum(
+        n * layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing, la, tp) for la, n in counts.items()
+    )
+    if tp > 1 and checkpointing != "none" and blocks:
+        # The first block checkpointed holds the whole sequence as its input, not its shard.
+        first = (spec, b, s, act_bytes, attention, checkpointing, blocks[0], tp)
+        total += layer_saved_bytes(*first, first=True) - layer_saved_bytes(*first)
+    return total
 
 
-def recompute_buffer_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str) -> int:
+def recompute_buffer_bytes(
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str, tp: int = 1
+) -> int:
     """Live at once while one checkpointed block's backward runs: what its recompute regenerates (the largest
-    block's). A whole block (full, partial) regenerates everything it would have saved; a selective block the part
-    it did not keep."""
+    block's; one rank's under tp). A whole block (full, partial) regenerates everything it would have saved; a
+    selective block the part it did not keep."""
     if checkpointing == "none":
         return 0
     worst = 0
     for layer, _ in spec.layer_groups:
-        none = layer_activation_bytes(spec, b, s, act_bytes, attention, layer)
+        none = layer_activation_bytes(spec, b, s, act_bytes, attention, layer, tp=tp)
         if checkpointing == "selective":
-            sel = layer_saved_bytes(spec, b, s, act_bytes, attention, "selective", layer)
-            none = max(0, none - (sel - act_bytes * b * s * spec.hidden_size))
+            sel = layer_saved_bytes(spec, b, s, act_bytes, attention, "selective", layer, tp)
+            none = max(0, none - (sel - act_bytes * _checkpoint_input_tokens(b, s, tp, False) * spec.hidden_size))
         worst = max(worst, none)
     return worst
 
@@ -303,7 +395,8 @@ def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, att
     each, compute dtype: Hugging Face builds position ids of batch 1; Gemma 3 keeps a second pair for its local
     layers). Eager attention keeps its materialised causal mask (b x 1 x s x s, compute dtype; a second one when
     sliding-window and global layers mix). SDPA and flash take is_causal and build none (a sliding-window layer's
-    SDPA mask is that layer's: block_activation_terms)."""
+    SDPA mask is that layer's: block_activation_terms). Under tp every rank builds them from the whole sequence: the
+    same bytes on each."""
     windows = {la.attention.window for la in spec.layers if not la.attention.chunked}
     sliding = any(windows)
     # SDPA: the sliding-window layers' masks are the layers' own (block_activation_terms); flash takes the window.
@@ -321,15 +414,21 @@ def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, att
     return mask + tables * 2 * s * rot * act_bytes
 
 
-def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int) -> int:
-    """Saved by the final norm and the LM head input, plus the token ids (embedding and labels, int64)."""
+def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, tp: int = 1) -> int:
+    """Saved by the final norm and the LM head input, plus the token ids (embedding and labels, int64). Under tp
+    (one rank's): the final norm runs on this rank's s/tp tokens (SequenceParallel), the LM head keeps its
+    all-gathered input (the whole sequence, b*s*h), a soft-cap keeps this rank's V/tp logit columns; the ids are
+    whole on every rank."""
     sb, h = s * b, spec.hidden_size
+    sbt = b * _split(s, tp)
     if spec.is_gpt2:
-        norm = act_bytes * sb * h + 2 * act_bytes * sb
+        norm = act_bytes * sbt * h + 2 * act_bytes * sbt
     else:
-        norm = _norm_bytes(spec, sb * h, sb, act_bytes)
-    softcap = act_bytes * sb * spec.vocab_size if spec.final_logit_softcapping else 0  # tanh keeps its output
-    embd_dropout = DROPOUT_MASK_BYTES * sb * h if spec.embd_dropout > 0 else 0  # GPT-2's embedding dropout mask
+        norm = _norm_bytes(spec, sbt * h, sbt, act_bytes)
+    # tanh keeps its output
+    softcap = act_bytes * sb * _split(spec.vocab_size, tp) if spec.final_logit_softcapping else 0
+    # GPT-2's embedding dropout mask: on the embedding's output, the whole sequence under tp
+    embd_dropout = DROPOUT_MASK_BYTES * sb * h if spec.embd_dropout > 0 else 0
     return norm + act_bytes * sb * h + 8 * sb * 2 + softcap + embd_dropout
 
 

@@ -120,26 +120,37 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         grad_buf = int(layer_params * (cb + 4 if cb != 4 else 4))
         comps.append(Component("unsharded layer gradients (reduce-scatter)", grad_buf, ("backward",)))
 
-    # Activations: with TP we assume sequence parallelism (Korthikanti et al. 2022): everything divides by tp.
+    # Activations under tensor parallelism: llmctl's engine (fsdp2) runs torch's sequence parallelism, whose layout
+    # the activation functions give per rank (tp=sp: the all-gathered inputs of q/k/v and gate/up kept whole, the
+    # norms on s/tp tokens, attention and MLP internals on this rank's heads and columns, rotary tables and masks
+    # whole: llmctl.plan.memory.activations, measured by tests/engine/test_tp_activations.py). Megatron-LM's sequence
+    # parallelism (the zero engine's DeepSpeed/Megatron stacks) keeps only the sharded inputs and re-gathers them in
+    # backward: everything divides by tp (Korthikanti et al. 2022), which is what `rest` does. A model measured on fake
+    # tensors has no layout: divided by tp too.
+    sp = setup.tp if setup.engine == "fsdp2" and spec.measured is None else 1
+    rest = setup.tp // sp
     in_flight = setup.pp  # 1F1B: the first stage holds pp micro-batches
-    one_layer = max(layer_activation_bytes(spec, b, s, cb, setup.attention, la) for la, _ in spec.layer_groups)
-    one_layer //= setup.tp
+    one_layer = max(layer_activation_bytes(spec, b, s, cb, setup.attention, la, tp=sp) for la, _ in spec.layer_groups)
+    one_layer //= rest
     if not setup.training:
         comps.append(Component("activations (one layer, forward only)", one_layer, ("forward",)))
         comps.append(Component("logits", cb * b * s * spec.vocab_size // setup.tp, ("forward",)))
     else:
         ck, attn = setup.checkpointing, setup.attention
-        saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck) // setup.tp
-        saved += shared_activation_bytes(spec, b, s, cb, attn) // setup.tp
+        saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck, sp) // rest
+        saved += shared_activation_bytes(spec, b, s, cb, attn) // rest
         what = {"none": "saved for backward", "full": "block inputs, checkpointed"}.get(ck, f"{ck} checkpointing")
         what += ", measured on fake tensors" if spec.measured is not None else ""
-        comps.append(Component(f"activations ({what})", saved, ("forward", "backward")))
+        note = f"tp {setup.tp}: torch sequence parallelism, colwise inputs gathered whole" if sp > 1 else ""
+        comps.append(Component(f"activations ({what})", saved, ("forward", "backward"), note=note))
         if ck != "none":
-            rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck) // setup.tp
+            rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck, sp) // rest
             comps.append(Component("recomputed block (backward)", rec, ("backward",)))
-        head = head_activation_bytes(spec, b, s, cb) // setup.tp
+        head = head_activation_bytes(spec, b, s, cb, sp) // rest
         comps.append(Component("final norm + LM-head input", head, ("forward", "backward")))
-        chunk = min(setup.loss_chunk_tokens, b * s)
+        # Under torch's tensor parallelism the engine computes the loss on the LM head's vocabulary shards
+        # (loss_parallel, llmctl.engine.loss.select_loss) whatever loss_chunk_tokens says: no chunks.
+        chunk = 0 if sp > 1 else min(setup.loss_chunk_tokens, b * s)
         if chunk:
             fwd_chunk = loss_chunk_forward_bytes(spec, chunk, cb) // setup.tp
             comps.append(Component(f"loss chunk of {chunk} tokens (forward)", fwd_chunk, ("forward",)))
@@ -148,6 +159,7 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         else:
             # The loss keeps its fp32 log-softmax for backward; the logits (and their fp32 upcast) live only until the
             # loss is computed (the engine's whole_loss, and HF Trainer's compute_loss, drop them before backward).
+            # Under tp each rank's are its V/tp vocabulary columns (loss_parallel's log-softmax, measured).
             bsv = b * s * spec.vocab_size // setup.tp
             comps.append(Component("loss log-softmax (fp32, b*s*V)", 4 * bsv, ("forward", "backward")))
             comps.append(Component("logits (b*s*V, until the loss)", (cb + (4 if cb != 4 else 0)) * bsv, ("forward",)))

@@ -66,7 +66,12 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         "phase_bytes": est.phase_bytes,
         # One block without checkpointing, tensor group by group (Hugging Face-only extras named as such).
         "layer_activation_terms": layer_activation_terms(
-            spec, setup.micro_batch_size, setup.seq_len, setup.compute_bytes, setup.attention
+            spec,
+            setup.micro_batch_size,
+            setup.seq_len,
+            setup.compute_bytes,
+            setup.attention,
+            tp=setup.tp if setup.engine == "fsdp2" and spec.measured is None else 1,
         ),
         "peak_phase": est.peak_phase,
         "peak_allocated_bytes": est.peak_allocated_bytes,
