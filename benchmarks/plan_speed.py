@@ -84,7 +84,8 @@ def main() -> int:
         cli = statistics.median(cpus)
         print(
             f"{model:16s} {f'{nodes} x {g} {gpu}':>18s} {result.evaluated:7d} {statistics.median(inproc):9.3f} "
-            f"{statistics.median(walls):10.3f} {cli:9.3f}  {c.strategy} over {c.nodes} nodes, "
+            f"{statistics.median(walls):10.3f} {cli:9.3f}  {c.strategy} over {c.nodes} nodes"
+            f"{f' x TP {c.tp}' if c.tp > 1 else ''}, "
             f"mb {c.micro_batch_size} x {c.grad_accum_steps}, {c.checkpointing} ckpt, {c.attention}: "
             f"{p.tokens_per_s:,.0f} tok/s"
         )

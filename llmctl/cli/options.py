@@ -84,7 +84,9 @@ SeqLenOpt = Annotated[
     int,
     typer.Option("--seq-len", parser=length_count, metavar="LEN", help="Sequence length in tokens (4096, 4k, 128k)."),
 ]
-MicroBatchOpt = Annotated[int, typer.Option("--micro-batch", help="Micro-batch size (sequences per GPU).")]
+MicroBatchOpt = Annotated[
+    int, typer.Option("--micro-batch", help="Micro-batch size (sequences per data-parallel rank: per GPU at tp 1).")
+]
 CheckpointingOpt = Annotated[
     str,
     typer.Option(

@@ -94,7 +94,10 @@ def plan_command(
     strategy: Annotated[
         Optional[str], typer.Option("--strategy", help="Pin: full_shard | hybrid_shard | no_shard.")
     ] = None,
-    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Pin the micro-batch.")] = None,
+    micro_batch: Annotated[
+        Optional[int],
+        typer.Option("--micro-batch", help="Pin the micro-batch (per data-parallel rank: a TP group shares one)."),
+    ] = None,
     checkpointing: Annotated[
         Optional[str], typer.Option("--checkpointing", help="Pin: none | selective | partial:K | full.")
     ] = None,
