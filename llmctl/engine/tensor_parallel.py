@@ -46,6 +46,7 @@ def _at(root: torch.nn.Module, path: str) -> torch.nn.Module | None:
 def _layer_styles(layer: torch.nn.Module, plan: dict[str, str]) -> dict[str, object]:
     """One decoder layer's {submodule path: ParallelStyle} from the family's plan (paths the layer lacks skipped:
     a no-rope layer, a layer without q/k norms)."""
+    import torch
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -77,7 +78,7 @@ def _layer_styles(layer: torch.nn.Module, plan: dict[str, str]) -> dict[str, obj
         elif style == "rowwise":
             styles[path] = RowwiseParallel(output_layouts=Shard(1))
         elif style in ("mlp", "mlp_pair"):
-            if all(isinstance(getattr(module, n, None), _linear()) for n in DENSE_MLP):
+            if all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in DENSE_MLP):
                 styles[path] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
                 styles[f"{path}.gate_proj"] = ColwiseParallel()
                 styles[f"{path}.up_proj"] = ColwiseParallel()
@@ -106,12 +107,6 @@ def _unflatten_first_output(module: torch.nn.Module, args: tuple, output: tuple)
     return (output[0].view(args[0].shape), *output[1:])
 
 
-def _linear():  # -> type
-    import torch
-
-    return torch.nn.Linear
-
-
 def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     """Split `model` (a transformers causal LM on the meta device) over `tp_mesh` with its family's plan."""
     from torch.distributed.tensor import Replicate, Shard
@@ -123,11 +118,12 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         parallelize_module,
     )
 
-    mt = str(getattr(model.config, "model_type", ""))
+    mt = str(getattr(model.config, "model_type", "")) or type(model).__name__
+    refusal = tpp.family_refusal(mt)
+    if refusal:
+        raise SpecError(refusal, hint="set parallel.tp: 1")
     fam = family_of(mt)
-    if fam is None or fam.tp_plan is None:
-        why = fam.tp_unsupported if fam is not None and fam.tp_unsupported else "it has no tensor-parallel plan"
-        raise SpecError(f"{mt or type(model).__name__} cannot use tensor parallelism: {why}", hint="set parallel.tp: 1")
+    assert fam is not None and fam.tp_plan is not None
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     root = {k: _at(model, v) for k, v in tpp.ROOT.items()}
     missing = [tpp.ROOT[k] for k, m in root.items() if m is None]

@@ -77,16 +77,24 @@ MLA = (
 SINKS = "its attention sinks are one learned logit per head, not split with the heads yet"
 
 
+def family_refusal(model_type: str) -> str | None:
+    """Why a model_type has no tensor-parallel plan (the refusal's one line), or None when it has one."""
+    from llmctl.families import family_of
+
+    fam = family_of(model_type)
+    if fam is not None and fam.tp_plan is not None:
+        return None
+    why = fam.tp_unsupported if fam is not None and fam.tp_unsupported else "it has no tensor-parallel plan"
+    return f"{model_type} cannot use tensor parallelism: {why}"
+
+
 def plan_problem(spec: ModelSpec, tp: int) -> str | None:
     """Why `spec` cannot be split over `tp` ranks (one line, naming the field), or None."""
     if tp <= 1:
         return None
-    from llmctl.families import family_of
-
-    fam = family_of(spec.model_type)
-    if fam is None or fam.tp_plan is None:
-        why = fam.tp_unsupported if fam is not None and fam.tp_unsupported else "it has no tensor-parallel plan"
-        return f"{spec.model_type} cannot use tensor parallelism: {why}"
+    refusal = family_refusal(spec.model_type)
+    if refusal:
+        return refusal
     checks = (
         ("num_attention_heads", spec.num_heads),
         ("num_key_value_heads", spec.num_kv_heads),

@@ -181,6 +181,10 @@ def tp_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:
     if req.tp is not None:
         return [req.tp]  # checked by PlanRequest
     tps = valid_tp(req.spec, req.gpus_per_node)
+    uneven = [t for t in tps if req.seq_len % t]
+    if uneven:  # sequence parallelism splits the sequence evenly over the tp ranks
+        rejected.append(f"tensor parallelism {', '.join(map(str, uneven))}: seq len {req.seq_len} does not divide")
+        tps = [t for t in tps if not req.seq_len % t]
     if req.loss_chunk_tokens and len(tps) > 1:
         rejected.append(f"tensor parallelism: --loss-chunk {req.loss_chunk_tokens} (TP computes the loss unchunked)")
         return [1]

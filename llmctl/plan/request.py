@@ -206,6 +206,11 @@ class PlanRequest:
         problem = plan_problem(self.spec, tp)
         if problem:
             raise InputError(f"--tp {tp}: {problem}", hint="use --tp 1, or no pin")
+        if self.seq_len % tp:
+            raise InputError(
+                f"--tp {tp} does not divide --seq-len {self.seq_len} (sequence parallelism splits it evenly)",
+                hint="use a sequence length that is a multiple of tp",
+            )
         if tp > 1 and self.loss_chunk_tokens:
             raise InputError(
                 f"--tp {tp} with --loss-chunk {self.loss_chunk_tokens}: tensor parallelism computes the loss on "

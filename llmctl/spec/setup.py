@@ -122,6 +122,11 @@ class TrainSetup:
             raise InputError("context and expert parallelism are not modelled yet (cp = ep = 1)")
         if self.loss_chunk_tokens < 0:
             raise InputError(f"loss chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
+        if self.tp > 1 and self.seq_len % self.tp:
+            raise InputError(
+                f"seq len {self.seq_len} is not divisible by tp {self.tp} (sequence parallelism splits it evenly)",
+                hint="choose a sequence length that is a multiple of tp",
+            )
         if self.tp > 1 and self.loss_chunk_tokens:
             raise InputError(
                 "a chunked loss does not run with tensor parallelism (its loss is computed on vocabulary shards)",

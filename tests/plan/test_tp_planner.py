@@ -153,3 +153,12 @@ def test_tp_families_that_cannot_win_are_skipped_by_their_compute_bound() -> Non
     one = evaluate(req, req.setup("full_shard", 64, per_rank, 1, "none", "flash", True, 0, tp=8, async_tp=True))
     assert one.predicted.tokens_per_s < bound < -pl.sort_key(req, r.chosen)[0]
     assert one.predicted.compute_s == pytest.approx(req.global_batch * 4096 / bound)
+
+
+def test_tp_that_does_not_divide_the_sequence_is_never_proposed() -> None:
+    spec = resolve_model("llama-3.1-8b")
+    req = PlanRequest(spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, seq_len=4098, global_batch_seqs=64)
+    rejected: list[str] = []
+    assert pl.tp_degrees(req, rejected) == [1, 2]  # 4098 = 2 x 2049
+    assert any("seq len 4098 does not divide" in r for r in rejected)
+    assert {c.setup.tp for c in pl.plan(req).variants} <= {1, 2}

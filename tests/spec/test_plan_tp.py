@@ -47,8 +47,9 @@ def test_hybrid_shard_groups_count_data_parallel_ranks() -> None:
         (plan(tp=8), "tp 8 does not divide llama's num_key_value_heads 4"),
         (plan("gpt2", tp=2), "gpt2 cannot use tensor parallelism"),
         (plan(tp=2, loss_chunk_tokens=256), "a chunked loss does not run with tensor parallelism"),
+        (plan(tp=4, seq_len=130), "seq len 130 is not divisible by tp 4"),
     ],
-    ids=["world", "kv-heads", "no-plan", "chunked-loss"],
+    ids=["world", "kv-heads", "no-plan", "chunked-loss", "seq-len"],
 )
 def test_what_cannot_be_split_is_one_line(data: dict[str, Any], needle: str) -> None:
     with pytest.raises(LlmctlError) as e:
