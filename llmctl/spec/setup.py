@@ -122,11 +122,6 @@ class TrainSetup:
             raise InputError("context and expert parallelism are not modelled yet (cp = ep = 1)")
         if self.loss_chunk_tokens < 0:
             raise InputError(f"loss chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
-        if self.tp > 1 and self.seq_len % self.tp:
-            raise InputError(
-                f"seq len {self.seq_len} is not divisible by tp {self.tp} (sequence parallelism splits it evenly)",
-                hint="choose a sequence length that is a multiple of tp",
-            )
         if self.tp > 1 and self.loss_chunk_tokens:
             raise InputError(
                 "a chunked loss does not run with tensor parallelism (its loss is computed on vocabulary shards)",
@@ -145,6 +140,11 @@ class TrainSetup:
             self.strategy, self.nodes, self.gpus_per_node, self.tp, self.pp, self.shard_size, self.cp, self.ep
         )
         object.__setattr__(self, "dims", dims)
+        if self.tp > 1 and self.seq_len % self.tp:
+            raise InputError(
+                f"seq len {self.seq_len} is not divisible by tp {self.tp} (sequence parallelism splits it evenly)",
+                hint="choose a sequence length that is a multiple of tp",
+            )
         if self.engine == "fsdp2" and self.strategy == "zero1":
             raise InputError("FSDP2 has no ZeRO-1 (optimizer-only sharding)", hint="use --engine zero")
         if self.attention == "flash" and not self.precision.flash_attention:
