@@ -22,6 +22,7 @@ LIMITS: dict[str, float] = {
     "--gpus-per-node": 1024,
     "--nproc-per-node": 1024,
     "--tp": 4096,
+    "--cp": 4096,
     "--pp": 4096,
     "--seq-len": 10_000_000,
     "--loss-chunk": 10_000_000,

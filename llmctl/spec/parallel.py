@@ -153,25 +153,34 @@ class ParallelDims:
         return {1: "zero1", 2: "shard_grad_op"}.get(self.zero_stage, "full_shard")
 
     def shard_degree(self, sharded_from_stage: int) -> int:
-        """Ranks a state is split over: dp_shard when the ZeRO stage shards it (see `zero_stage`), else 1."""
-        return self.dp_shard if self.zero_stage >= sharded_from_stage else 1
+        """Ranks a state is split over: the FSDP group (dp_shard x cp, `fsdp_shard`) when the ZeRO stage shards it
+        (see `zero_stage`), else 1."""
+        return self.fsdp_shard if self.zero_stage >= sharded_from_stage else 1
 
     @property
     def mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
         """The device mesh the engine builds: ("shard",) for one shard group over all data-parallel ranks,
-        ("replicate", "shard") when there are replicas (HSDP; DDP is (dp, 1)), FSDP2's names; then ("tp",) innermost
-        with tensor parallelism (torchtitan's order: tp ranks consecutive)."""
-        if self.pp > 1 or self.cp > 1 or self.ep > 1:
-            raise InputError("the engine runs data and tensor parallelism only (cp = pp = ep = 1)")
-        tp = ((self.tp,), ("tp",)) if self.tp > 1 else ((), ())
+        ("replicate", "shard") when there are replicas (HSDP; DDP is (dp, 1)), FSDP2's names; then ("cp",) with
+        context parallelism and ("tp",) innermost with tensor parallelism (torchtitan's order: tp ranks consecutive,
+        then the cp ring)."""
+        if self.pp > 1 or self.ep > 1:
+            raise InputError("the engine runs data, context and tensor parallelism only (pp = ep = 1)")
+        inner = [(n, getattr(self, n)) for n in ("cp", "tp") if getattr(self, n) > 1]
+        sizes, names = tuple(v for _, v in inner), tuple(n for n, _ in inner)
         if self.dp_replicate > 1:
-            return (self.dp_replicate, self.dp_shard, *tp[0]), ("replicate", "shard", *tp[1])
-        return (self.dp_shard, *tp[0]), ("shard", *tp[1])
+            return (self.dp_replicate, self.dp_shard, *sizes), ("replicate", "shard", *names)
+        return (self.dp_shard, *sizes), ("shard", *names)
 
     @property
     def dp_mesh_dims(self) -> tuple[str, ...]:
-        """The mesh dimensions FSDP2 shards and replicates over (every one but tp)."""
+        """The mesh dimensions FSDP2 shards and replicates over: every one but tp (a cp group shards the states as
+        data-parallel ranks do: torchtitan's dp_shard_cp)."""
         return tuple(n for n in self.mesh_dims[1] if n != "tp")
+
+    @property
+    def fsdp_shard(self) -> int:
+        """Ranks FSDP2 splits one replica's parameters, gradients and optimizer states over: dp_shard x cp."""
+        return self.dp_shard * self.cp
 
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's index along each axis (layout pp, dp_replicate, dp_shard, cp, tp; tp innermost)."""
@@ -184,7 +193,8 @@ class ParallelDims:
         return {"pp": pp_i, "dp_replicate": rep_i, "dp_shard": shard_i, "cp": cp_i, "tp": tp_i}
 
     def dp_rank(self, rank: int) -> int:
-        """Which data-parallel slice of the global batch this rank trains on (ranks of one tp group share it)."""
+        """Which data-parallel slice of the global batch this rank trains on (the ranks of one tp x cp block share
+        it)."""
         c = self.coords(rank)
         return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
 
@@ -193,11 +203,12 @@ class ParallelDims:
         return micro_batch_size * grad_accum_steps * seq_len * self.dp
 
     def group_scope(self, axis: str, gpus_per_node: int) -> str:
-        """Where a collective over `axis` ("dp_shard" or "dp_replicate") runs, for ranks filled node by node:
+        """Where a collective over `axis` ("dp_shard": FSDP's group, dp_shard x cp ranks; or "dp_replicate") runs,
+        for ranks filled node by node:
         "intra" (the group fits in one node), "inter" (one rank per node: the node's ranks each sit in a different
         group, so the groups share the node's NICs) or "cross" (a ring over several ranks of several nodes)."""
         if axis == "dp_shard":
-            size, stride = self.dp_shard, self.tp * self.cp
+            size, stride = self.fsdp_shard, self.tp
         elif axis == "dp_replicate":
             size, stride = self.dp_replicate, self.tp * self.cp * self.dp_shard
         else:

@@ -200,6 +200,16 @@ class ParallelSection(_Strict):
     and share one micro-batch (training.micro_batch_size is per data-parallel rank, as in torchtitan)."""
     async_tp: bool = False
     """Async TP (CUDA only, with training.compile): TP's collectives micro-pipelined with its matmuls."""
+    cp: Int = Field(1, ge=1, le=LIMITS["--cp"])
+    """Context-parallel degree: each sequence is split over cp ranks (ring attention; laid out between the
+    data-parallel ranks and tp, torchtitan's mesh order); a cp group shares one micro-batch and FSDP shards over
+    the data-parallel ranks x cp."""
+    cp_load_balance: bool = True
+    """Head-tail split of causal sequences (rank i holds chunks i and 2cp-1-i of 2cp), so every rank does equal
+    attention work."""
+    cp_rotate: Literal["allgather", "alltoall"] = "allgather"
+    """How keys/values go round the ring: one all-gather per attention (all held at once), or cp-1 neighbour
+    exchanges (torch's set_rotate_method)."""
 
     @field_validator("sharding", mode="before")
     @classmethod
@@ -338,12 +348,15 @@ class Plan(_Strict):
         par = self.parallel
         if self.world_size % par.tp:
             raise ValueError(f"parallel.tp {par.tp} does not divide the world size {self.world_size}")
+        if self.world_size % (par.tp * par.cp):
+            raise ValueError(
+                f"parallel.cp {par.cp} x parallel.tp {par.tp} does not divide the world size {self.world_size}"
+            )
+        dp = self.world_size // (par.tp * par.cp)
         if par.sharding == "hybrid_shard":
-            shard = par.shard_size or max(1, self.hardware.nproc_per_node // par.tp)
-            if (self.world_size // par.tp) % shard:
-                raise ValueError(
-                    f"parallel.shard_size {shard} does not divide the {self.world_size // par.tp} data-parallel ranks"
-                )
+            shard = par.shard_size or max(1, self.hardware.nproc_per_node // (par.tp * par.cp))
+            if dp % shard:
+                raise ValueError(f"parallel.shard_size {shard} does not divide the {dp} data-parallel ranks")
         elif par.shard_size is not None:
             raise ValueError("parallel.shard_size is only meaningful with parallel.sharding: hybrid_shard")
         if self.training.attention == "flash" and not policy(self.training.precision).flash_attention:
@@ -361,7 +374,7 @@ class Plan(_Strict):
                 f"hardware.nodes {hw.nodes} x hardware.nproc_per_node {hw.nproc_per_node} = {world:,} ranks, "
                 f"more than {int(LIMITS['--gpus']):,}"
             )
-        dp = world // self.parallel.tp  # data-parallel ranks (a tp group shares a micro-batch)
+        dp = world // (self.parallel.tp * self.parallel.cp)  # data-parallel ranks (a tp x cp block shares a batch)
         sequences = t.micro_batch_size * t.grad_accum_steps * dp
         if sequences > LIMITS["--global-batch"]:
             raise ValueError(
@@ -409,6 +422,12 @@ class Plan(_Strict):
             problem = plan_problem(spec, self.parallel.tp)
             if problem:
                 raise ValueError(f"parallel.tp: {problem}")
+        if self.parallel.cp > 1:
+            from llmctl.families.context_parallel import cp_problem
+
+            problem = cp_problem(spec, self.training.seq_len)
+            if problem:
+                raise ValueError(f"parallel.cp: {problem}")
         if spec.is_gpt2 and self.training.seq_len > spec.max_position_embeddings:
             # GPT-2 learns one embedding per position (wpe): a longer sequence indexes past the table.
             raise ValueError(
@@ -424,10 +443,14 @@ class Plan(_Strict):
     def setup(self) -> TrainSetup:
         """The plan's training setup: the one place the parallel, hardware and training sections become one."""
         hw, par, t = self.hardware, self.parallel, self.training
-        shard = (par.shard_size or max(1, hw.nproc_per_node // par.tp)) if par.sharding == "hybrid_shard" else None
+        default_shard = max(1, hw.nproc_per_node // (par.tp * par.cp))
+        shard = (par.shard_size or default_shard) if par.sharding == "hybrid_shard" else None
         return TrainSetup(
             tp=par.tp,
             async_tp=par.async_tp,
+            cp=par.cp,
+            cp_load_balance=par.cp_load_balance,
+            cp_rotate=par.cp_rotate,
             precision=t.precision,
             optimizer=self.optimizer.name,
             strategy=par.sharding,
@@ -482,10 +505,13 @@ def setup_sections(setup: TrainSetup) -> dict[str, dict[str, Any]]:
             "sharding": setup.strategy,
             # A shard group of one node is the default; another size is spelled out.
             "shard_size": setup.shard_size
-            if hybrid and setup.shard_size not in (None, max(1, setup.gpus_per_node // setup.tp))
+            if hybrid and setup.shard_size not in (None, max(1, setup.gpus_per_node // (setup.tp * setup.cp)))
             else None,
             "tp": setup.tp,
             "async_tp": setup.async_tp,
+            "cp": setup.cp,
+            "cp_load_balance": setup.cp_load_balance,
+            "cp_rotate": setup.cp_rotate,
         },
         "training": {
             "precision": setup.precision.name,

@@ -29,6 +29,8 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "lion", "sgd", "none")
 ENGINES = ("fsdp2", "zero")
 """Which model-state ledger: llmctl's engine (torch FSDP2), or DeepSpeed/Megatron's ZeRO (a persistent half copy)."""
 ATTENTIONS = ("eager", "sdpa", "flash")
+CP_ROTATES = ("allgather", "alltoall")
+"""How context parallelism's ring moves keys and values (torch.distributed.tensor.experimental.set_rotate_method)."""
 """Attention kernels; a plan may also say `auto` (flash where it runs, else sdpa: `TrainSetup.kernel`)."""
 
 # CUDA context + cuBLAS/cuDNN workspaces + NCCL communicator buffers, outside the caching allocator.
@@ -37,6 +39,20 @@ ATTENTIONS = ("eager", "sdpa", "flash")
 DEFAULT_CUDA_CONTEXT_BYTES = 1 * GIB
 # Caching-allocator fragmentation: reserved/allocated is typically 1.05-1.15 in FSDP training.
 DEFAULT_HEADROOM_FRACTION = 0.10
+
+
+def sequence_split_problem(seq_len: int, tp: int, cp: int, load_balance: bool = True) -> str | None:
+    """Why a sequence of `seq_len` tokens cannot be split over cp ranks (into 2cp chunks with the head-tail load
+    balance) and then each rank's part over tp ranks (sequence parallelism), or None."""
+    chunks = 2 * cp if cp > 1 and load_balance else cp
+    if seq_len % (chunks * tp) == 0:
+        return None
+    if cp == 1:
+        return f"seq len {seq_len} is not divisible by tp {tp} (sequence parallelism splits it evenly)"
+    how = f"{chunks} chunks for cp {cp}" + (" (head-tail load balance)" if load_balance else "")
+    if tp > 1:
+        how += f", each rank's part split again by tp {tp}"
+    return f"seq len {seq_len} is not divisible by {chunks * tp} ({how})"
 
 
 def canonical(value: str, allowed: tuple[str, ...], what: str, aliases: dict[str, str] | None = None) -> str:
@@ -75,7 +91,14 @@ class TrainSetup:
     """Async TP (torch's symmetric-memory micro-pipelining of TP's all-gather and reduce-scatter with the matmuls):
     CUDA only, and needs compile (torchtitan's `enable_async_tensor_parallel`)."""
     cp: int = 1
-    """Context-parallel degree (the sequence split over cp ranks); 1 until context parallelism lands."""
+    """Context-parallel degree: the sequence split over cp ranks (ring attention: each rank keeps its queries and the
+    keys/values rotate around the cp group), the cp ranks of one group share one micro-batch."""
+    cp_load_balance: bool = True
+    """Head-tail split of a causal sequence (rank i holds chunks i and 2cp-1-i of 2cp), so every rank does the same
+    attention work; off, the last rank does cp times the first's."""
+    cp_rotate: str = "allgather"
+    """How keys/values go round the ring: `allgather` (one all-gather of every rank's K/V per attention, all of them
+    held at once) or `alltoall` (one neighbour's K/V per step, cp-1 steps); torch's `set_rotate_method`."""
     pp: int = 1
     """Pipeline-parallel degree (1F1B: the first stage holds pp micro-batches in flight)."""
     ep: int = 1
@@ -118,8 +141,9 @@ class TrainSetup:
                 raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
         if self.seq_len < 1:
             raise InputError(f"seq len must be a positive integer, got {self.seq_len}")
-        if self.cp > 1 or self.ep > 1:
-            raise InputError("context and expert parallelism are not modelled yet (cp = ep = 1)")
+        if self.ep > 1:
+            raise InputError("expert parallelism is not modelled yet (ep = 1)")
+        object.__setattr__(self, "cp_rotate", canonical(self.cp_rotate, CP_ROTATES, "cp rotate method"))
         if self.loss_chunk_tokens < 0:
             raise InputError(f"loss chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
         if self.tp > 1 and self.loss_chunk_tokens:
@@ -140,10 +164,13 @@ class TrainSetup:
             self.strategy, self.nodes, self.gpus_per_node, self.tp, self.pp, self.shard_size, self.cp, self.ep
         )
         object.__setattr__(self, "dims", dims)
-        if self.tp > 1 and self.seq_len % self.tp:
+        problem = sequence_split_problem(self.seq_len, self.tp, self.cp, self.cp_load_balance)
+        if problem:
+            raise InputError(problem, hint="choose a sequence length that is a multiple of it")
+        if self.cp > 1 and self.attention in ("flash", "eager"):
             raise InputError(
-                f"seq len {self.seq_len} is not divisible by tp {self.tp} (sequence parallelism splits it evenly)",
-                hint="choose a sequence length that is a multiple of tp",
+                f"context parallelism runs ring attention on PyTorch SDPA, not {self.attention}",
+                hint="use attention auto or sdpa with cp > 1 (SDPA's own flash kernel runs on GPUs)",
             )
         if self.engine == "fsdp2" and self.strategy == "zero1":
             raise InputError("FSDP2 has no ZeRO-1 (optimizer-only sharding)", hint="use --engine zero")
@@ -199,6 +226,7 @@ class TrainSetup:
         (Gemma 2 and gpt-oss have no SDPA path)."""
         attention = self.attention
         if attention == "auto":
+            # Ring attention (cp > 1) runs on SDPA, whose CUDA flash kernel is flash-attention 2's algorithm.
             flash = gpu is not None and gpu.flash_attention and self.precision.flash_attention
             attention = "flash" if flash else "sdpa"
         return spec.attention_kernel(attention)
@@ -212,4 +240,5 @@ class TrainSetup:
             "checkpointing": self.checkpointing,
             "compile": self.compile,
             "tp": self.tp,
+            "cp": self.cp,
         }

@@ -71,8 +71,14 @@ def test_mesh_and_collective_scopes() -> None:
     assert hsdp_tp.mesh_dims == ((2, 4, 2), ("replicate", "shard", "tp"))
     assert hsdp_tp.dp_mesh_dims == ("replicate", "shard")
     assert [hsdp_tp.dp_rank(r) for r in range(4)] == [0, 0, 1, 1]  # a tp group shares its micro-batch
-    with pytest.raises(InputError, match="data and tensor parallelism only"):
-        _ = ParallelDims(dp_shard=4, cp=2).mesh_dims
+    # cp between the data-parallel dims and tp; FSDP2 shards over shard x cp (torchtitan's dp_shard_cp).
+    cp = ParallelDims.from_strategy("hybrid_shard", 2, 8, tp=2, cp=2)
+    assert cp.mesh_dims == ((2, 2, 2, 2), ("replicate", "shard", "cp", "tp"))
+    assert cp.dp_mesh_dims == ("replicate", "shard", "cp")
+    assert cp.fsdp_shard == 4 and cp.shard_degree(3) == 4 and cp.shard_degree(1) == 4
+    assert ParallelDims(dp_shard=2, cp=2).mesh_dims == ((2, 2), ("shard", "cp"))
+    with pytest.raises(InputError, match="data, context and tensor parallelism only"):
+        _ = ParallelDims(dp_shard=4, pp=2).mesh_dims
 
 
 @given(
@@ -88,7 +94,7 @@ def test_degrees_multiply_to_the_world_and_dp_ranks_cover_the_batch(strategy: st
 
 def test_context_and_expert_slots() -> None:
     """cp is a factor of the world laid out between dp_shard and tp (torchtitan's mesh order); ep borrows from
-    dp_shard x cp. Both stay 1 in the engine until their issues."""
+    dp_shard x cp and stays 1 in the engine until its issue."""
     d = ParallelDims(dp_replicate=1, dp_shard=2, tp=2, cp=2)
     assert d.world_size == 8 and d.dp == 2
     assert [d.coords(r)["cp"] for r in range(4)] == [0, 0, 1, 1]
@@ -96,5 +102,6 @@ def test_context_and_expert_slots() -> None:
     assert ParallelDims.from_strategy("full_shard", 2, 8, tp=2, cp=2).dp_shard == 4
     with pytest.raises(InputError, match="ep=3 must divide"):
         ParallelDims(dp_shard=4, ep=3)
-    with pytest.raises(InputError, match="data and tensor parallelism only"):
-        _ = d.mesh_dims
+    assert d.mesh_dims == ((2, 2, 2), ("shard", "cp", "tp"))
+    # FSDP's group is shard x cp: 4 ranks at stride tp=2, inside one 8-GPU node, across two 4-GPU nodes.
+    assert d.group_scope("dp_shard", 8) == "intra" and d.group_scope("dp_shard", 4) == "cross"

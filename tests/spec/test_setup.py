@@ -104,8 +104,15 @@ def test_setup_validation_is_one_line() -> None:
     TrainSetup(strategy="hybrid_shard", gpus_per_node=8, shard_size=4)  # a shard size makes one node a 2 x 4 mesh
     with pytest.raises(InputError, match="unknown precision 'fp8'"):
         TrainSetup(precision="fp8")
-    with pytest.raises(InputError, match="context and expert parallelism"):
-        TrainSetup(cp=2)
+    with pytest.raises(InputError, match="expert parallelism is not modelled"):
+        TrainSetup(ep=2, gpus_per_node=2)
+    with pytest.raises(InputError, match=r"seq len 100 is not divisible by 8 \(4 chunks for cp 2 \(head-tail"):
+        TrainSetup(cp=2, tp=2, gpus_per_node=4, seq_len=100)
+    TrainSetup(cp=2, gpus_per_node=2, seq_len=102, cp_load_balance=False)  # 2 chunks without the load balance
+    with pytest.raises(InputError, match="ring attention on PyTorch SDPA, not flash"):
+        TrainSetup(cp=2, gpus_per_node=2, attention="flash")
+    with pytest.raises(InputError, match="unknown cp rotate method 'ring'"):
+        TrainSetup(cp=2, gpus_per_node=2, cp_rotate="ring")
     with pytest.raises(InputError, match="needs the attention kernel"):
         mem.estimate(resolve_model("llama-tiny"), TrainSetup(attention="auto"))
 
