@@ -1,4 +1,5 @@
-"""`llmctl bench-net`: measure all-reduce / all-gather / reduce-scatter bandwidth inside and across nodes.
+"""`llmctl bench-net`: measure all-reduce / all-gather / reduce-scatter / ring send-recv bandwidth inside and across
+nodes.
 
 Outside a launcher it starts torchrun (`--standalone` on one node; `--nnodes/--node-rank/--master-addr` for
 several, one command per node). Inside torchrun or an srun step it runs the worker in this process:
@@ -45,9 +46,7 @@ ItersOpt = Annotated[
 WarmupOpt = Annotated[
     Optional[int], typer.Option("--warmup", help="Warm-up iterations per size (5 GPU, 2 CPU).", show_default=False)
 ]
-CollectivesOpt = Annotated[
-    str, typer.Option("--collectives", help="Comma list of all_reduce, all_gather, reduce_scatter.")
-]
+CollectivesOpt = Annotated[str, typer.Option("--collectives", help=f"Comma list of {', '.join(opts.COLLECTIVES)}.")]
 JsonFileOpt = Annotated[
     Optional[Path],
     typer.Option(

@@ -80,6 +80,8 @@ def tokenize(docs: Iterable[str], tok: Tokenizer) -> np.ndarray:
 class Batch:
     inputs: torch.Tensor
     targets: torch.Tensor
+    positions: torch.Tensor | None = None
+    """Each token's position in its sequence; None: 0..s-1 (set when context parallelism holds part of one)."""
 
 
 class PackedBlocks:

@@ -63,7 +63,8 @@ def allocated_state_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 def estimated_lines(plan: Plan) -> dict[str, int]:
     """estimate-memory's fsdp2 ledger for the plan's model as the engine builds it (padded vocabulary): bytes per
-    rank of parameters, gradients and optimizer states (llmctl.plan.memory.state_ledger / dp_shard)."""
+    rank of parameters, gradients and optimizer states (llmctl.plan.memory.state_ledger / the FSDP group: dp_shard
+    x cp)."""
     from llmctl.engine.model import model_spec_for
     from llmctl.plan import memory as mem
     from llmctl.spec.setup import TrainSetup
@@ -72,7 +73,7 @@ def estimated_lines(plan: Plan) -> dict[str, int]:
     p = plan.setup
     setup = TrainSetup(precision=p.precision, optimizer="adamw", engine="fsdp2", tp=p.tp, gpus_per_node=p.tp)
     held, _ = mem.stage_params(spec, setup)  # after the tp split (norms replicated)
-    shard = plan.parallel_dims.dp_shard
+    shard = plan.parallel_dims.fsdp_shard
     out: dict[str, int] = {}
     for line in mem.state_ledger(spec, setup):
         key = "parameters" if line.name.startswith("param") else line.name.split(" ")[0]

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from llmctl.engine.context_parallel import whole
 from llmctl.engine.data import Batch, PackedBlocks
 from llmctl.engine.loss import loss_sum
 
@@ -70,8 +71,11 @@ class Evaluator:
             rows = np.concatenate([rows, np.repeat(rows[-1:], len(idx) - len(rows), axis=0)])
         return rows
 
-    def run(self, model: torch.nn.Module, loss_impl: str, vocab: int, device: torch.device) -> dict[str, Any]:
-        """Mean validation loss and perplexity over the set (every rank returns the same)."""
+    def run(
+        self, model: torch.nn.Module, loss_impl: str, vocab: int, device: torch.device, split: Any = whole
+    ) -> dict[str, Any]:
+        """Mean validation loss and perplexity over the set (every rank returns the same). `split`: how a micro-batch
+        is cut over the cp ranks (llmctl.engine.context_parallel; each rank sums and counts its part's tokens)."""
         import torch
         import torch.distributed as dist
 
@@ -82,9 +86,9 @@ class Evaluator:
         try:
             with torch.no_grad():
                 for b in self.micro_batches():
-                    inputs, targets = b.inputs.to(device), b.targets.to(device)
-                    acc[0] += loss_sum(model, loss_impl, inputs, targets, vocab).double()
-                    acc[1] += (targets != IGNORE).sum()
+                    with split(Batch(b.inputs.to(device), b.targets.to(device))) as part:
+                        acc[0] += loss_sum(model, loss_impl, part.inputs, part.targets, vocab, part.positions).double()
+                        acc[1] += (part.targets != IGNORE).sum()
         finally:
             model.train(was_training)
         dist.all_reduce(acc, op=dist.ReduceOp.SUM)

@@ -153,9 +153,13 @@ def install_loss_forward(model: torch.nn.Module, impl: str, vocab: int, chunk_to
     base, head, cap = _head_parts(model)
 
     def forward(
-        self: torch.nn.Module, input_ids: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+        self: torch.nn.Module,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor,
+        reduction: str = "mean",
+        position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        hidden = base(input_ids=input_ids, use_cache=False).last_hidden_state
+        hidden = base(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state
         if impl == "liger":
             return liger_loss(hidden, head.weight, head.bias, labels, vocab, cap, reduction)
         return chunked_loss(hidden, head.weight, head.bias, labels, vocab, chunk_tokens, cap, reduction)
@@ -164,17 +168,28 @@ def install_loss_forward(model: torch.nn.Module, impl: str, vocab: int, chunk_to
 
 
 def whole_loss(
-    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, vocab: int, reduction: str = "mean"
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    vocab: int,
+    reduction: str = "mean",
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Hugging Face's forward (b*s*V logits) and cross-entropy in fp32 over the real vocabulary."""
+    """Hugging Face's forward (b*s*V logits) and cross-entropy in fp32 over the real vocabulary. `positions`: the
+    tokens' positions when the rank holds part of each sequence (context parallelism), else None (0..s-1)."""
     import torch.nn.functional as F
 
-    logits = model(input_ids=inputs).logits
+    logits = model(input_ids=inputs, position_ids=positions).logits
     return F.cross_entropy(logits[..., :vocab].float().reshape(-1, vocab), targets.reshape(-1), reduction=reduction)
 
 
 def parallel_loss(
-    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, vocab: int, reduction: str = "mean"
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    vocab: int,
+    reduction: str = "mean",
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy on the vocabulary shards of a tensor-parallel LM head (logits a DTensor sharded on their last
     dimension); call it, and the loss's backward, inside `torch.distributed.tensor.parallel.loss_parallel()`. The
@@ -183,7 +198,7 @@ def parallel_loss(
     import torch.nn.functional as F
     from torch.distributed.tensor import DTensor
 
-    logits = model(input_ids=inputs).logits.float()
+    logits = model(input_ids=inputs, position_ids=positions).logits.float()
     padded = logits.shape[-1]
     if padded > vocab:
         local = logits.to_local()
@@ -197,18 +212,39 @@ def parallel_loss(
     return F.cross_entropy(logits.reshape(-1, padded), targets.reshape(-1), reduction=reduction)
 
 
+def model_loss(
+    model: torch.nn.Module,
+    impl: str,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    vocab: int,
+    reduction: str = "mean",
+    positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The cross-entropy (mean over the targets, or their sum skipping -100) with the run's loss implementation;
+    "parallel" must run, with its backward, inside `loss_parallel()` (it returns a replicated DTensor)."""
+    if impl == "whole":
+        return whole_loss(model, inputs, targets, vocab, reduction, positions)
+    if impl == "parallel":
+        return parallel_loss(model, inputs, targets, vocab, reduction, positions)
+    return model(input_ids=inputs, labels=targets, reduction=reduction, position_ids=positions)
+
+
 def loss_sum(
-    model: torch.nn.Module, impl: str, inputs: torch.Tensor, targets: torch.Tensor, vocab: int
+    model: torch.nn.Module,
+    impl: str,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    vocab: int,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Summed cross-entropy over the targets that are not -100, with the run's loss implementation."""
-    if impl == "whole":
-        return whole_loss(model, inputs, targets, vocab, reduction="sum")
     if impl == "parallel":
         from torch.distributed.tensor.parallel import loss_parallel
 
         with loss_parallel():
-            return local_value(parallel_loss(model, inputs, targets, vocab, reduction="sum"))
-    return model(input_ids=inputs, labels=targets, reduction="sum")
+            return local_value(model_loss(model, impl, inputs, targets, vocab, "sum", positions))
+    return model_loss(model, impl, inputs, targets, vocab, "sum", positions)
 
 
 def local_value(loss: torch.Tensor) -> torch.Tensor:

@@ -48,8 +48,18 @@ def flash_attn_importable() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def select_attention(requested: str, cuda_available: bool, flash_available: bool) -> tuple[str, str]:
-    """Plan attention -> (transformers attn_implementation, why). `flash` where it cannot run fails fast."""
+def select_attention(
+    requested: str, cuda_available: bool, flash_available: bool, cp: int = 1
+) -> tuple[str, str]:
+    """Plan attention -> (transformers attn_implementation, why). `flash` where it cannot run fails fast. With
+    context parallelism, SDPA (torch's ring attention runs on SDPA's kernels: flash's algorithm on a GPU)."""
+    if cp > 1:
+        if requested not in ("auto", "sdpa"):
+            raise InputError(
+                f"training.attention: {requested} does not run context parallelism (ring attention runs on SDPA)",
+                hint="use attention: auto or sdpa with parallel.cp > 1",
+            )
+        return "sdpa", f"cp {cp}: ring attention on SDPA's kernels"
     if requested == "flash":
         if not cuda_available:
             raise InputError(

@@ -214,8 +214,19 @@ def needs_fsdp(mesh_size: int, precision: str | PrecisionPolicy) -> bool:
 
 
 def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The data-parallel part of the mesh (every dimension but tp): what FSDP2 shards and replicates over."""
+    """The data-parallel part of the mesh (every dimension but tp): what FSDP2 shards and replicates over. A cp group
+    shards the states as data-parallel ranks do: shard and cp are flattened into one `shard_cp` dimension
+    (torchtitan's dp_shard_cp), so HSDP stays 2-D (replicate, shard_cp)."""
     names = tuple(n for n in mesh.mesh_dim_names or () if n != "tp")
+    if "cp" in names:
+        flat = mesh["shard", "cp"]._flatten("shard_cp")
+        if "replicate" not in names:
+            return flat
+        import warnings
+
+        with warnings.catch_warnings():  # torch 2.13 still slices a flattened dimension from the root; no other way
+            warnings.filterwarnings("ignore", message="Slicing a flattened dim")  # to get a 2-D HSDP mesh over it
+            return mesh["replicate", "shard_cp"]
     return mesh[names] if names != tuple(mesh.mesh_dim_names or ()) else mesh
 
 
@@ -236,6 +247,13 @@ def parallelize(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh) -> bool:
             enable_async_tp(mesh["tp"])
         if s.async_tp:
             log.log(logging.INFO if on else logging.WARNING, why)
+    if s.cp > 1:
+        from llmctl.engine.model import model_spec_for
+        from llmctl.families.context_parallel import cp_problem
+
+        problem = cp_problem(model_spec_for(plan), s.seq_len)
+        if problem:
+            raise SpecError(problem, hint="set parallel.cp to 1 for this model")
     apply_activation_checkpointing(model, s.checkpointing)
     if s.compile:
         apply_compile(model)

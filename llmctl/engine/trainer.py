@@ -32,14 +32,8 @@ from llmctl.engine.data import Batch, RankData, build_source, build_val_source, 
 from llmctl.engine.evaluate import Evaluator
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
-from llmctl.engine.loss import (
-    install_loss_forward,
-    liger_importable,
-    local_value,
-    parallel_loss,
-    select_loss,
-    whole_loss,
-)
+from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
+from llmctl.engine.loss import install_loss_forward, liger_importable, local_value, model_loss, select_loss
 from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (
     base_spec,
@@ -156,7 +150,7 @@ class Trainer:
             torch.set_float32_matmul_precision("high")
         self.setup_ = s = plan.setup  # the one training setup (llmctl.spec.setup): degrees, precision, batch, ...
         cuda = self.device.type == "cuda"
-        self.attn_impl, self.attn_why = select_attention(s.attention, cuda, flash_attn_importable())
+        self.attn_impl, self.attn_why = select_attention(s.attention, cuda, flash_attn_importable(), s.cp)
         self.loss_impl, self.loss_why = select_loss(s.loss_chunk_tokens, cuda, liger_importable(), s.tp)
         if s.precision.compute_dtype == "bf16" and self.device.type == "cpu":
             log.info("precision %s on a CPU works but is slower than fp32 without AMX", s.precision.name)
@@ -173,6 +167,8 @@ class Trainer:
 
         plan, env, t = self.plan, self.env, self.setup_
         self.mesh = build_mesh(plan, self.device.type, env.world_size)
+        ring = cp_mesh(self.mesh)  # context parallelism: each micro-batch split over the cp ranks
+        self.split = whole if ring is None else SequenceSplit(ring, t.cp_load_balance, t.cp_rotate)
         dims = t.dims  # the data-parallel rank and size, replicas: all from the degrees
         self.spec = model_spec_for(plan)
         blocks, self.data_desc = plan_source(plan)
@@ -256,6 +252,12 @@ class Trainer:
         built = str(getattr(self.model.config, "_attn_implementation", None) or self.attn_impl)
         if built != self.attn_impl:  # the model class has no such path (Gemma 2, gpt-oss: no SDPA): fit_attention's
             self.attn_why, self.attn_impl = f"{self.model.__class__.__name__} has no {self.attn_impl} path", built
+        if self.setup_.cp > 1:
+            from llmctl.engine.context_parallel import install_cpu_ring, use_ring_attention
+
+            use_ring_attention(self.model)
+            if self.device.type == "cpu":
+                install_cpu_ring()
         rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet
         self.fsdp = parallelize(self.model, plan, self.mesh)
         self.made = materialize(self.model, plan, self.device, weights=weights, resuming=resuming)
@@ -298,6 +300,7 @@ class Trainer:
             "backend": self.choice.backend,
             "attention": self.attn_impl,
             "checkpointing": t.checkpointing,
+            "cp": t.cp,
             "loss_mode": self.loss_impl,
             "loss_chunk_tokens": t.loss_chunk_tokens,
             "precision": t.precision.name,
@@ -314,11 +317,18 @@ class Trainer:
             "rss_peak_setup_bytes": rss_setup,
             "rss_per_rank_bytes": [list(r) for r in rss_all],
             "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
-            f"attention {self.attn_impl} ({self.attn_why}), loss {self.loss_impl} ({self.loss_why}), mesh "
+            f"attention {self.attn_impl} ({self.attn_why}){self._cp_words()}, loss {self.loss_impl} ({self.loss_why}), mesh "
             f"{tuple(mesh.shape)} {mesh.mesh_dim_names}{'' if self.fsdp else ' (one rank: no FSDP)'}, "
             f"{self.choice.backend}, {self.data_desc}; {'validation: ' + val[1] + '; ' if val else ''}"
             f"{self.made.source}",
         }
+
+    def _cp_words(self) -> str:
+        t = self.setup_
+        if t.cp == 1:
+            return ""
+        balance = "head-tail load balance" if t.cp_load_balance else "no load balance"
+        return f", ring attention over cp {t.cp} ({balance}, {t.cp_rotate} rotation)"
 
     def emit(self, record: dict[str, Any]) -> None:
         """One event to metrics.jsonl and the console (rank 0; the other ranks have no metrics log)."""
@@ -329,19 +339,17 @@ class Trainer:
     def forward_backward(self, batch: Batch) -> torch.Tensor:
         """One micro-batch: its loss (the mean over its tokens) and the backward of loss / grad_accum_steps, so the
         accumulated gradients are the mean over the step's micro-batches."""
-        if self.loss_impl == "parallel":
-            from torch.distributed.tensor.parallel import loss_parallel
+        import contextlib
 
-            with loss_parallel():  # the loss's backward too runs on the vocabulary shards
-                loss = parallel_loss(self.model, batch.inputs, batch.targets, self.vocab)
-                (loss / self.setup_.grad_accum_steps).backward()
-            return local_value(loss)
-        if self.loss_impl == "whole":
-            loss = whole_loss(self.model, batch.inputs, batch.targets, self.vocab)
-        else:
-            loss = self.model(input_ids=batch.inputs, labels=batch.targets)
-        (loss / self.setup_.grad_accum_steps).backward()
-        return loss
+        acc = self.setup_.grad_accum_steps
+        with self.split(batch) as b, contextlib.ExitStack() as stack:
+            if self.loss_impl == "parallel":  # the loss, and its backward, on the vocabulary shards
+                from torch.distributed.tensor.parallel import loss_parallel
+
+                stack.enter_context(loss_parallel())
+            loss = model_loss(self.model, self.loss_impl, b.inputs, b.targets, self.vocab, positions=b.positions)
+            (loss / acc).backward()  # inside the split: backward runs the ring too
+        return local_value(loss)
 
     def train_step(self, batches: Iterator[Batch]) -> StepOutput:
         """One optimizer step over the next `grad_accum_steps` micro-batches of `batches`; advances `self.step`."""
@@ -384,7 +392,7 @@ class Trainer:
         data.val."""
         if self.evaluator is None:
             return None
-        res = self.evaluator.run(self.model, self.loss_impl, self.vocab, self.device)
+        res = self.evaluator.run(self.model, self.loss_impl, self.vocab, self.device, self.split)
         step = self.step
         self.emit(
             {

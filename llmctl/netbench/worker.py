@@ -9,21 +9,20 @@ inter-node test. Per size: one untimed call whose result is checked, then warm-u
 a device sync, a world barrier, up to 10 back-to-back calls (fewer for big messages), a device sync; its time
 is the slowest rank's. Rank 0 gathers every rank's times and writes the JSON (`llmctl.netbench.report`).
 
-Each collective is one entry of `CALLS` here (its tensors, the call, the check) and one of
+Each collective is one entry of `llmctl.netbench.calls.CALLS` (its tensors, the call, the check) and one of
 `llmctl.spec.collectives` (bus factor, which size S counts); a run's options are resolved once into a `Sweep`.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import json
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -35,6 +34,8 @@ import llmctl
 from llmctl.errors import LlmctlError, RuntimeFailure
 from llmctl.errors import report as report_error
 from llmctl.netbench import options as opts
+from llmctl.netbench.calls import CALLS as CALLS  # re-exported: the torch half of the collectives registry
+from llmctl.netbench.calls import BoundCall, bind
 from llmctl.netbench.report import judge_nodes, round_robin_pairs
 from llmctl.spec.bench import (
     BenchConfig,
@@ -52,9 +53,6 @@ from llmctl.units import fmt_bytes
 
 _RUN_COUNTER = itertools.count()
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# torch 2.13 deprecates the *_into_tensor/_tensor names for *_single; keep older torch working too.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 # ---------------------------------------------------------------------------------------------- joining
@@ -154,110 +152,6 @@ class Phases:
             msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
             raise RuntimeFailure(f"phase '{name}' failed on rank {self.rank}: {who} {kind} ({msg})") from e
         self.store.set(f"out/{name}/{self.rank}", "1")
-
-
-# ---------------------------------------------------------------------------------------------- collectives
-
-
-@dataclass(frozen=True)
-class CollectiveCall:
-    """The torch half of a `llmctl.spec.collectives` entry: the tensors one call needs, the call, its check.
-
-    The size S given to `tensors` is the one the spec's `size_counts` names (nccl-tests' convention), in elements."""
-
-    tensors: Callable[[int, int, int, torch.dtype, torch.device], tuple[torch.Tensor, torch.Tensor]]
-    """(S elements, n ranks, this rank in the group, dtype, device) -> (input, output), filled so that `check` can
-    tell a right result from a wrong one; the same tensor twice for an in-place collective."""
-    call: Callable[[torch.Tensor, torch.Tensor, dist.ProcessGroup], object]
-    """(input, output, group): one call."""
-    check: Callable[[torch.Tensor, int], bool]
-    """(output of the first call, n ranks) -> whether it is right."""
-
-
-# Integers a 16-bit float holds exactly: beyond, a ring's running sum of ones stalls (256 + 1 == 256 in bf16).
-_EXACT_INT = {torch.bfloat16: 256, torch.float16: 2048}
-
-
-def _sum_of_ones_ok(result: torch.Tensor, n: int) -> bool:
-    """Every element is the sum of n ones. Past a 16-bit type's exact range the order of additions changes the
-    rounded value, so there: equal everywhere, finite, and at least the exact range's sum."""
-    limit = _EXACT_INT.get(result.dtype, 2**24)
-    if n <= limit:
-        return torch.allclose(result, torch.full_like(result, n), rtol=0.0, atol=0.5)  # exact integers
-    first = result.flatten()[0]
-    return bool(torch.isfinite(first)) and float(first) >= 0.99 * limit and bool((result == first).all())
-
-
-def _rank_ids_ok(result: torch.Tensor, n: int) -> bool:
-    """The gathered output holds rank r's chunk, all r + 1, at chunk r."""
-    expected = torch.arange(1, n + 1, dtype=result.dtype, device=result.device).repeat_interleave(result.numel() // n)
-    return torch.allclose(result, expected, rtol=1e-2)
-
-
-def _all_reduce_tensors(
-    numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    buf = torch.ones(numel, dtype=dtype, device=device)  # S is the buffer, reduced in place
-    return buf, buf
-
-
-def _all_gather_tensors(
-    numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # S is the output; each rank sends S/n elements holding its rank + 1, so the output shows who sent what
-    inp = torch.full((numel // n,), rank + 1, dtype=dtype, device=device)
-    return inp, torch.empty(numel, dtype=dtype, device=device)
-
-
-def _reduce_scatter_tensors(
-    numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # S is the input: n chunks of ones; each rank keeps one chunk, the sum of n ones
-    return torch.ones(numel, dtype=dtype, device=device), torch.empty(numel // n, dtype=dtype, device=device)
-
-
-# Keyed and ordered like llmctl.spec.collectives.REGISTRY (a test checks that the keys agree).
-CALLS: dict[str, CollectiveCall] = {
-    "all_reduce": CollectiveCall(
-        _all_reduce_tensors, lambda inp, out, group: dist.all_reduce(out, group=group), _sum_of_ones_ok
-    ),
-    "all_gather": CollectiveCall(
-        _all_gather_tensors, lambda inp, out, group: _all_gather(out, inp, group=group), _rank_ids_ok
-    ),
-    "reduce_scatter": CollectiveCall(
-        _reduce_scatter_tensors, lambda inp, out, group: _reduce_scatter(out, inp, group=group), _sum_of_ones_ok
-    ),
-}
-
-
-@dataclass(frozen=True)
-class BoundCall:
-    """One collective on one group with its tensors: what `Timer.measure` runs."""
-
-    run: Callable[[], object]
-    check: Callable[[], bool]
-    reset: Callable[[], object]
-    """After the check: an in-place collective reduces into its input, so zero it (sums of zeros stay zero,
-    however many calls follow); a no-op otherwise."""
-
-
-def bind(
-    collective: str, size_bytes: int, group: dist.ProcessGroup, dtype: torch.dtype, device: torch.device
-) -> BoundCall:
-    """`collective` on `group` (this rank a member) at nccl-tests size S = size_bytes, already split evenly
-    (`aligned_size`): the tensors are made once, here, and reused by every timed call."""
-    call = CALLS[collective]
-    n, rank = dist.get_world_size(group), dist.get_rank(group)
-    inp, out = call.tensors(size_bytes // dtype.itemsize, n, rank, dtype, device)
-    return BoundCall(
-        run=functools.partial(call.call, inp, out, group),
-        check=functools.partial(call.check, out, n),
-        reset=inp.zero_ if inp is out else _nothing,
-    )
-
-
-def _nothing() -> None:
-    pass
 
 
 # ---------------------------------------------------------------------------------------------- timing

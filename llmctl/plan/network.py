@@ -10,6 +10,10 @@ from llmctl.spec.hardware import Cluster
 # The message size the planner reads a bench-net curve at when it has none better: FSDP's per-layer collectives
 # for 7B-70B models are 100-800 MB; bench-net's bucket range (16-64 MiB) is the conservative read.
 DEFAULT_BENCH_SIZE_BYTES = 64 * 2**20
+# What a collective the report did not measure is read as. send_recv (ring attention's key/value pass) moves S over
+# each link as all-gather's busbw counts it (both are per-link rates, bus factors 1 and (n-1)/n); reports written
+# before bench-net swept send_recv lack it. Anything else unmeasured reads the all-reduce, the one always swept.
+BENCH_FALLBACK = {"send_recv": "all_gather"}
 
 
 def network_for(cluster: Cluster, bench_path: str | None = None) -> cm.Network:
@@ -38,6 +42,18 @@ def bench_network(
     from llmctl.spec.bench import load_bench
 
     rep = load_bench(path)
+    # the groups the planner's scopes read: a single-node report's world group is its node, and a report with one
+    # rank per node has no one-GPU-per-node groups but the world
+    intra_group = "intra_node" if len(rep.nodes) > 1 else "world"
+    inter_group = "inter_node" if any(r.group == "inter_node" for r in rep.results) else "world"
+
+    def measured(group: str, collective: str) -> str:
+        """`collective` if the report measured it on `group`, else what stands in for it (BENCH_FALLBACK)."""
+        if rep.result(group, collective):
+            return collective
+        stand_in = BENCH_FALLBACK.get(collective, "all_reduce")
+        return stand_in if rep.result(group, stand_in) else "all_reduce"
+
     if rep.ranks_per_node != gpus_per_node:
         raise SpecError(
             f"{path} measured {rep.ranks_per_node} GPUs per node but the cluster has {gpus_per_node}",
@@ -59,8 +75,7 @@ def bench_network(
     def intra(collective: str, size: float) -> float:
         if intra_fallback is not None:
             return intra_fallback
-        coll = collective if rep.result("intra_node" if multi else "world", collective) else "all_reduce"
-        return rep.intra_node_busbw_gbytes_s(int(size), coll)
+        return rep.intra_node_busbw_gbytes_s(int(size), measured(intra_group, collective))
 
     def curve(collective: str, scope: str, size: float) -> float:
         if scope == "intra":
@@ -69,9 +84,10 @@ def bench_network(
             node_bw = cm.gbps_to_gbytes_s(inter_gbps or 0.0)
             return min(intra(collective, size), node_bw if scope == "cross" else node_bw / gpus_per_node)
         if scope == "cross":
-            coll = collective if rep.result("world", collective) else "all_reduce"
-            return rep.busbw_gbytes_s("world", coll, int(size))
-        bw = rep.inter_node_busbw_gbytes_s(int(size), "all_reduce")
+            return rep.busbw_gbytes_s("world", measured("world", collective), int(size))
+        # the one-GPU-per-node groups: HYBRID's all-reduce reads the all-reduce; a ring send/recv its own sweep
+        coll = measured(inter_group, collective) if collective in BENCH_FALLBACK else "all_reduce"
+        bw = rep.inter_node_busbw_gbytes_s(int(size), coll)
         return float(bw) if bw else 0.0
 
     intra_bw = intra("all_gather", DEFAULT_BENCH_SIZE_BYTES)
@@ -80,4 +96,11 @@ def bench_network(
         if multi
         else (cm.gbps_to_gbytes_s(inter_gbps) if inter_gbps else None)
     )
-    return cm.Network(intra_bw, inter_node, curve=curve, source=f"bench-net {path}")
+    # say so when a stand-in is read (the plan's network line and JSON carry `source`)
+    stand_ins = [
+        f"{c} read as {measured(intra_group, c)} (not measured)"
+        for c in BENCH_FALLBACK
+        if not rep.result(intra_group, c)
+    ]
+    note = f"; {', '.join(stand_ins)}" if stand_ins else ""
+    return cm.Network(intra_bw, inter_node, curve=curve, source=f"bench-net {path}{note}")

@@ -2,11 +2,12 @@
 (`llmctl.plan.comm`) and bench-net (`llmctl.netbench`). Torch-free.
 
 Each entry is what both sides must agree on, in nccl-tests' terms (NVIDIA/nccl-tests doc/PERFORMANCE.md):
-- S, the size a measurement is quoted at: the all-reduce buffer, the all-gather *output*, the reduce-scatter *input*;
+- S, the size a measurement is quoted at: the all-reduce buffer, the all-gather *output*, the reduce-scatter *input*,
+  what each rank sends (and receives) in a ring send/recv;
 - the bus factor, busbw / algbw with algbw = S / t: 2(n-1)/n for all-reduce, (n-1)/n for all-gather and
-  reduce-scatter, so that busbw is what each link sustains whatever n is;
+  reduce-scatter, 1 for send/recv, so that busbw is what each link sustains whatever n is;
 - the latency steps of the alpha-beta model.
-How to call a collective and check its result needs torch: that half lives in `llmctl.netbench.worker.CALLS`, keyed
+How to call a collective and check its result needs torch: that half lives in `llmctl.netbench.calls.CALLS`, keyed
 by the same names. A new collective is one entry here and one there (a test checks that the keys agree).
 """
 
@@ -25,13 +26,14 @@ class CollectiveSpec:
     """One collective, as nccl-tests defines its bandwidth."""
 
     name: str
-    """torch.distributed's name (all_reduce, all_gather, reduce_scatter)."""
+    """torch.distributed's name (all_reduce, all_gather, reduce_scatter); send_recv for nccl-tests' sendrecv_perf."""
     bus_factor: Callable[[int], float]
     """n ranks -> busbw / algbw."""
     ring_steps: Callable[[int], int]
     """n ranks (n >= 2) -> latency terms of one call (the alpha of alpha-beta)."""
-    size_counts: Literal["buffer", "output", "input"]
-    """Which tensor S counts: each rank's in-place buffer, or the full (n-chunk) output or input."""
+    size_counts: Literal["buffer", "output", "input", "send"]
+    """Which tensor S counts: each rank's in-place buffer, the full (n-chunk) output or input, or what each rank
+    sends (and, at the same time, receives)."""
 
 
 def _ring_factor(n: int) -> float:
@@ -44,6 +46,11 @@ def _all_reduce_factor(n: int) -> float:
     return 2 * (n - 1) / n
 
 
+def _send_recv_factor(n: int) -> float:
+    # nccl-tests sendrecv_perf: rank r sends S to r+1 while it receives S from r-1; every link carries S, whatever n
+    return 1.0
+
+
 def _ring_steps(n: int) -> int:
     # a ring all-gather / reduce-scatter takes n-1 steps (Thakur et al. 2005)
     return n - 1
@@ -54,6 +61,11 @@ def _all_reduce_steps(n: int) -> int:
     return min(2 * (n - 1), 2 * math.ceil(math.log2(n)))
 
 
+def _send_recv_steps(n: int) -> int:
+    # one hop: every rank's send and receive run at once (ring attention's rotation repeats it cp-1 times)
+    return 1
+
+
 # Order matters: it is the order bench-net sweeps, reports and prints the collectives in.
 REGISTRY: dict[str, CollectiveSpec] = {
     c.name: c
@@ -61,6 +73,8 @@ REGISTRY: dict[str, CollectiveSpec] = {
         CollectiveSpec("all_reduce", _all_reduce_factor, _all_reduce_steps, "buffer"),
         CollectiveSpec("all_gather", _ring_factor, _ring_steps, "output"),
         CollectiveSpec("reduce_scatter", _ring_factor, _ring_steps, "input"),
+        # context parallelism's ring attention passes keys/values to the next rank of the cp group
+        CollectiveSpec("send_recv", _send_recv_factor, _send_recv_steps, "send"),
     )
 }
 COLLECTIVES: tuple[str, ...] = tuple(REGISTRY)
@@ -75,7 +89,7 @@ def collective(name: str) -> CollectiveSpec:
 
 
 def bus_factor(name: str, n_ranks: int) -> float:
-    """nccl-tests busbw/algbw: (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce."""
+    """nccl-tests busbw/algbw: (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce, 1 for send/recv."""
     if n_ranks < 1:
         raise InputError(f"a collective needs at least 1 rank, got {n_ranks}")
     return collective(name).bus_factor(n_ranks)

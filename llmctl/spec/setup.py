@@ -192,8 +192,8 @@ class TrainSetup:
 
     @property
     def shard_degree(self) -> int:
-        """Ranks one model replica's sharded states are split over."""
-        return self.dims.dp_shard
+        """Ranks one model replica's sharded states are split over (FSDP's group: dp_shard x cp)."""
+        return self.dims.fsdp_shard
 
     @property
     def compute_bytes(self) -> int:

@@ -187,3 +187,8 @@ def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     plan = write_plan(folder)
     check_ok(run_engine(plan, 2, folder))
     return plan
+
+
+# The one launch of every tensor- and context-parallel case, shared by their test modules (session-scoped: a fixture
+# defined here runs once for the session, where one imported into two test modules would run twice).
+from tests.engine.parallel_runs import parallel_cases  # noqa: E402, F401

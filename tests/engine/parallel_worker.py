@@ -1,8 +1,8 @@
-"""Tensor parallelism against data parallelism, in one 4-rank torchrun (`torchrun --nproc_per_node 4 tp_worker.py
-OUT.json REF_PLAN TP_PLAN [REF_PLAN TP_PLAN ...]`): each pair is the same model and global batch trained 5 steps two
-ways with the engine's own pieces (meta build, parallelize, materialize, loss, optimizer): FSDP2 over 4 ranks at
-micro-batch m, and FSDP2 2 x TP 2 at micro-batch 2m (a tp group shares its micro-batch: data-parallel rank d trains on
-what ranks 2d and 2d+1 trained on in the reference).
+"""Tensor and context parallelism against data parallelism, in one 4-rank torchrun (`torchrun --nproc_per_node 4
+parallel_worker.py OUT.json PLAN [PLAN ...]`): each plan trains 5 steps with the engine's own pieces (meta build, ring
+attention, parallelize, materialize, the sequence split, loss, optimizer). A test pairs a reference (FSDP2 over 4
+ranks at micro-batch m) with a plan whose tp x cp = k ranks share a micro-batch of k*m sequences: data-parallel rank
+d trains on what reference ranks d*k .. d*k+k-1 trained on, so both see the same global batch.
 
 Per plan rank 0 writes {"losses", "grad_norms", "grads", "state_bytes"} (or {"error"}): the mean loss and global
 gradient norm of each step, every parameter's whole gradient after the first backward (gathered with full_tensor;
@@ -19,7 +19,9 @@ import torch
 import torch.distributed as dist
 from engine_runs import finish  # this script's folder is on sys.path
 
-from llmctl.engine.loss import local_value, parallel_loss, select_loss, whole_loss
+from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, install_cpu_ring, use_ring_attention, whole
+from llmctl.engine.data import Batch
+from llmctl.engine.loss import local_value, model_loss, select_loss
 from llmctl.engine.materialize import clean_name
 from llmctl.engine.model import base_spec, build_meta_model, materialize, select_attention
 from llmctl.engine.optim import build_optimizer
@@ -39,15 +41,20 @@ def one_plan(path: str, rank: int, world: int) -> dict:
 
     plan = load_plan(path)
     t, setup = plan.training, plan.setup
-    attn, _ = select_attention(t.attention, False, False)
+    attn, _ = select_attention(t.attention, False, False, setup.cp)
     mesh = build_mesh(plan, "cpu", world)
     model = build_meta_model(plan, attn)
+    ring = cp_mesh(mesh)
+    split = whole if ring is None else SequenceSplit(ring, setup.cp_load_balance, setup.cp_rotate)
+    if ring is not None:
+        use_ring_attention(model)
+        install_cpu_ring()
     parallelize(model, plan, mesh)
     materialize(model, plan, torch.device("cpu"))
     vocab = base_spec(plan).vocab_size
     impl, _ = select_loss(0, False, False, setup.tp)
     optimizer = build_optimizer(model, plan.optimizer, "cpu")
-    # The reference's rank r trains on batch r (m sequences); a tp group's data-parallel rank d on batches
+    # The reference's rank r trains on batch r (m sequences); a tp x cp group's data-parallel rank d on batches
     # d*k .. d*k + k - 1 (k = micro-batch / m), the same global batch.
     m = 2
     d = setup.dims.dp_rank(rank)
@@ -61,14 +68,15 @@ def one_plan(path: str, rank: int, world: int) -> dict:
     torch.manual_seed(0)
     losses, norms, grads, state = [], [], {}, None
     for step in range(STEPS):
-        if impl == "parallel":
-            with loss_parallel():
-                loss = parallel_loss(model, inputs, targets, vocab)
+        with split(Batch(inputs, targets)) as b:
+            if impl == "parallel":
+                with loss_parallel():
+                    loss = model_loss(model, impl, b.inputs, b.targets, vocab, positions=b.positions)
+                    loss.backward()
+                loss = local_value(loss)
+            else:
+                loss = model_loss(model, impl, b.inputs, b.targets, vocab, positions=b.positions)
                 loss.backward()
-            loss = local_value(loss)
-        else:
-            loss = whole_loss(model, inputs, targets, vocab)
-            loss.backward()
         if step == 0:
             for n, p in model.named_parameters():
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
@@ -99,7 +107,7 @@ def one_plan(path: str, rank: int, world: int) -> dict:
 def main() -> None:
     out, plans = Path(sys.argv[1]), sys.argv[2:]
     store, rank, world = next(dist.rendezvous("env://"))
-    dist.init_process_group("gloo", store=dist.PrefixStore("tp-worker/", store), rank=rank, world_size=world)
+    dist.init_process_group("gloo", store=dist.PrefixStore("parallel-worker/", store), rank=rank, world_size=world)
     results = {}
     for p in plans:
         try:
