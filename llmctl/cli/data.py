@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from llmctl.cli.options import length_count
+
 if TYPE_CHECKING:
     from llmctl.data.prepare import PrepareResult, Progress
 
@@ -51,7 +53,10 @@ SeqLenOpt = Annotated[
     Optional[int],
     typer.Option(
         "--seq-len",
-        help="The training sequence length: checks each split holds a block of it, recorded in meta.json.",
+        parser=length_count,
+        metavar="LEN",
+        help="The training sequence length (4096, 128k, 1M = 1,048,576): checks each split holds a block of it "
+        "(LEN + 1 tokens), recorded in meta.json.",
         show_default=False,
     ),
 ]

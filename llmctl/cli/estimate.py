@@ -11,6 +11,7 @@ from llmctl.cli import estimate_show as show
 from llmctl.cli.options import (
     AttentionOpt,
     CheckpointingOpt,
+    CpOpt,
     EngineOpt,
     GpuOpt,
     GpusOpt,
@@ -29,6 +30,7 @@ from llmctl.cli.options import (
     TpOpt,
 )
 from llmctl.errors import InputError
+from llmctl.families.context_parallel import cp_problem
 from llmctl.plan import memory as mem
 from llmctl.spec import hardware, models
 from llmctl.spec.setup import ATTENTIONS, DEFAULT_HEADROOM_FRACTION, TrainSetup, canonical
@@ -51,6 +53,7 @@ def estimate_memory(
     attention: AttentionOpt = "sdpa",
     engine: EngineOpt = "fsdp2",
     tp: TpOpt = 1,
+    cp: CpOpt = 1,
     pp: PpOpt = 1,
     headroom: Annotated[
         float, typer.Option("--headroom", help="Allocator fragmentation headroom, a fraction of peak allocated.")
@@ -72,7 +75,7 @@ def estimate_memory(
         if list_gpus:
             show.list_gpus()
         return
-    for flag, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--tp", tp), ("--pp", pp)):
+    for flag, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--tp", tp), ("--cp", cp), ("--pp", pp)):
         if v < 1:  # named by its flag here; the memory model's own check names the field
             raise InputError(f"{flag} must be a positive integer, got {v}")
     spec = models.resolve_model(model, params)
@@ -84,6 +87,8 @@ def estimate_memory(
             f"{attention}, estimated here",
             soft_wrap=True,
         )
+    if cp > 1 and (problem := cp_problem(spec, seq_len)):
+        raise InputError(f"--cp {cp}: {problem}", hint="use --cp 1")
     gpu_spec = hardware.resolve_gpu(gpu) if gpu else None
     # The GPU kind's usual node (8 when no kind is given): what --gpus and --nodes fill, and the node the "how many
     # GPUs" answer counts in. Nothing given estimates one GPU.
@@ -107,6 +112,7 @@ def estimate_memory(
         nodes=n_nodes,
         gpus_per_node=gpn,
         tp=tp,
+        cp=cp,
         pp=pp,
         micro_batch_size=micro_batch,
         seq_len=seq_len,

@@ -23,7 +23,7 @@ def show(result: dict[str, Any]) -> None:
     world = f"{s.world_size} GPU{'s' if s.world_size > 1 else ''}"
     if s.nodes > 1:
         world += f" ({s.nodes} nodes x {s.gpus_per_node})"
-    par = "".join(f", {k}={v}" for k, v in (("tp", s.tp), ("pp", s.pp)) if v > 1)
+    par = "".join(f", {k}={v}" for k, v in (("tp", s.tp), ("cp", s.cp), ("pp", s.pp)) if v > 1)
     c.print(
         f"{s.precision} {s.optimizer}, {s.strategy} over {world}{par} (shard degree {s.shard_degree}), "
         f"engine {s.engine}; micro-batch {s.micro_batch_size} x {s.seq_len} tokens, {s.attention} attention, "
@@ -77,6 +77,8 @@ def show(result: dict[str, Any]) -> None:
             " SwiGLU (torchtitan, Liger, torch.compile) do not keep[/dim]",
             soft_wrap=True,
         )
+    if "context_parallel" in result:
+        _show_cp(result["context_parallel"])
     c.print(
         f"peak allocated {render.gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
         f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB",
@@ -123,6 +125,25 @@ def show(result: dict[str, Any]) -> None:
                 row["note"],
             )
         c.print(t)
+
+
+def _show_cp(cp: dict[str, Any]) -> None:
+    """What context parallelism does to this rank's memory (fit_report's "context_parallel")."""
+    balance = "head-tail load balance" if cp["load_balance"] else "no load balance"
+    render.console.print(
+        f"context parallel: cp {cp['cp']} holds {cp['tokens_per_rank']:,} tokens of each sequence per GPU "
+        f"({balance}): activations {render.gib(cp['activations_bytes'], 2)} GiB against "
+        f"{render.gib(cp['activations_at_cp1_bytes'], 2)} GiB at cp 1 ({render.gib(cp['per_gpu_total_at_cp1_bytes'], 1)}"
+        f" GiB per GPU in all); states shard over {cp['fsdp_shard']} ranks (data-parallel x cp). Ring attention "
+        f"({cp['rotate']} rotation) holds, while one layer's attention runs, "
+        f"{render.gib(cp['ring_forward_kv_bytes'], 3)} GiB of keys/values in flight and a "
+        f"{render.gib(cp['ring_forward_merge_bytes'], 3)} GiB fp32 merge of the partial outputs (forward), "
+        f"{render.gib(cp['ring_backward_kv_bytes'], 3)} + {render.gib(cp['ring_backward_grads_bytes'], 3)} GiB in "
+        "backward (fp32 gradient accumulators and the dK/dV ring"
+        + (", or the recompute's forward ring" if cp["ring_backward_is_recompute"] else "")
+        + ")",
+        soft_wrap=True,
+    )
 
 
 def list_models() -> None:

@@ -123,6 +123,24 @@ TpPinOpt = Annotated[
         "where they divide the GPUs per node and the model's heads, kv heads and MLP width.",
     ),
 ]
+CpOpt = Annotated[
+    int,
+    typer.Option(
+        "--cp",
+        metavar="N",
+        help="Context-parallel degree: each sequence split over N GPUs (ring attention on SDPA, head-tail load "
+        "balance); states shard over data-parallel x cp ranks.",
+    ),
+]
+CpPinOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--cp",
+        metavar="N",
+        help="Pin the context-parallel degree (ring attention: each sequence split over N GPUs; 1: off). Default: "
+        "try 1, 2, 4, 8, ... where they split the GPUs and the sequence and the model's attention allows.",
+    ),
+]
 PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree (divides layers).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 JobsDirOpt = Annotated[

@@ -1,5 +1,5 @@
-"""`llmctl plan`: the sharding, tensor parallelism, micro-batch, accumulation, checkpointing and kernel that give the
-most tokens/s (or the lowest cost) on this cluster and its measured network; writes plan.yaml with the predictions
+"""`llmctl plan`: the sharding, tensor and context parallelism, micro-batch, accumulation, checkpointing and kernel that
+give the most tokens/s (or the lowest cost) on this cluster and its measured network; writes plan.yaml with the predictions
 recorded."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from llmctl.cli import plan_show as show
 from llmctl.cli import render
 from llmctl.cli.options import (
     CheckpointEveryOpt,
+    CpPinOpt,
     DataOpt,
     GpuOpt,
     GpusOpt,
@@ -107,6 +108,7 @@ def plan_command(
     ] = None,
     attention: Annotated[Optional[str], typer.Option("--attention", help="Pin: eager | sdpa | flash.")] = None,
     tp: TpPinOpt = None,
+    cp: CpPinOpt = None,
     compile_: Annotated[
         Optional[bool],
         typer.Option(
@@ -135,8 +137,8 @@ def plan_command(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing plan file.")] = False,
     no_write: Annotated[bool, typer.Option("--no-write", help="Do not write a plan file.")] = False,
 ) -> None:
-    """Choose full_shard vs hybrid_shard, tensor parallelism, micro-batch, accumulation, checkpointing and kernels for
-    MODEL on a cluster."""
+    """Choose full_shard vs hybrid_shard, tensor and context parallelism, micro-batch, accumulation, checkpointing and
+    kernels for MODEL on a cluster."""
     if top < 1:
         raise InputError(f"--top must be >= 1, got {top}")
     run_flags = [
@@ -173,6 +175,7 @@ def plan_command(
         "calibrate": calibrate,
         "memory_margin": memory_margin,
         "tp": tp,
+        "cp": cp,
     }
     req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)
     result = pl.plan(req)

@@ -32,6 +32,7 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         ("strategy", "left"),
         ("nodes", "right"),
         ("tp", "right"),
+        ("cp", "right"),
         ("mb x acc", "right"),
         ("ckpt", "left"),
         ("attn", "left"),
@@ -59,6 +60,7 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
             s.strategy,
             str(s.nodes),
             f"{s.tp}{'a' if s.async_tp else ''}",
+            f"{s.cp}{'g' if s.cp > 1 and s.cp_rotate == 'allgather' else 'p' if s.cp > 1 else ''}",
             f"{s.micro_batch_size}x{s.grad_accum_steps}",
             s.checkpointing,
             s.attention,
@@ -78,7 +80,8 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     c.print(t)
     c.print(
         "[dim]compute and comm: seconds per optimizer step; comm is the communication compute does not hide; "
-        "tp: tensor-parallel degree (a: async TP); mb: per data-parallel rank[/dim]"
+        "tp: tensor-parallel degree (a: async TP); cp: context-parallel degree (g: K/V all-gather, p: passed on "
+        "hop by hop); mb: per data-parallel rank[/dim]"
     )
     cs, ch = result.chosen.setup, result.chosen.predicted
     c.print(
@@ -95,6 +98,8 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         c.print(f"[bold]memory[/bold]: {escape(result.memory_choice)}")
     if result.tp_choice:
         c.print(f"[bold]tensor parallel[/bold]: {escape(result.tp_choice)}")
+    if result.cp_choice:
+        c.print(f"[bold]context parallel[/bold]: {escape(result.cp_choice)}")
     if req.token_budget:
         cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
         c.print(f"{req.token_budget:,} tokens: {duration(ch.budget_time_s)} on {cs.gpus} GPUs{cost}")

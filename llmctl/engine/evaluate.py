@@ -35,6 +35,8 @@ class Evaluator:
     dp_rank: int
     dp_size: int
     eval_batches: int
+    copies: int = 1
+    """Ranks that evaluate the same tokens (a tp group: each holds the whole loss); the sums are divided by it."""
 
     @property
     def global_batch(self) -> int:
@@ -92,7 +94,7 @@ class Evaluator:
         finally:
             model.train(was_training)
         dist.all_reduce(acc, op=dist.ReduceOp.SUM)
-        total, tokens = acc.tolist()
+        total, tokens = (x / self.copies for x in acc.tolist())
         loss = total / tokens
         return {
             "val_loss": loss,

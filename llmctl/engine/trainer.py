@@ -219,6 +219,7 @@ class Trainer:
                 dims.dp_rank(env.rank),
                 dims.dp,
                 plan.logging.eval_batches,
+                copies=t.tp,
             )
         # HYBRID / no_shard replicate gradients across this many groups (1 without FSDP: a world of one).
         self.replicas = dims.dp_replicate if self.fsdp else 1

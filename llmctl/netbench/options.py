@@ -79,7 +79,11 @@ def parse_dtype(text: str) -> str:
 
 def parse_collectives(text: str) -> list[str]:
     names = [c.strip().replace("-", "_") for c in text.split(",") if c.strip()]
-    aliases = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
+    aliases = {
+        "all_gather_into_tensor": "all_gather",
+        "reduce_scatter_tensor": "reduce_scatter",
+        "sendrecv": "send_recv",
+    }
     names = [aliases.get(n, n) for n in names]
     bad = [n for n in names if n not in COLLECTIVES]
     if bad or not names:

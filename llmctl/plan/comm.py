@@ -127,14 +127,21 @@ class Network:
             return self.curve(collective, scope, size_bytes)
         if scope == "intra":
             return self.intra_gbytes_s
+        if collective == "send_recv":
+            # A point-to-point hop between nodes runs from one GPU to one GPU: that GPU's share of the node's NICs
+            # (rail-optimised nodes give each GPU its own NIC), whatever the group.
+            return min(self.intra_gbytes_s, self._inter() / gpus_per_node)
+        if scope == "cross":
+            return min(self.intra_gbytes_s, self._inter())  # the ring's slowest link
+        return min(self.intra_gbytes_s, self._inter() / gpus_per_node)  # G rings share the NICs
+
+    def _inter(self) -> float:
         if self.inter_node_gbytes_s is None:
             raise InputError(
                 "the plan spans several nodes but no inter-node bandwidth is known",
                 hint="pass --inter-gbps X (per node) or --net bench.json",
             )
-        if scope == "cross":
-            return min(self.intra_gbytes_s, self.inter_node_gbytes_s)  # the ring's slowest link
-        return min(self.intra_gbytes_s, self.inter_node_gbytes_s / gpus_per_node)  # G rings share the NICs
+        return self.inter_node_gbytes_s
 
     def alpha(self, scope: str) -> float:
         return self.alpha_intra_s if scope == "intra" else self.alpha_inter_s
@@ -239,8 +246,8 @@ def step_comm(
         raise InputError(f"overlap must be in [0, 1], got {overlap}")
     if grad_accum < 1:
         raise InputError(f"gradient accumulation must be >= 1, got {grad_accum}")
-    if dims.pp > 1 or dims.cp > 1:
-        raise InputError("the communication model covers data and tensor parallelism only (pp = cp = 1)")
+    if dims.pp > 1:
+        raise InputError("the communication model covers data, context and tensor parallelism only (pp = 1)")
     if dims.tp != shape.tp:
         raise InputError(f"the parallel degrees have tp {dims.tp} but the shape tp {shape.tp}")
     L = shape.num_layers
@@ -260,9 +267,11 @@ def step_comm(
         t = collective_time_s(collective, ranks, size, bw, net.alpha(scope))
         ops.append(CommOp(name, collective, scope, ranks, size, calls, phase, bw, t))
 
-    S, R = dims.dp_shard, dims.dp_replicate
+    # FSDP's group is dp_shard x cp (a cp group shards the states as data-parallel ranks do: torchtitan's
+    # dp_shard_cp); with DDP's degrees (no_shard) and cp > 1 the engine's FSDP2 still shards over the cp group.
+    S, R = dims.fsdp_shard, dims.dp_replicate
     if S > 1:
-        if dims.zero_stage != 3:
+        if dims.zero_stage in (1, 2):
             raise InputError(
                 f"no communication model for ZeRO stage {dims.zero_stage}",
                 hint="the planner models FSDP: full_shard, hybrid_shard, no_shard",
@@ -272,7 +281,7 @@ def step_comm(
         rs_calls = L * (grad_accum if sync_every_micro_batch else 1)
         rs_phase = "backward" if sync_every_micro_batch else "last_backward"
         gathered = layer_params * shape.param_bytes
-        k = dims.tp * dims.cp  # the shard groups side by side (ranks laid out with tp and cp innermost)
+        k = dims.tp  # the shard groups side by side (one per tp rank: the group's stride)
         op(f"all-gather (forward{where})", "all_gather", scope, S, gathered, L * grad_accum, "forward", k)
         op(f"all-gather (backward{where})", "all_gather", scope, S, gathered, L * grad_accum, "backward", k)
         name = f"reduce-scatter{' (intra-node)' if where else ''}"
@@ -280,7 +289,7 @@ def step_comm(
     if R > 1:
         scope = dims.group_scope("dp_replicate", gpus_per_node)
         name = f"all-reduce of the {'shard' if S > 1 else 'gradients'}{' (inter-node)' if scope == 'inter' else ''}"
-        k = dims.tp * dims.cp * S
+        k = dims.tp * S
         op(name, "all_reduce", scope, R, layer_params * shape.grad_bytes / S, L, "last_backward", k)
 
     fwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "forward")

@@ -1,11 +1,12 @@
 """Why the planner chose what it chose: what a setup's recompute costs, what the other checkpointing modes would fit
-and cost, why tensor parallelism won or lost, and one sentence per losing setup (torch-free)."""
+and cost, why tensor and context parallelism won or lost, and one sentence per losing setup (torch-free)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import plan_problem
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
@@ -60,7 +61,10 @@ def explain_memory_choice(
             continue
         alts = []
         for chunk in chunks if s.tp == 1 else [0]:
-            for mb in search.micro_batches(s.strategy, s.nodes, mode, s.attention, chunk, per_gpu, [], s.tp):
+            mbs = search.micro_batches(
+                s.strategy, s.nodes, mode, s.attention, chunk, per_gpu, [], s.tp, s.cp, s.cp_rotate
+            )
+            for mb in mbs:
                 alt_setup = replace(
                     s, micro_batch_size=mb, grad_accum_steps=per_gpu // mb, checkpointing=mode, loss_chunk_tokens=chunk
                 )
@@ -200,9 +204,9 @@ def _tp_memory(req: PlanRequest, c: Candidate) -> tuple[str, bool]:
 
 def _split(c: Candidate) -> str:
     q = c.predicted
-    return (
-        f"{_s(q.compute_s)} compute + {_s(q.comm_exposed_s - q.tp_comm_exposed_s)} exposed data-parallel communication"
-    )
+    dp = q.comm_exposed_s - q.tp_comm_exposed_s - q.cp_comm_exposed_s
+    ring = f" + {_s(q.cp_comm_exposed_s)} CP ring" if c.setup.cp > 1 else ""
+    return f"{_s(q.compute_s)} compute + {_s(dp)} exposed data-parallel communication{ring}"
 
 
 def explain_tp_choice(
@@ -258,5 +262,86 @@ def explain_tp_choice(
         reasons.append(f"every TP rank runs and gathers the whole MoE blocks ({share:.0%} of the FLOPs)")
     reasons.append(freed + (", but that micro-batch fits without TP too" if flat_fits else ""))
     return f"TP {o.tp} lost: the best with TP ({_short(other)}) predicts {_gap(req, other, chosen)}; " + "; ".join(
+        reasons
+    )
+
+
+# --- context parallelism -------------------------------------------------------------------------------------------
+def _cp_ring(req: PlanRequest, c: Candidate) -> str:
+    """'its ring moves K/V 1.23 s per step on NVLink4, 0.05 s of it exposed behind the attention (0.4% of the
+    step)'."""
+    p = c.predicted
+    total = sum(o.time_per_step_s for o in p.comm_ops if o.phase == "cp")
+    share = p.cp_comm_exposed_s / p.step_time_s if p.step_time_s else 0.0
+    inside = req.gpus_per_node % (c.setup.cp * c.setup.tp) == 0
+    link = _link(req) if inside else "the links between nodes"
+    return (
+        f"its {c.setup.cp_rotate} ring moves keys and values for {_s(total)} per step on {link}, "
+        f"{_s(p.cp_comm_exposed_s)} of it not hidden by the attention ({share:.1%} of the step)"
+    )
+
+
+def explain_cp_choice(
+    req: PlanRequest,
+    chosen: Candidate,
+    variants: list[Candidate],
+    cps: list[int],
+    pruned: dict[tuple[int, int], float] | None = None,
+) -> str:
+    """One sentence on context parallelism: why the chosen degree, with what one sequence's activations need per GPU
+    without it and with it, what its ring costs, against the best setup of the other kind (cp 1 against cp > 1).
+    `pruned`: (tp, cp) -> the bound of the families the planner did not search (llmctl.plan.planner.parallel_bound)."""
+    s = chosen.setup
+    if cps == [1]:
+        if req.cp == 1:
+            return "context parallelism: pinned off (--cp 1)"
+        problem = cp_problem(req.spec, req.seq_len)
+        if problem:
+            why = problem
+        elif req.nodes * req.gpus_per_node < 2:
+            why = "one GPU"
+        elif req.attention in ("flash", "eager"):
+            why = f"--attention {req.attention} (ring attention runs on SDPA)"
+        else:
+            why = f"no power of two splits seq len {req.seq_len} into 2cp head-tail chunks"
+        return f"context parallelism: not considered: {why}"
+    other = next((c for c in variants if (c.setup.cp > 1) != (s.cp > 1)), None)
+    if s.cp > 1:
+        flat = replace(s, cp=1)
+        need, acts = mem.estimate(req.spec, flat).device_bytes, activation_bytes(flat, req)
+        mine = activation_bytes(s, req)
+        text = (
+            f"CP {s.cp}: at {req.seq_len:,} tokens the activations of one sequence need {acts / GIB:.1f} GiB per GPU "
+            f"({ckpt_modes.label(s.checkpointing)}, micro-batch {s.micro_batch_size}"
+            + (f", TP {s.tp}" if s.tp > 1 else "")
+            + f"; {need / GIB:.1f} GiB in all against {req.capacity_bytes / GIB:.1f} GiB); split {s.cp} ways, "
+            f"{req.seq_len // s.cp:,} tokens per GPU, they need {mine / GIB:.1f} GiB "
+            f"({chosen.predicted.memory_per_gpu_bytes / GIB:.1f} GiB in all, ring buffers included); {_cp_ring(req, chosen)}"
+        )
+        if other is None:
+            return text + ("; no setup without CP fits" if req.cp is None else " (--cp pinned)")
+        return text + f"; the best without CP ({_short(other)}) predicts {_gap(req, other, chosen)}"
+    if other is None:
+        if pruned:
+            (tp, cp), bound = max(
+                ((k, v) for k, v in pruned.items() if k[1] > 1), key=lambda kv: kv[1], default=((0, 0), 0)
+            )
+            if cp > 1:
+                metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
+                return (
+                    f"context parallelism cannot win here: even without communication or recompute, CP {cp} reaches "
+                    f"at most {bound:,.0f} {metric} (ring attention on SDPA)"
+                )
+        return f"context parallelism: no setup with CP {', '.join(str(c) for c in cps if c > 1)} fits"
+    o = other.setup
+    reasons = [f"the whole {req.seq_len:,}-token sequence fits per GPU without it"]
+    if s.attention != o.attention:
+        eff = req.efficiency.kernel
+        reasons.append(
+            f"ring attention runs on {o.attention} ({eff[o.attention]:.0%} of peak) where this setup runs "
+            f"{s.attention} ({eff[s.attention]:.0%})"
+        )
+    reasons.append(_cp_ring(req, other))
+    return f"CP {o.cp} lost: the best with CP ({_short(other)}) predicts {_gap(req, other, chosen)}; " + "; ".join(
         reasons
     )

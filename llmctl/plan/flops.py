@@ -12,6 +12,9 @@ Conventions (stated once, used everywhere):
   attention scores when the attention is not a fused kernel whose output is kept); the chunked loss re-runs the LM
   head's forward matmul.
 - MFU = model FLOPs per second per device / device peak (PaLM's definition: recompute does not count).
+- Context parallelism (cp ranks share one sequence, ring attention): each rank runs the matmuls of its S/cp tokens and
+  1/cp of the sequence's attention with the head-tail load balance, or the last rank's larger share without it
+  (`cp_attention_imbalance`); per-token attention still spans the whole sequence (its keys come round the ring).
 """
 
 from __future__ import annotations
@@ -43,6 +46,35 @@ def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
         at = layer.attention
         total += n * 6 * at.num_heads * at.span(seq_len) * (at.head_dim + at.v_head_dim)
     return int(round(total))
+
+
+def cp_attention_imbalance(cp: int, load_balance: bool = True) -> float:
+    """The slowest cp rank's attention FLOPs over the average rank's (torch's ring attention,
+    torch.distributed.tensor.experimental._context_parallel._attention._is_causal_behavior). Cut the causal (S x S)
+    score matrix into cp x cp blocks of S/cp: without the load balance rank i holds the i-th block row, whose causal part
+    is i full blocks and one half (the diagonal), 2i + 1 half-blocks, so the last rank does 2cp - 1 of the cp^2
+    half-blocks where the average is cp: (2cp - 1) / cp. With the head-tail split (2cp chunks, rank i holds chunks i and
+    2cp-1-i) every rank does 2 chunk-blocks per ring step, the same cp^2/cp: 1."""
+    if cp <= 1 or load_balance:
+        return 1.0
+    return (2 * cp - 1) / cp
+
+
+def recompute_attention_flops_per_token(
+    spec: ModelSpec, seq_len: int, checkpointing: str = "none", attention: str = "sdpa"
+) -> int:
+    """Of recompute_flops_per_token, the attention scores and values (QK^T and AV, forward) that checkpointing re-runs:
+    every whole-checkpointed block's, and under selective only eager attention's (a fused kernel's output is kept)."""
+    if checkpointing == "none":
+        return 0
+
+    def attn_fwd(layer: Layer) -> float:  # as _recompute_flops
+        at = layer.attention
+        return 2 * at.num_heads * at.span(seq_len) * (at.head_dim + at.v_head_dim)
+
+    if checkpointing == "selective":
+        return int(round(sum(n * attn_fwd(la) for la, n in spec.layer_groups))) if attention == "eager" else 0
+    return int(round(sum(attn_fwd(spec.layers[i]) for i in ckpt_modes.whole_layers(checkpointing, spec.num_layers))))
 
 
 def model_flops_per_token(spec: ModelSpec, seq_len: int) -> int:

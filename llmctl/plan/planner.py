@@ -21,22 +21,34 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmctl.errors import DoesNotFitError, InputError
+from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import valid_tp
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration
-from llmctl.plan.explain import explain_memory_choice, explain_tp_choice, recompute_seconds, sort_key, why_lost
+from llmctl.plan.explain import (
+    explain_cp_choice,
+    explain_memory_choice,
+    explain_tp_choice,
+    recompute_seconds,
+    sort_key,
+    why_lost,
+)
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
 from llmctl.plan.timing import Candidate, compute_times, evaluate
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GIB
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import ENGINE_STRATEGIES
-from llmctl.spec.setup import ATTENTIONS, TrainSetup
+from llmctl.spec.setup import ATTENTIONS, CP_ROTATES, TrainSetup, sequence_split_problem
 
 # Chunked loss: one chunk's logits are about 2^26 elements (512 MiB for the fp32 log-softmax and its gradient in
 # backward): 512 tokens for Llama 3's 128k vocabulary, 2048 for Llama 2's 32k; never below 256 tokens (smaller
 # GEMMs lose efficiency) nor above 8192.
 LOSS_CHUNK_ELEMENTS = 2**26
+LONG_CONTEXT_TOKENS = 32768
+"""Past this sequence length the planner keeps the loss chunked (tp = 1): the whole logits of one 32k-token sequence
+over Llama 3's 128k vocabulary are 7.8 GiB in bf16, 15.7 GiB upcast to fp32 and 15.7 GiB more for the fp32
+log-softmax."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,8 @@ class PlanResult:
     """Why this checkpointing and loss: what the other modes would fit and cost on the same strategy and nodes."""
     tp_choice: str = ""
     """Why tensor parallelism won or lost: memory freed, share of the step in TP collectives, against the best other."""
+    cp_choice: str = ""
+    """Why context parallelism was used or not: what one sequence's activations need without it, what the ring costs."""
 
     def memory_margin(self) -> dict[str, Any]:
         """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
@@ -133,6 +147,7 @@ class PlanResult:
             "why_lost": [result.why_lost[i] for i in range(1, min(top, len(result.candidates)))],
             "memory_choice": result.memory_choice,
             "tp_choice": result.tp_choice,
+            "cp_choice": result.cp_choice,
             "memory_margin": result.memory_margin(),
             "rejected": list(dict.fromkeys(result.rejected))[:50],
             "plan_path": None,
@@ -191,16 +206,70 @@ def tp_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:
     return tps
 
 
+def cp_degrees(req: PlanRequest, attns: list[str], rejected: list[str]) -> list[int]:
+    """The context-parallel degrees to search: the pin, or 1 and the powers of two up to the cluster's GPUs whose
+    ring the model's attention runs (llmctl.families.context_parallel.cp_problem) on SDPA (a pinned flash or eager
+    kernel rules it out), and whose 2cp head-tail chunks split the sequence (each rank's part split again by some tp
+    searched; per tp: `TrainSetup`)."""
+    if req.cp is not None:
+        return [req.cp]  # checked by PlanRequest
+    world = req.nodes * req.gpus_per_node
+    if world < 2:
+        return [1]
+    problem = cp_problem(req.spec, req.seq_len)
+    if problem:
+        rejected.append(f"context parallelism: {problem}")
+        return [1]
+    if "sdpa" not in attns:
+        rejected.append(f"context parallelism: ring attention runs on SDPA, not --attention {req.attention}")
+        return [1]
+    cps, cp = [1], 2
+    while cp <= world:
+        if world % cp == 0 and req.seq_len % (2 * cp) == 0:
+            cps.append(cp)
+        cp *= 2
+    return cps
+
+
+def parallel_degrees(req: PlanRequest, tps: list[int], cps: list[int], rejected: list[str]) -> list[tuple[int, int]]:
+    """The (tp, cp) pairs to search: those that split the GPUs and the sequence (llmctl.spec.setup)."""
+    world, out = req.nodes * req.gpus_per_node, []
+    for tp, cp in itertools.product(tps, cps):
+        if world % (tp * cp):
+            continue
+        problem = sequence_split_problem(req.seq_len, tp, cp)
+        if problem:
+            rejected.append(f"cp {cp} x tp {tp}: {problem}")
+            continue
+        out.append((tp, cp))
+    return out
+
+
+def _loss_chunks(req: PlanRequest, spec: ModelSpec, rejected: list[str]) -> list[int]:
+    """The loss chunks to search (tp = 1; tp > 1 computes the loss on vocabulary shards): the pin, else whole logits
+    and auto_loss_chunk, but past LONG_CONTEXT_TOKENS only the chunked loss (it stays on: the logits of one long
+    sequence are many GiB, and a plan that runs at one length should not lose the chunks at the next)."""
+    if req.loss_chunk_tokens is not None:
+        return [req.loss_chunk_tokens]
+    if req.seq_len > LONG_CONTEXT_TOKENS:
+        rejected.append(
+            f"whole logits (--loss-chunk 0): past {LONG_CONTEXT_TOKENS:,} tokens the loss stays chunked "
+            f"(tp > 1: on vocabulary shards)"
+        )
+        return [auto_loss_chunk(spec)]
+    return [0, auto_loss_chunk(spec)]
+
+
 def plan(req: PlanRequest) -> PlanResult:
     """Enumerate, filter by memory, predict, rank. Raises DoesNotFitError with the reasons when nothing is left."""
     spec, gpu, g, G = req.spec, req.gpu, req.gpus_per_node, req.global_batch
     gpu.peak_tflops(req.compute_dtype)  # no native dtype (bf16 on V100): one clear error now
     strategies = [req.strategy] if req.strategy else list(ENGINE_STRATEGIES)
     ckpts = [req.checkpointing] if req.checkpointing else checkpointing_modes(spec)
-    chunks = [req.loss_chunk_tokens] if req.loss_chunk_tokens is not None else [0, auto_loss_chunk(spec)]
+    rejected: list[str] = []
+    chunks = _loss_chunks(req, spec, rejected)
     attns = [req.attention] if req.attention else list(ATTENTIONS)
     compiles = [req.compile] if req.compile is not None else [True, False]
-    rejected: list[str] = []
     if not req.precision.flash_attention or not gpu.flash_attention:
         why = (
             f"{req.compute_dtype} has no flash kernel"
@@ -220,94 +289,112 @@ def plan(req: PlanRequest) -> PlanResult:
         rejected.append("--strategy hybrid_shard: needs at least 2 nodes (on one node it is full_shard)")
 
     tps = tp_degrees(req, rejected)
-    usable = {tp: [n for n in node_counts(req.nodes) if G % (n * g // tp) == 0] for tp in tps}
+    cps = cp_degrees(req, attns, rejected)
+    degrees = parallel_degrees(req, tps, cps, rejected)
+
+    def dp_ranks(n: int, tp: int, cp: int) -> int:
+        """Data-parallel ranks on n nodes (0: tp x cp does not split them)."""
+        return n * g // (tp * cp) if (n * g) % (tp * cp) == 0 else 0
+
+    usable = {
+        (tp, cp): [n for n in node_counts(req.nodes) if dp_ranks(n, tp, cp) and G % dp_ranks(n, tp, cp) == 0]
+        for tp, cp in degrees
+    }
     if not any(usable.values()):
-        dp = g // max(tps)  # the fewest data-parallel ranks per node searched
-        ranks = f"{dp} GPUs per node" if dp == g else f"{dp} data-parallel ranks per node (tp {max(tps)})"
+        tp, cp = max(degrees, key=lambda d: d[0] * d[1]) if degrees else (max(tps), 1)
+        dp = max(1, g // (tp * cp))  # the fewest data-parallel ranks per node searched
+        ranks = f"{dp} GPUs per node" if dp == g else f"{dp} data-parallel ranks per node (tp {tp} x cp {cp})"
         raise InputError(
             f"global batch {G} sequences does not split evenly over {ranks} on any node count",
             hint=f"use a multiple of {dp} (e.g. --global-batch {dp * max(1, round(G / dp))})",
         )
-    for tp in tps:
-        if req.nodes not in usable[tp]:
-            ranks = f"{req.nodes * g} GPUs" if tp == 1 else f"{req.nodes * g // tp} data-parallel ranks (tp {tp})"
+    for tp, cp in degrees:
+        dp = dp_ranks(req.nodes, tp, cp)
+        if dp and req.nodes not in usable[(tp, cp)]:
+            ranks = f"{dp} GPUs" if tp * cp == 1 else f"{dp} data-parallel ranks (tp {tp} x cp {cp})"
             rejected.append(f"{req.nodes} nodes: global batch {G} is not a multiple of {ranks}")
 
     best: dict[tuple, Candidate] = {}
     evaluated = 0
-    tp_pruned: dict[int, float] = {}
+    pruned: dict[tuple[int, int], float] = {}
     search = MemorySearch(req)
     order = {
         a: sorted(
-            itertools.product(ckpts, chunks),
+            itertools.product(ckpts, sorted({0, *chunks})),
             key=lambda o, a=a: recompute_seconds(req, req.setup("full_shard", 1, 1, 1, o[0], a, False, o[1])),
         )
         for a in attns
     }
     top_key = [0.0]  # the best candidate's sort key so far (its first figure)
 
-    def group(tp: int, strategy: str, n: int, attn: str) -> None:
-        """Search one (tp, strategy, nodes, kernel) family: the Pareto front of checkpointing x loss chunk."""
+    def group(tp: int, cp: int, strategy: str, n: int, attn: str) -> None:
+        """Search one (tp, cp, strategy, nodes, kernel) family: the Pareto front of checkpointing x loss chunk."""
         nonlocal evaluated
-        if strategy == "hybrid_shard" and (n < 2 or g // tp < 2):
+        if strategy == "hybrid_shard" and (n < 2 or g % (tp * cp) or g // (tp * cp) < 2):
             return  # one node, or a shard group of one rank: that is full_shard, or no_shard
-        per_rank = G // (n * g // tp)
+        per_rank = G // dp_ranks(n, tp, cp)
         top = req.micro_batch or per_rank  # the largest micro-batch worth fitting
         # Pareto front, cheapest recompute first: an option is worth its memory search and timing only if it fits a
         # larger micro-batch than every cheaper one (at an equal micro-batch the cheaper recompute is faster, at every
         # micro-batch, since both scale with its tokens); once one fits the whole per-rank batch, nothing dearer can
         # win. Thousands of dominated setups are never searched or timed.
-        largest = 0
-        for ckpt, chunk in order[attn]:
-            if largest >= top:
-                break
-            if tp > 1 and chunk:
-                continue  # TP computes the loss on vocabulary shards (loss parallel), unchunked
-            mbs = search.micro_batches(strategy, n, ckpt, attn, chunk, per_rank, rejected, tp)
-            # At an equal micro-batch the order by recompute (priced at mb 1, without compile) can disagree with the
-            # timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
-            if not mbs or mbs[-1] < largest:
-                continue
-            largest = mb = mbs[-1]
-            # Only the largest micro-batch that fits is timed: a step's compute time falls with the micro-batch (the
-            # GEMM-shape efficiency rises with the tokens per micro-batch) and so does its communication (fewer
-            # micro-batches, each hiding more behind longer compute).
-            for comp in compiles:
-                async_tp = tp > 1 and comp and req.async_tp  # async TP only hides communication
-                c = evaluate(req, req.setup(strategy, n, mb, per_rank // mb, ckpt, attn, comp, chunk, tp, async_tp))
-                evaluated += 1
-                key = (tp, strategy, n, ckpt, attn, comp, chunk)
-                if key not in best or sort_key(req, c) < sort_key(req, best[key]):
-                    best[key] = c
-                top_key[0] = min(top_key[0], sort_key(req, c)[0])
+        for rotate in CP_ROTATES if cp > 1 else ("allgather",):
+            largest = 0
+            for ckpt, chunk in order[attn]:
+                if largest >= top:
+                    break
+                if (tp > 1 and chunk) or (tp == 1 and chunk not in chunks):
+                    continue  # TP computes the loss on vocabulary shards (loss parallel), unchunked
+                mbs = search.micro_batches(strategy, n, ckpt, attn, chunk, per_rank, rejected, tp, cp, rotate)
+                # At an equal micro-batch the order by recompute (priced at mb 1, without compile) can disagree with
+                # the timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
+                if not mbs or mbs[-1] < largest:
+                    continue
+                largest = mb = mbs[-1]
+                # Only the largest micro-batch that fits is timed: a step's compute time falls with the micro-batch
+                # (the GEMM-shape efficiency rises with the tokens per micro-batch) and so does its communication
+                # (fewer micro-batches, each hiding more behind longer compute).
+                for comp in compiles:
+                    async_tp = tp > 1 and comp and req.async_tp  # async TP only hides communication
+                    setup = req.setup(
+                        strategy, n, mb, per_rank // mb, ckpt, attn, comp, chunk, tp, async_tp, cp, rotate
+                    )
+                    c = evaluate(req, setup)
+                    evaluated += 1
+                    key = (tp, cp, strategy, n, ckpt, attn, comp, chunk)
+                    if key not in best or sort_key(req, c) < sort_key(req, best[key]):
+                        best[key] = c
+                    top_key[0] = min(top_key[0], sort_key(req, c)[0])
 
-    # Without TP every data-parallel family is searched: the table compares them.
+    # Without TP or CP every data-parallel family is searched: the table compares them.
     for strategy in strategies:
-        for n in usable.get(1, []):
+        for n in usable.get((1, 1), []):
             for attn in attns:
-                group(1, strategy, n, attn)
-    # With TP, a (tp, nodes, kernel) family is searched only if its compute alone (no communication, no recompute,
-    # the largest micro-batch) could beat the best setup so far: most node counts of a large cluster cannot.
+                group(1, 1, strategy, n, attn)
+    # With TP or CP, a (tp, cp, nodes, kernel) family is searched only if its compute alone (no communication, no
+    # recompute, the largest micro-batch) could beat the best setup so far: most node counts of a large cluster cannot.
     bounds = sorted(
         (
-            (tp_bound(req, tp, n, attn, max(compiles)), tp, n, attn)
-            for tp in tps
-            if tp > 1
-            for n in usable[tp]
+            (parallel_bound(req, tp, cp, n, attn, max(compiles)), tp, cp, n, attn)
+            for tp, cp in degrees
+            if tp * cp > 1
+            for n in usable[(tp, cp)]
             for attn in attns
+            if cp == 1 or attn == "sdpa"  # ring attention runs on SDPA
         ),
         key=lambda b: -b[0],
     )
-    for bound, tp, n, attn in bounds:
+    for bound, tp, cp, n, attn in bounds:
         if best and bound < -top_key[0]:
-            tp_pruned[tp] = max(tp_pruned.get(tp, 0.0), bound)
+            pruned[(tp, cp)] = max(pruned.get((tp, cp), 0.0), bound)
             continue
         for strategy in strategies:
-            group(tp, strategy, n, attn)
+            group(tp, cp, strategy, n, attn)
     metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
-    for tp, bound in tp_pruned.items():
+    for (tp, cp), bound in pruned.items():
+        what = " x ".join(f"{k} {v}" for k, v in (("TP", tp), ("CP", cp)) if v > 1)
         rejected.append(
-            f"TP {tp} on some node counts: at most {bound:,.0f} {metric} even without communication or recompute, "
+            f"{what} on some node counts: at most {bound:,.0f} {metric} even without communication or recompute, "
             f"below the best {-top_key[0]:,.0f}"
         )
     if not best:
@@ -323,27 +410,38 @@ def plan(req: PlanRequest) -> PlanResult:
         filled.append(replace(c, predicted=replace(c.predicted, memory_per_gpu_bytes=mem_cache[k])))
     families: dict[tuple, Candidate] = {}
     for c in filled:
-        # One row per (tp, strategy, nodes, recompute or not): the best of selective / partial / full stands for
+        # One row per (tp, cp, strategy, nodes, recompute or not): the best of selective / partial / full stands for
         # checkpointing (rows per mode would crowd out the strategies); memory_choice compares the modes.
-        families.setdefault((c.setup.tp, c.setup.strategy, c.setup.nodes, c.setup.checkpointing != "none"), c)
+        s = c.setup
+        families.setdefault((s.tp, s.cp, s.strategy, s.nodes, s.checkpointing != "none"), c)
     fam = list(families.values())
     why = {i: why_lost(c, fam[0], req) for i, c in enumerate(fam) if i > 0}
     choice = explain_memory_choice(req, fam[0], search, ckpts, chunks)
+    tp_pruned: dict[int, float] = {}
+    for (tp, _), bound in pruned.items():
+        if tp > 1:
+            tp_pruned[tp] = max(tp_pruned.get(tp, 0.0), bound)
     tp_choice = explain_tp_choice(req, fam[0], filled, tps, tp_pruned)
-    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, choice, tp_choice)
+    cp_choice = explain_cp_choice(req, fam[0], filled, cps, pruned)
+    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, choice, tp_choice, cp_choice)
 
 
-def tp_bound(req: PlanRequest, tp: int, nodes: int, attn: str, compile_: bool) -> float:
-    """An upper bound on what a tp > 1 family on `nodes` nodes predicts (tokens/s, or per GPU for the cost objective):
-    its compute alone at the largest micro-batch (the GEMM efficiency only grows with it), without recompute or
-    communication (both only add time)."""
+def parallel_bound(req: PlanRequest, tp: int, cp: int, nodes: int, attn: str, compile_: bool) -> float:
+    """An upper bound on what a tp x cp > 1 family on `nodes` nodes predicts (tokens/s, or per GPU for the cost
+    objective): its compute alone at the largest micro-batch (the GEMM efficiency only grows with it), without
+    recompute or communication (both only add time)."""
     g = req.gpus_per_node
-    per_rank = req.global_batch // (nodes * g // tp)
+    per_rank = req.global_batch // (nodes * g // (tp * cp))
     mb = req.micro_batch or per_rank
-    setup = req.setup("full_shard", nodes, mb, max(1, per_rank // mb), "none", attn, compile_, 0, tp)
+    setup = req.setup("full_shard", nodes, mb, max(1, per_rank // mb), "none", attn, compile_, 0, tp, cp=cp)
     _, fwd, bwd = compute_times(req, setup)
     tps = setup.tokens_per_step / (setup.grad_accum_steps * (fwd + bwd))
     return tps if req.objective == "throughput" else tps / setup.gpus
+
+
+def tp_bound(req: PlanRequest, tp: int, nodes: int, attn: str, compile_: bool) -> float:
+    """parallel_bound without context parallelism."""
+    return parallel_bound(req, tp, 1, nodes, attn, compile_)
 
 
 class MemorySearch:
@@ -354,22 +452,43 @@ class MemorySearch:
         self.req = req
         self.cache: dict[tuple, tuple[int, int]] = {}
 
-    def max_mb(self, strategy: str, n: int, ckpt: str, attn: str, chunk: int, per_gpu: int, tp: int = 1) -> int:
-        return min(self._search(strategy, n, ckpt, attn, chunk, tp)[0], per_gpu)
+    def max_mb(
+        self,
+        strategy: str,
+        n: int,
+        ckpt: str,
+        attn: str,
+        chunk: int,
+        per_gpu: int,
+        tp: int = 1,
+        cp: int = 1,
+        rotate: str = "allgather",
+    ) -> int:
+        return min(self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[0], per_gpu)
 
-    def _search(self, strategy: str, n: int, ckpt: str, attn: str, chunk: int, tp: int = 1) -> tuple[int, int]:
+    def _search(
+        self,
+        strategy: str,
+        n: int,
+        ckpt: str,
+        attn: str,
+        chunk: int,
+        tp: int = 1,
+        cp: int = 1,
+        rotate: str = "allgather",
+    ) -> tuple[int, int]:
         """(largest micro-batch that fits up to the one-node per-rank batch, bytes per GPU at micro-batch 1).
         Memory depends neither on the per-rank batch nor, between SDPA and flash, on the kernel; full_shard's depends
         on the node count, and its search stops at that count's per-rank batch (what the planner asks)."""
         kernel = "eager" if attn == "eager" else "fused"
-        key = (tp, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
+        key = (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
         if key not in self.cache:
             req = self.req
-            setup = req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk, tp)
+            setup = req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
             need = mem.estimate(req.spec, setup).device_bytes
             cap = req.capacity_bytes
-            dp_per_node = req.gpus_per_node // tp
-            limit = max(1, req.global_batch // (dp_per_node * (n if strategy == "full_shard" else 1)))
+            dp = (n if strategy == "full_shard" else 1) * req.gpus_per_node // (tp * cp)
+            limit = max(1, req.global_batch // max(1, dp))
             fitted = mem.max_micro_batch(req.spec, setup, cap, limit=limit) if need <= cap else 0
             self.cache[key] = (fitted, need)
         return self.cache[key]
@@ -384,28 +503,37 @@ class MemorySearch:
         per_gpu: int,
         rejected: list[str],
         tp: int = 1,
+        cp: int = 1,
+        rotate: str = "allgather",
     ) -> list[int]:
         """The micro-batches to try (divisors of the per-rank batch that fit, or the pinned one), ascending; [] with
         the reason appended to `rejected` when none. `per_gpu`: sequences per data-parallel rank per step."""
         req, cap = self.req, self.req.capacity_bytes
-        max_mb = self.max_mb(strategy, n, ckpt, attn, chunk, per_gpu, tp)
-        on = f"{strategy}{f' x TP {tp}' if tp > 1 else ''} on {n} node{'s' if n > 1 else ''}"
-        where = f"{on}, checkpointing {ckpt}, {attn}{f', loss chunks of {chunk}' if chunk else ''}"
+        max_mb = self.max_mb(strategy, n, ckpt, attn, chunk, per_gpu, tp, cp, rotate)
+        par = "".join(f" x {k} {v}" for k, v in (("CP", cp), ("TP", tp)) if v > 1)
+        on = f"{strategy}{par} on {n} node{'s' if n > 1 else ''}"
+        ring = f", {rotate} ring" if cp > 1 else ""
+        where = f"{on}, checkpointing {ckpt}, {attn}{ring}{f', loss chunks of {chunk}' if chunk else ''}"
         if max_mb == 0:
-            need = self._search(strategy, n, ckpt, attn, chunk, tp)[1]
+            need = self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[1]
             rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
             return []
         if req.micro_batch is None:
             return [d for d in divisors(per_gpu) if d <= max_mb]
         if per_gpu % req.micro_batch:
-            ranks = f"{n * req.gpus_per_node // tp} data-parallel ranks" if tp > 1 else f"{n * req.gpus_per_node} GPUs"
+            ranks = (
+                f"{n * req.gpus_per_node // (tp * cp)} data-parallel ranks"
+                if tp * cp > 1
+                else f"{n * req.gpus_per_node} GPUs"
+            )
             rejected.append(
                 f"{on}: micro-batch {req.micro_batch} does not divide the {per_gpu} sequences per "
-                f"{'data-parallel rank' if tp > 1 else 'GPU'} (global batch {req.global_batch} over {ranks})"
+                f"{'data-parallel rank' if tp * cp > 1 else 'GPU'} (global batch {req.global_batch} over {ranks})"
             )
             return []
         if req.micro_batch > max_mb:
-            need = mem.estimate(req.spec, req.setup(strategy, n, req.micro_batch, 1, ckpt, attn, False, chunk, tp))
+            pinned = req.setup(strategy, n, req.micro_batch, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
+            need = mem.estimate(req.spec, pinned)
             rejected.append(
                 f"{where}: micro-batch {req.micro_batch} needs {need.device_bytes / GIB:.1f} GiB per GPU > "
                 f"{cap / GIB:.1f} GiB"
@@ -423,6 +551,7 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
             ("checkpointing", req.checkpointing),
             ("attention", req.attention),
             ("tp", req.tp),
+            ("cp", req.cp),
         )
         if v is not None
     ]
@@ -437,9 +566,12 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
     best_attn = req.spec.attention_kernel(
         "flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa"
     )
-    setup = req.setup("full_shard", 1, 1, 1, "full", best_attn)
+    chunk = _loss_chunks(req, req.spec, [])[-1]
+    setup = req.setup("full_shard", 1, 1, 1, "full", best_attn, False, chunk)
     m = mem.min_gpus(req.spec, setup, req.capacity_bytes, "full_shard")
     where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
+    if m.gpus is None and cp_problem(req.spec, req.seq_len) is None:
+        _fewest_with_cp(req, chunk, where)
     if m.gpus is None:
         raise DoesNotFitError(
             f"{req.spec.name} does not fit on {where} in any setup, nor on any number of {req.gpu.name} ({m.note})",
@@ -456,3 +588,25 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
         f"{best_attn} attention, micro-batch 1 ({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
         hint=f"pass --gpus {m.gpus} or more" + (f" (--nodes {m.nodes})" if (m.nodes or 0) > 1 else ""),
     )
+
+
+def _fewest_with_cp(req: PlanRequest, chunk: int, where: str, max_gpus: int = 1 << 17) -> None:
+    """When no GPU count fits without context parallelism: the fewest GPUs that fit with it (cp = the GPUs, whole
+    nodes past one; full_shard, full checkpointing, micro-batch 1), as the DoesNotFitError to raise; nothing if none
+    up to `max_gpus` does."""
+    g, cp = req.gpus_per_node, 2
+    while cp <= max_gpus and req.seq_len % (2 * cp) == 0:
+        nodes = -(-cp // g)
+        setup = req.setup("full_shard", nodes, 1, 1, "full", "sdpa", False, chunk, cp=cp)
+        if (nodes * g) % cp == 0:
+            e = mem.estimate(req.spec, setup)
+            if e.device_bytes <= req.capacity_bytes:
+                gpus = nodes * g
+                raise DoesNotFitError(
+                    f"{req.spec.name} does not fit on {where} in any setup; with context parallelism the smallest "
+                    f"cluster of {req.gpu.name} that fits is {nodes} node{'s' if nodes > 1 else ''} x {g} ({gpus} "
+                    f"GPUs): cp {cp} ({req.seq_len // cp:,} tokens of each sequence per GPU), full_shard, full "
+                    f"checkpointing, micro-batch 1 ({e.device_bytes / GIB:.1f} GiB per GPU)",
+                    hint=f"pass --nodes {nodes} --gpus-per-node {g} or more",
+                )
+        cp *= 2

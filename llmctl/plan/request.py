@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmctl.errors import InputError
+from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import plan_problem
 from llmctl.plan import comm as cm
 from llmctl.plan.calibrate import Calibration, read_calibration
@@ -18,7 +19,7 @@ from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
 from llmctl.spec.precision import PrecisionPolicy, policy
-from llmctl.spec.setup import ATTENTIONS, TrainSetup, canonical
+from llmctl.spec.setup import ATTENTIONS, TrainSetup, canonical, sequence_split_problem
 
 OBJECTIVES = ("throughput", "cost")
 ROW_WISE = ("o_proj", "down_proj")
@@ -146,6 +147,9 @@ class PlanRequest:
     """Pin: 0 whole logits, N chunks of N tokens; None: the planner tries both (auto_loss_chunk)."""
     tp: int | None = None
     """Pin the tensor-parallel degree (None: the planner tries llmctl.families.tensor_parallel.valid_tp)."""
+    cp: int | None = None
+    """Pin the context-parallel degree (None: the planner tries 1, 2, 4, 8, ... where they split the GPUs and the
+    sequence and the model's attention runs as ring attention: llmctl.families.context_parallel.cp_problem)."""
     overlap: float = cm.DEFAULT_OVERLAP
     efficiency: Efficiency = field(default_factory=Efficiency)
     sync_every_micro_batch: bool = True
@@ -193,6 +197,8 @@ class PlanRequest:
             object.__setattr__(self, "attention", canonical(self.attention, ATTENTIONS, "attention"))
         if self.tp is not None:
             self._check_tp(self.tp)
+        if self.cp is not None:
+            self._check_cp(self.cp)
 
     def _check_tp(self, tp: int) -> None:
         """A pinned tp: within one node, splittable for the model, and no chunked loss (TP uses loss parallel)."""
@@ -216,6 +222,32 @@ class PlanRequest:
                 f"--tp {tp} with --loss-chunk {self.loss_chunk_tokens}: tensor parallelism computes the loss on "
                 "vocabulary shards (loss parallel), not in chunks",
                 hint="drop --loss-chunk, or pass --loss-chunk 0",
+            )
+
+    def _check_cp(self, cp: int) -> None:
+        """A pinned cp: it (with a pinned tp) splits the GPUs and the sequence, and the model's attention runs as
+        ring attention (which needs SDPA: no flash or eager pin)."""
+        if cp < 1:
+            raise InputError(f"--cp must be a positive integer, got {cp}")
+        if cp == 1:
+            return
+        world, tp = self.nodes * self.gpus_per_node, self.tp or 1
+        if world % (cp * tp):
+            with_tp = f" x --tp {tp}" if tp > 1 else ""
+            raise InputError(
+                f"--cp {cp}{with_tp} does not divide the {world} GPUs ({self.nodes} x {self.gpus_per_node})",
+                hint="use a power of two that divides the GPUs",
+            )
+        problem = cp_problem(self.spec, self.seq_len)
+        if problem:
+            raise InputError(f"--cp {cp}: {problem}", hint="use --cp 1, or no pin")
+        split = sequence_split_problem(self.seq_len, tp, cp)
+        if split:
+            raise InputError(f"--cp {cp}: {split}", hint="use a sequence length that is a multiple of it")
+        if self.attention in ("flash", "eager"):
+            raise InputError(
+                f"--cp {cp} with --attention {self.attention}: context parallelism runs ring attention on SDPA",
+                hint="drop --attention, or pass --attention sdpa",
             )
 
     @property
@@ -251,11 +283,16 @@ class PlanRequest:
         loss_chunk_tokens: int = 0,
         tp: int = 1,
         async_tp: bool = False,
+        cp: int = 1,
+        cp_rotate: str = "allgather",
     ) -> TrainSetup:
-        """A setup of the search on this request's GPUs per node, sequence and precision (FSDP2, AdamW)."""
+        """A setup of the search on this request's GPUs per node, sequence and precision (FSDP2, AdamW; context
+        parallelism with the head-tail load balance)."""
         return TrainSetup(
             tp=tp,
             async_tp=async_tp,
+            cp=cp,
+            cp_rotate=cp_rotate,
             precision=self.precision,
             optimizer="adamw",
             strategy=strategy,
@@ -282,7 +319,8 @@ def build_request(
 ) -> tuple[PlanRequest, Calibration | None]:
     """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes, gpus_per_node,
     cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
-    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp; gpus, memory_margin and tp may be absent) and the pinned decisions, every value checked in one order
+    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp, cp; gpus, memory_margin, tp and cp may be
+    absent) and the pinned decisions, every value checked in one order
     (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
     request here too."""
     gpus = o.get("gpus")
@@ -343,6 +381,7 @@ def build_request(
         compile=compile_,
         loss_chunk_tokens=o["loss_chunk"],
         tp=o.get("tp"),
+        cp=o.get("cp"),
         overlap=o["overlap"],
         efficiency=Efficiency(calibration=cal.factor) if cal else Efficiency(),
         memory_margin=o.get("memory_margin") or 0.0,

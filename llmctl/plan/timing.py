@@ -8,6 +8,10 @@ Tensor parallelism (tp ranks share one micro-batch): each rank runs 1/tp of the 
 LM head) and all of what the group replicates (MoE blocks: llmctl.plan.flops.tp_replicated_flops_per_token), at the
 efficiency of its narrower matmuls (llmctl.plan.request.Efficiency.tp_width_factor); TP's collectives come from
 llmctl.plan.comm.tp_calls, timed per layer kind with the matmul seconds async TP can hide them behind.
+
+Context parallelism (cp ranks share one sequence): each rank runs its S/cp tokens of the matmuls and its share of the
+sequence's attention (llmctl.plan.flops.cp_attention_imbalance: the slowest rank sets the step); ring attention's K/V
+and dK/dV exchanges come from llmctl.plan.ring, hidden behind the attention steps they run beside.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 from llmctl.plan import comm as cm
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
+from llmctl.plan import ring
 from llmctl.plan.request import HBM_EFFICIENCY, PlanRequest
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.layers import Layer
@@ -47,6 +52,8 @@ class Prediction:
     bottleneck: str
     tp_comm_exposed_s: float = 0.0
     """Of comm_exposed_s, tensor parallelism's collectives."""
+    cp_comm_exposed_s: float = 0.0
+    """Of comm_exposed_s, context parallelism's ring attention exchanges."""
     comm_ops: list[cm.CommOp] = field(default_factory=list, compare=False, repr=False)
     budget_time_s: float | None = None
     budget_cost_usd: float | None = None
@@ -63,7 +70,8 @@ class Candidate:
     def label(self) -> str:
         s = self.setup
         tp = f" x TP {s.tp}{' (async)' if s.async_tp else ''}" if s.tp > 1 else ""
-        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}{tp}"
+        cp = f" x CP {s.cp}" if s.cp > 1 else ""
+        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}{cp}{tp}"
 
     def as_dict(self) -> dict[str, Any]:
         s, p = self.setup, self.predicted
@@ -73,6 +81,9 @@ class Candidate:
             "gpus": s.gpus,
             "tp": s.tp,
             "async_tp": s.async_tp,
+            "cp": s.cp,
+            "cp_rotate": s.cp_rotate,
+            "cp_load_balance": s.cp_load_balance,
             "micro_batch": s.micro_batch_size,
             "grad_accum": s.grad_accum_steps,
             "checkpointing": s.checkpointing,
@@ -88,6 +99,7 @@ class Candidate:
             "comm_total_s": p.comm_total_s,
             "comm_exposed_s": p.comm_exposed_s,
             "tp_comm_exposed_s": p.tp_comm_exposed_s,
+            "cp_comm_exposed_s": p.cp_comm_exposed_s,
             "efficiency": p.efficiency,
             "bottleneck": p.bottleneck,
             "budget_time_s": p.budget_time_s,
@@ -108,7 +120,7 @@ def recompute_memory_s(req: PlanRequest, setup: TrainSetup) -> float:
     regenerated = mem.recompute_buffer_bytes(
         req.spec,
         setup.micro_batch_size,
-        req.seq_len,
+        req.seq_len // setup.cp,  # this rank's tokens under context parallelism
         setup.compute_bytes,
         setup.attention,
         setup.checkpointing,
@@ -118,9 +130,14 @@ def recompute_memory_s(req: PlanRequest, setup: TrainSetup) -> float:
     return 2 * regenerated * req.spec.num_layers / share / (req.gpu.hbm_gbytes_s * 1e9 * HBM_EFFICIENCY)
 
 
-def _recompute_per_rank(req: PlanRequest, ckpt: str, attention: str, chunked: bool, tp: int) -> float:
-    """Recompute FLOPs per token one rank of a tp group runs (all of them at tp = 1)."""
+def _recompute_per_rank(
+    req: PlanRequest, ckpt: str, attention: str, chunked: bool, tp: int, imbalance: float = 1.0
+) -> float:
+    """Recompute FLOPs per token one rank of a tp group runs (all of them at tp = 1); `imbalance` scales the
+    attention share (the slowest cp rank's, fl.cp_attention_imbalance)."""
     again = fl.recompute_flops_per_token(req.spec, req.seq_len, ckpt, attention, chunked)
+    if imbalance != 1.0:
+        again += (imbalance - 1) * fl.recompute_attention_flops_per_token(req.spec, req.seq_len, ckpt, attention)
     if tp == 1:
         return again
     rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len, ckpt, attention)[1]
@@ -128,7 +145,10 @@ def _recompute_per_rank(req: PlanRequest, ckpt: str, attention: str, chunked: bo
 
 
 def compute_times(req: PlanRequest, setup: TrainSetup) -> tuple[float, float, float]:
-    """(efficiency, forward s, backward s) of one micro-batch on one GPU. Backward carries the recomputation."""
+    """(efficiency, forward s, backward s) of one micro-batch on one GPU (the slowest rank of a cp group). Backward
+    carries the recomputation. Under context parallelism a rank runs its S/cp tokens of each sequence through the
+    matmuls, and its share of the sequence's attention (fl.cp_attention_imbalance: equal with the head-tail load
+    balance, the last rank's (2cp - 1)/cp of the average without)."""
     mb, ckpt, attention, chunked, tp = (
         setup.micro_batch_size,
         setup.checkpointing,
@@ -136,20 +156,23 @@ def compute_times(req: PlanRequest, setup: TrainSetup) -> tuple[float, float, fl
         setup.loss_chunk_tokens > 0,
         setup.tp,
     )
-    eff = req.efficiency.of(attention, mb * req.seq_len, req.spec, setup.compile, req.gpu, tp=tp)
+    tokens = mb * req.seq_len // setup.cp  # this rank's tokens per micro-batch (the rows of its GEMMs)
+    eff = req.efficiency.of(attention, tokens, req.spec, setup.compile, req.gpu, tp=tp)
     rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * eff
-    tokens = mb * req.seq_len
     model = fl.model_flops_per_token(req.spec, req.seq_len)
+    imbalance = fl.cp_attention_imbalance(setup.cp, setup.cp_load_balance)
+    if imbalance != 1.0:
+        model += (imbalance - 1) * fl.attention_flops_per_token(req.spec, req.seq_len)
     if tp > 1:  # each rank: 1/tp of what the group splits, all of what it replicates
         rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len)[0]
         model = (model - rep) / tp + rep
-    again = _recompute_per_rank(req, ckpt, attention, chunked, tp)
+    again = _recompute_per_rank(req, ckpt, attention, chunked, tp, imbalance)
     fwd = tokens * (model / 3) / rate  # forward 2N + attention/3 of 6N + attention (Kaplan et al. 2020)
     redo = tokens * again / rate
     if ckpt == "selective":
         # Selective re-runs a subset of what full re-runs: never more time than full's recompute (a GPU with little
         # memory bandwidth for its FLOPs, e.g. L40S with eager attention, would otherwise price it above).
-        full = _recompute_per_rank(req, "full", attention, chunked, tp)
+        full = _recompute_per_rank(req, "full", attention, chunked, tp, imbalance)
         redo = min(redo + recompute_memory_s(req, setup), tokens * full / rate)
     bwd = tokens * (model * 2 / 3) / rate + redo
     return eff, fwd, bwd
@@ -172,7 +195,7 @@ def tp_replicated_params(spec: ModelSpec) -> int:
 def tp_layers(req: PlanRequest, setup: TrainSetup, rate: float) -> tuple[list[cm.TpLayer], float]:
     """The layer kinds TP's collectives are counted over (llmctl.plan.comm.tp_calls) and the LM head's forward matmul
     seconds: per kind, the forward seconds of one micro-batch's matmuls on one rank that each collective pairs with."""
-    spec, tp, tokens = req.spec, setup.tp, setup.micro_batch_size * req.seq_len
+    spec, tp, tokens = req.spec, setup.tp, setup.micro_batch_size * req.seq_len // setup.cp
     h = spec.hidden_size
 
     def secs(mms: list[tuple[str, int, int]]) -> float:
@@ -209,7 +232,8 @@ def tp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float) -> cm.StepCo
         return cm.StepComm(ops=[], total_s=0.0, exposed_s=0.0, bottleneck="")
     rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * efficiency
     layers, head_s = tp_layers(req, setup, rate)
-    activation = setup.micro_batch_size * req.seq_len * req.spec.hidden_size * setup.compute_bytes
+    # The activation a TP collective moves: this rank's tokens (S/cp of each sequence under context parallelism).
+    activation = setup.micro_batch_size * req.seq_len // setup.cp * req.spec.hidden_size * setup.compute_bytes
     return cm.tp_step_comm(
         cm.tp_calls(layers, head_s),
         setup.tp,
@@ -219,6 +243,14 @@ def tp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float) -> cm.StepCo
         setup.gpus_per_node,
         setup.async_tp,
     )
+
+
+def cp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float) -> cm.StepComm:
+    """Context parallelism's ring attention exchanges per optimizer step (llmctl.plan.ring; none at cp = 1)."""
+    if setup.cp == 1:
+        return cm.StepComm(ops=[], total_s=0.0, exposed_s=0.0, bottleneck="")
+    rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * efficiency
+    return ring.ring_step_comm(ring.ring_layers(req.spec, setup, rate), setup, req.network, setup.gpus_per_node)
 
 
 def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Candidate:
@@ -239,6 +271,8 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
     c = cm.step_comm(setup.dims, shape, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
     t = tp_comm(req, setup, eff)
     c = cm.combine(c, t)
+    r = cp_comm(req, setup, eff)
+    c = cm.combine(c, r)
     compute = accum * (fwd + bwd)
     step = compute + c.exposed_s
     gpus = setup.gpus
@@ -265,6 +299,7 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         memory_per_gpu_bytes=memory_bytes,
         bottleneck=c.bottleneck,
         tp_comm_exposed_s=t.exposed_s,
+        cp_comm_exposed_s=r.exposed_s,
         comm_ops=c.ops,
         budget_time_s=budget_t,
         budget_cost_usd=cost,

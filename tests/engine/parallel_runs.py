@@ -89,6 +89,7 @@ def train_cases(root: Path, tp_families: list[str]) -> dict[str, Any]:
     res = json.loads(out.read_text())
     found: dict[str, Any] = {name: (res[str(a)], res[str(b)]) for name, (a, b) in cases.items()}
     found["_plans"] = cases
+    found["_ring"] = res["_ring"]
     return found
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -104,18 +105,70 @@ def one_plan(path: str, rank: int, world: int) -> dict:
     return {"losses": losses, "grad_norms": norms, "grads": grads, "state_bytes": every}
 
 
+def ring_probe(rank: int, world: int) -> dict:
+    """torch's ring attention on its own, over all ranks as one cp group: SDPA inside the sequence split against
+    whole-sequence SDPA (output and q/k/v gradients at this rank's positions), with and without the load balance;
+    this rank's positions; and how many times the CPU kernel ran on local blocks (the ring's steps)."""
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from llmctl.engine.context_parallel import _cpu_ops
+
+    fwd, bwd = _cpu_ops()
+
+    def kernel_calls(prof: Any, whole: int) -> dict[str, int]:
+        """The CPU kernel's calls on local blocks (the profiler also shows the DTensor-level calls, which carry the
+        whole sequence's shape)."""
+        names = {"forward": fwd.name(), "backward": bwd.name()}
+
+        def local(e: Any) -> bool:
+            return bool(e.input_shapes) and e.input_shapes[0][2] < whole
+
+        return {k: sum(e.name == n and local(e) for e in prof.events()) for k, n in names.items()}
+
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("cp",))
+    install_cpu_ring()
+    b, h, kv, s, e = 2, 4, 2, 32, 8
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(b, n, s, e, generator=gen, requires_grad=True) for n in (h, kv, kv))
+    grad = torch.randn(b, h, s, e, generator=gen)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    ref.backward(grad)
+    out = {}
+    for balance in (True, False):
+        ids = torch.arange(s).expand(b, s) * 10  # a token's id says where it came from
+        with SequenceSplit(mesh["cp"], balance, "allgather")(Batch(ids, ids + 1)) as part:
+            pos = part.positions[0]
+            lq, lk, lv = (t.detach()[:, :, pos].clone().requires_grad_() for t in (q, k, v))
+            with torch.profiler.profile(record_shapes=True) as prof:
+                got = F.scaled_dot_product_attention(lq, lk, lv, is_causal=True, enable_gqa=True)
+                got.backward(grad[:, :, pos])
+            diffs = [(got - ref[:, :, pos]).abs().max()] + [
+                (a.grad - w.grad[:, :, pos]).abs().max() for a, w in ((lq, q), (lk, k), (lv, v))
+            ]
+            out["balanced" if balance else "unbalanced"] = {
+                "positions": pos.tolist(),
+                "ids_match": bool((part.inputs == pos * 10).all() and (part.targets == pos * 10 + 1).all()),
+                "max_diff": float(max(diffs)),
+                "calls": kernel_calls(prof, s),
+            }
+    return out
+
+
 def main() -> None:
     out, plans = Path(sys.argv[1]), sys.argv[2:]
     store, rank, world = next(dist.rendezvous("env://"))
     dist.init_process_group("gloo", store=dist.PrefixStore("parallel-worker/", store), rank=rank, world_size=world)
-    results = {}
+    results = {"_ring": ring_probe(rank, world)}
     for p in plans:
         try:
             results[p] = one_plan(p, rank, world)
         except Exception as e:  # noqa: BLE001 - recorded for the plan's test; build errors are raised on every rank
             results[p] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:500]}
+    every = [None] * world
+    dist.all_gather_object(every, results.pop("_ring"))
     if rank == 0:
-        out.write_text(json.dumps(results))
+        out.write_text(json.dumps({**results, "_ring": every}))
     dist.barrier()
     dist.destroy_process_group()
     finish(0)

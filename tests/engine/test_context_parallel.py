@@ -44,6 +44,25 @@ def test_cp_ranks_hold_a_shard_of_the_fsdp_group(parallel_cases: dict, case: str
         assert cp["state_bytes"] == ref["state_bytes"]
 
 
+def test_the_ring_runs_and_matches_whole_sequence_attention(parallel_cases: dict) -> None:
+    """SDPA inside the split (4 ranks, one cp group) equals whole-sequence SDPA at the rank's positions, output and
+    q/k/v gradients (1e-5, fp32). The head-tail balance gives rank i chunks i and 7-i of 8; each rank's ids and
+    targets are cut at the same positions. The CPU kernel ran as the ring's steps: 4 forward blocks on every rank
+    with the balance (every step has work); without it rank i skips the steps whose keys are all in its future."""
+    ring = parallel_cases["_ring"]
+    assert len(ring) == 4
+    for rank, r in enumerate(ring):
+        for mode in ("balanced", "unbalanced"):
+            assert r[mode]["max_diff"] <= 1e-5, (rank, mode, r[mode]["max_diff"])
+            assert r[mode]["ids_match"], (rank, mode)
+        chunk = 4  # 32 tokens in 8 chunks
+        head, tail = rank, 7 - rank
+        assert r["balanced"]["positions"] == [*range(head * chunk, head * chunk + chunk), *range(tail * chunk, tail * chunk + chunk)]
+        assert r["unbalanced"]["positions"] == list(range(rank * 8, rank * 8 + 8))
+        assert r["balanced"]["calls"] == {"forward": 4, "backward": 4}
+        assert r["unbalanced"]["calls"] == {"forward": rank + 1, "backward": rank + 1}
+
+
 def test_attention_selection_with_cp() -> None:
     from llmctl.engine.model import select_attention
 

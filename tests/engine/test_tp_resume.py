@@ -1,8 +1,11 @@
-"""A tensor-parallel run's checkpoint (DCP, DTensors split over data x tp) resumes at another tp degree and exports
-like a data-parallel one: in one 4-rank launch of the engine's entry point (tests/engine/engine_runs.py), a run saved
-at tp 2 resumes at tp 1, is saved again and resumes at tp 4; its losses are the uninterrupted tp-1 run's (within
-1e-5, fp32, constant learning rate so that the schedule does not depend on each leg's length) and `llmctl export` of
-its last checkpoint (saved at tp 4) gives the tp-1 run's Hugging Face folder."""
+"""A tensor- or context-parallel run's checkpoint (DCP, DTensors split over data x tp, or over data x cp) resumes at
+another degree and exports like a data-parallel one: in one 4-rank launch of the engine's entry point
+(tests/engine/engine_runs.py), a run saved at tp 2 resumes at tp 1, is saved again and resumes at tp 4; another saved
+at cp 2 on 2 ranks resumes at FSDP 2 x cp 2 (with the chunked loss) and then at cp 4 (all-to-all rotation, full
+activation checkpointing: the ring runs again in the recompute). Their losses and validation losses (evaluated with
+the sequence split too) are the uninterrupted data-parallel run's (within 1e-5, fp32, constant learning rate so that
+the schedule does not depend on each leg's length) and `llmctl export` of the last tp checkpoint (saved at tp 4)
+gives the data-parallel run's Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -21,15 +24,22 @@ VAL = sorted(CORPUS.glob("*.txt"))[0]
 GLOBAL_BATCH = 8  # sequences per step: micro-batch x data-parallel ranks in every leg
 
 
-def leg(root: Path, name: str, ranks: int, tp: int, steps: int, ckpt: Path) -> Path:
+def leg(
+    root: Path, name: str, ranks: int, tp: int, steps: int, ckpt: Path, cp: dict[str, Any] | None = None
+) -> Path:
+    """A leg of `steps` (its last step) on `ranks` at tp, or with `cp` (the parallel section's cp keys and the
+    training keys it changes: loss_chunk_tokens, activation_checkpointing)."""
     folder = root / name
     folder.mkdir(parents=True)
+    cp = dict(cp or {})
+    training = {k: cp.pop(k) for k in ("loss_chunk_tokens", "activation_checkpointing") if k in cp}
+    share = tp * cp.get("cp", 1)  # ranks on one micro-batch
     over: dict[str, Any] = {
         # 8 heads and 4 kv heads (head_dim 8): tp 4 holds 2 heads and 1 kv head per rank
         "model": {"overrides": {"num_attention_heads": 8, "num_key_value_heads": 4}},
         "hardware": {"nproc_per_node": ranks},
-        "parallel": {"tp": tp},
-        "training": {"max_steps": steps, "seq_len": 32, "micro_batch_size": GLOBAL_BATCH * tp // ranks},
+        "parallel": {"tp": tp, **cp},
+        "training": {"max_steps": steps, "seq_len": 32, "micro_batch_size": GLOBAL_BATCH * share // ranks, **training},
         "optimizer": {"lr": 3e-3, "warmup_steps": 0, "min_lr_ratio": 1.0},
         "checkpoint": {"dir": str(ckpt), "interval_steps": 1000},
         # Validation every 2 steps (on files of the corpus): the loss-parallel evaluation sums over -100 targets
@@ -49,6 +59,12 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "tp2": leg(root, "tp2", 4, 2, 2, root / "ckpt"),
         "tp1": leg(root, "tp1", 2, 1, 4, root / "ckpt"),
         "tp4": leg(root, "tp4", 4, 4, 6, root / "ckpt"),
+        "cp2": leg(root, "cp2", 2, 1, 2, root / "cp-ckpt", {"cp": 2}),
+        "cp2x2": leg(root, "cp2x2", 4, 1, 4, root / "cp-ckpt", {"cp": 2, "loss_chunk_tokens": 16}),
+        "cp4": leg(
+            root, "cp4", 4, 1, 6, root / "cp-ckpt",
+            {"cp": 4, "cp_rotate": "alltoall", "activation_checkpointing": "full"},
+        ),  # fmt: skip
     }
     runs = run_engine_plans(list(plans.values()), 4, root, timeout=900)
     for p in plans.values():
@@ -56,18 +72,29 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {**plans, "root": root}
 
 
-def test_resume_across_tp_degrees_continues_the_loss_curve(chain: dict[str, Path]) -> None:
+@pytest.mark.parametrize("legs", [("tp2", "tp1", "tp4"), ("cp2", "cp2x2", "cp4")])
+def test_resume_across_degrees_continues_the_loss_curve(chain: dict[str, Path], legs: tuple[str, ...]) -> None:
     ref = losses(chain["reference"])
-    got = {**losses(chain["tp2"]), **losses(chain["tp1"]), **losses(chain["tp4"])}
+    got = {step: v for name in legs for step, v in losses(chain[name]).items()}
     assert sorted(got) == sorted(ref) == list(range(1, 7))  # each leg started where the last one saved
     for step in ref:
         assert abs(ref[step] - got[step]) <= 1e-5, (step, ref, got)
     assert ref[6] < ref[1]
     ref_eval = {r["step"]: r["val_loss"] for r in records(chain["reference"], "eval")}
-    got_eval = {r["step"]: r["val_loss"] for leg in ("tp2", "tp1", "tp4") for r in records(chain[leg], "eval")}
+    got_eval = {r["step"]: r["val_loss"] for name in legs for r in records(chain[name], "eval")}
     assert sorted(ref_eval) == sorted(got_eval) == [2, 4, 6]
     for step, v in ref_eval.items():
         assert abs(v - got_eval[step]) <= 1e-5, (step, ref_eval, got_eval)
+    # The validation counted every token once: a cp rank sums its part's tokens, not the whole sequence's.
+    tokens = {r["val_tokens"] for name in legs for r in records(chain[name], "eval")}
+    assert tokens == {r["val_tokens"] for r in records(chain["reference"], "eval")}
+
+
+def test_the_start_event_says_how_the_ring_runs(chain: dict[str, Path]) -> None:
+    start = records(chain["cp4"], "start")[0]
+    assert start["cp"] == 4 and start["mesh_dims"] == ["shard", "cp"] and start["mesh"] == [1, 4]
+    assert "ring attention over cp 4 (head-tail load balance, alltoall rotation)" in start["message"]
+    assert records(chain["reference"], "start")[0]["cp"] == 1
 
 
 def test_export_of_a_tp_checkpoint_equals_the_data_parallel_export(chain: dict[str, Path]) -> None:

@@ -1,4 +1,4 @@
-"""The torch half of the collective registry (`llmctl.netbench.worker.CALLS`) agrees with the torch-free half
+"""The torch half of the collective registry (`llmctl.netbench.calls.CALLS`) agrees with the torch-free half
 (`llmctl.spec.collectives`): the same names in the same order, and each entry's tensors count the size S the
 spec says nccl-tests counts. No process group needed."""
 
@@ -7,32 +7,47 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llmctl.netbench import calls as nc
 from llmctl.netbench import worker
 from llmctl.spec.collectives import COLLECTIVES, collective
 
 
 def test_calls_are_keyed_like_the_spec_registry() -> None:
-    assert tuple(worker.CALLS) == COLLECTIVES
+    assert tuple(nc.CALLS) == COLLECTIVES
+    assert worker.CALLS is nc.CALLS  # the worker binds these, not a copy
 
 
 @pytest.mark.parametrize("name", COLLECTIVES)
 def test_call_tensors_count_the_size_the_spec_names(name: str) -> None:
     n, numel = 4, 32
-    inp, out = worker.CALLS[name].tensors(numel, n, 1, torch.float32, torch.device("cpu"))
+    inp, out = nc.CALLS[name].tensors(numel, n, 1, torch.float32, torch.device("cpu"))
     counts = collective(name).size_counts
-    counted = {"buffer": out, "output": out, "input": inp}[counts]
+    counted = {"buffer": out, "output": out, "input": inp, "send": inp}[counts]
     assert counted.numel() == numel
     assert (inp is out) == (counts == "buffer")  # only an in-place collective counts one buffer
-    assert {inp.numel(), out.numel()} <= {numel, numel // n}  # the other side is one rank's chunk
+    if counts == "send":  # nccl-tests sendrecv: each rank sends S and receives S
+        assert inp.numel() == out.numel() == numel
+    else:
+        assert {inp.numel(), out.numel()} <= {numel, numel // n}  # the other side is one rank's chunk
 
 
 def test_checks_tell_right_from_wrong() -> None:
-    n = 4
-    calls = worker.CALLS
-    assert calls["all_reduce"].check(torch.full((8,), 4.0), n)
-    assert not calls["all_reduce"].check(torch.full((8,), 3.0), n)
+    n, rank = 4, 1
+    calls = nc.CALLS
+    assert calls["all_reduce"].check(torch.full((8,), 4.0), n, rank)
+    assert not calls["all_reduce"].check(torch.full((8,), 3.0), n, rank)
     gathered = torch.arange(1, n + 1, dtype=torch.float32).repeat_interleave(2)  # rank r's chunk holds r + 1
-    assert calls["all_gather"].check(gathered, n)
-    assert not calls["all_gather"].check(gathered.flip(0), n)
-    assert calls["reduce_scatter"].check(torch.full((2,), 4.0), n)
-    assert not calls["reduce_scatter"].check(torch.full((2,), 1.0), n)
+    assert calls["all_gather"].check(gathered, n, rank)
+    assert not calls["all_gather"].check(gathered.flip(0), n, rank)
+    assert calls["reduce_scatter"].check(torch.full((2,), 4.0), n, rank)
+    assert not calls["reduce_scatter"].check(torch.full((2,), 1.0), n, rank)
+    # send_recv: rank r holds r + 1 and receives from r - 1 (ring), so rank 1 sees 1 and rank 0 sees n
+    assert calls["send_recv"].check(torch.full((8,), 1.0), n, 1)
+    assert calls["send_recv"].check(torch.full((8,), float(n)), n, 0)
+    assert not calls["send_recv"].check(torch.full((8,), 3.0), n, 1)  # from rank + 1: the wrong direction
+    assert not calls["send_recv"].check(torch.full((8,), 2.0), n, 1)  # its own buffer, never sent
+
+
+def test_send_recv_sends_its_rank_id() -> None:
+    inp, out = nc.CALLS["send_recv"].tensors(16, 4, 2, torch.bfloat16, torch.device("cpu"))
+    assert inp.dtype == out.dtype == torch.bfloat16 and bool((inp == 3).all()) and inp is not out

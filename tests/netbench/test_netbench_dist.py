@@ -23,6 +23,8 @@ def check_consistent(r: BenchReport) -> None:
             assert p.busbw_gbytes_s == pytest.approx(p.algbw_gbytes_s * bus_factor(res.collective, res.ranks_per_group))
             assert p.busbw_gbytes_s_min <= p.busbw_gbytes_s <= p.busbw_gbytes_s_max
             assert p.size_bytes % (res.ranks_per_group * 4) == 0  # fp32, splits evenly across ranks
+            if res.collective == "send_recv":  # nccl-tests sendrecv_perf: busbw = algbw = S / t, S what a rank sends
+                assert p.busbw_gbytes_s == pytest.approx(p.size_bytes / t.median / 1e9)
 
 
 def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Path) -> None:
@@ -64,7 +66,13 @@ def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Pa
         ("world", "all_reduce"),
         ("world", "all_gather"),
         ("world", "reduce_scatter"),
+        ("world", "send_recv"),
     }
+    # the ring send/recv is reported like the collectives: the requested sizes, its own table and summary row
+    sr = r.result("world", "send_recv")
+    assert sr is not None and [p.size_bytes for p in sr.points] == [256 * 1024, 2**20]
+    assert "world send_recv" in proc.stdout
+    print("loopback busbw GB/s at 1 MiB:", {x.collective: round(x.points[-1].busbw_gbytes_s, 3) for x in r.results})
     assert r.env["GLOO_SOCKET_IFNAME"] == "lo" and r.env["NCCL_DEBUG"] == "WARN"
     assert r.versions["torch"].startswith("2.")
     assert [p.size_bytes for p in r.results[0].points] == [256 * 1024, 2**20]
@@ -99,7 +107,7 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
                 "--warmup",
                 "1",
                 "--collectives",
-                "all_reduce,reduce_scatter",
+                "all_reduce,reduce_scatter,send_recv",
                 "--json",
                 "-o",
                 str(out),
@@ -130,7 +138,13 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
     assert [n.ranks for n in r.nodes] == [[0, 1], [2, 3]]
     groups = {(x.group, x.collective): x for x in r.results}
     assert set(groups) == {
-        (g, c) for g in ("world", "intra_node", "inter_node") for c in ("all_reduce", "reduce_scatter")
+        (g, c) for g in ("world", "intra_node", "inter_node") for c in ("all_reduce", "reduce_scatter", "send_recv")
+    }
+    # the ring send/recv in subgroups of non-adjacent global ranks ({0, 2} and {1, 3}): checked, then timed
+    sr = groups[("inter_node", "send_recv")]
+    assert (sr.ranks_per_group, sr.concurrent_groups) == (2, 2) and set(sr.per_group_busbw_gbytes_s) == {
+        "local0",
+        "local1",
     }
     inter = groups[("inter_node", "all_reduce")]
     assert (inter.ranks_per_group, inter.concurrent_groups, inter.groups_per_node) == (2, 2, 2)
@@ -230,13 +244,14 @@ def test_a_rank_that_never_joins_is_named(tmp_path: Path) -> None:
 def test_sum_check_survives_16_bit_rounding() -> None:
     import torch
 
-    from llmctl.netbench.worker import _sum_of_ones_ok, calls_per_iter
+    from llmctl.netbench.calls import _sum_of_ones_ok
+    from llmctl.netbench.worker import calls_per_iter
 
-    assert _sum_of_ones_ok(torch.full((8,), 4.0, dtype=torch.bfloat16), 4)
-    assert not _sum_of_ones_ok(torch.full((8,), 3.0, dtype=torch.bfloat16), 4)
+    assert _sum_of_ones_ok(torch.full((8,), 4.0, dtype=torch.bfloat16), 4, 0)
+    assert not _sum_of_ones_ok(torch.full((8,), 3.0, dtype=torch.bfloat16), 4, 0)
     stalled = torch.full((8,), 256.0, dtype=torch.bfloat16)  # 512 ones summed in bf16 by a ring
-    assert _sum_of_ones_ok(stalled, 512)
-    assert not _sum_of_ones_ok(torch.full((8,), 512.0), 513)  # fp32 is exact there
+    assert _sum_of_ones_ok(stalled, 512, 0)
+    assert not _sum_of_ones_ok(torch.full((8,), 512.0), 513, 0)  # fp32 is exact there
     assert (calls_per_iter(2**20, False), calls_per_iter(2**26, False), calls_per_iter(2**30, True)) == (10, 1, 1)
 
 

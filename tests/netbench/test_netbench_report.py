@@ -34,6 +34,10 @@ def test_busbw_golden_numbers() -> None:
     assert bench.busbw_gbytes_s("reduce_scatter", 2, 10**9, 1.0) == pytest.approx(0.5)
     # all-reduce on 2 ranks: factor 1, busbw == algbw
     assert bench.bus_factor("all_reduce", 2) == 1.0
+    # send/recv (nccl-tests sendrecv_perf), 8 ranks, each sends 64 MiB to the next in 0.5 s: algbw = busbw =
+    # 67108864 / 0.5 / 1e9, whatever the ring's size
+    assert bench.busbw_gbytes_s("send_recv", 8, 64 * MiB, 0.5) == pytest.approx(0.134217728)
+    assert bench.bus_factor("send_recv", 2) == bench.bus_factor("send_recv", 1024) == 1.0
     assert bench.gbit_s(0.125) == 1.0
 
 
@@ -47,7 +51,10 @@ def test_bus_factor_rejects_nonsense() -> None:
 @given(st.sampled_from(bench.COLLECTIVES), st.integers(2, 4096))
 def test_bus_factor_bounds(collective: str, n: int) -> None:
     f = bench.bus_factor(collective, n)
-    assert 0 < f < (2 if collective == "all_reduce" else 1)
+    if collective == "send_recv":
+        assert f == 1.0  # every link carries S, whatever n
+    else:
+        assert 0 < f < (2 if collective == "all_reduce" else 1)
 
 
 def test_aligned_size_and_percentile() -> None:
@@ -169,6 +176,67 @@ def test_schema_round_trip(tmp_path: Path) -> None:
     assert bench.load_bench(path) == r
 
 
+def with_collective(r: bench.BenchReport, collective: str, busbw: float) -> bench.BenchReport:
+    """`r` plus a `collective` result on each group its all-reduce was measured on, `busbw` GB/s at every size."""
+
+    def point(n: int, size: int) -> bench.SizePoint:
+        return bench.SizePoint.measured(collective, n, size, [size * bench.bus_factor(collective, n) / (busbw * 1e9)])
+
+    more = [
+        res.model_copy(
+            update={"collective": collective, "points": [point(res.ranks_per_group, p.size_bytes) for p in res.points]}
+        )
+        for res in r.results
+        if res.collective == "all_reduce"
+    ]
+    config = r.config.model_copy(update={"collectives": [*r.config.collectives, collective]})
+    return r.model_copy(update={"results": [*r.results, *more], "config": config})
+
+
+def with_send_recv(r: bench.BenchReport, busbw: float = 3.0) -> bench.BenchReport:
+    return with_collective(r, "send_recv", busbw)
+
+
+def test_send_recv_round_trips_and_old_reports_still_load(tmp_path: Path) -> None:
+    r = with_send_recv(make_report())
+    path = tmp_path / "bench.json"
+    bench.dump_bench(r, path)
+    back = bench.load_bench(path)
+    assert back == r and back.config.collectives == ["all_reduce", "send_recv"]
+    assert back.busbw_gbytes_s("intra_node", "send_recv", 16 * MiB) == pytest.approx(3.0)
+    assert json.loads(path.read_text())["results"][-1]["collective"] == "send_recv"
+    # a report written before the send_recv sweep (as version 1 always was): loads, and says it has none
+    old = json.loads(make_report().model_dump_json(by_alias=True))
+    assert all(res["collective"] != "send_recv" for res in old["results"])
+    path.write_text(json.dumps(old))
+    assert bench.load_bench(path).result("world", "send_recv") is None
+
+
+def test_plan_network_reads_measured_send_recv_and_falls_back_to_all_gather(tmp_path: Path) -> None:
+    from llmctl.plan.network import bench_network
+
+    old = with_collective(make_report(), "all_gather", 1.5)
+    new = with_send_recv(old, 3.0)
+    old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
+    bench.dump_bench(old, old_path)
+    bench.dump_bench(new, new_path)
+    net = bench_network(str(new_path), 2, 2, None, None)
+    assert net.busbw("send_recv", "intra", 16 * MiB, 2) == pytest.approx(3.0)  # measured, not a stand-in
+    assert net.busbw("send_recv", "cross", 16 * MiB, 2) == pytest.approx(3.0)
+    assert net.busbw("send_recv", "inter", 16 * MiB, 2) == pytest.approx(3.0)
+    assert net.busbw("all_reduce", "intra", 16 * MiB, 2) == pytest.approx(4.0)  # the others as before
+    assert "not measured" not in net.source
+    net_old = bench_network(str(old_path), 2, 2, None, None)
+    for scope in ("intra", "cross", "inter"):
+        assert net_old.busbw("send_recv", scope, 16 * MiB, 2) == pytest.approx(1.5)  # all_gather's, not all_reduce's
+    assert net_old.source == f"bench-net {old_path}; send_recv read as all_gather (not measured)"
+    # a report with neither reads the all-reduce, as for any other collective it lacks, and says so
+    bench.dump_bench(make_report(), old_path)
+    bare = bench_network(str(old_path), 2, 2, None, None)
+    assert bare.busbw("send_recv", "intra", 16 * MiB, 2) == pytest.approx(4.0)
+    assert "send_recv read as all_reduce (not measured)" in bare.source
+
+
 def test_loader_gives_the_planner_intra_and_inter_node_busbw(tmp_path: Path) -> None:
     r = make_report()
     assert r.intra_node_busbw_gbytes_s(16 * MiB) == pytest.approx(4.0)
@@ -228,6 +296,8 @@ def test_parse_sizes() -> None:
 def test_parse_dtype_and_collectives() -> None:
     assert opts.parse_dtype("bf16") == "bfloat16"
     assert opts.parse_collectives("reduce_scatter_tensor,all_reduce") == ["all_reduce", "reduce_scatter"]
+    assert opts.parse_collectives("sendrecv,send-recv,all_gather") == ["all_gather", "send_recv"]
+    assert opts.WorkerConfig(json_path="x").collectives.endswith("send_recv")  # swept by default
     with pytest.raises(InputError, match="choose fp32, bf16 or fp16"):
         opts.parse_dtype("int8")
     with pytest.raises(InputError, match="unknown collective broadcast"):

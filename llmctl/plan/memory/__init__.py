@@ -18,8 +18,9 @@ stage 3. Two engines keep different things:
 Activations are derived tensor by tensor from what Hugging Face's Llama and GPT-2 blocks save for backward
 (measured with torch.autograd.graph.saved_tensors_hooks; tests/plan/test_memory_measured.py re-measures them).
 
-The package: `ledger` (model states), `activations` (what blocks, head and loss keep), `estimate` (phases, fit,
-largest micro-batch, fewest GPUs), `report` (estimate-memory's answer). Callers use the names below.
+The package: `ledger` (model states), `activations` (what blocks, head and loss keep), `ring` (context parallelism's
+ring attention buffers), `estimate` (phases, fit, largest micro-batch, fewest GPUs), `report` (estimate-memory's
+answer). Callers use the names below.
 """
 
 from llmctl.plan.memory.activations import (
@@ -44,6 +45,7 @@ from llmctl.plan.memory.estimate import (
     fits,
     max_micro_batch,
     min_gpus,
+    ring_components,
     state_shard_degree,
 )
 from llmctl.plan.memory.ledger import (
@@ -54,11 +56,13 @@ from llmctl.plan.memory.ledger import (
     state_ledger,
 )
 from llmctl.plan.memory.report import fit_report
+from llmctl.plan.memory.ring import RingBuffers, ring_buffers
 
 __all__ = [
     "Component",
     "MemoryEstimate",
     "MinGpus",
+    "RingBuffers",
     "StateLine",
     "block_activation_terms",
     "classic_bytes_per_param",
@@ -76,6 +80,8 @@ __all__ = [
     "min_gpus",
     "optimizer_bytes_per_param",
     "recompute_buffer_bytes",
+    "ring_buffers",
+    "ring_components",
     "selective_layer_terms",
     "shared_activation_bytes",
     "stage_activation_bytes",

@@ -23,6 +23,7 @@ from llmctl.plan.memory.activations import (
     stage_activation_bytes,
 )
 from llmctl.plan.memory.ledger import StateLine, stage_params, state_ledger
+from llmctl.plan.memory.ring import ring_buffers
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import canonical_strategy
 from llmctl.spec.setup import TrainSetup
@@ -81,9 +82,10 @@ class MemoryEstimate:
 
 
 def state_shard_degree(setup: TrainSetup, line: StateLine) -> int:
-    """Data-parallel ranks one model state is split over (1: each rank holds all of it). FSDP2 shards every state at
-    rest (SHARD_GRAD_OP differs only while computing); ZeRO by its stage."""
-    return setup.dims.dp_shard if setup.engine == "fsdp2" else setup.dims.shard_degree(line.sharded_from_stage)
+    """Ranks one model state is split over (1: each rank holds all of it). FSDP2 shards every state at rest
+    (SHARD_GRAD_OP differs only while computing) over its group, the data-parallel shard ranks x cp (torchtitan's
+    dp_shard_cp: a cp group holds one replica's states split like data-parallel ranks); ZeRO by its stage."""
+    return setup.dims.fsdp_shard if setup.engine == "fsdp2" else setup.dims.shard_degree(line.sharded_from_stage)
 
 
 def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
@@ -105,17 +107,21 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
                 note=line.note,
             )
         )
-    b, s, cb = setup.micro_batch_size, setup.seq_len, setup.compute_bytes
+    # Context parallelism: every activation below is this rank's S/cp tokens of each sequence (input ids, labels and
+    # RoPE positions are split along the sequence, so are the rotary tables and the logits); the ring's own buffers
+    # come after (llmctl.plan.memory.ring).
+    b, s, cb = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
     layer_params = spec.params_per_layer / setup.tp
     sharded_params = setup.engine == "fsdp2" or dims.zero_stage == 3
-    if sharded_params and dims.dp_shard > 1:
+    fsdp = dims.fsdp_shard
+    if sharded_params and fsdp > 1:
         # FSDP all-gathers a layer's parameters in the compute dtype just before use and frees them after;
         # with prefetch, the next layer is gathered while the current one computes: two layers live.
         # SHARD_GRAD_OP (reshard_after_forward=False) keeps every layer unsharded from forward to backward.
         n_layers = stage_layers if dims.zero_stage == 2 else min(2, stage_layers)
-        unsharded = int(n_layers * layer_params * cb * (1 - 1 / dims.dp_shard))
+        unsharded = int(n_layers * layer_params * cb * (1 - 1 / fsdp))
         comps.append(Component("unsharded layers (FSDP all-gather)", unsharded, ("forward", "backward")))
-    if setup.training and dims.dp_shard > 1:
+    if setup.training and fsdp > 1:
         # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
         grad_buf = int(layer_params * (cb + 4 if cb != 4 else 4))
         comps.append(Component("unsharded layer gradients (reduce-scatter)", grad_buf, ("backward",)))
@@ -169,10 +175,34 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
             # torch's foreach AdamW materialises per-group temporaries about the size of the local fp32 shard.
             shard = next(c.bytes for c in comps if c.bytes_per_param is not None)
             comps.append(Component("optimizer step temporaries (foreach)", shard, ("optimizer",)))
+    if setup.cp > 1:
+        comps += ring_components(spec, setup)
     phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in ("forward", "backward", "optimizer")}
     if not setup.training:
         phases = {"forward": phases["forward"]}
     return MemoryEstimate(spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger)
+
+
+RING_FORWARD_KV = "ring attention K/V in flight (forward)"
+RING_FORWARD_MERGE = "ring attention fp32 merge (forward)"
+RING_BACKWARD_KV = "ring attention K/V in flight (backward)"
+RING_BACKWARD_GRADS = "ring attention fp32 gradients + dK/dV rotation (backward)"
+
+
+def ring_components(spec: ModelSpec, setup: TrainSetup) -> list[Component]:
+    """Context parallelism's ring attention, while one layer's attention runs (llmctl.plan.memory.ring): its K/V blocks
+    in flight and its fp32 working set, forward (and backward when training)."""
+    ring = ring_buffers(spec, setup)
+    how = f"cp {setup.cp}, {setup.cp_rotate} rotation" + ("" if setup.cp_load_balance else ", no load balance")
+    out = [
+        Component(RING_FORWARD_KV, ring.forward_kv, ("forward",), note=how),
+        Component(RING_FORWARD_MERGE, ring.forward_merge, ("forward",), note=how),
+    ]
+    if setup.training:
+        again = "; the recompute's forward ring (larger than the backward's)" if ring.backward_is_recompute else ""
+        out.append(Component(RING_BACKWARD_KV, ring.backward_kv, ("backward",), note=how + again))
+        out.append(Component(RING_BACKWARD_GRADS, ring.backward_grads, ("backward",), note=how + again))
+    return out
 
 
 def fits(est: MemoryEstimate, device_memory_bytes: int) -> bool:
@@ -239,14 +269,15 @@ def min_gpus(
     strategy = canonical_strategy(strategy)
     if setup.engine == "fsdp2" and strategy == "zero1":
         return MinGpus(strategy, None, None, None, "needs --engine zero")
-    unit = setup.tp * setup.pp
+    unit = setup.tp * setup.cp * setup.pp
 
     def est_at(nodes: int, per_node: int) -> MemoryEstimate:
         return estimate(spec, replace(setup, strategy=strategy, nodes=nodes, gpus_per_node=per_node))
 
     if strategy == "hybrid_shard":
-        if gpn % setup.tp:
-            return MinGpus(strategy, None, None, None, "tp does not divide GPUs per node")
+        if gpn % (setup.tp * setup.cp):
+            what = "tp x cp" if setup.cp > 1 else "tp"
+            return MinGpus(strategy, None, None, None, f"{what} does not divide GPUs per node")
         e = est_at(2, gpn)
         if fits(e, device_memory_bytes):
             return MinGpus(strategy, 2 * gpn, 2, e.device_bytes, "memory does not shrink with more nodes")
@@ -269,7 +300,9 @@ def min_gpus(
             None,
             None,
             e.device_bytes if e else None,
-            f"does not fit even on {max_nodes} nodes" if e else "tp x pp does not divide GPUs per node",
+            f"does not fit even on {max_nodes} nodes"
+            if e
+            else f"tp x {'cp x ' if setup.cp > 1 else ''}pp does not divide GPUs per node",
         )
     lo, hi = 1, max_nodes  # lo: does not fit (checked above with n = gpn), hi: fits
     while hi - lo > 1:

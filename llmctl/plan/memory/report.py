@@ -7,8 +7,9 @@ from dataclasses import replace
 from typing import Any
 
 from llmctl.plan.memory.activations import layer_activation_terms
-from llmctl.plan.memory.estimate import estimate, fits, max_micro_batch, min_gpus
+from llmctl.plan.memory.estimate import MemoryEstimate, estimate, fits, max_micro_batch, min_gpus
 from llmctl.plan.memory.ledger import classic_bytes_per_param
+from llmctl.plan.memory.ring import ring_buffers
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import STRATEGIES
@@ -39,6 +40,7 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
                     "nodes",
                     "gpus_per_node",
                     "tp",
+                    "cp",
                     "pp",
                     "micro_batch_size",
                     "seq_len",
@@ -68,7 +70,7 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         "layer_activation_terms": layer_activation_terms(
             spec,
             setup.micro_batch_size,
-            setup.seq_len,
+            setup.seq_len // setup.cp,
             setup.compute_bytes,
             setup.attention,
             tp=setup.tp if setup.engine == "fsdp2" and spec.measured is None else 1,
@@ -81,6 +83,8 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         "total adds the CUDA context",
         "world_size": setup.world_size,
     }
+    if setup.cp > 1:
+        out["context_parallel"] = context_parallel_report(spec, setup, est)
     if gpu is not None:
         out["gpu"] = gpu.name
         out["gpu_memory_bytes"] = gpu.memory_bytes
@@ -114,3 +118,36 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         out["min_gpus_by_checkpointing"] = by_mode
     out["_estimate"] = est
     return out
+
+
+def context_parallel_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate) -> dict[str, Any]:
+    """What context parallelism does to one rank's memory: the tokens of each sequence it holds, the ring attention's
+    transient buffers (llmctl.plan.memory.ring) and the activations it divides (against the same setup at cp 1 on the
+    same ranks' states: what splitting the sequence saves)."""
+    ring = ring_buffers(spec, setup)
+
+    def activations(e: MemoryEstimate) -> int:
+        """What the step keeps for backward and its loss at the peak phase (no states, FSDP buffers or ring)."""
+        skip = ("unsharded", "ring", "optimizer step")
+        return sum(
+            c.bytes
+            for c in e.components
+            if e.peak_phase in c.phases and c.bytes_per_param is None and not c.name.startswith(skip)
+        )
+
+    whole = estimate(spec, replace(setup, cp=1))
+    return {
+        "cp": setup.cp,
+        "rotate": setup.cp_rotate,
+        "load_balance": setup.cp_load_balance,
+        "tokens_per_rank": setup.seq_len // setup.cp,
+        "fsdp_shard": setup.dims.fsdp_shard,
+        "ring_forward_kv_bytes": ring.forward_kv,
+        "ring_forward_merge_bytes": ring.forward_merge,
+        "ring_backward_kv_bytes": ring.backward_kv if setup.training else 0,
+        "ring_backward_grads_bytes": ring.backward_grads if setup.training else 0,
+        "ring_backward_is_recompute": ring.backward_is_recompute,
+        "activations_bytes": activations(est),
+        "activations_at_cp1_bytes": activations(whole),
+        "per_gpu_total_at_cp1_bytes": whole.device_bytes,
+    }
