@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from llmctl.cli.launch_show import AllocateAllOpt, DryCpOpt, DryTpOpt, run_dry_start
 from llmctl.cli.options import JobsDirOpt
 from llmctl.errors import InputError
 from llmctl.launch import jobs
@@ -111,25 +112,6 @@ AllowNoCheckpointOpt = Annotated[
         help="Run a plan that saves no checkpoint (checkpoint.dir null): nothing survives a preemption or the end.",
     ),
 ]
-DryTpOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--tp",
-        min=1,
-        max=4096,
-        help="With --dry-start: size rank 0 at this tensor-parallel degree, not the plan's parallel.tp.",
-    ),
-]
-AllocateAllOpt = Annotated[
-    bool,
-    typer.Option(
-        "--allocate-all",
-        help="With --dry-start: also allocate rank 0's gradients and optimizer states (16 bytes per parameter of "
-        "the shard in total) instead of only sizing them.",
-    ),
-]
-
-
 def launch(
     plan: PlanArg,
     slurm: SlurmOpt = False,
@@ -145,6 +127,7 @@ def launch(
     dry_start: DryStartOpt = False,
     allocate_all: AllocateAllOpt = False,
     tp: DryTpOpt = None,
+    cp: DryCpOpt = None,
     no_preflight: NoPreflightOpt = False,
     preflight_strict: PreflightStrictOpt = False,
     spare_nodes: SpareNodesOpt = 0,
@@ -159,14 +142,8 @@ def launch(
     from llmctl.launch.slurm_options import SlurmOptions
     from llmctl.spec.planfile import load_plan
 
-    for flag, given in (("--allocate-all", allocate_all), ("--tp", tp is not None)):
-        if given and not dry_start:
-            raise InputError(f"{flag} only applies with --dry-start", hint="set parallel.tp in the plan to run it")
-    if dry_start:
-        if dry_run:
-            raise InputError("--dry-run and --dry-start are different checks: give one")
-        load_plan(plan)  # a bad plan fails here, in a fraction of a second
-        _dry_start(plan, allocate_all, tp)
+    if dry_start or allocate_all or tp is not None or cp is not None:
+        run_dry_start(plan, dry_start, dry_run, allocate_all, tp, cp)
         return
     backend = backends.get_backend(backends.resolve_executor(executor, slurm))
     preflight = PreflightOptions(enabled=not no_preflight, strict=preflight_strict, spare_nodes=spare_nodes)
@@ -224,15 +201,6 @@ def launch(
     for p in record.logs:
         typer.echo(f"log: {shell.quote(p)}")
     typer.echo(f"follow it: llmctl logs {record.job_id} --follow")
-
-
-def _dry_start(plan: Path, allocate_all: bool, tp: int | None) -> None:
-    from llmctl.cli.launch_show import render_dry_start
-    from llmctl.launch.dry_start import dry_start
-
-    at = f" at tp {tp}" if tp is not None else ""
-    typer.echo(f"dry start of {plan}{at}: rank 0's setup in this machine's memory ...", err=True)
-    typer.echo(render_dry_start(dry_start(plan, allocate_all, tp)))
 
 
 def _with_slurm_options(command: Callable[..., None]) -> Callable[..., None]:

@@ -1,9 +1,59 @@
-"""What `llmctl launch --dry-start` shows: rank 0's setup next to estimate-memory's figures (rendering only; the
-numbers are llmctl.launch.dry_start's)."""
+"""`llmctl launch --dry-start`: its options, and what it shows: rank 0's setup next to estimate-memory's figures
+(the numbers are llmctl.launch.dry_start's)."""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from llmctl.errors import InputError
+
+DryTpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--tp",
+        min=1,
+        max=4096,
+        help="With --dry-start: size rank 0 at this tensor-parallel degree, not the plan's parallel.tp.",
+    ),
+]
+AllocateAllOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allocate-all",
+        help="With --dry-start: also allocate rank 0's gradients and optimizer states (16 bytes per parameter of "
+        "the shard in total) instead of only sizing them.",
+    ),
+]
+DryCpOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--cp",
+        min=1,
+        max=4096,
+        help="With --dry-start: size rank 0 at this context-parallel degree, not the plan's parallel.cp.",
+    ),
+]
+
+
+def run_dry_start(
+    plan: Path, dry_start: bool, dry_run: bool, allocate_all: bool, tp: int | None, cp: int | None
+) -> None:
+    """`launch PLAN --dry-start [--allocate-all] [--tp N] [--cp N]`: rank 0's setup here, printed."""
+    from llmctl.launch.dry_start import dry_start as run
+    from llmctl.spec.planfile import load_plan
+
+    for flag, given in (("--allocate-all", allocate_all), ("--tp", tp is not None), ("--cp", cp is not None)):
+        if given and not dry_start:
+            raise InputError(f"{flag} only applies with --dry-start", hint="set parallel.tp/cp in the plan to run it")
+    if dry_run:
+        raise InputError("--dry-run and --dry-start are different checks: give one")
+    load_plan(plan)  # a bad plan fails here, in a fraction of a second
+    at = "".join(f" at {k} {v}" for k, v in (("tp", tp), ("cp", cp)) if v is not None)
+    typer.echo(f"dry start of {plan}{at}: rank 0's setup in this machine's memory ...", err=True)
+    typer.echo(render_dry_start(run(plan, allocate_all, tp, cp)))
 
 
 def render_dry_start(r: dict[str, Any]) -> str:

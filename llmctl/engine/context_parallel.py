@@ -47,7 +47,10 @@ def _cpu_ops() -> tuple[Any, Any]:
     import torch
 
     aten = torch.ops.aten
-    return aten._scaled_dot_product_flash_attention_for_cpu.default, aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    return (
+        aten._scaled_dot_product_flash_attention_for_cpu.default,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    )
 
 
 def _forward_rule(op_schema: Any) -> Any:
@@ -80,7 +83,9 @@ def _ring_forward(mesh: DeviceMesh, query, key, value, dropout_p=0.0, is_causal=
     )  # fmt: skip
 
 
-def _ring_backward(mesh: DeviceMesh, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None):  # noqa: ANN001, ANN202, E501
+def _ring_backward(
+    mesh: DeviceMesh, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
+):  # noqa: ANN001, ANN202, E501
     from torch.distributed.tensor.experimental._context_parallel._attention import _templated_ring_attention_backward
 
     _, bwd = _cpu_ops()

@@ -48,9 +48,7 @@ def flash_attn_importable() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def select_attention(
-    requested: str, cuda_available: bool, flash_available: bool, cp: int = 1
-) -> tuple[str, str]:
+def select_attention(requested: str, cuda_available: bool, flash_available: bool, cp: int = 1) -> tuple[str, str]:
     """Plan attention -> (transformers attn_implementation, why). `flash` where it cannot run fails fast. With
     context parallelism, SDPA (torch's ring attention runs on SDPA's kernels: flash's algorithm on a GPU)."""
     if cp > 1:
@@ -156,6 +154,12 @@ def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
 
     dtype = torch_dtype(plan.setup.precision.param_dtype)  # pure bf16 builds in bf16; mixed keeps fp32 masters
     spec = model_spec_for(plan)
+    if plan.setup.cp > 1:  # a preset was checked with the plan file; a config or weights folder is read only now
+        from llmctl.families.context_parallel import cp_problem
+
+        problem = cp_problem(spec, plan.setup.seq_len)
+        if problem:
+            raise SpecError(problem, hint="set parallel.cp to 1 for this model")
     cfg = dict(spec.hf_config)
     model_type = cfg.pop("model_type")
     cfg.pop("torch_dtype", None)

@@ -247,13 +247,6 @@ def parallelize(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh) -> bool:
             enable_async_tp(mesh["tp"])
         if s.async_tp:
             log.log(logging.INFO if on else logging.WARNING, why)
-    if s.cp > 1:
-        from llmctl.engine.model import model_spec_for
-        from llmctl.families.context_parallel import cp_problem
-
-        problem = cp_problem(model_spec_for(plan), s.seq_len)
-        if problem:
-            raise SpecError(problem, hint="set parallel.cp to 1 for this model")
     apply_activation_checkpointing(model, s.checkpointing)
     if s.compile:
         apply_compile(model)

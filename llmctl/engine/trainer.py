@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
+from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
 from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers
 from llmctl.engine.evaluate import Evaluator
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
-from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
 from llmctl.engine.loss import install_loss_forward, liger_importable, local_value, model_loss, select_loss
 from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (

@@ -81,10 +81,15 @@ def train_cases(root: Path, tp_families: list[str]) -> dict[str, Any]:
         case_plan(root / "llama", "llama", "hsdp-tp2", {"tp": 2, "sharding": "hybrid_shard"}, nodes=2),
     )
     for name, c in CP_CASES.items():
-        cases[name] = (ref(c["family"]), case_plan(root / c["family"], c["family"], name, c["parallel"], c.get("nodes", 1)))
+        cases[name] = (
+            ref(c["family"]),
+            case_plan(root / c["family"], c["family"], name, c["parallel"], c.get("nodes", 1)),
+        )
     out = root / "results.json"
     plans = list(dict.fromkeys(p for pair in cases.values() for p in pair))
-    proc = torchrun_script(REPO / "tests" / "engine" / "parallel_worker.py", [str(out), *map(str, plans)], 4, root, {}, 1500)
+    proc = torchrun_script(
+        REPO / "tests" / "engine" / "parallel_worker.py", [str(out), *map(str, plans)], 4, root, {}, 1500
+    )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
     found: dict[str, Any] = {name: (res[str(a)], res[str(b)]) for name, (a, b) in cases.items()}

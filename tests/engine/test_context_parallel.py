@@ -57,7 +57,10 @@ def test_the_ring_runs_and_matches_whole_sequence_attention(parallel_cases: dict
             assert r[mode]["ids_match"], (rank, mode)
         chunk = 4  # 32 tokens in 8 chunks
         head, tail = rank, 7 - rank
-        assert r["balanced"]["positions"] == [*range(head * chunk, head * chunk + chunk), *range(tail * chunk, tail * chunk + chunk)]
+        assert r["balanced"]["positions"] == [
+            *range(head * chunk, head * chunk + chunk),
+            *range(tail * chunk, tail * chunk + chunk),
+        ]
         assert r["unbalanced"]["positions"] == list(range(rank * 8, rank * 8 + 8))
         assert r["balanced"]["calls"] == {"forward": 4, "backward": 4}
         assert r["unbalanced"]["calls"] == {"forward": rank + 1, "backward": rank + 1}

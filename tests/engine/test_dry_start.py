@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.engine.conftest import REPO, engine_env, write_plan
+from tests.family_configs import tiny
 
 EXAMPLE_70B = REPO / "examples" / "clusters" / "llama-3.1-70b-8x8-h100" / "plan.yaml"
 
@@ -121,6 +122,31 @@ def test_dry_start_at_another_tp_sizes_each_rank_exactly(tmp_path: Path) -> None
     assert proc.returncode == 2 and len(errors) == 1 and "tp=3" in errors[0], proc.stderr
 
 
+def test_dry_start_at_another_cp_shards_over_data_x_cp(tmp_path: Path) -> None:
+    """--cp: the world split 2 shard x 2 cp; FSDP shards every state over the 4 ranks of shard x cp, as the
+    estimate says; a cp whose chunks do not divide the sequence, or a model ring attention cannot run, is one line."""
+    plan = write_plan(tmp_path, {"hardware": {"nproc_per_node": 4}})
+    proc = llmctl(["launch", str(plan), "--dry-start", "--cp", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "mesh 2 shard x 2 cp" in proc.stdout and "at cp 2" in proc.stderr, proc.stdout + proc.stderr
+    ratios = [ln.split()[-1] for ln in proc.stdout.splitlines() if ln.strip().startswith(("parameters", "grad", "opt"))]
+    assert len(ratios) == 3 and all(r == "1.000" for r in ratios), proc.stdout
+    proc = llmctl(["launch", str(plan), "--dry-start", "--cp", "2", "--tp", "2"], tmp_path)
+    assert proc.returncode == 0 and "mesh 1 shard x 2 cp x 2 tp" in proc.stdout, proc.stdout + proc.stderr
+    proc = llmctl(["launch", str(plan), "--dry-start", "--cp", "4"], tmp_path)  # 64 tokens in 8 chunks: fine
+    assert proc.returncode == 0, proc.stderr
+    bad = write_plan(tmp_path / "odd", {"hardware": {"nproc_per_node": 4}, "training": {"seq_len": 60}})
+    proc = llmctl(["launch", str(bad), "--dry-start", "--cp", "4"], tmp_path)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmctl: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "seq len 60 is not divisible by 8" in errors[0], proc.stderr
+    (tmp_path / "gemma2.json").write_text(json.dumps(tiny("gemma2")))
+    gemma = write_plan(tmp_path / "gemma", {"hardware": {"nproc_per_node": 4}, "training": {"attention": "sdpa"}})
+    gemma.write_text(gemma.read_text().replace("preset: llama-tiny", f"config: {tmp_path / 'gemma2.json'}"))
+    proc = llmctl(["launch", str(gemma), "--dry-start", "--cp", "2"], tmp_path)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmctl: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "soft-capped" in errors[0], proc.stderr
+
+
 @pytest.mark.parametrize(
     ("over", "needle"),
     [
@@ -161,6 +187,8 @@ def test_flags_that_need_dry_start(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "--allocate-all only applies with --dry-start" in proc.stderr
     proc = llmctl(["launch", str(plan), "--tp", "2"], tmp_path)
     assert proc.returncode == 2 and "--tp only applies with --dry-start" in proc.stderr
+    proc = llmctl(["launch", str(plan), "--cp", "2"], tmp_path)
+    assert proc.returncode == 2 and "--cp only applies with --dry-start" in proc.stderr
     proc = llmctl(["launch", str(plan), "--dry-start", "--dry-run"], tmp_path)
     assert proc.returncode == 2 and "give one" in proc.stderr
     assert set(os.listdir(tmp_path)) <= {"plan.yaml", "scratch"}, "a refused launch must not create anything"

@@ -24,9 +24,7 @@ VAL = sorted(CORPUS.glob("*.txt"))[0]
 GLOBAL_BATCH = 8  # sequences per step: micro-batch x data-parallel ranks in every leg
 
 
-def leg(
-    root: Path, name: str, ranks: int, tp: int, steps: int, ckpt: Path, cp: dict[str, Any] | None = None
-) -> Path:
+def leg(root: Path, name: str, ranks: int, tp: int, steps: int, ckpt: Path, cp: dict[str, Any] | None = None) -> Path:
     """A leg of `steps` (its last step) on `ranks` at tp, or with `cp` (the parallel section's cp keys and the
     training keys it changes: loss_chunk_tokens, activation_checkpointing)."""
     folder = root / name
@@ -62,7 +60,12 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "cp2": leg(root, "cp2", 2, 1, 2, root / "cp-ckpt", {"cp": 2}),
         "cp2x2": leg(root, "cp2x2", 4, 1, 4, root / "cp-ckpt", {"cp": 2, "loss_chunk_tokens": 16}),
         "cp4": leg(
-            root, "cp4", 4, 1, 6, root / "cp-ckpt",
+            root,
+            "cp4",
+            4,
+            1,
+            6,
+            root / "cp-ckpt",
             {"cp": 4, "cp_rotate": "alltoall", "activation_checkpointing": "full"},
         ),  # fmt: skip
     }

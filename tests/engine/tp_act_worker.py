@@ -1,8 +1,9 @@
-"""Activations under tensor + sequence parallelism, measured on real gloo ranks (`torchrun --nproc_per_node N
-tp_act_worker.py OUT.json PLAN [PLAN ...]`): each plan's model is built with the engine's own pieces (meta build,
-parallelize: TP -> activation checkpointing -> FSDP2, materialize) and run one forward and its loss (loss parallel
-under tp > 1, as the trainer does), while the saved-bytes harness (llmctl.measure.saved) records what autograd saves
-for backward and what a checkpointed layer holds (its inputs).
+"""Activations under tensor + sequence parallelism and context parallelism, measured on real gloo ranks
+(`torchrun --nproc_per_node N tp_act_worker.py OUT.json PLAN [PLAN ...]`): each plan's model is built with the engine's
+own pieces (meta build, ring attention, parallelize: TP -> activation checkpointing -> FSDP2, materialize) and run one
+forward and its loss (loss parallel under tp > 1, the rank's part of the sequence under cp > 1, as the trainer does),
+while the saved-bytes harness (llmctl.measure.saved) records what autograd saves for backward and what a checkpointed
+layer holds (its inputs).
 
 A DTensor is counted by its local tensor (what the rank holds), each storage once; parameters are not activations:
 every module's own parameters are excluded as it is called (FSDP2 all-gathers them into fresh unsharded storages
@@ -26,7 +27,9 @@ import torch
 import torch.distributed as dist
 from engine_runs import finish  # this script's folder is on sys.path
 
-from llmctl.engine.loss import parallel_loss, select_loss, whole_loss
+from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, install_cpu_ring, use_ring_attention, whole
+from llmctl.engine.data import Batch
+from llmctl.engine.loss import model_loss, select_loss
 from llmctl.engine.model import base_spec, build_meta_model, materialize, select_attention
 from llmctl.engine.parallelize import build_mesh, parallelize
 from llmctl.families import tensor_parallel as tpp
@@ -110,9 +113,14 @@ def measure(path: str, world: int, detail: bool) -> dict:
 
     plan = load_plan(path)
     t, setup = plan.training, plan.setup
-    attn, _ = select_attention(t.attention, False, False)
+    attn, _ = select_attention(t.attention, False, False, setup.cp)
     mesh = build_mesh(plan, "cpu", world)
     model = build_meta_model(plan, attn)
+    ring = cp_mesh(mesh)
+    split = whole if ring is None else SequenceSplit(ring, setup.cp_load_balance, setup.cp_rotate)
+    if ring is not None:
+        use_ring_attention(model)
+        install_cpu_ring()
     parallelize(model, plan, mesh)
     materialize(model, plan, torch.device("cpu"))
     model.train()
@@ -136,22 +144,17 @@ def measure(path: str, world: int, detail: bool) -> dict:
     saved.track(layers, keep_inputs=setup.checkpointing != "none")
     for name in ("norm", "head"):
         _region(saved, _at(model, tpp.ROOT[name]), name)
-    with saved, _sac_cache_kept(saved):
+    with split(Batch(inputs, targets)) as part, contextlib.ExitStack() as stack:
         if impl == "parallel":
-            with loss_parallel():
-                loss = parallel_loss(model, inputs, targets, vocab)
-        else:
-            loss = whole_loss(model, inputs, targets, vocab)
-    assert loss.requires_grad
-    regions = {str(k): v for k, v in saved.by_region().items()}
+            stack.enter_context(loss_parallel())
+        with saved, _sac_cache_kept(saved):
+            loss = model_loss(model, impl, part.inputs, part.targets, vocab, positions=part.positions)
+        assert loss.requires_grad
+        regions = {str(k): v for k, v in saved.by_region().items()}
+        loss.backward()
     out = {"regions": regions}
     if detail:
         out["detail"] = saved.detail
-    if impl == "parallel":
-        with loss_parallel():
-            loss.backward()
-    else:
-        loss.backward()
     return out
 
 
