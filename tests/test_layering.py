@@ -168,7 +168,7 @@ def test_the_graph_is_read() -> None:
     assert "llmctl.launch.preflight" in top  # the package's __init__ runs first
     assert "llmctl.launch" not in top and "llmctl" not in top  # already running: they hold backends
     assert "llmctl.spec.planfile" not in top  # under `if TYPE_CHECKING:` only
-    top, anywhere = GRAPH["llmctl.cli.launch"]
+    top, anywhere = GRAPH["llmctl.cli.launch_show"]
     assert "llmctl.launch.dry_start" in anywhere and "llmctl.launch.dry_start" not in top  # inside a function
 
 

@@ -332,7 +332,14 @@ def _hf_configs(plan: Plan, hf_config: dict[str, Any], vocab: int) -> tuple[Any,
     m = plan.model
     try:
         if m.weights:
-            config = AutoConfig.from_pretrained(m.weights, local_files_only=True, **m.overrides)
+            from llmctl.spec.rope import ROPE_KEYS, merge_overrides
+
+            overrides = dict(m.overrides)
+            rope = {k: overrides.pop(k) for k in ROPE_KEYS if k in overrides}
+            config = AutoConfig.from_pretrained(m.weights, local_files_only=True, **overrides)
+            if rope:  # one rope_parameters, the folder's theta kept (passing rope_scaling through would drop it)
+                rope.update({"rope_theta": overrides["rope_theta"]} if "rope_theta" in overrides else {})
+                config.rope_parameters = merge_overrides(config.to_dict(), rope)["rope_parameters"]
         else:
             cfg = dict(hf_config)
             config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)

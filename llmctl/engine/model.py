@@ -121,8 +121,9 @@ def base_spec(plan: Plan) -> ModelSpec:
         base = from_preset(m.preset)
     else:
         base = from_config_ref(m.config) if m.config else from_config_path(m.weights or "")
-    cfg: dict[str, Any] = dict(base.hf_config)
-    cfg.update(m.overrides)
+    from llmctl.spec.rope import merge_overrides
+
+    cfg = merge_overrides(dict(base.hf_config), m.overrides)
     return from_hf_config(cfg, name=base.name, source=base.source)
 
 

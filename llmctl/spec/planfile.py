@@ -400,6 +400,7 @@ class Plan(_Strict):
         if not m.preset:
             return
         from llmctl.spec.models import SIZE_FIELDS, from_hf_config, preset_entry
+        from llmctl.spec.rope import merge_overrides
 
         try:
             entry = preset_entry(m.preset)
@@ -411,7 +412,7 @@ class Plan(_Strict):
                 raise ValueError(f"model.overrides.{key}: expected an integer, got {_short(repr(v), 60)}")
         where = "model.overrides" if m.overrides else "model.preset"
         try:  # the engine's own merge (llmctl.engine.model.base_spec)
-            spec = from_hf_config({**entry["config"], **m.overrides}, name=where, source="preset")
+            spec = from_hf_config(merge_overrides(entry["config"], m.overrides), name=where, source="preset")
         except LlmctlError as e:
             raise ValueError(str(e)) from None
         if spec.params > MAX_PARAMS:
