@@ -79,6 +79,8 @@ def estimate_memory(
         if v < 1:  # named by its flag here; the memory model's own check names the field
             raise InputError(f"{flag} must be a positive integer, got {v}")
     spec = models.resolve_model(model, params)
+    if cp > 1 and (problem := cp_problem(spec, seq_len)):
+        raise InputError(f"--cp {cp}: {problem}", hint="use --cp 1")
     asked = canonical(attention, ATTENTIONS, "attention")
     if spec.attention_kernel(asked) != asked:  # what the engine will run (Gemma 2 and gpt-oss have no SDPA path)
         attention = spec.attention_kernel(asked)
@@ -87,8 +89,6 @@ def estimate_memory(
             f"{attention}, estimated here",
             soft_wrap=True,
         )
-    if cp > 1 and (problem := cp_problem(spec, seq_len)):
-        raise InputError(f"--cp {cp}: {problem}", hint="use --cp 1")
     gpu_spec = hardware.resolve_gpu(gpu) if gpu else None
     # The GPU kind's usual node (8 when no kind is given): what --gpus and --nodes fill, and the node the "how many
     # GPUs" answer counts in. Nothing given estimates one GPU.

@@ -17,7 +17,7 @@ from llmctl.spec.hardware import GIB
 from llmctl.spec.setup import TrainSetup
 
 if TYPE_CHECKING:
-    from llmctl.plan.planner import MemorySearch
+    from llmctl.plan.search import MemorySearch
 
 
 def sort_key(req: PlanRequest, c: Candidate) -> tuple[float, float]:
@@ -135,13 +135,13 @@ def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
 # --- tensor parallelism ------------------------------------------------------------------------------------------
 def activation_bytes(setup: TrainSetup, req: PlanRequest) -> int:
     """Bytes per GPU of what a step keeps for backward and its loss at the peak phase (the memory model's components
-    that are neither model states nor FSDP's unsharded buffers)."""
+    that are neither model states nor FSDP's unsharded buffers nor ring attention's transient ones)."""
     est = mem.estimate(req.spec, setup)
     peak = est.peak_phase
     return sum(
         c.bytes
         for c in est.components
-        if peak in c.phases and c.bytes_per_param is None and not c.name.startswith("unsharded")
+        if peak in c.phases and c.bytes_per_param is None and not c.name.startswith(("unsharded", "ring"))
     )
 
 
@@ -281,6 +281,11 @@ def _cp_ring(req: PlanRequest, c: Candidate) -> str:
     )
 
 
+def _metric(req: PlanRequest, c: Candidate) -> float:
+    p = c.predicted
+    return p.tokens_per_s if req.objective == "throughput" else p.tokens_per_s_per_gpu
+
+
 def explain_cp_choice(
     req: PlanRequest,
     chosen: Candidate,
@@ -329,12 +334,14 @@ def explain_cp_choice(
             if cp > 1:
                 metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
                 return (
-                    f"context parallelism cannot win here: even without communication or recompute, CP {cp} reaches "
-                    f"at most {bound:,.0f} {metric} (ring attention on SDPA)"
+                    f"context parallelism cannot win here: with the least recompute that fits and no communication "
+                    f"but its ring's, CP {cp}{f' x TP {tp}' if tp > 1 else ''} reaches at most {bound:,.0f} {metric} "
+                    f"(ring attention on SDPA), below the chosen {_metric(req, chosen):,.0f}"
                 )
         return f"context parallelism: no setup with CP {', '.join(str(c) for c in cps if c > 1)} fits"
     o = other.setup
-    reasons = [f"the whole {req.seq_len:,}-token sequence fits per GPU without it"]
+    tp = f" (here with TP {s.tp})" if s.tp > 1 else ""
+    reasons = [f"a whole {req.seq_len:,}-token sequence fits without it{tp}"]
     if s.attention != o.attention:
         eff = req.efficiency.kernel
         reasons.append(

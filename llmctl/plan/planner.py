@@ -1,13 +1,20 @@
 """The planner: enumerate setups, drop what does not fit, time the rest, rank, explain (torch-free).
 
 Search space: tensor-parallel degree (llmctl.families.tensor_parallel.valid_tp: 1, 2, 4, 8 inside a node, where the
-model's family has a plan and the degree divides its heads, kv heads and MLP width) x strategy (full_shard,
+model's family has a plan and the degree divides its heads, kv heads and MLP width) x context-parallel degree (1, 2,
+4, ... up to the cluster where the model's attention runs as ring attention, llmctl.families.context_parallel, and
+2cp x tp splits the sequence; ring attention on SDPA, the head-tail load balance, its all-gather or all-to-all
+rotation) x strategy (full_shard,
 hybrid_shard, no_shard: what the engine runs, over the data-parallel ranks) x nodes used (powers of two and divisors
 of the cluster's node count: on a slow network fewer nodes can win) x micro-batch (per data-parallel rank: a tp group
 shares one; divisors of the per-rank batch, up to memory.max_micro_batch) x gradient accumulation (the global batch
 is held fixed: micro_batch x accumulation x data-parallel ranks = global batch) x checkpointing x attention kernel x
 compile (with tp > 1, compile on a CUDA GPU turns on async TP: it only hides communication) x loss chunk (0 with
-tp > 1: TP computes the loss on vocabulary shards).
+tp > 1: TP computes the loss on vocabulary shards; past LONG_CONTEXT_TOKENS only the chunked loss).
+
+Families with TP are searched when their compute bound could beat the best so far, then families with CP when theirs
+(with the least recompute that fits, and the ring's exposed exchanges: llmctl.plan.search.MemorySearch.ring_bound)
+could; the setups without CP are searched exactly as without it.
 
 What fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is llmctl.plan.request,
 the explanations llmctl.plan.explain, the plan file llmctl.plan.emit.
@@ -16,7 +23,6 @@ the explanations llmctl.plan.explain, the plan file llmctl.plan.emit.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -34,12 +40,14 @@ from llmctl.plan.explain import (
     why_lost,
 )
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
-from llmctl.plan.timing import Candidate, compute_times, evaluate
+from llmctl.plan.search import MemorySearch
+from llmctl.plan.search import divisors as divisors  # re-exported (llmctl.tune.space)
+from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GIB
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import ENGINE_STRATEGIES
-from llmctl.spec.setup import ATTENTIONS, CP_ROTATES, TrainSetup, sequence_split_problem
+from llmctl.spec.setup import ATTENTIONS, TrainSetup, sequence_split_problem
 
 # Chunked loss: one chunk's logits are about 2^26 elements (512 MiB for the fp32 log-softmax and its gradient in
 # backward): 512 tokens for Llama 3's 128k vocabulary, 2048 for Llama 2's 32k; never below 256 tokens (smaller
@@ -56,9 +64,9 @@ class PlanResult:
     request: PlanRequest
     chosen: Candidate
     candidates: list[Candidate]
-    """Ranked best first; the best setup of each (tp, strategy, nodes used, recompute or not) family: the alternatives a
-    person weighs (the modes, kernel, loss and compile variants of one family are in `variants`; `memory_choice`
-    compares the checkpointing modes of the chosen strategy)."""
+    """Ranked best first; the best setup of each (tp, cp or not, strategy, nodes used, recompute or not) family: the
+    alternatives a person weighs (the modes, cp degrees, kernel, loss and compile variants of one family are in
+    `variants`; `memory_choice` compares the checkpointing modes of the chosen strategy)."""
     why_lost: dict[int, str]
     """Index into candidates -> one sentence."""
     variants: list[Candidate]
@@ -165,11 +173,6 @@ def node_counts(total: int) -> list[int]:
     if total <= 64:
         out.update(d for d in range(1, total + 1) if total % d == 0)
     return sorted(out)
-
-
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 def auto_loss_chunk(spec: ModelSpec) -> int:
@@ -327,69 +330,120 @@ def plan(req: PlanRequest) -> PlanResult:
     }
     top_key = [0.0]  # the best candidate's sort key so far (its first figure)
 
+    saturated: dict[tuple, int] = {}  # (tp, strategy, nodes, kernel) -> the least cp whose cheapest option fit it all
+
     def group(tp: int, cp: int, strategy: str, n: int, attn: str) -> None:
         """Search one (tp, cp, strategy, nodes, kernel) family: the Pareto front of checkpointing x loss chunk."""
         nonlocal evaluated
         if strategy == "hybrid_shard" and (n < 2 or g % (tp * cp) or g // (tp * cp) < 2):
             return  # one node, or a shard group of one rank: that is full_shard, or no_shard
+        if saturated.get((tp, strategy, n, attn), cp) < cp:
+            # A smaller cp ran the whole per-rank batch in one micro-batch without recompute: a larger one runs the
+            # same tokens per GPU in GEMMs as large at best, and its ring only adds communication.
+            return
         per_rank = G // dp_ranks(n, tp, cp)
         top = req.micro_batch or per_rank  # the largest micro-batch worth fitting
+        # Ring attention: the all-to-all rotation never holds more than the all-gather's buffers
+        # (llmctl.plan.memory.ring), so its memory search stands for both; the all-gather is timed beside it where it
+        # fits (equal predictions keep it: torch's and torchtitan's default).
+        rotate = "alltoall" if cp > 1 else "allgather"
         # Pareto front, cheapest recompute first: an option is worth its memory search and timing only if it fits a
         # larger micro-batch than every cheaper one (at an equal micro-batch the cheaper recompute is faster, at every
         # micro-batch, since both scale with its tokens); once one fits the whole per-rank batch, nothing dearer can
         # win. Thousands of dominated setups are never searched or timed.
-        for rotate in CP_ROTATES if cp > 1 else ("allgather",):
-            largest = 0
-            for ckpt, chunk in order[attn]:
-                if largest >= top:
-                    break
-                if (tp > 1 and chunk) or (tp == 1 and chunk not in chunks):
-                    continue  # TP computes the loss on vocabulary shards (loss parallel), unchunked
-                mbs = search.micro_batches(strategy, n, ckpt, attn, chunk, per_rank, rejected, tp, cp, rotate)
-                # At an equal micro-batch the order by recompute (priced at mb 1, without compile) can disagree with
-                # the timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
-                if not mbs or mbs[-1] < largest:
-                    continue
-                largest = mb = mbs[-1]
-                # Only the largest micro-batch that fits is timed: a step's compute time falls with the micro-batch
-                # (the GEMM-shape efficiency rises with the tokens per micro-batch) and so does its communication
-                # (fewer micro-batches, each hiding more behind longer compute).
+        largest = 0
+        for k, (ckpt, chunk) in enumerate(o for o in order[attn] if (o[1] == 0 if tp > 1 else o[1] in chunks)):
+            # (TP computes the loss on vocabulary shards, loss parallel: unchunked.)
+            if largest >= top:
+                break
+            mbs = search.micro_batches(strategy, n, ckpt, attn, chunk, per_rank, rejected, tp, cp, rotate)
+            if k == 0 and mbs and mbs[-1] >= top:  # the cheapest option runs the whole batch at once
+                saturated[(tp, strategy, n, attn)] = min(cp, saturated.get((tp, strategy, n, attn), cp))
+            # At an equal micro-batch the order by recompute (priced at mb 1, without compile) can disagree with
+            # the timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
+            if not mbs or mbs[-1] < largest:
+                continue
+            largest = mb = mbs[-1]
+            # Only the largest micro-batch that fits is timed: a step's compute time falls with the micro-batch
+            # (the GEMM-shape efficiency rises with the tokens per micro-batch) and so does its communication
+            # (fewer micro-batches, each hiding more behind longer compute).
+            if cp == 1:
                 for comp in compiles:
                     async_tp = tp > 1 and comp and req.async_tp  # async TP only hides communication
-                    setup = req.setup(
-                        strategy, n, mb, per_rank // mb, ckpt, attn, comp, chunk, tp, async_tp, cp, rotate
+                    keep(
+                        evaluate(req, req.setup(strategy, n, mb, per_rank // mb, ckpt, attn, comp, chunk, tp, async_tp))
                     )
-                    c = evaluate(req, setup)
-                    evaluated += 1
-                    key = (tp, cp, strategy, n, ckpt, attn, comp, chunk)
-                    if key not in best or sort_key(req, c) < sort_key(req, best[key]):
-                        best[key] = c
-                    top_key[0] = min(top_key[0], sort_key(req, c)[0])
+                continue
+            # Ring attention: compile only ever speeds a step up in this model (COMPILE_SPEEDUP, and async TP), so only
+            # the faster is timed; the all-gather rotation, where it fits, replaces the all-to-all's when its ring
+            # hides as much (equal predictions keep it: torch's and torchtitan's default).
+            comp = max(compiles) if req.efficiency.compile_speedup >= 1 else min(compiles)
+            async_tp = tp > 1 and comp and req.async_tp
+            setup = req.setup(strategy, n, mb, per_rank // mb, ckpt, attn, comp, chunk, tp, async_tp, cp, rotate)
+            c = evaluate(req, setup)
+            gathered = replace(setup, cp_rotate="allgather")
+            if (
+                cp_comm(req, gathered, c.predicted.efficiency).exposed_s <= c.predicted.cp_comm_exposed_s
+                and mem.estimate(
+                    spec, replace(gathered, grad_accum_steps=1, compile=False, async_tp=False)
+                ).device_bytes
+                <= req.capacity_bytes
+            ):
+                c = evaluate(req, gathered)
+            keep(c)
+
+    def keep(c: Candidate) -> None:
+        """Count a timed setup and keep it if it is its family's best so far."""
+        nonlocal evaluated
+        evaluated += 1
+        s = c.setup
+        key = (s.tp, s.cp, s.strategy, s.nodes, s.checkpointing, s.attention, s.compile, s.loss_chunk_tokens)
+        if key not in best or sort_key(req, c) < sort_key(req, best[key]):
+            best[key] = c
+        top_key[0] = min(top_key[0], sort_key(req, c)[0])
 
     # Without TP or CP every data-parallel family is searched: the table compares them.
     for strategy in strategies:
         for n in usable.get((1, 1), []):
             for attn in attns:
                 group(1, 1, strategy, n, attn)
-    # With TP or CP, a (tp, cp, nodes, kernel) family is searched only if its compute alone (no communication, no
-    # recompute, the largest micro-batch) could beat the best setup so far: most node counts of a large cluster cannot.
+    # With TP, a (tp, nodes, kernel) family is searched only if its compute alone (no communication, no recompute, the
+    # largest micro-batch) could beat the best setup so far: most node counts of a large cluster cannot.
     bounds = sorted(
         (
-            (parallel_bound(req, tp, cp, n, attn, max(compiles)), tp, cp, n, attn)
+            (parallel_bound(req, tp, 1, n, attn, max(compiles)), tp, n, attn)
             for tp, cp in degrees
-            if tp * cp > 1
+            if tp > 1 and cp == 1
             for n in usable[(tp, cp)]
             for attn in attns
-            if cp == 1 or attn == "sdpa"  # ring attention runs on SDPA
         ),
         key=lambda b: -b[0],
     )
-    for bound, tp, cp, n, attn in bounds:
+    for bound, tp, n, attn in bounds:
         if best and bound < -top_key[0]:
-            pruned[(tp, cp)] = max(pruned.get((tp, cp), 0.0), bound)
+            pruned[(tp, 1)] = max(pruned.get((tp, 1), 0.0), bound)
             continue
         for strategy in strategies:
-            group(tp, cp, strategy, n, attn)
+            group(tp, 1, strategy, n, attn)
+    # With CP, after every family without it: ring attention runs on SDPA, and such a family is searched only if its
+    # compute at the largest micro-batch with the least recompute that lets micro-batch 1 fit, plus its ring's exposed
+    # exchanges (`MemorySearch.ring_bound`), could beat the best setup so far.
+    ring_bounds = sorted(
+        (
+            (search.ring_bound(tp, cp, n, strategies, order["sdpa"], chunks, max(compiles)), tp, cp, n)
+            for tp, cp in degrees
+            if cp > 1 and "sdpa" in attns
+            for n in usable[(tp, cp)]
+        ),
+        key=lambda b: -b[0],
+    )
+    ring_pruned: dict[tuple[int, int], float] = {}
+    for bound, tp, cp, n in ring_bounds:
+        if best and bound < -top_key[0]:
+            ring_pruned[(tp, cp)] = max(ring_pruned.get((tp, cp), 0.0), bound)
+            continue
+        for strategy in strategies:
+            group(tp, cp, strategy, n, "sdpa")
     metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
     for (tp, cp), bound in pruned.items():
         what = " x ".join(f"{k} {v}" for k, v in (("TP", tp), ("CP", cp)) if v > 1)
@@ -397,6 +451,13 @@ def plan(req: PlanRequest) -> PlanResult:
             f"{what} on some node counts: at most {bound:,.0f} {metric} even without communication or recompute, "
             f"below the best {-top_key[0]:,.0f}"
         )
+    for (tp, cp), bound in ring_pruned.items():
+        what = " x ".join(f"{k} {v}" for k, v in (("CP", cp), ("TP", tp)) if v > 1)
+        rejected.append(
+            f"{what} on some node counts: at most {bound:,.0f} {metric} with the least recompute that fits and no "
+            f"communication but the ring's, below the best {-top_key[0]:,.0f}"
+        )
+    pruned.update(ring_pruned)
     if not best:
         _nothing_fits(req, rejected)
     ranked = sorted(best.values(), key=lambda c: sort_key(req, c))
@@ -410,10 +471,11 @@ def plan(req: PlanRequest) -> PlanResult:
         filled.append(replace(c, predicted=replace(c.predicted, memory_per_gpu_bytes=mem_cache[k])))
     families: dict[tuple, Candidate] = {}
     for c in filled:
-        # One row per (tp, cp, strategy, nodes, recompute or not): the best of selective / partial / full stands for
-        # checkpointing (rows per mode would crowd out the strategies); memory_choice compares the modes.
+        # One row per (tp, cp or not, strategy, nodes, recompute or not): the best of selective / partial / full stands
+        # for checkpointing, the best cp degree for cp (rows per mode or degree would crowd out the strategies);
+        # memory_choice compares the modes, cp_choice the degrees.
         s = c.setup
-        families.setdefault((s.tp, s.cp, s.strategy, s.nodes, s.checkpointing != "none"), c)
+        families.setdefault((s.tp, s.cp > 1, s.strategy, s.nodes, s.checkpointing != "none"), c)
     fam = list(families.values())
     why = {i: why_lost(c, fam[0], req) for i, c in enumerate(fam) if i > 0}
     choice = explain_memory_choice(req, fam[0], search, ckpts, chunks)
@@ -442,104 +504,6 @@ def parallel_bound(req: PlanRequest, tp: int, cp: int, nodes: int, attn: str, co
 def tp_bound(req: PlanRequest, tp: int, nodes: int, attn: str, compile_: bool) -> float:
     """parallel_bound without context parallelism."""
     return parallel_bound(req, tp, 1, nodes, attn, compile_)
-
-
-class MemorySearch:
-    """The largest micro-batch per setup (memory.max_micro_batch), cached: memory depends on the shard degree, not on
-    the node count, for hybrid and no_shard, so those share one search."""
-
-    def __init__(self, req: PlanRequest) -> None:
-        self.req = req
-        self.cache: dict[tuple, tuple[int, int]] = {}
-
-    def max_mb(
-        self,
-        strategy: str,
-        n: int,
-        ckpt: str,
-        attn: str,
-        chunk: int,
-        per_gpu: int,
-        tp: int = 1,
-        cp: int = 1,
-        rotate: str = "allgather",
-    ) -> int:
-        return min(self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[0], per_gpu)
-
-    def _search(
-        self,
-        strategy: str,
-        n: int,
-        ckpt: str,
-        attn: str,
-        chunk: int,
-        tp: int = 1,
-        cp: int = 1,
-        rotate: str = "allgather",
-    ) -> tuple[int, int]:
-        """(largest micro-batch that fits up to the one-node per-rank batch, bytes per GPU at micro-batch 1).
-        Memory depends neither on the per-rank batch nor, between SDPA and flash, on the kernel; full_shard's depends
-        on the node count, and its search stops at that count's per-rank batch (what the planner asks)."""
-        kernel = "eager" if attn == "eager" else "fused"
-        key = (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
-        if key not in self.cache:
-            req = self.req
-            setup = req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
-            need = mem.estimate(req.spec, setup).device_bytes
-            cap = req.capacity_bytes
-            dp = (n if strategy == "full_shard" else 1) * req.gpus_per_node // (tp * cp)
-            limit = max(1, req.global_batch // max(1, dp))
-            fitted = mem.max_micro_batch(req.spec, setup, cap, limit=limit) if need <= cap else 0
-            self.cache[key] = (fitted, need)
-        return self.cache[key]
-
-    def micro_batches(
-        self,
-        strategy: str,
-        n: int,
-        ckpt: str,
-        attn: str,
-        chunk: int,
-        per_gpu: int,
-        rejected: list[str],
-        tp: int = 1,
-        cp: int = 1,
-        rotate: str = "allgather",
-    ) -> list[int]:
-        """The micro-batches to try (divisors of the per-rank batch that fit, or the pinned one), ascending; [] with
-        the reason appended to `rejected` when none. `per_gpu`: sequences per data-parallel rank per step."""
-        req, cap = self.req, self.req.capacity_bytes
-        max_mb = self.max_mb(strategy, n, ckpt, attn, chunk, per_gpu, tp, cp, rotate)
-        par = "".join(f" x {k} {v}" for k, v in (("CP", cp), ("TP", tp)) if v > 1)
-        on = f"{strategy}{par} on {n} node{'s' if n > 1 else ''}"
-        ring = f", {rotate} ring" if cp > 1 else ""
-        where = f"{on}, checkpointing {ckpt}, {attn}{ring}{f', loss chunks of {chunk}' if chunk else ''}"
-        if max_mb == 0:
-            need = self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[1]
-            rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
-            return []
-        if req.micro_batch is None:
-            return [d for d in divisors(per_gpu) if d <= max_mb]
-        if per_gpu % req.micro_batch:
-            ranks = (
-                f"{n * req.gpus_per_node // (tp * cp)} data-parallel ranks"
-                if tp * cp > 1
-                else f"{n * req.gpus_per_node} GPUs"
-            )
-            rejected.append(
-                f"{on}: micro-batch {req.micro_batch} does not divide the {per_gpu} sequences per "
-                f"{'data-parallel rank' if tp * cp > 1 else 'GPU'} (global batch {req.global_batch} over {ranks})"
-            )
-            return []
-        if req.micro_batch > max_mb:
-            pinned = req.setup(strategy, n, req.micro_batch, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
-            need = mem.estimate(req.spec, pinned)
-            rejected.append(
-                f"{where}: micro-batch {req.micro_batch} needs {need.device_bytes / GIB:.1f} GiB per GPU > "
-                f"{cap / GIB:.1f} GiB"
-            )
-            return []
-        return [req.micro_batch]
 
 
 def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:

@@ -76,9 +76,9 @@ def ring_layers(spec: ModelSpec, setup: TrainSetup, rate_flops_s: float) -> list
     return out
 
 
-def _exposed(in_flight: list[float], step_s: float) -> float:
-    """Sum over ring steps of what the step's attention does not hide (module docstring)."""
-    return sum(max(0.0, t - step_s) for t in in_flight)
+def _over(t: float, step_s: float) -> float:
+    """What one ring step's attention does not hide of `t` seconds in flight beside it."""
+    return max(0.0, t - step_s)
 
 
 def ring_step_comm(
@@ -119,17 +119,22 @@ def ring_step_comm(
         for phase, n in (("forward", la.count), ("backward", la.count), ("recompute", la.recomputed)):
             if n == 0:
                 continue
-            if gather:
+            # Steps 0 .. cp-1 (module docstring): what is in flight beside each step's attention.
+            if gather:  # one all-gather, started before step 0 and waited for at step 1
                 t_kv = add(f"CP K/V all-gather ({phase})", "all_gather", cp * la.kv_bytes, n)
-                kv_steps = [t_kv] + [0.0] * (cp - 1)  # started before step 0, waited for at step 1
-            else:
+                if phase == "backward":  # step 0: the all-gather; steps 1 .. cp-1: the dK/dV hop of the step before
+                    per_layer = _over(t_kv, step_b) + (cp - 1) * _over(t_d, step_b)
+                else:
+                    per_layer = _over(t_kv, step_f)
+            else:  # hop i+1 started before step i: steps 0 .. cp-2
                 t_kv = add(f"CP K/V send/recv ({phase})", "send_recv", la.kv_bytes, n * (cp - 1))
-                kv_steps = [t_kv] * (cp - 1) + [0.0]  # hop i+1 started before step i
+                if phase == "backward":  # step 0: a K/V hop; 1 .. cp-2: a K/V and a dK/dV hop; cp-1: a dK/dV hop
+                    per_layer = _over(t_kv, step_b) + (cp - 2) * _over(t_kv + t_d, step_b) + _over(t_d, step_b)
+                else:
+                    per_layer = (cp - 1) * _over(t_kv, step_f)
             if phase == "backward":
-                in_flight = [kv + (t_d if i > 0 else 0.0) for i, kv in enumerate(kv_steps)]
-                exposed += n * (_exposed(in_flight, step_b) + t_d)  # + the last dK/dV hop, after the last step
-            else:
-                exposed += n * _exposed(kv_steps, step_f)
+                per_layer += t_d  # the last dK/dV hop, after the last step: nothing left to hide it
+            exposed += n * per_layer
     op_list = list(ops.values())
     total = sum(o.time_per_step_s for o in op_list)
     top = max(op_list, key=lambda o: o.time_per_step_s)

@@ -227,7 +227,7 @@ class TrainSetup:
         attention = self.attention
         if attention == "auto":
             # Ring attention (cp > 1) runs on SDPA, whose CUDA flash kernel is flash-attention 2's algorithm.
-            flash = gpu is not None and gpu.flash_attention and self.precision.flash_attention
+            flash = gpu is not None and gpu.flash_attention and self.precision.flash_attention and self.cp == 1
             attention = "flash" if flash else "sdpa"
         return spec.attention_kernel(attention)
 

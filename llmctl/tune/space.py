@@ -175,7 +175,8 @@ def request_for_plan(
         seq_len=setup.seq_len,
         global_batch_seqs=setup.tokens_per_step // setup.seq_len,
         precision=setup.precision,
-        attention=setup.kernel(gpu, spec),
+        # Ring attention (cp > 1) runs on SDPA whatever `auto` would pick without it.
+        attention="sdpa" if setup.cp > 1 else setup.kernel(gpu, spec),
         loss_chunk_tokens=setup.loss_chunk_tokens,
         efficiency=efficiency or Efficiency(),
     )

@@ -6,7 +6,7 @@ identical (tests/golden/test_golden_outputs.py). Regenerate on purpose only, whe
 
 Each case names what it covers: families (dense, GQA, MoE, sliding windows, MLA, GPT-2), every strategy, every
 checkpointing mode, both attention kernels, fp32/bf16/pure bf16, the zero ledger, a measured model type, a
-calibrated plan, a cost objective, pins.
+calibrated plan, a cost objective, pins, context parallelism at 128k tokens.
 """
 
 from __future__ import annotations
@@ -58,6 +58,10 @@ ESTIMATE: dict[str, list[str]] = {
     "est-params-7b": ["--params", "7B", "--gpu", "A100-80GB", "--gpus", "8"],
     "est-gpt-oss-20b-sliding-sinks": ["gpt-oss-20b", "--gpu", "H100-SXM", "--gpus", "8", "--checkpointing", "full"],
     "est-measured-granite": ["{measured}", "--gpu", "H100-SXM", "--gpus", "8", "--seq-len", "1024"],
+    "est-llama31-8b-cp4-128k": [
+        "llama-3.1-8b", "--gpu", "H100-SXM", "--gpus", "8", "--cp", "4", "--seq-len", "128k", "--checkpointing",
+        "full", "--loss-chunk", "512",
+    ],
 }
 PLAN: dict[str, list[str]] = {
     "plan-seed": ["llama-2-7b", "--cluster", SEED, "--seq-len", "1024", "--tokens", "2B", "-o", "{plan}"],
@@ -88,6 +92,10 @@ PLAN: dict[str, list[str]] = {
     "plan-tiny-cpu-like": [
         "llama-tiny", "--gpu", "A100-80GB", "--gpus-per-node", "2", "--precision", "fp32", "--seq-len", "128",
         "--global-batch", "16", "-o", "{plan}",
+    ],
+    "plan-llama31-8b-128k-cp": [
+        "llama-3.1-8b", "--gpu", "H100-SXM", "--nodes", "1", "--gpus-per-node", "8", "--seq-len", "128k", "-o",
+        "{plan}",
     ],
     "plan-measured-granite": [
         "{measured}", "--gpu", "H100-SXM", "--nodes", "1", "--gpus-per-node", "8", "--seq-len", "1024", "-o", "{plan}",

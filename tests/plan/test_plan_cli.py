@@ -31,6 +31,8 @@ SEED = [
     "1024",
     "--tp",
     "1",  # the seed's story is data parallelism; TP on the seed: tests/plan/test_tp_cli.py
+    "--cp",
+    "1",  # and CP: tests/plan/test_cp_cli.py
     "--global-batch",
     "128",
 ]

@@ -30,10 +30,18 @@ FAST_NET = cm.Network(A100.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, 8 * 400 /
 
 def seed_request(**kw) -> PlanRequest:
     """The seed: Llama-2-7B, seq 1024, 2 nodes x 4 A100-80GB, 50 Gbps; a fine-tuning global batch of 128 sequences.
-    The seed's story is data parallelism (FSDP's strategies): tensor parallelism off, unless asked (its search on the
-    seed: tests/plan/test_tp_planner.py)."""
+    The seed's story is data parallelism (FSDP's strategies): tensor and context parallelism off, unless asked (their
+    searches: tests/plan/test_tp_planner.py, tests/plan/test_cp_planner.py)."""
     args = dict(
-        spec=L7B, gpu=A100, nodes=2, gpus_per_node=4, network=SEED_NET, seq_len=1024, global_batch_seqs=128, tp=1
+        spec=L7B,
+        gpu=A100,
+        nodes=2,
+        gpus_per_node=4,
+        network=SEED_NET,
+        seq_len=1024,
+        global_batch_seqs=128,
+        tp=1,
+        cp=1,
     )
     args.update(kw)
     return PlanRequest(**args)

@@ -30,6 +30,7 @@ def seed(**kw) -> PlanRequest:
         network=SEED_NET,
         seq_len=1024,
         global_batch_seqs=128,
+        cp=1,  # TP's search on the seed (CP's: tests/plan/test_cp_planner.py)
     )
     args.update(kw)
     return PlanRequest(**args)

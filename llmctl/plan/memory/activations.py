@@ -351,7 +351,16 @@ def stage_activation_bytes(
 ) -> int:
     """Bytes `layers` consecutive blocks from the first keep for backward (partial:K checkpoints layers // K of them
     whole), one rank's under tp. Past the last block the pattern repeats (a what-if deeper stack of the same
-    blocks)."""
+    blocks). Cached per spec (the planner asks the same sums for every strategy and node count)."""
+    key = ("stage_activation_bytes", layers, b, s, act_bytes, attention, checkpointing, tp)
+    return fl._memo(
+        spec, key, lambda: _stage_activation_bytes(spec, layers, b, s, act_bytes, attention, checkpointing, tp)
+    )
+
+
+def _stage_activation_bytes(
+    spec: ModelSpec, layers: int, b: int, s: int, act_bytes: int, attention: str, checkpointing: str, tp: int
+) -> int:
     blocks = [spec.layers[i % spec.num_layers] for i in range(layers)]
     if ckpt_modes.partial_every(checkpointing):
         whole = set(ckpt_modes.whole_layers(checkpointing, layers))
@@ -377,9 +386,16 @@ def recompute_buffer_bytes(
 ) -> int:
     """Live at once while one checkpointed block's backward runs: what its recompute regenerates (the largest
     block's; one rank's under tp). A whole block (full, partial) regenerates everything it would have saved; a
-    selective block the part it did not keep."""
+    selective block the part it did not keep. Cached per spec."""
     if checkpointing == "none":
         return 0
+    key = ("recompute_buffer_bytes", b, s, act_bytes, attention, checkpointing, tp)
+    return fl._memo(spec, key, lambda: _recompute_buffer_bytes(spec, b, s, act_bytes, attention, checkpointing, tp))
+
+
+def _recompute_buffer_bytes(
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, checkpointing: str, tp: int
+) -> int:
     worst = 0
     for layer, _ in spec.layer_groups:
         none = layer_activation_bytes(spec, b, s, act_bytes, attention, layer, tp=tp)
@@ -390,13 +406,16 @@ def recompute_buffer_bytes(
     return worst
 
 
-def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str) -> int:
+def shared_activation_bytes(
+    spec: ModelSpec, b: int, s: int, act_bytes: int, attention: str, position_rows: int = 1
+) -> int:
     """Kept once for all blocks: the attention masks and, for rotary models, the cos/sin tables (1 x s x rotary dim
     each, compute dtype: Hugging Face builds position ids of batch 1; Gemma 3 keeps a second pair for its local
     layers). Eager attention keeps its materialised causal mask (b x 1 x s x s, compute dtype; a second one when
     sliding-window and global layers mix). SDPA and flash take is_causal and build none (a sliding-window layer's
     SDPA mask is that layer's: block_activation_terms). Under tp every rank builds them from the whole sequence: the
-    same bytes on each."""
+    same bytes on each. `position_rows`: the rows of the position ids the model is given (context parallelism passes
+    each sequence's own part of them, b rows: the tables are b x s x rotary dim)."""
     windows = {la.attention.window for la in spec.layers if not la.attention.chunked}
     sliding = any(windows)
     # SDPA: the sliding-window layers' masks are the layers' own (block_activation_terms); flash takes the window.
@@ -409,9 +428,9 @@ def shared_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, att
         # Llama 4 builds a mask per layer type present (chunked, full: eager materialises each, b x 1 x s x s), and
         # its rotary table is one complex64 freqs_cis (1 x s x d/2: 4 bytes per rotary dim) whatever the dtype.
         types = len({la.attention.chunked for la in spec.layers})
-        return (types * act_bytes * b * s * s if attention == "eager" else 0) + 4 * s * rot
+        return (types * act_bytes * b * s * s if attention == "eager" else 0) + 4 * position_rows * s * rot
     tables = spec.features.rotary_tables
-    return mask + tables * 2 * s * rot * act_bytes
+    return mask + tables * 2 * position_rows * s * rot * act_bytes
 
 
 def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, tp: int = 1) -> int:

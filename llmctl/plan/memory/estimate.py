@@ -24,6 +24,7 @@ from llmctl.plan.memory.activations import (
 )
 from llmctl.plan.memory.ledger import StateLine, stage_params, state_ledger
 from llmctl.plan.memory.ring import ring_buffers
+from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import canonical_strategy
 from llmctl.spec.setup import TrainSetup
@@ -144,13 +145,26 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     else:
         ck, attn = setup.checkpointing, setup.attention
         saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck, sp) // rest
-        saved += shared_activation_bytes(spec, b, s, cb, attn) // rest
+        # Context parallelism passes each sequence's own positions (b rows), so the rotary tables have b rows too.
+        rows = b if setup.cp > 1 else 1
+        saved += shared_activation_bytes(spec, b, s, cb, attn, position_rows=rows) // rest
         what = {"none": "saved for backward", "full": "block inputs, checkpointed"}.get(ck, f"{ck} checkpointing")
         what += ", measured on fake tensors" if spec.measured is not None else ""
         note = f"tp {setup.tp}: torch sequence parallelism, colwise inputs gathered whole" if sp > 1 else ""
         comps.append(Component(f"activations ({what})", saved, ("forward", "backward"), note=note))
+        copy = ring_output_copy_bytes(spec, setup)
+        kept = _layers_saved_whole(ck, stage_layers)
+        if copy and kept:
+            comps.append(
+                Component(
+                    "activations (ring attention: a second attention output per layer)",
+                    kept * copy,
+                    ("forward", "backward"),
+                    note=RING_COPY_NOTE,
+                )
+            )
         if ck != "none":
-            rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck, sp) // rest
+            rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck, sp) // rest + copy
             comps.append(Component("recomputed block (backward)", rec, ("backward",)))
         head = head_activation_bytes(spec, b, s, cb, sp) // rest
         comps.append(Component("final norm + LM-head input", head, ("forward", "backward")))
@@ -181,6 +195,34 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     if not setup.training:
         phases = {"forward": phases["forward"]}
     return MemoryEstimate(spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger)
+
+
+RING_COPY_NOTE = (
+    "head-tail load balance: the ring's partial update (torch.cat) leaves the merged output contiguous as "
+    "(b, heads, s, d), so transformers' transpose(1, 2).contiguous() before o_proj copies it (the last cp rank's "
+    "does not; the estimate is the worst rank's)"
+)
+
+
+def ring_output_copy_bytes(spec: ModelSpec, setup: TrainSetup) -> int:
+    """Under context parallelism with the head-tail load balance, what one layer keeps beyond the usual attention
+    output on every cp rank but the last (RING_COPY_NOTE; measured by tests/engine/test_tp_activations.py): o_proj's
+    input, a copy of the output, b x S/cp x this rank's heads x value head size (the largest layer's). 0 otherwise."""
+    if setup.cp <= 1 or not setup.cp_load_balance or spec.measured is not None:
+        return 0
+    b, s, tp = setup.micro_batch_size, setup.seq_len // setup.cp, setup.tp
+    heads = max(-(-la.attention.num_heads // tp) * la.attention.v_head_dim for la, _ in spec.layer_groups)
+    return setup.compute_bytes * b * s * heads
+
+
+def _layers_saved_whole(checkpointing: str, layers: int) -> int:
+    """Layers of a stage whose forward tensors are all saved (not checkpointed): every one without checkpointing,
+    none with full or selective (selective regenerates the copy), those partial:K leaves alone."""
+    if checkpointing == "none":
+        return layers
+    if ckpt_modes.partial_every(checkpointing):
+        return layers - len(ckpt_modes.whole_layers(checkpointing, layers))
+    return 0
 
 
 RING_FORWARD_KV = "ring attention K/V in flight (forward)"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from llmctl.plan.flops import _memo
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.setup import TrainSetup
@@ -99,7 +100,12 @@ def classic_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
 
 
 def stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
-    """(parameters held by the largest pipeline stage after TP division, layers on it)."""
+    """(parameters held by the largest pipeline stage after TP division, layers on it). Cached per spec."""
+    key = ("stage_params", setup.tp, setup.pp, setup.engine)
+    return _memo(spec, key, lambda: _stage_params(spec, setup))
+
+
+def _stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
     layers = math.ceil(spec.num_layers / setup.pp)
     if setup.tp == setup.pp == 1:
         return spec.params, layers

@@ -1,0 +1,176 @@
+"""The planner's memory search: the largest micro-batch that fits each setup of the search (memory.max_micro_batch),
+cached across the strategies and node counts that share it, the micro-batches worth timing, and the bound that lets the
+planner skip a context-parallel family that cannot win (torch-free)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from llmctl.plan import memory as mem
+from llmctl.plan.request import PlanRequest
+from llmctl.plan.timing import compute_times, cp_comm
+from llmctl.spec.hardware import GIB
+from llmctl.spec.setup import CP_ROTATES
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+class MemorySearch:
+    """The largest micro-batch per setup (memory.max_micro_batch), cached: memory depends on the shard degree, not on
+    the node count, for hybrid and no_shard, so those share one search."""
+
+    def __init__(self, req: PlanRequest) -> None:
+        self.req = req
+        self.cache: dict[tuple, tuple[int, int]] = {}
+        self.needs: dict[tuple, int] = {}
+
+    def need(
+        self,
+        strategy: str,
+        n: int,
+        ckpt: str,
+        attn: str,
+        chunk: int,
+        tp: int = 1,
+        cp: int = 1,
+        rotate: str = "allgather",
+    ) -> int:
+        """Bytes per GPU at micro-batch 1 (cached; a full_shard's on its node count, the others' on one or two)."""
+        kernel = "eager" if attn == "eager" else "fused"
+        key = (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
+        if key not in self.needs:
+            setup = self.req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
+            self.needs[key] = mem.estimate(self.req.spec, setup).device_bytes
+        return self.needs[key]
+
+    def ring_bound(
+        self,
+        tp: int,
+        cp: int,
+        n: int,
+        strategies: list[str],
+        options: list[tuple[str, int]],
+        chunks: list[int],
+        compile_: bool,
+    ) -> float:
+        """An upper bound on what a cp > 1 family on `n` nodes predicts (tokens/s, or per GPU for the cost objective):
+        the options (checkpointing x loss chunk, cheapest recompute first) before the first that fits micro-batch 1
+        with some strategy cannot run; every setup of the family runs one of the rest, at most at the largest
+        micro-batch, and takes at least its compute time there plus its ring's exposed exchanges (FSDP's and TP's
+        communication only add). Infinite when none fits (the family's search then says why)."""
+        req, g = self.req, self.req.gpus_per_node
+        allowed = [o for o in options if (o[1] == 0 if tp > 1 else o[1] in chunks)]
+        strats = [st for st in strategies if st != "hybrid_shard" or (n > 1 and g % (tp * cp) == 0)]
+
+        def fits(ckpt: str, chunk: int) -> bool:
+            return any(self.need(st, n, ckpt, "sdpa", chunk, tp, cp, "alltoall") <= req.capacity_bytes for st in strats)
+
+        first = next((i for i, o in enumerate(allowed) if fits(*o)), None)
+        if first is None:
+            return float("inf")  # nothing fits: searched, so that its reasons are recorded
+        per_rank = req.global_batch // (n * g // (tp * cp))
+        mb = req.micro_batch or per_rank
+        least = float("inf")  # the least compute time per step of the options that can run
+        for ckpt, chunk in allowed[first:]:
+            setup = req.setup("full_shard", n, mb, max(1, per_rank // mb), ckpt, "sdpa", compile_, chunk, tp, cp=cp)
+            eff, fwd, bwd = compute_times(req, setup)
+            least = min(least, setup.grad_accum_steps * (fwd + bwd))
+        # The ring's exposure without recompute (which only runs the forward ring again), at the largest micro-batch
+        # (the fewest steps: least latency per token), by the rotation that hides more.
+        flat = replace(setup, checkpointing="none")
+        ring = min(cp_comm(req, replace(flat, cp_rotate=r), eff).exposed_s for r in CP_ROTATES)
+        tps = setup.tokens_per_step / (least + ring)
+        return tps if req.objective == "throughput" else tps / setup.gpus
+
+    def max_mb(
+        self,
+        strategy: str,
+        n: int,
+        ckpt: str,
+        attn: str,
+        chunk: int,
+        per_gpu: int,
+        tp: int = 1,
+        cp: int = 1,
+        rotate: str = "allgather",
+    ) -> int:
+        return min(self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[0], per_gpu)
+
+    def _search(
+        self,
+        strategy: str,
+        n: int,
+        ckpt: str,
+        attn: str,
+        chunk: int,
+        tp: int = 1,
+        cp: int = 1,
+        rotate: str = "allgather",
+    ) -> tuple[int, int]:
+        """(largest micro-batch that fits up to the one-node per-rank batch, bytes per GPU at micro-batch 1).
+        Memory depends neither on the per-rank batch nor, between SDPA and flash, on the kernel; full_shard's depends
+        on the node count, and its search stops at that count's per-rank batch (what the planner asks)."""
+        kernel = "eager" if attn == "eager" else "fused"
+        key = (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
+        if key not in self.cache:
+            req = self.req
+            setup = req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
+            need = self.need(strategy, n, ckpt, attn, chunk, tp, cp, rotate)
+            cap = req.capacity_bytes
+            dp = (n if strategy == "full_shard" else 1) * req.gpus_per_node // (tp * cp)
+            limit = max(1, req.global_batch // max(1, dp))
+            fitted = mem.max_micro_batch(req.spec, setup, cap, limit=limit) if need <= cap else 0
+            self.cache[key] = (fitted, need)
+        return self.cache[key]
+
+    def micro_batches(
+        self,
+        strategy: str,
+        n: int,
+        ckpt: str,
+        attn: str,
+        chunk: int,
+        per_gpu: int,
+        rejected: list[str],
+        tp: int = 1,
+        cp: int = 1,
+        rotate: str = "allgather",
+    ) -> list[int]:
+        """The micro-batches to try (divisors of the per-rank batch that fit, or the pinned one), ascending; [] with
+        the reason appended to `rejected` when none. `per_gpu`: sequences per data-parallel rank per step."""
+        req, cap = self.req, self.req.capacity_bytes
+        max_mb = self.max_mb(strategy, n, ckpt, attn, chunk, per_gpu, tp, cp, rotate)
+        par = "".join(f" x {k} {v}" for k, v in (("CP", cp), ("TP", tp)) if v > 1)
+        on = f"{strategy}{par} on {n} node{'s' if n > 1 else ''}"
+        ring = f", {rotate} ring" if cp > 1 else ""
+        where = f"{on}, checkpointing {ckpt}, {attn}{ring}{f', loss chunks of {chunk}' if chunk else ''}"
+        if max_mb == 0:
+            need = self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[1]
+            rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
+            return []
+        if req.micro_batch is None:
+            return [d for d in divisors(per_gpu) if d <= max_mb]
+        if per_gpu % req.micro_batch:
+            ranks = (
+                f"{n * req.gpus_per_node // (tp * cp)} data-parallel ranks"
+                if tp * cp > 1
+                else f"{n * req.gpus_per_node} GPUs"
+            )
+            rejected.append(
+                f"{on}: micro-batch {req.micro_batch} does not divide the {per_gpu} sequences per "
+                f"{'data-parallel rank' if tp * cp > 1 else 'GPU'} (global batch {req.global_batch} over {ranks})"
+            )
+            return []
+        if req.micro_batch > max_mb:
+            pinned = req.setup(strategy, n, req.micro_batch, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
+            need = mem.estimate(req.spec, pinned)
+            rejected.append(
+                f"{where}: micro-batch {req.micro_batch} needs {need.device_bytes / GIB:.1f} GiB per GPU > "
+                f"{cap / GIB:.1f} GiB"
+            )
+            return []
+        return [req.micro_batch]
