@@ -112,6 +112,8 @@ AllowNoCheckpointOpt = Annotated[
         help="Run a plan that saves no checkpoint (checkpoint.dir null): nothing survives a preemption or the end.",
     ),
 ]
+
+
 def launch(
     plan: PlanArg,
     slurm: SlurmOpt = False,

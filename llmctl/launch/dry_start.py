@@ -14,9 +14,7 @@ from llmctl.childerrors import ChildErrors
 from llmctl.errors import RuntimeFailure
 
 
-def dry_start(
-    plan: Path, allocate_all: bool = False, tp: int | None = None, cp: int | None = None
-) -> dict[str, Any]:
+def dry_start(plan: Path, allocate_all: bool = False, tp: int | None = None, cp: int | None = None) -> dict[str, Any]:
     """Run `python -m llmctl.engine --dry-start` in a process of its own (its fake process group and its peak
     memory are its own); its report (llmctl.engine.dryrun), or the child's one error line raised. `tp`, `cp`: the
     plan at that tensor- or context-parallel degree instead of its own (a copy in the temporary folder; the file is
