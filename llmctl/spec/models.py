@@ -8,6 +8,7 @@ meta device for every preset).
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections.abc import Callable
@@ -449,9 +450,11 @@ def preset_names() -> list[str]:
 
 
 def preset_entry(name: str) -> dict[str, Any]:
+    """A copy of a preset's catalog entry (deep: transformers >= 5 standardises a config's rope_scaling dict in place,
+    adding rope_theta to it, and the cached catalog must not keep what one caller's config did)."""
     for e in _preset_entries():
         if e["name"].lower() == name.lower() or e.get("hf_id", "").lower() == name.lower():
-            return e
+            return copy.deepcopy(e)
     raise UnknownNameError(
         f"unknown model {name!r}",
         hint=suggest(name, preset_names())
