@@ -22,6 +22,7 @@ from llmctl.cli.options import (
     ModelArg,
     NodesOpt,
     OptimizerOpt,
+    OptimizerStatesOpt,
     ParamsOpt,
     PpOpt,
     PrecisionOpt,
@@ -33,6 +34,8 @@ from llmctl.errors import InputError
 from llmctl.families.context_parallel import cp_problem
 from llmctl.plan import memory as mem
 from llmctl.spec import hardware, models
+from llmctl.spec.optimizer_states import caveat_note
+from llmctl.spec.precision import for_gpu
 from llmctl.spec.setup import ATTENTIONS, DEFAULT_HEADROOM_FRACTION, TrainSetup, canonical
 
 
@@ -44,8 +47,9 @@ def estimate_memory(
     nodes: NodesOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
     strategy: StrategyOpt = "full_shard",
-    precision: PrecisionOpt = "bf16-mixed",
+    precision: PrecisionOpt = "auto",
     optimizer: OptimizerOpt = "adamw",
+    optimizer_states: OptimizerStatesOpt = "auto",
     seq_len: SeqLenOpt = 2048,
     micro_batch: MicroBatchOpt = 1,
     checkpointing: CheckpointingOpt = "none",
@@ -104,9 +108,11 @@ def estimate_memory(
         and nodes is None
     ):
         raise InputError("hybrid_shard needs --nodes N --gpus-per-node G")
+    precision_policy, precision_why = for_gpu(precision, gpu_spec)  # auto: fp16-mixed on a V100, and why
     setup = TrainSetup(
-        precision=precision,
+        precision=precision_policy,
         optimizer=optimizer,
+        optimizer_states=optimizer_states,
         strategy=strategy,
         engine=engine,
         nodes=n_nodes,
@@ -122,8 +128,10 @@ def estimate_memory(
         headroom_fraction=headroom,
         cuda_context_bytes=int(cuda_context_gib * render.GIB),
     )
-    if gpu_spec is not None:
-        setup.precision.check_gpu(gpu_spec)  # V100 has no bf16: say so rather than estimate a setup that cannot run
+    if precision_why:
+        render.err_console.print(f"note: --precision auto is {precision_why}")
+    if states_note := caveat_note(setup.optimizer_states):
+        render.err_console.print(f"note: {states_note}", soft_wrap=True)
     result = mem.fit_report(spec, setup, gpu_spec, node_gpus=max(node_gpus, gpn))
     if plot:
         estimate_plot.write(spec, setup, gpu_spec, plot)

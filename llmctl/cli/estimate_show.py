@@ -79,6 +79,8 @@ def show(result: dict[str, Any]) -> None:
         )
     if "context_parallel" in result:
         _show_cp(result["context_parallel"])
+    if "float8" in result:
+        _show_float8(result["float8"])
     c.print(
         f"peak allocated {render.gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
         f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB",
@@ -146,6 +148,17 @@ def _show_cp(cp: dict[str, Any]) -> None:
     )
 
 
+def _show_float8(f8: dict[str, Any]) -> None:
+    """What float8 converts (fit_report's "float8")."""
+    gather = ", and FSDP all-gathers their weights in float8" if f8["float8_all_gather"] else ""
+    render.console.print(
+        f"float8 ({f8['recipe']}): torchao converts {f8['converted_linears']} linears, "
+        f"{f8['float8_flops_fraction']:.1%} of the model FLOPs{gather}; kept in {f8['compute_dtype']}: "
+        f"{', '.join(f8['kept_in_compute_dtype'])}. {f8['note']}",
+        soft_wrap=True,
+    )
+
+
 def list_models() -> None:
     t = render.table(
         "Model presets",
@@ -168,11 +181,12 @@ def list_gpus() -> None:
             ("fp16", "right"),
             ("tf32", "right"),
             ("fp32", "right"),
+            ("fp8", "right"),
             ("link", "left"),
             ("GB/s", "right"),
         ],
     )
     for g in hardware.gpu_catalog().values():
-        f = [("-" if g.tflops.get(k) is None else f"{g.tflops[k]:g}") for k in ("bf16", "fp16", "tf32", "fp32")]
+        f = [("-" if g.tflops.get(k) is None else f"{g.tflops[k]:g}") for k in ("bf16", "fp16", "tf32", "fp32", "fp8")]
         t.add_row(g.name, f"{g.memory_gib:.1f}", *f, g.link, f"{g.link_gbytes_s:g}")
     render.console.print(t)

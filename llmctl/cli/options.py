@@ -7,6 +7,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from llmctl.spec.optimizer_states import HELP as STATES_HELP
+from llmctl.spec.precision import PRECISION_HELP
+
 # --- sizes with suffixes ---------------------------------------------------------------------------------------------
 # Lengths in tokens (--seq-len, --loss-chunk) are powers of two in practice and spelled in binary thousands: "128k"
 # context is 131,072 tokens (Llama 3.1's config.json max_position_embeddings; Qwen2.5's 32k is 32,768). Counts
@@ -75,14 +78,33 @@ StrategyOpt = Annotated[
         "--strategy", help="no_shard (DDP) | zero1 | shard_grad_op (ZeRO-2) | full_shard (ZeRO-3) | hybrid_shard."
     ),
 ]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="fp32 | bf16-mixed | fp16-mixed | bf16 (pure).")]
+PrecisionOpt = Annotated[
+    str, typer.Option("--precision", help=PRECISION_HELP + ". Default auto: bf16-mixed, fp16 where a GPU lacks bf16.")
+]
 OptimizerOpt = Annotated[
     str,
     typer.Option("--optimizer", help="adamw | adamw-8bit | adafactor | lion | sgd | none (inference: weights only)."),
 ]
+OptimizerStatesOpt = Annotated[
+    str,
+    typer.Option(
+        "--optimizer-states",
+        help="What AdamW's two moments are kept in: " + STATES_HELP + ". bf16 and 8bit save memory; the caveat on "
+        "convergence is printed. Never picked unless asked.",
+    ),
+]
 SeqLenOpt = Annotated[
     int,
     typer.Option("--seq-len", parser=length_count, metavar="LEN", help="Sequence length in tokens (4096, 4k, 128k)."),
+]
+PlanSeqLenOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        "--seq-len",
+        parser=length_count,
+        metavar="LEN",
+        help="Sequence length in tokens (4096, 4k, 128k); default 2048, or a GPT-2's 1024 learned positions.",
+    ),
 ]
 MicroBatchOpt = Annotated[
     int, typer.Option("--micro-batch", help="Micro-batch size (sequences per data-parallel rank: per GPU at tp 1).")

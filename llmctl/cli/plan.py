@@ -22,9 +22,11 @@ from llmctl.cli.options import (
     MemoryMarginOpt,
     ModelArg,
     NodesOpt,
+    OptimizerStatesOpt,
     ParamsOpt,
+    PlanSeqLenOpt,
+    PrecisionOpt,
     RunDirOpt,
-    SeqLenOpt,
     SyntheticOpt,
     TokenizerOpt,
     TpPinOpt,
@@ -36,6 +38,7 @@ from llmctl.plan import planner as pl
 from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, run_plan
 from llmctl.plan.request import build_request
 from llmctl.spec import planfile as pf
+from llmctl.spec.optimizer_states import caveat_note
 
 
 def plan_command(
@@ -64,7 +67,7 @@ def plan_command(
             help="Per-node inter-node bandwidth, Gbit/s, all NICs together (e.g. 50, or 3200 for 8 x 400G).",
         ),
     ] = None,
-    seq_len: SeqLenOpt = 2048,
+    seq_len: PlanSeqLenOpt = None,
     global_batch: Annotated[
         Optional[int],
         typer.Option(
@@ -91,7 +94,8 @@ def plan_command(
         str, typer.Option("--objective", help="throughput | cost (cost per token; needs --price).")
     ] = "throughput",
     memory_margin: MemoryMarginOpt = 0.0,
-    precision: Annotated[str, typer.Option("--precision", help="bf16-mixed | bf16 | fp32.")] = "bf16-mixed",
+    precision: PrecisionOpt = "auto",
+    optimizer_states: OptimizerStatesOpt = "auto",
     strategy: Annotated[
         Optional[str], typer.Option("--strategy", help="Pin: full_shard | hybrid_shard | no_shard.")
     ] = None,
@@ -176,10 +180,14 @@ def plan_command(
         "memory_margin": memory_margin,
         "tp": tp,
         "cp": cp,
+        "optimizer_states": optimizer_states,
     }
     req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)
     result = pl.plan(req)
     out = result.as_dict(top, cal)
+    if states_note := caveat_note(req.optimizer_states):  # only when asked: the planner never picks smaller states
+        out["optimizer_states_note"] = states_note
+        render.err_console.print(f"note: {states_note}", soft_wrap=True)
     refusal = None
     if not no_write:
         plan_obj, notes = run_plan(result, data, synthetic, tokenizer, run_dir, checkpoint_every)

@@ -94,6 +94,8 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
         f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
     )
+    if result.precision_choice:
+        c.print(f"[bold]precision[/bold]: {escape(result.precision_choice)}")
     if result.memory_choice:
         c.print(f"[bold]memory[/bold]: {escape(result.memory_choice)}")
     if result.tp_choice:

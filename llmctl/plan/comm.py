@@ -179,7 +179,8 @@ class CommOp:
     calls_per_step: int
     phase: str
     """'forward', 'backward' (hidden behind that phase of its micro-batch) or 'last_backward' (once per step,
-    behind the last micro-batch's backward); 'tp' for tensor parallelism's collectives (see `tp_step_comm`)."""
+    behind the last micro-batch's backward); 'step' (once per step between the optimizer step and the next forward:
+    nothing to hide behind); 'tp' for tensor parallelism's collectives (see `tp_step_comm`)."""
     busbw_gbytes_s: float
     time_per_call_s: float
 
@@ -205,14 +206,18 @@ class CommShape:
 
     params: int
     num_layers: int
-    param_bytes: int = 2
-    """Bytes per parameter all-gathered (bf16 compute copy)."""
+    param_bytes: float = 2
+    """Bytes per parameter all-gathered (bf16 compute copy; under the float8 all-gather the average of the converted
+    linears' 1 byte and the rest's 2, llmctl.plan.timing.float8_gather)."""
     grad_bytes: int = 4
     """Bytes per gradient element reduced (llmctl's engine: MixedPrecisionPolicy reduce_dtype=float32)."""
     tp: int = 1
     """Tensor-parallel degree: each rank holds 1/tp of the split parameters, so FSDP gathers and reduces that."""
     tp_replicated_params: int = 0
     """Parameters every rank of a tp group holds whole (norms, MoE blocks): FSDP moves them whole."""
+    float8_amaxes: int = 0
+    """Weights whose fp32 amaxes one all-reduce over the shard group gathers once a step, after the optimizer step
+    (torchao precompute_float8_dynamic_scale_for_fsdp, under the float8 all-gather); 0: none."""
 
     @property
     def params_per_rank(self) -> float:
@@ -286,6 +291,8 @@ def step_comm(
         op(f"all-gather (backward{where})", "all_gather", scope, S, gathered, L * grad_accum, "backward", k)
         name = f"reduce-scatter{' (intra-node)' if where else ''}"
         op(name, "reduce_scatter", scope, S, layer_params * shape.grad_bytes, rs_calls, rs_phase, k)
+        if shape.float8_amaxes:
+            op("all-reduce (float8 weight amaxes)", "all_reduce", scope, S, 4 * shape.float8_amaxes, 1, "step", k)
     if R > 1:
         scope = dims.group_scope("dp_replicate", gpus_per_node)
         name = f"all-reduce of the {'shard' if S > 1 else 'gradients'}{' (inter-node)' if scope == 'inter' else ''}"
@@ -295,11 +302,13 @@ def step_comm(
     fwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "forward")
     bwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "backward")
     last = sum(o.time_per_step_s for o in ops if o.phase == "last_backward")
+    between = sum(o.time_per_step_s for o in ops if o.phase == "step")
     # Every micro-batch hides its own forward/backward collectives; the last one also carries the once-per-step ops.
     exposed = (
         grad_accum * _exposed(fwd, fwd_s, overlap)
         + (grad_accum - 1) * _exposed(bwd, bwd_s, overlap)
         + _exposed(bwd + last, bwd_s, overlap)
+        + between
     )
     total = sum(o.time_per_step_s for o in ops)
     top = max(ops, key=lambda o: o.time_per_step_s, default=None)

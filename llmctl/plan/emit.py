@@ -102,6 +102,7 @@ def to_plan(result: PlanResult, name: str | None = None, run: RunOptions | None 
             "token_budget": req.token_budget,
             "max_steps": None if req.token_budget else 1000,
         },
+        "optimizer": sections["optimizer"],
         "predicted": predicted_section(c, req.network),
     }
     if run is not None:

@@ -1,5 +1,6 @@
-"""Why the planner chose what it chose: what a setup's recompute costs, what the other checkpointing modes would fit
-and cost, why tensor and context parallelism won or lost, and one sentence per losing setup (torch-free)."""
+"""Why the planner chose what it chose: the precision, what a setup's recompute costs, what the other checkpointing
+modes would fit and cost, why tensor and context parallelism won or lost, and one sentence per losing setup
+(torch-free)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from typing import TYPE_CHECKING
 
 from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import plan_problem
+from llmctl.plan import float8 as f8
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
 from llmctl.plan.request import PlanRequest
-from llmctl.plan.timing import Candidate, compute_times, evaluate
+from llmctl.plan.timing import Candidate, compute_times, evaluate, float8_cast_s
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GIB
 from llmctl.spec.setup import TrainSetup
@@ -39,6 +41,28 @@ def recompute_seconds(req: PlanRequest, setup: TrainSetup) -> float:
     """Backward seconds of one single-sequence micro-batch without compile: orders setups by their recompute (it
     scales with the tokens, so the order holds at every micro-batch)."""
     return compute_times(req, replace(setup, micro_batch_size=1, compile=False, async_tp=False))[2]
+
+
+def explain_precision(req: PlanRequest, chosen: Candidate) -> str:
+    """One sentence on the precision: what `auto` chose on a GPU without bf16 and why (req.precision_why), and under
+    float8 what runs on its tensor cores and what the casts cost: 'fp8-tensorwise: 86.8% of the model FLOPs (the
+    linears torchao converts) at the fp8 peak, 1979 TFLOP/s, the rest at bf16's 989.5; ...'. Empty otherwise."""
+    p, s, gpu = req.precision, chosen.setup, req.gpu
+    parts = [req.precision_why] if req.precision_why else []
+    if p.float8:
+        share = f8.linear_flops_per_token(req.spec)[0] / fl.model_flops_per_token(req.spec, req.seq_len)
+        tokens = s.micro_batch_size * req.seq_len // s.cp
+        cast = s.grad_accum_steps * sum(float8_cast_s(req, s, tokens))
+        gather = (
+            "; FSDP all-gathers the converted weights in float8 (1 byte a parameter)" if p.float8_all_gather else ""
+        )
+        parts.append(
+            f"{p.name}: {share:.1%} of the model FLOPs (the linears torchao converts) at the fp8 peak, "
+            f"{gpu.peak_tflops(p.linear_dtype):g} TFLOP/s, the rest (attention, LM head) at {p.compute_dtype}'s "
+            f"{gpu.peak_tflops(p.compute_dtype):g}; the dynamic float8 casts take {_s(cast)} of the "
+            f"{_s(chosen.predicted.compute_s)} compute per step{gather}; MFU is against the {p.compute_dtype} peak"
+        )
+    return "; ".join(parts)
 
 
 def explain_memory_choice(

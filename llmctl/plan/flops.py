@@ -11,7 +11,9 @@ Conventions (stated once, used everywhere):
   forward of L // K blocks; selective only the matmuls whose outputs it does not keep (every other one, and the
   attention scores when the attention is not a fused kernel whose output is kept); the chunked loss re-runs the LM
   head's forward matmul.
-- MFU = model FLOPs per second per device / device peak (PaLM's definition: recompute does not count).
+- MFU = model FLOPs per second per device / device peak (PaLM's definition: recompute does not count). The peak is
+  the compute dtype's: bf16's for float8 runs too, whose converted linears run at the fp8 peak (torchtitan reports
+  float8 runs' MFU against the bf16 peak), so a float8 run's MFU shows its speed-up over the bf16 one.
 - Context parallelism (cp ranks share one sequence, ring attention): each rank runs the matmuls of its S/cp tokens and
   1/cp of the sequence's attention with the head-tail load balance, or the last rank's larger share without it
   (`cp_attention_imbalance`); per-token attention still spans the whole sequence (its keys come round the ring).

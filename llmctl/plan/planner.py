@@ -29,11 +29,13 @@ from typing import Any
 from llmctl.errors import DoesNotFitError, InputError
 from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import valid_tp
+from llmctl.plan import float8 as f8
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration
 from llmctl.plan.explain import (
     explain_cp_choice,
     explain_memory_choice,
+    explain_precision,
     explain_tp_choice,
     recompute_seconds,
     sort_key,
@@ -80,6 +82,8 @@ class PlanResult:
     """Why tensor parallelism won or lost: memory freed, share of the step in TP collectives, against the best other."""
     cp_choice: str = ""
     """Why context parallelism was used or not: what one sequence's activations need without it, what the ring costs."""
+    precision_choice: str = ""
+    """What --precision auto chose on a GPU without bf16 and why; under float8, what runs on its tensor cores."""
 
     def memory_margin(self) -> dict[str, Any]:
         """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
@@ -156,6 +160,8 @@ class PlanResult:
             "memory_choice": result.memory_choice,
             "tp_choice": result.tp_choice,
             "cp_choice": result.cp_choice,
+            "precision": req.precision.name,
+            "precision_choice": result.precision_choice,
             "memory_margin": result.memory_margin(),
             "rejected": list(dict.fromkeys(result.rejected))[:50],
             "plan_path": None,
@@ -205,6 +211,9 @@ def tp_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:
         tps = [t for t in tps if not req.seq_len % t]
     if req.loss_chunk_tokens and len(tps) > 1:
         rejected.append(f"tensor parallelism: --loss-chunk {req.loss_chunk_tokens} (TP computes the loss unchunked)")
+        return [1]
+    if req.precision.float8 and len(tps) > 1:  # llmctl.spec.setup: the engine runs float8 at tp 1 only
+        rejected.append(f"tensor parallelism: {req.precision.name} runs at tp 1 in llmctl's engine")
         return [1]
     return tps
 
@@ -267,6 +276,13 @@ def plan(req: PlanRequest) -> PlanResult:
     """Enumerate, filter by memory, predict, rank. Raises DoesNotFitError with the reasons when nothing is left."""
     spec, gpu, g, G = req.spec, req.gpu, req.gpus_per_node, req.global_batch
     gpu.peak_tflops(req.compute_dtype)  # no native dtype (bf16 on V100): one clear error now
+    if req.precision.float8 and spec.measured is None and not f8.linear_count(spec):
+        # as the engine refuses it (llmctl.engine.float8.convert): float8 would buy nothing
+        raise InputError(
+            f"precision {req.precision.name}: {spec.name} has no linear layer float8 converts "
+            "(GPT-2's projections are Conv1D, not nn.Linear)",
+            hint="use --precision bf16-mixed",
+        )
     strategies = [req.strategy] if req.strategy else list(ENGINE_STRATEGIES)
     ckpts = [req.checkpointing] if req.checkpointing else checkpointing_modes(spec)
     rejected: list[str] = []
@@ -485,7 +501,10 @@ def plan(req: PlanRequest) -> PlanResult:
             tp_pruned[tp] = max(tp_pruned.get(tp, 0.0), bound)
     tp_choice = explain_tp_choice(req, fam[0], filled, tps, tp_pruned)
     cp_choice = explain_cp_choice(req, fam[0], filled, cps, pruned)
-    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, choice, tp_choice, cp_choice)
+    precision_choice = explain_precision(req, fam[0])
+    return PlanResult(
+        req, fam[0], fam, why, filled, rejected, evaluated, choice, tp_choice, cp_choice, precision_choice
+    )
 
 
 def parallel_bound(req: PlanRequest, tp: int, cp: int, nodes: int, attn: str, compile_: bool) -> float:

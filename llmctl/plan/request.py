@@ -17,11 +17,15 @@ from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import hardware, models
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
+from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
-from llmctl.spec.precision import PrecisionPolicy, policy
+from llmctl.spec.precision import PrecisionPolicy, for_gpu
 from llmctl.spec.setup import ATTENTIONS, TrainSetup, canonical, sequence_split_problem
 
 OBJECTIVES = ("throughput", "cost")
+DEFAULT_SEQ_LEN = 2048
+"""`plan --seq-len` when not given; a model that learns one embedding per position (GPT-2's wpe: what
+llmctl.spec.planfile refuses to run past) gets at most its positions."""
 ROW_WISE = ("o_proj", "down_proj")
 """The projections a tensor-parallel plan splits by rows (reduction width K / tp; llmctl.families.tensor_parallel)."""
 
@@ -136,8 +140,10 @@ class PlanRequest:
     token_budget: int | None = None
     price_per_gpu_hour: float | None = None
     objective: str = "throughput"
-    precision: PrecisionPolicy | str = "bf16-mixed"
-    """A policy, or its name (turned into the policy)."""
+    precision: PrecisionPolicy | str = "auto"
+    """A policy, or its name or alias (turned into the policy); auto: the GPU's best (llmctl.spec.precision.for_gpu,
+    fp16-mixed on a V100), with the reason in `precision_why`."""
+    precision_why: str | None = None
     strategy: str | None = None
     micro_batch: int | None = None
     checkpointing: str | None = None
@@ -156,6 +162,9 @@ class PlanRequest:
     memory_margin: float = 0.0
     """Fraction of each GPU's memory the chosen setup must leave free (--memory-margin), on top of the allocator
     headroom and CUDA context the estimate includes."""
+    optimizer_states: str = "auto"
+    """What AdamW's moments are stored in, for every setup (llmctl.spec.optimizer_states): the planner never picks
+    bf16 or 8bit by itself; only this (--optimizer-states) does."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node", "seq_len"):
@@ -180,7 +189,10 @@ class PlanRequest:
                 "--objective cost needs a price",
                 hint="pass --price USD_PER_GPU_HOUR (or price_per_gpu_hour in --cluster)",
             )
-        object.__setattr__(self, "precision", policy(self.precision))
+        object.__setattr__(self, "optimizer_states", canonical_states(self.optimizer_states))
+        p, why = for_gpu(self.precision, self.gpu)
+        object.__setattr__(self, "precision", p)
+        object.__setattr__(self, "precision_why", self.precision_why or why)
         self.precision.check_engine()
         if self.strategy is not None:
             s = canonical_strategy(self.strategy)
@@ -295,6 +307,7 @@ class PlanRequest:
             cp_rotate=cp_rotate,
             precision=self.precision,
             optimizer="adamw",
+            optimizer_states=self.optimizer_states,
             strategy=strategy,
             engine="fsdp2",
             nodes=nodes,
@@ -309,6 +322,11 @@ class PlanRequest:
         )
 
 
+def default_seq_len(spec: ModelSpec) -> int:
+    """The sequence length a plan trains at when none is asked for (DEFAULT_SEQ_LEN)."""
+    return min(DEFAULT_SEQ_LEN, spec.max_position_embeddings) if spec.is_gpt2 else DEFAULT_SEQ_LEN
+
+
 def build_request(
     model: str,
     o: dict[str, Any],
@@ -319,8 +337,8 @@ def build_request(
 ) -> tuple[PlanRequest, Calibration | None]:
     """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes, gpus_per_node,
     cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
-    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp, cp; gpus, memory_margin, tp and cp may be
-    absent) and the pinned decisions, every value checked in one order
+    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp, cp, optimizer_states; gpus, memory_margin,
+    tp, cp and optimizer_states may be absent) and the pinned decisions, every value checked in one order
     (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
     request here too."""
     gpus = o.get("gpus")
@@ -352,9 +370,11 @@ def build_request(
     seq_len, gb, gbt = o["seq_len"], o["global_batch"], o["global_batch_tokens"]
     if gb is not None and gbt is not None:
         raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
-    if seq_len < 1:
+    if seq_len is not None and seq_len < 1:
         raise InputError(f"--seq-len must be a positive integer, got {seq_len}")
     spec = models.resolve_model(model, o["params"])
+    if seq_len is None:
+        seq_len = default_seq_len(spec)
     if gbt is not None:
         if gbt < seq_len:
             raise InputError(f"--global-batch-tokens {gbt} is less than one sequence ({seq_len})")
@@ -385,5 +405,6 @@ def build_request(
         overlap=o["overlap"],
         efficiency=Efficiency(calibration=cal.factor) if cal else Efficiency(),
         memory_margin=o.get("memory_margin") or 0.0,
+        optimizer_states=o.get("optimizer_states") or "auto",
     )
     return req, cal

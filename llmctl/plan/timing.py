@@ -12,15 +12,24 @@ llmctl.plan.comm.tp_calls, timed per layer kind with the matmul seconds async TP
 Context parallelism (cp ranks share one sequence): each rank runs its S/cp tokens of the matmuls and its share of the
 sequence's attention (llmctl.plan.flops.cp_attention_imbalance: the slowest rank sets the step); ring attention's K/V
 and dK/dV exchanges come from llmctl.plan.ring, hidden behind the attention steps they run beside.
+
+float8 (a policy with a float8 recipe, llmctl.spec.precision): the FLOPs of the linears torchao converts
+(llmctl.plan.float8.converted) run at the GPU's fp8 peak, everything else (attention scores and values, the LM head,
+routers, routed experts, linears not a multiple of 16) at the compute dtype's, both at the same achievable
+efficiency; the dynamic casts add their bytes over the GPU's memory bandwidth (llmctl.plan.float8.cast_bytes), and
+under the tensorwise recipe FSDP2 all-gathers the converted weights at 1 byte a parameter, with one all-reduce of
+their amaxes a step. MFU stays against the compute dtype's (bf16) peak, torchtitan's convention for float8 runs: a
+float8 run's MFU can then pass what its bf16 run reaches, which is the speed-up.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmctl.plan import comm as cm
+from llmctl.plan import float8 as f8
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
 from llmctl.plan import ring
@@ -28,6 +37,7 @@ from llmctl.plan.request import HBM_EFFICIENCY, PlanRequest
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
+from llmctl.spec.precision import DTYPE_BYTES
 from llmctl.spec.setup import TrainSetup
 
 
@@ -130,17 +140,37 @@ def recompute_memory_s(req: PlanRequest, setup: TrainSetup) -> float:
     return 2 * regenerated * req.spec.num_layers / share / (req.gpu.hbm_gbytes_s * 1e9 * HBM_EFFICIENCY)
 
 
+def float8_saving(req: PlanRequest, setup: TrainSetup) -> float:
+    """The fraction of a converted linear's time at the compute dtype's peak that float8 takes off: 1 - peak(compute)
+    / peak(fp8) (0.5 on Hopper, Ada and MI300X: twice the dense rate); 0 without float8."""
+    p = setup.precision
+    if not p.float8:
+        return 0.0
+    return 1 - req.gpu.peak_tflops(p.compute_dtype) / req.gpu.peak_tflops(p.linear_dtype)
+
+
 def _recompute_per_rank(
-    req: PlanRequest, ckpt: str, attention: str, chunked: bool, tp: int, imbalance: float = 1.0
+    req: PlanRequest,
+    ckpt: str,
+    attention: str,
+    chunked: bool,
+    tp: int,
+    imbalance: float = 1.0,
+    saving: float = 0.0,
 ) -> float:
-    """Recompute FLOPs per token one rank of a tp group runs (all of them at tp = 1); `imbalance` scales the
-    attention share (the slowest cp rank's, fl.cp_attention_imbalance)."""
+    """Recompute FLOPs per token one rank of a tp group runs (all of them at tp = 1), with the float8 linears' counted
+    at the compute dtype's rate (`saving` of them taken off, float8_saving); `imbalance` scales the attention share
+    (the slowest cp rank's, fl.cp_attention_imbalance)."""
     again = fl.recompute_flops_per_token(req.spec, req.seq_len, ckpt, attention, chunked)
     if imbalance != 1.0:
         again += (imbalance - 1) * fl.recompute_attention_flops_per_token(req.spec, req.seq_len, ckpt, attention)
+    if saving:
+        again -= saving * f8.recompute_linear_flops_per_token(req.spec, ckpt)[0]
     if tp == 1:
         return again
     rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len, ckpt, attention)[1]
+    if saving:
+        rep -= saving * f8.recompute_linear_flops_per_token(req.spec, ckpt)[1]
     return (again - rep) / tp + rep
 
 
@@ -159,23 +189,49 @@ def compute_times(req: PlanRequest, setup: TrainSetup) -> tuple[float, float, fl
     tokens = mb * req.seq_len // setup.cp  # this rank's tokens per micro-batch (the rows of its GEMMs)
     eff = req.efficiency.of(attention, tokens, req.spec, setup.compile, req.gpu, tp=tp)
     rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * eff
+    # float8: every FLOP below is priced at the compute dtype's rate, the converted linears' with `saving` of their
+    # time taken off (their FLOPs at the fp8 peak); a float8 FLOP splits forward/backward 1:2 as the others do.
+    saving = float8_saving(req, setup)
     model = fl.model_flops_per_token(req.spec, req.seq_len)
+    linear, linear_rep = f8.linear_flops_per_token(req.spec) if saving else (0, 0)
+    model -= saving * linear
     imbalance = fl.cp_attention_imbalance(setup.cp, setup.cp_load_balance)
     if imbalance != 1.0:
         model += (imbalance - 1) * fl.attention_flops_per_token(req.spec, req.seq_len)
     if tp > 1:  # each rank: 1/tp of what the group splits, all of what it replicates
-        rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len)[0]
+        rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len)[0] - saving * linear_rep
         model = (model - rep) / tp + rep
-    again = _recompute_per_rank(req, ckpt, attention, chunked, tp, imbalance)
+    again = _recompute_per_rank(req, ckpt, attention, chunked, tp, imbalance, saving)
     fwd = tokens * (model / 3) / rate  # forward 2N + attention/3 of 6N + attention (Kaplan et al. 2020)
     redo = tokens * again / rate
     if ckpt == "selective":
         # Selective re-runs a subset of what full re-runs: never more time than full's recompute (a GPU with little
         # memory bandwidth for its FLOPs, e.g. L40S with eager attention, would otherwise price it above).
-        full = _recompute_per_rank(req, "full", attention, chunked, tp, imbalance)
+        full = _recompute_per_rank(req, "full", attention, chunked, tp, imbalance, saving)
         redo = min(redo + recompute_memory_s(req, setup), tokens * full / rate)
     bwd = tokens * (model * 2 / 3) / rate + redo
+    if saving:
+        cast_fwd, cast_bwd = float8_cast_s(req, setup, tokens)
+        fwd, bwd = fwd + cast_fwd, bwd + cast_bwd
     return eff, fwd, bwd
+
+
+def float8_cast_s(req: PlanRequest, setup: TrainSetup, tokens: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch's dynamic float8 casts on one rank: their bytes
+    (llmctl.plan.float8.cast_bytes) over the catalog's memory bandwidth at HBM_EFFICIENCY, as the other
+    memory-bound kernels."""
+    fwd_b, bwd_b = f8.cast_bytes(
+        req.spec,
+        setup.precision,
+        tokens,
+        setup.checkpointing,
+        setup.compile,
+        setup.tp,
+        setup.dims.fsdp_shard,
+        setup.grad_accum_steps,
+    )
+    bw = req.gpu.hbm_gbytes_s * 1e9 * HBM_EFFICIENCY
+    return fwd_b / bw, bwd_b / bw
 
 
 def tp_replicated_params(spec: ModelSpec) -> int:
@@ -194,12 +250,15 @@ def tp_replicated_params(spec: ModelSpec) -> int:
 
 def tp_layers(req: PlanRequest, setup: TrainSetup, rate: float) -> tuple[list[cm.TpLayer], float]:
     """The layer kinds TP's collectives are counted over (llmctl.plan.comm.tp_calls) and the LM head's forward matmul
-    seconds: per kind, the forward seconds of one micro-batch's matmuls on one rank that each collective pairs with."""
+    seconds: per kind, the forward seconds of one micro-batch's matmuls on one rank that each collective pairs with
+    (a float8 linear's at the fp8 peak)."""
     spec, tp, tokens = req.spec, setup.tp, setup.micro_batch_size * req.seq_len // setup.cp
     h = spec.hidden_size
+    saving = float8_saving(req, setup)
 
-    def secs(mms: list[tuple[str, int, int]]) -> float:
-        return tokens * sum(2 * i * o for _, i, o in mms) / tp / rate
+    def secs(mms: list[tuple[str, int, int]], fast: list[bool] | None = None) -> float:
+        fast = fast or [False] * len(mms)
+        return tokens * sum(2 * i * o * (1 - saving * f) for (_, i, o), f in zip(mms, fast)) / tp / rate
 
     recomputed: dict[Layer, int] = {}
     if setup.checkpointing == "selective":
@@ -211,16 +270,19 @@ def tp_layers(req: PlanRequest, setup: TrainSetup, rate: float) -> tuple[list[cm
     for layer, n in spec.layer_groups:
         attn, mlp = layer.attention.matmuls(h), layer.mlp.matmuls(h)
         dense = not layer.mlp.moe
+        # f8.converted follows layer_matmuls, which is attention's then the MLP's (all False for GPT-2's Conv1D)
+        fast = f8.converted(spec, layer) if saving else [False] * (len(attn) + len(mlp))
+        a = len(attn)
         out.append(
             cm.TpLayer(
                 count=n,
                 recomputed=recomputed.get(layer, 0),
                 dense_mlp=dense,
                 norm_after_mlp=any(name.startswith("post_feedforward") for name in layer.norms),
-                qkv_s=secs(attn[:-1]),
-                o_s=secs(attn[-1:]),
-                gate_up_s=secs(mlp[:-1]) if dense else 0.0,
-                down_s=secs(mlp[-1:]) if dense else 0.0,
+                qkv_s=secs(attn[:-1], fast[: a - 1]),
+                o_s=secs(attn[-1:], fast[a - 1 : a]),
+                gate_up_s=secs(mlp[:-1], fast[a:-1]) if dense else 0.0,
+                down_s=secs(mlp[-1:], fast[-1:]) if dense else 0.0,
             )
         )
     return out, secs([("lm_head", h, spec.vocab_size)])
@@ -253,20 +315,32 @@ def cp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float) -> cm.StepCo
     return ring.ring_step_comm(ring.ring_layers(req.spec, setup, rate), setup, req.network, setup.gpus_per_node)
 
 
+def float8_gather(spec: ModelSpec, setup: TrainSetup, shape: cm.CommShape) -> cm.CommShape:
+    """The FSDP shape under the float8 all-gather (tensorwise, llmctl.plan.float8): the converted weights gathered at
+    1 byte a parameter (the average over what a rank gathers), and their amaxes all-reduced once a step. As it is
+    otherwise."""
+    if not (setup.precision.float8_all_gather and setup.dims.fsdp_shard > 1):
+        return shape
+    converted = f8.params_per_rank(*f8.linear_params(spec), setup.tp)
+    held = shape.params_per_rank
+    gathered = (held - converted) * shape.param_bytes + converted * DTYPE_BYTES[setup.precision.linear_dtype]
+    return replace(shape, param_bytes=gathered / held, float8_amaxes=f8.linear_count(spec))
+
+
 def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Candidate:
     """Predict one setup (no fit check: the caller decides what fits)."""
     g = setup.gpus_per_node
     eff, fwd, bwd = compute_times(req, setup)
-    p = setup.precision
     # The engine all-gathers parameters in the compute dtype and reduces gradients in the reduce dtype.
     shape = cm.CommShape(
         params=req.spec.params,
         num_layers=req.spec.num_layers,
-        param_bytes=p.compute_bytes,
-        grad_bytes=p.reduce_bytes,
+        param_bytes=setup.precision.compute_bytes,
+        grad_bytes=setup.precision.reduce_bytes,
         tp=setup.tp,
         tp_replicated_params=tp_replicated_params(req.spec) if setup.tp > 1 else 0,
     )
+    shape = float8_gather(req.spec, setup, shape)
     accum = setup.grad_accum_steps
     c = cm.step_comm(setup.dims, shape, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
     t = tp_comm(req, setup, eff)

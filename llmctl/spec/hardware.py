@@ -22,6 +22,9 @@ CATALOG_ENV = "LLMCTL_GPU_CATALOG"
 """Path(s) of extra GPU catalog YAML files (os.pathsep-separated), read after the shipped one; an entry with the name
 of a shipped GPU replaces it."""
 COMPUTE_DTYPES = ("bf16", "fp16", "tf32", "fp32")
+OPTIONAL_DTYPES = ("fp8",)
+"""Peaks a catalog entry may leave out (a user's catalog written before float8): read as null, no native support."""
+FLOAT8_HINT = "use --precision bf16-mixed; float8 needs Ada, Hopper, Blackwell or MI300"
 
 
 class _Entry(BaseModel):
@@ -30,7 +33,7 @@ class _Entry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(min_length=1)
     memory_mib: int = Field(gt=0)
-    tflops: dict[Literal["bf16", "fp16", "tf32", "fp32"], float | None]
+    tflops: dict[Literal["bf16", "fp16", "tf32", "fp32", "fp8"], float | None]
     hbm_gbytes_s: float = Field(gt=0)
     link_gbytes_s: float = Field(gt=0)
     link: str
@@ -54,7 +57,7 @@ class _Entry(BaseModel):
             raise ValueError(f"missing {', '.join(missing)} (give null for no native support)")
         if v["fp32"] is None or any(x is not None and x <= 0 for x in v.values()):
             raise ValueError("peaks must be positive, and fp32 is always given")
-        return v
+        return {**dict.fromkeys(OPTIONAL_DTYPES), **v}
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class GPUSpec:
     memory_bytes: int
     """Total device memory as the driver reports it (nvidia-smi 'total')."""
     tflops: dict[str, float | None]
-    """Dense peak TFLOP/s for bf16, fp16, tf32, fp32 (None: no native support)."""
+    """Dense peak TFLOP/s for bf16, fp16, tf32, fp32 and fp8 (float8 tensor cores; None: no native support)."""
     hbm_gbytes_s: float
     """Peak device-memory (HBM/GDDR) bandwidth, GB/s (datasheet): times memory-bound ops (norms, activations)."""
     link_gbytes_s: float
@@ -92,7 +95,13 @@ class GPUSpec:
 
     def peak_tflops(self, dtype: str) -> float:
         """Peak for a compute dtype; 'fp32' training uses TF32 tensor cores when the GPU has them (PyTorch's
-        matmul precision 'high'), else plain fp32."""
+        matmul precision 'high'), else plain fp32; 'fp8' is the float8 tensor cores' peak (one line where there are
+        none)."""
+        if dtype == "fp8":
+            v = self.tflops.get("fp8")
+            if v is None:
+                raise SpecError(f"{self.name} has no float8 tensor cores", hint=FLOAT8_HINT)
+            return v
         if dtype in ("bf16", "fp16"):
             v = self.tflops.get(dtype)
             if v is None:

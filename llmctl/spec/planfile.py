@@ -29,8 +29,10 @@ from llmctl.errors import LlmctlError, SpecError, one_line
 from llmctl.fileio import load_yaml, write_atomic
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.models import MAX_PARAMS, MAX_TOKENS
+from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
+from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
-from llmctl.spec.precision import policy
+from llmctl.spec.precision import PRECISION_HELP, policy
 from llmctl.spec.setup import TrainSetup
 
 PLAN_VERSION = 1
@@ -86,7 +88,19 @@ Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_
 
 Sharding = Literal["full_shard", "hybrid_shard", "no_shard"]
 """llmctl.spec.parallel.ENGINE_STRATEGIES; older plans' `full` and `hybrid` are read as these."""
-Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
+
+
+def _precision(v: Any) -> Any:
+    """Any name or alias llmctl.spec.precision accepts, stored as the policy's own name (`fp16` -> fp16-mixed)."""
+    if not isinstance(v, str):
+        raise ValueError("expected a precision name (" + PRECISION_HELP + ")")
+    try:
+        return policy(v).name
+    except LlmctlError as e:
+        raise ValueError(str(e)) from None
+
+
+Precision = Annotated[str, BeforeValidator(_precision)]
 Attention = Literal["auto", "flash", "sdpa", "eager"]
 
 
@@ -261,6 +275,19 @@ class OptimizerSection(_Strict):
     warmup_steps: Int = Field(0, ge=0, le=MAX_STEPS)
     min_lr_ratio: Float = Field(0.1, ge=0, le=1)
     """Cosine decay ends at lr * min_lr_ratio."""
+    states: Literal["auto", "fp32", "bf16", "8bit"] = "auto"
+    """What the two moments are stored in (llmctl.spec.optimizer_states): auto (the precision's own), fp32, bf16, or
+    8bit (torchao's AdamW8bit, extra [fp8]). Written only when not auto, so older plans read and write as before."""
+
+    @field_validator("states", mode="before")
+    @classmethod
+    def _states(cls, v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        try:
+            return canonical_states(v)
+        except LlmctlError as e:
+            raise ValueError(str(e)) from None
 
     @model_validator(mode="after")
     def _decay(self) -> OptimizerSection:
@@ -454,6 +481,7 @@ class Plan(_Strict):
             cp_rotate=par.cp_rotate,
             precision=t.precision,
             optimizer=self.optimizer.name,
+            optimizer_states=self.optimizer.states,
             strategy=par.sharding,
             nodes=hw.nodes,
             gpus_per_node=hw.nproc_per_node,
@@ -524,6 +552,7 @@ def setup_sections(setup: TrainSetup) -> dict[str, dict[str, Any]]:
             "attention": setup.attention,
             "compile": setup.compile,
         },
+        "optimizer": {"states": setup.optimizer_states},
     }
 
 
@@ -561,7 +590,10 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
 
 
 def plan_to_yaml(plan: Plan) -> str:
-    return yaml.safe_dump(plan.model_dump(mode="json", exclude_none=False), sort_keys=False)
+    data = plan.model_dump(mode="json", exclude_none=False)
+    if data["optimizer"]["states"] == AUTO_STATES:
+        del data["optimizer"]["states"]  # the default: a plan that does not ask reads as plans always have
+    return yaml.safe_dump(data, sort_keys=False)
 
 
 def save_plan(plan: Plan, path: str | os.PathLike[str]) -> None:

@@ -5,8 +5,9 @@ identical (tests/golden/test_golden_outputs.py). Regenerate on purpose only, whe
     .venv/bin/python -m tests.golden.cases   # rewrites tests/golden/outputs/*.json and say which changed
 
 Each case names what it covers: families (dense, GQA, MoE, sliding windows, MLA, GPT-2), every strategy, every
-checkpointing mode, both attention kernels, fp32/bf16/pure bf16, the zero ledger, a measured model type, a
-calibrated plan, a cost objective, pins, context parallelism at 128k tokens.
+checkpointing mode, both attention kernels, fp32/bf16/pure bf16, fp16-mixed (auto on a V100), float8 (tensorwise and
+rowwise, refused on an A100), the zero ledger, a measured model type, a calibrated plan, a cost objective, pins,
+context parallelism at 128k tokens.
 """
 
 from __future__ import annotations
@@ -62,6 +63,14 @@ ESTIMATE: dict[str, list[str]] = {
         "llama-3.1-8b", "--gpu", "H100-SXM", "--gpus", "8", "--cp", "4", "--seq-len", "128k", "--checkpointing",
         "full", "--loss-chunk", "512",
     ],
+    "est-llama31-8b-fp8-h100": [
+        "llama-3.1-8b", "--gpu", "H100-SXM", "--gpus", "8", "--precision", "fp8", "--micro-batch", "2",
+    ],
+    "est-mixtral-fp8-rowwise-selective": [
+        "mixtral-8x7b", "--gpu", "H200", "--gpus", "8", "--precision", "fp8-rowwise", "--checkpointing", "selective",
+    ],
+    "est-refused-fp8-a100": ["llama-3.1-8b", "--gpu", "A100-80GB", "--gpus", "8", "--precision", "fp8"],
+    "est-gpt2-xl-v100-auto": ["gpt2-xl", "--gpu", "V100-16GB", "--gpus", "4", "--seq-len", "1024"],
 }
 PLAN: dict[str, list[str]] = {
     "plan-seed": ["llama-2-7b", "--cluster", SEED, "--seq-len", "1024", "--tokens", "2B", "-o", "{plan}"],
@@ -99,6 +108,13 @@ PLAN: dict[str, list[str]] = {
     ],
     "plan-measured-granite": [
         "{measured}", "--gpu", "H100-SXM", "--nodes", "1", "--gpus-per-node", "8", "--seq-len", "1024", "-o", "{plan}",
+    ],
+    "plan-gpt2-xl-v100-auto": ["gpt2-xl", "--gpu", "V100-16GB", "--nodes", "1", "--gpus-per-node", "4", "-o", "{plan}"],
+    "plan-llama31-8b-fp8-h100": [
+        "llama-3.1-8b", "--gpu", "H100-SXM", "--gpus", "8", "--precision", "fp8", "-o", "{plan}",
+    ],
+    "plan-llama31-8b-bf16-h100": [
+        "llama-3.1-8b", "--gpu", "H100-SXM", "--gpus", "8", "--tp", "1", "--no-write",
     ],
 }
 # fmt: on

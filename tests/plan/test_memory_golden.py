@@ -158,7 +158,7 @@ def test_max_micro_batch_and_min_gpus():
         dict(gpus_per_node=3, tp=2),
         dict(strategy="hybrid_shard"),
         dict(strategy="zero1"),
-        dict(precision="fp8"),
+        dict(precision="fp4"),  # fp8 is an alias of fp8-tensorwise now
         dict(attention="flash", precision="fp32"),
     ],
 )

@@ -172,3 +172,55 @@ def test_no_gpu_name_in_planner_or_cli_logic() -> None:
         "V100-32GB",
         "H100-SXM",
     ]
+
+
+def test_the_fp8_column_is_the_dense_float8_peak_or_null() -> None:
+    """Every shipped entry states fp8 (docs/sources.md#gpu-float8): twice the dense bf16 peak where the GPU has float8
+    tensor cores (Ada, Hopper, Blackwell, MI300X; NVIDIA lists them with sparsity, halved), null before them."""
+    raw = yaml.safe_load((Path(llmctl.__file__).parent / "spec/presets/gpus.yaml").read_text())
+    assert all("fp8" in e["tflops"] for e in raw)
+    fp8 = {e["name"]: e["tflops"]["fp8"] for e in raw}
+    assert fp8 == {
+        "V100-16GB": None,
+        "V100-32GB": None,
+        "T4": None,
+        "A10G": None,
+        "L4": 242.5,
+        "L40S": 733.0,
+        "A100-40GB": None,
+        "A100-80GB": None,
+        "H100-SXM": 1979.0,
+        "H100-PCIe": 1513.0,
+        "H200": 1979.0,
+        "B200": 4500.0,
+        "MI300X": 2614.9,
+    }
+    for g in hardware.gpu_catalog().values():
+        if g.tflops["fp8"] is not None:
+            assert g.tflops["fp8"] == pytest.approx(2 * g.tflops["bf16"], rel=0.025), g.name  # L40S: 733 / 362.05
+            assert g.peak_tflops("fp8") == g.tflops["fp8"]
+
+
+def test_a_gpu_without_float8_refuses_it_in_one_line() -> None:
+    with pytest.raises(SpecError) as err:
+        hardware.resolve_gpu("a100").peak_tflops("fp8")
+    assert err.value.message == "A100-80GB has no float8 tensor cores"
+    assert err.value.hint == hardware.FLOAT8_HINT and "Ada, Hopper, Blackwell or MI300" in err.value.hint
+    assert hardware.resolve_gpu("a100").peak_tflops("fp32") == 156.0  # fp32 still reads TF32, not fp8's fallback
+
+
+def test_a_user_catalog_may_leave_fp8_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FAKE has no fp8 (a catalog written before float8): read as null, and --precision fp8 is refused there."""
+    (g,) = hardware.parse_catalog(yaml.safe_dump([FAKE]), "mine.yaml")
+    assert g.tflops["fp8"] is None
+    (g8,) = hardware.parse_catalog(yaml.safe_dump([{**FAKE, "tflops": {**FAKE["tflops"], "fp8": 1000.0}}]), "x")
+    assert g8.peak_tflops("fp8") == 1000.0
+    with pytest.raises(SpecError, match="tflops: peaks must be positive"):
+        hardware.parse_catalog(yaml.safe_dump([{**FAKE, "tflops": {**FAKE["tflops"], "fp8": 0}}]), "x")
+    extra = tmp_path / "gpus.yaml"
+    extra.write_text(yaml.safe_dump([FAKE]))
+    monkeypatch.setenv(hardware.CATALOG_ENV, str(extra))
+    r = CliRunner().invoke(app, ["estimate", "llama-2-7b", "--gpu", "z1", "--precision", "fp8"])
+    assert r.exit_code == 2 and "Z1-96GB has no float8 tensor cores" in r.output
+    r = CliRunner().invoke(app, ["estimate", "--list-gpus"])
+    assert r.exit_code == 0 and "fp8" in r.output

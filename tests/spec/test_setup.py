@@ -102,8 +102,8 @@ def test_setup_validation_is_one_line() -> None:
     with pytest.raises(InputError, match="hybrid_shard needs at least 2 nodes"):
         TrainSetup(strategy="hybrid_shard", gpus_per_node=8)
     TrainSetup(strategy="hybrid_shard", gpus_per_node=8, shard_size=4)  # a shard size makes one node a 2 x 4 mesh
-    with pytest.raises(InputError, match="unknown precision 'fp8'"):
-        TrainSetup(precision="fp8")
+    with pytest.raises(InputError, match="unknown precision 'fp4'"):
+        TrainSetup(precision="fp4")
     with pytest.raises(InputError, match="expert parallelism is not modelled"):
         TrainSetup(ep=2, gpus_per_node=2)
     with pytest.raises(InputError, match=r"seq len 100 is not divisible by 8 \(4 chunks for cp 2 \(head-tail"):
@@ -160,10 +160,10 @@ def test_the_cost_model_moves_gradients_in_the_reduce_dtype() -> None:
     assert comm_s("bf16") == pytest.approx(comm_s("bf16-mixed") / 2, rel=0.01)
 
 
-def test_policies_the_engine_does_not_run_are_refused_by_the_planner() -> None:
-    assert "fp16-mixed" not in ENGINE_PRECISIONS and policy("FP16_mixed") is POLICIES["fp16-mixed"]
-    spec, a100 = resolve_model("llama-tiny"), resolve_gpu("A100-80GB")
-    with pytest.raises(InputError, match="precision fp16-mixed is not run by llmctl's engine"):
-        PlanRequest(
-            spec=spec, gpu=a100, nodes=1, gpus_per_node=1, network=cm.Network(240.0, None), precision="fp16-mixed"
-        )
+def test_every_policy_is_run_by_the_engine_and_aliases_name_one_each() -> None:
+    assert set(ENGINE_PRECISIONS) == set(POLICIES)
+    assert policy("FP16_mixed") is POLICIES["fp16-mixed"] is policy("fp16") is policy("16-mixed")
+    assert policy("fp8") is policy("float8") is POLICIES["fp8-tensorwise"]
+    assert policy("bf16") is POLICIES["bf16"] and not policy("bf16").mixed  # bf16 stays pure, as plan files say
+    with pytest.raises(InputError, match="unknown precision 'fp4'.*fp16, fp8"):
+        policy("fp4")

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from llmctl.errors import InputError
+from llmctl.plan import float8 as f8
 from llmctl.plan.memory.activations import (
     head_activation_bytes,
     layer_activation_bytes,
@@ -99,10 +100,12 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     comps: list[Component] = []
     for line in ledger:
         deg = state_shard_degree(setup, line)
+        exact = line.rank_bytes
+        on_rank = exact if exact is not None else math.ceil(held_params * line.bytes_per_param / deg)
         comps.append(
             Component(
                 line.name,
-                int(math.ceil(held_params * line.bytes_per_param / deg)),
+                int(on_rank),
                 ("forward", "backward", "optimizer"),
                 bytes_per_param=line.bytes_per_param / deg,
                 note=line.note,
@@ -120,8 +123,12 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         # with prefetch, the next layer is gathered while the current one computes: two layers live.
         # SHARD_GRAD_OP (reshard_after_forward=False) keeps every layer unsharded from forward to backward.
         n_layers = stage_layers if dims.zero_stage == 2 else min(2, stage_layers)
-        unsharded = int(n_layers * layer_params * cb * (1 - 1 / fsdp))
-        comps.append(Component("unsharded layers (FSDP all-gather)", unsharded, ("forward", "backward")))
+        name, unsharded = "unsharded layers (FSDP all-gather)", int(n_layers * layer_params * cb * (1 - 1 / fsdp))
+        if setup.precision.float8_all_gather and setup.engine == "fsdp2":
+            # torchao's float8 all-gather: the converted linears' weights arrive (and stay until resharded) in float8.
+            name = "unsharded layers (FSDP float8 all-gather)"
+            unsharded = int(n_layers * f8.unsharded_layer_bytes(spec, cb, setup.tp) * (1 - 1 / fsdp))
+        comps.append(Component(name, unsharded, ("forward", "backward")))
     if setup.training and fsdp > 1:
         # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
         grad_buf = int(layer_params * (cb + 4 if cb != 4 else 4))
@@ -191,6 +198,8 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
             comps.append(Component("optimizer step temporaries (foreach)", shard, ("optimizer",)))
     if setup.cp > 1:
         comps += ring_components(spec, setup)
+    if setup.precision.float8:
+        comps += float8_components(spec, setup)
     phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in ("forward", "backward", "optimizer")}
     if not setup.training:
         phases = {"forward": phases["forward"]}
@@ -223,6 +232,27 @@ def _layers_saved_whole(checkpointing: str, layers: int) -> int:
     if ckpt_modes.partial_every(checkpointing):
         return layers - len(ckpt_modes.whole_layers(checkpointing, layers))
     return 0
+
+
+FLOAT8_NOTE = (
+    "torchao frees each float8 copy after its matmul and saves the bf16 input and weight for backward, as nn.Linear "
+    "does (matmul_with_hp_or_float8_args): the activations are bf16-mixed's"
+)
+
+
+def float8_components(spec: ModelSpec, setup: TrainSetup) -> list[Component]:
+    """The float8 copies the largest converted linear makes while it runs (llmctl.plan.float8.transient_bytes): its
+    input and weight in forward, grad_output twice, the weight and the input in backward, with their scales (the
+    float8 all-gather's one precomputed fp32 scale a weight is a few bytes, not a line)."""
+    tokens = setup.micro_batch_size * setup.seq_len // setup.cp
+    shard = setup.dims.fsdp_shard if setup.engine == "fsdp2" else 1
+    fwd, bwd = f8.transient_bytes(spec, setup.precision, tokens, setup.tp, shard)
+    if not fwd:  # no linear converts (GPT-2's Conv1D, a model measured on fake tensors)
+        return []
+    out = [Component("float8 copies of one linear (forward)", fwd, ("forward",), note=FLOAT8_NOTE)]
+    if setup.training:
+        out.append(Component("float8 copies of one linear (backward)", bwd, ("backward",), note=FLOAT8_NOTE))
+    return out
 
 
 RING_FORWARD_KV = "ring attention K/V in flight (forward)"

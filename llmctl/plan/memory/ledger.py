@@ -13,11 +13,14 @@ Two engines keep different things:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from llmctl.plan.flops import _memo
+from llmctl.spec import optimizer_states as ostates
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
+from llmctl.spec.precision import DTYPE_BYTES
 from llmctl.spec.setup import TrainSetup
 
 
@@ -31,6 +34,9 @@ class StateLine:
     sharded_from_stage: int
     """ZeRO stage from which this state is sharded over the data-parallel ranks (4: never)."""
     note: str = ""
+    rank_bytes: int | None = None
+    """Exact bytes on the rank that holds the most, where the state is not a flat bytes-per-parameter (8-bit Adam:
+    which tensors are quantized depends on each rank's shard); `bytes_per_param` is then its average."""
 
 
 def optimizer_bytes_per_param(spec: ModelSpec, optimizer: str, state_bytes: int) -> float:
@@ -62,15 +68,85 @@ def optimizer_bytes_per_param(spec: ModelSpec, optimizer: str, state_bytes: int)
     return 0.0
 
 
+def optimizer_line(spec: ModelSpec, setup: TrainSetup) -> StateLine:
+    """The optimizer-states line: the optimizer's states in the setup's `states_dtype` (fp32, bf16, or torchao's
+    8-bit block-wise AdamW, exact per rank where the model's tensors are known)."""
+    opt, dtype = setup.optimizer, setup.states_dtype
+    name = f"optimizer states ({opt}{'' if dtype == 'fp32' else ', ' + ostates.KINDS[dtype].label})"
+    if dtype != "8bit":
+        return StateLine(name, optimizer_bytes_per_param(spec, opt, DTYPE_BYTES[dtype]), 1)
+    rank = adam_8bit_rank_bytes(spec, setup)
+    if rank is None:  # tensors unknown: every value quantized, one fp32 scale per block (code books left out)
+        return StateLine(name, 2 + 2 * 4 / ostates.BLOCK_SIZE_8BIT, 1)
+    held, _ = stage_params(spec, setup)
+    return StateLine(name, rank * setup.dims.fsdp_shard / held, 1, rank_bytes=rank)
+
+
+def adam_8bit_rank_bytes(spec: ModelSpec, setup: TrainSetup) -> int | None:
+    """Bytes of torchao AdamW8bit's two moments on the rank that holds the most, in llmctl's engine (FSDP2): each
+    tensor's local shard (dim 0 split over the shard group as torch.chunk splits it, as fully_shard does) is
+    quantized or kept in the parameter's dtype by its own size (llmctl.spec.optimizer_states.adam_8bit_bytes).
+    Exact at tp = 1; under tp each split tensor counts tp's share on dim 0 (the same sizes, rows approximated).
+    None where the tensors are not known (a model measured on fake tensors, a raw parameter count) or under the
+    zero engine (DeepSpeed partitions flat buffers)."""
+    if spec.measured is not None or spec.source == "params" or setup.engine != "fsdp2":
+        return None
+    key = ("adam_8bit", setup.dims.fsdp_shard, setup.tp, setup.pp, setup.precision.param_bytes)
+    return _memo(spec, key, lambda: _adam_8bit_rank_bytes(spec, setup))
+
+
+def _adam_8bit_rank_bytes(spec: ModelSpec, setup: TrainSetup) -> int:
+    deg, tp, fallback = setup.dims.fsdp_shard, setup.tp, setup.precision.param_bytes
+    per_stage = math.ceil(spec.num_layers / setup.pp)
+    stages = [spec.layers[i : i + per_stage] for i in range(0, spec.num_layers, per_stage)]
+    best = 0
+    for i, stage in enumerate(stages):
+        shapes: list[tuple[tuple[int, ...], int]] = []  # (shape before FSDP, how many)
+        for layer, n in Counter(stage).items():
+            tensors = spec.layer_tensors() if spec.is_gpt2 else layer.tensors(spec.hidden_size)
+            moe = any("experts" in name for name, _ in tensors)  # a MoE block stays whole under tp (ledger above)
+            shapes += [(_tp_shape(name, shape, tp, moe), n) for name, shape in tensors]
+        ends = (spec.embedding_tensors() if i == 0 else []) + (spec.head_tensors() if i == len(stages) - 1 else [])
+        shapes += [(_tp_shape(name, shape, tp, False), 1) for name, shape in ends]
+        best = max(best, _largest_rank_bytes(shapes, deg, fallback))
+    return best
+
+
+def _tp_shape(name: str, shape: tuple[int, ...], tp: int, moe: bool) -> tuple[int, ...]:
+    """A tensor's shape on one tp rank, its split counted on dim 0 (norms, and MoE blocks, are replicated)."""
+    if tp == 1 or not shape or "norm" in name or (moe and name.startswith("mlp.")):
+        return shape
+    return (-(-shape[0] // tp), *shape[1:])
+
+
+def _largest_rank_bytes(shapes: list[tuple[tuple[int, ...], int]], deg: int, fallback: int) -> int:
+    """The most 8-bit Adam bytes any of `deg` ranks holds. Rank r holds min(c, d0 - r c) rows (c = ceil(d0 / deg))
+    of each tensor: full below d0 // c, partial at it, none after, so the ranks that differ start at 0 or at one of
+    those two places of some tensor: those are the ranks to try (a quantized shard can be smaller than one kept
+    whole, so the first rank is not always the largest)."""
+    starts = {0}
+    for shape, _ in shapes:
+        d0 = shape[0] if shape else 1
+        full = d0 // -(-d0 // deg)
+        starts.update(r for r in (full, full + 1) if r < deg)
+    most = 0
+    for r in starts:
+        total = 0
+        for shape, n in shapes:
+            d0, rest = (shape[0], math.prod(shape[1:])) if shape else (1, 1)
+            c = -(-d0 // deg)
+            total += n * ostates.adam_8bit_bytes(max(0, min(c, d0 - r * c)) * rest, fallback)
+        most = max(most, total)
+    return most
+
+
 def state_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
     """The model-state lines of the setup's precision policy and optimizer, each with the ZeRO stage that shards it."""
-    p, opt = setup.precision, setup.optimizer
+    p = setup.precision
     if not setup.training:
         full = p.compute_dtype == "fp32"
         return [StateLine(f"weights ({'fp32' if full else 'half'})", p.compute_bytes, 3)]
-    states = optimizer_bytes_per_param(spec, opt, p.optimizer_state_bytes)
-    state_dtype = "" if p.optimizer_state_dtype == "fp32" else f", {p.optimizer_state_dtype}"
-    opt_line = StateLine(f"optimizer states ({opt}{state_dtype})", states, 1)
+    opt_line = optimizer_line(spec, setup)
     if not p.mixed:
         return [
             StateLine(f"parameters ({p.param_dtype})", p.param_bytes, 3),

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from llmctl.plan import float8 as f8
 from llmctl.plan.memory.activations import layer_activation_terms
-from llmctl.plan.memory.estimate import MemoryEstimate, estimate, fits, max_micro_batch, min_gpus
+from llmctl.plan.memory.estimate import FLOAT8_NOTE, MemoryEstimate, estimate, fits, max_micro_batch, min_gpus
 from llmctl.plan.memory.ledger import classic_bytes_per_param
 from llmctl.plan.memory.ring import ring_buffers
 from llmctl.spec.hardware import GPUSpec
@@ -49,6 +50,8 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
                     "loss_chunk_tokens",
                 )
             },
+            # Only when asked, so that the answers of setups that do not ask stay as they were.
+            **({"optimizer_states": setup.optimizer_states} if setup.optimizer_states != "auto" else {}),
         },
         "bytes_per_param": classic_bytes_per_param(spec, setup),
         "ledger": [
@@ -85,6 +88,8 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
     }
     if setup.cp > 1:
         out["context_parallel"] = context_parallel_report(spec, setup, est)
+    if setup.precision.float8:
+        out["float8"] = {**f8.summary(spec, setup.seq_len, setup.precision), "note": FLOAT8_NOTE}
     if gpu is not None:
         out["gpu"] = gpu.name
         out["gpu_memory_bytes"] = gpu.memory_bytes
