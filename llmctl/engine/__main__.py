@@ -62,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format=f"[llmctl.engine rank{_rank()}] %(message)s",
         stream=sys.stderr,
     )
+    # torchao (float8, low-bit optimizers; transformers imports it where installed) logs every CUDA extension it cannot
+    # load: noise on a CPU machine, and nothing llmctl uses.
+    logging.getLogger("torchao").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao's enums, registered the old way
     from llmctl.measure import fake
 
     fake.install()  # a model type outside the analytical families is measured (cached: `llmctl plan` measured it)

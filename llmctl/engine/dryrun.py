@@ -15,6 +15,7 @@ reports the measured bytes. The figures are set next to what `estimate-memory` p
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -34,10 +35,14 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """The bytes AdamW will allocate for its states over these (local) parameters, without allocating them:
     exp_avg + exp_avg_sq shaped and typed like each parameter (+ max_exp_avg_sq with amsgrad), and the `step`
     (a float32 scalar tensor per parameter). `--allocate-all` checks this against the real allocation."""
+    from llmctl.engine.adamw_states import planned_state_bytes
     from llmctl.engine.materialize import local_block
 
-    if type(optimizer).__name__ != "AdamW":
-        raise InputError(f"dry-start sizes AdamW states only, not {type(optimizer).__name__}")
+    if type(optimizer).__name__ != "AdamW":  # bf16 or 8-bit moments (optimizer.states)
+        planned = planned_state_bytes(optimizer)
+        if planned is None:
+            raise InputError(f"dry-start sizes AdamW states only, not {type(optimizer).__name__}")
+        return planned
     total = 0
     for group in optimizer.param_groups:
         per = 3 if group.get("amsgrad") else 2
@@ -45,6 +50,16 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
             local = local_block(p)[0]
             total += per * local.numel() * local.element_size() + 4
     return total
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """The bytes a tensor holds: a wrapper subclass's inner tensors (torchao's 8-bit state: int8 codes, fp32 block
+    scales and its code book), else numel x element size."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if is_traceable_wrapper_subclass(t):
+        return sum(tensor_bytes(getattr(t, name)) for name in t.__tensor_flatten__()[0])
+    return t.numel() * t.element_size()
 
 
 def allocated_state_bytes(optimizer: torch.optim.Optimizer) -> int:
@@ -56,8 +71,7 @@ def allocated_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     for st in optimizer.state.values():
         for v in st.values():
             if isinstance(v, torch.Tensor):
-                local = local_block(v)[0] if v.ndim else v
-                total += local.numel() * local.element_size()
+                total += tensor_bytes(local_block(v)[0] if v.ndim else v)
     return total
 
 
@@ -72,12 +86,16 @@ def estimated_lines(plan: Plan) -> dict[str, int]:
     spec = model_spec_for(plan)
     p = plan.setup
     setup = TrainSetup(precision=p.precision, optimizer="adamw", engine="fsdp2", tp=p.tp, gpus_per_node=p.tp)
+    if p.optimizer_states != "auto":  # 8-bit states are exact per rank of the plan's world, not per parameter
+        setup = dataclasses.replace(p, optimizer="adamw", engine="fsdp2")
     held, _ = mem.stage_params(spec, setup)  # after the tp split (norms replicated)
     shard = plan.parallel_dims.fsdp_shard
     out: dict[str, int] = {}
     for line in mem.state_ledger(spec, setup):
         key = "parameters" if line.name.startswith("param") else line.name.split(" ")[0]
-        if key in ("parameters", "gradients", "optimizer") and line.bytes_per_param:
+        if key in ("parameters", "gradients", "optimizer") and line.rank_bytes is not None:
+            out[key] = line.rank_bytes  # exact per rank (8-bit states: what torchao quantizes of each shard)
+        elif key in ("parameters", "gradients", "optimizer") and line.bytes_per_param:
             out[key] = math.ceil(held * line.bytes_per_param / shard)
     return out
 

@@ -75,6 +75,19 @@ class Slot:
         return math.prod(self.global_shape[1:])
 
 
+def plain(t: Any) -> Any:
+    """The plain tensor inside a wrapper subclass of one inner tensor (torchao's float8 weights under FSDP2,
+    WeightWithDynamicFloat8CastTensor, wrap the shard they cast), else `t`."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    while is_traceable_wrapper_subclass(t):
+        inner, _ = t.__tensor_flatten__()
+        if len(inner) != 1:
+            break
+        t = getattr(t, inner[0])
+    return t
+
+
 def local_block(param: Any) -> tuple[Any, int, int, int, int | None]:
     """(local tensor, first row, number of rows, first column, number of columns or None for all) of a parameter:
     a DTensor sharded on dim 0 (FSDP2, HSDP, a colwise TP weight, both), on dim 1 too (a rowwise TP weight, 2-D), or
@@ -88,7 +101,7 @@ def local_block(param: Any) -> tuple[Any, int, int, int, int | None]:
         col_split = param.ndim == 2 and tuple(shape[1:]) != tuple(param.shape[1:])
         if any(o for o in offset[2:]) or tuple(shape[2:]) != tuple(param.shape[2:]) or (param.ndim > 2 and offset[1]):
             raise SpecError(f"parameter sharded on a dimension past 1 ({param.placements}): not supported")
-        local = param.to_local()
+        local = plain(param.to_local())
         rows, first = (int(shape[0]), int(offset[0])) if shape else (1, 0)
         return local, first, rows, int(offset[1]) if col_split else 0, int(shape[1]) if col_split else None
     return param, 0, int(param.shape[0]) if param.ndim else 1, 0, None
@@ -176,7 +189,7 @@ def storage_key(t: Any) -> tuple[int, tuple[int, ...]] | None:
 
     if not isinstance(t, torch.Tensor):
         return None
-    local = t.to_local() if isinstance(t, DTensor) else t
+    local = plain(t.to_local() if isinstance(t, DTensor) else t)
     if local.device.type == "meta":
         return None
     try:

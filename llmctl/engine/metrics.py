@@ -150,6 +150,9 @@ class MetricsLog:
                 f"loss {record['loss']:.4f}  lr {record['lr']:.2e}  {record['tokens_per_s']:,.0f} tok/s  "
                 f"{record['step_time_s'] * 1e3:.0f} ms/step"
             )
+            if "loss_scale" in record:  # fp16: the scale, and the overflowed steps skipped so far
+                skipped = f", step skipped ({record['skipped_steps']} so far)" if record.get("skipped") else ""
+                info += f"  scale {record['loss_scale']:g}{skipped}"
             if self._progress is not None:
                 self._progress.update(self._task, completed=record["step"], info=info)
             else:

@@ -57,27 +57,27 @@ def mixed_precision(precision: str | PrecisionPolicy):  # -> MixedPrecisionPolic
     from llmctl.engine.model import torch_dtype
 
     p = policy(precision)
-    if not p.engine_runs:
-        raise InputError(
-            f"training.precision: {p.name} is not supported by the engine (it needs loss scaling)",
-            hint="use bf16-mixed (or fp32 on CPUs and pre-Ampere GPUs)",
-        )
+    p.check_engine()
     if p.mixed:
         return MixedPrecisionPolicy(param_dtype=torch_dtype(p.compute_dtype), reduce_dtype=torch_dtype(p.reduce_dtype))
     return None
+
+
+MATMULS = ("mm", "addmm", "_scaled_mm")
+"""The matmul ops selective checkpointing counts (every other one saved)."""
 
 
 def _sac_save_ops() -> set:
     """Ops whose outputs selective checkpointing keeps: matmuls (every other one, see _sac_policy) and every
     attention kernel (SDPA's flash / memory-efficient / cuDNN / CPU flash variants, and flash-attn's own op when that
     package registers one). torchtitan's `_save_list` (models/llama3/infra/parallelize.py) is the reference; addmm
-    is added because GPT-2's Conv1D runs its projections as addmm."""
+    is added because GPT-2's Conv1D runs its projections as addmm, and _scaled_mm because float8's Float8Linear runs
+    its matmuls as _scaled_mm (torchtitan's list has it too)."""
     import torch
 
     aten = torch.ops.aten
     names = (
-        "mm",
-        "addmm",
+        *MATMULS,
         "_scaled_dot_product_flash_attention",
         "_scaled_dot_product_efficient_attention",
         "_scaled_dot_product_cudnn_attention",
@@ -90,9 +90,6 @@ def _sac_save_ops() -> set:
         if op is not None:
             ops.add(op.default)
     return ops
-
-
-MATMULS = ("mm", "addmm")
 
 
 def _sac_context_fn():

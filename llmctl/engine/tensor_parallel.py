@@ -10,14 +10,13 @@ rank's sequence shard. The LM head is split by vocabulary and the loss is comput
 (`loss_parallel`): logits stay a DTensor sharded on their last dimension.
 
 Parameters the plan does not split (the MoE blocks, replicated over the tp group) stay plain tensors: their inputs
-are the same on every rank of the group, so are their gradients; `grad_norm` sums norms over DTensors of different
+are the same on every rank of the group, so are their gradients; llmctl.engine.scaler's `grad_norm` sums norms over DTensors of different
 meshes (FSDP2's 1-D data-parallel ones and the 2-D data x tp ones), which `clip_grad_norm_` refuses to stack.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from llmctl.errors import SpecError
@@ -181,36 +180,3 @@ def enable_async_tp(tp_mesh: DeviceMesh) -> None:
 
     inductor._micro_pipeline_tp = True
     enable_symm_mem_for_group(tp_mesh.get_group().group_name)
-
-
-def _grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The global L2 norm of gradients that are plain tensors or DTensors on different meshes: each mesh's norms
-    stacked and made whole once (`full_tensor`), the groups summed in squares."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    groups: dict[object, list[torch.Tensor]] = {}
-    for g in grads:
-        groups.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
-    total = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
-    for group in groups.values():
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group, 2.0)), 2.0)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        total = total + norm.float().pow(2)
-    return total.sqrt()
-
-
-def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
-    """`clip_grad_norm_` over mixed meshes: the global norm before clipping, every gradient scaled by
-    min(1, max_norm / (norm + 1e-6)) as torch.nn.utils.clip_grad_norm_ does."""
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    grads = [p.grad for p in parameters if p.grad is not None]
-    total = _grad_norm(grads)
-    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
-    with torch.no_grad():
-        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-        torch._foreach_mul_(local, coef.to(local[0].device) if local else coef)
-    return total

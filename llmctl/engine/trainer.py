@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmctl.engine import float8
 from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
 from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
 from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers
@@ -45,7 +46,9 @@ from llmctl.engine.model import (
     select_device,
 )
 from llmctl.engine.optim import build_optimizer, lr_factor
-from llmctl.engine.parallelize import build_mesh, parallelize
+from llmctl.engine.optim import check_installed as check_optimizer_installed
+from llmctl.engine.parallelize import build_mesh, needs_fsdp, parallelize
+from llmctl.engine.scaler import GradStep, LossScaler, overflow_injection
 from llmctl.errors import SpecError
 from llmctl.spec.planfile import Plan, plan_to_yaml
 
@@ -130,9 +133,11 @@ class StepOutput:
     loss_sum: torch.Tensor
     """The micro-batches' losses summed, still on the device (read on logging steps only: a host sync)."""
     grad_norm: torch.Tensor | None
-    """The global gradient norm before clipping (None without training.grad_clip)."""
+    """The global gradient norm before clipping (None without training.grad_clip and loss scaling, or skipped)."""
     lr: float
     """The learning rate the step used."""
+    skipped: bool = False
+    """fp16's loss scaler found an overflow: no optimizer update."""
 
 
 class Trainer:
@@ -155,6 +160,7 @@ class Trainer:
         if s.precision.compute_dtype == "bf16" and self.device.type == "cpu":
             log.info("precision %s on a CPU works but is slower than fp32 without AMX", s.precision.name)
         check_installed(plan.logging)
+        check_optimizer_installed(plan.optimizer)  # 8-bit states need torchao: one line before anything is built
         self.metrics: MetricsLog | None = None
         self.step = 0
 
@@ -183,6 +189,8 @@ class Trainer:
         if found is not None and weights is not None:
             log.info("resuming from %s: its weights win over model.weights (%s)", found[1], plan.model.weights)
         self.optimizer = build_optimizer(self.model, plan.optimizer, self.device.type)
+        # fp16-mixed: the loss scaled, overflowed steps skipped on every rank (llmctl.engine.scaler)
+        self.grad_step = GradStep(plan.training.grad_clip, LossScaler() if t.precision.loss_scaling else None)
         total, o = plan.total_steps, plan.optimizer
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, total, o.warmup_steps, o.min_lr_ratio)
@@ -259,6 +267,11 @@ class Trainer:
             use_ring_attention(self.model)
             if self.device.type == "cpu":
                 install_cpu_ring()
+        # float8: linear layers swapped for torchao's Float8Linear before TP, AC, compile and FSDP2 (torchtitan's order)
+        self.float8 = float8.convert(
+            self.model, self.setup_.precision, needs_fsdp(self.mesh.size(), self.setup_.precision)
+        )
+        self.float8_scales = float8.scale_precompute(self.float8)
         rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet
         self.fsdp = parallelize(self.model, plan, self.mesh)
         self.made = materialize(self.model, plan, self.device, weights=weights, resuming=resuming)
@@ -278,6 +291,11 @@ class Trainer:
             state = self.ckpt.load(found[1], self.model, self.optimizer, self.scheduler)
             start = int(state["step"])
             run_id = str(state.get("run_id") or run_id)
+            scaler = self.grad_step.scaler
+            if scaler is not None and state.get("loss_scaler"):
+                scaler.load_state_dict(state["loss_scaler"])  # the scale the run had reached, not the initial one
+            elif scaler is not None:
+                log.info("%s has no loss scale (saved in another precision): it starts at %g", found[1], scaler.scale)
             if state.get("samples_consumed") != self.data.samples_consumed(start):
                 raise SpecError(
                     f"checkpoint {found[1]} was made with a different global batch "
@@ -305,6 +323,8 @@ class Trainer:
             "loss_mode": self.loss_impl,
             "loss_chunk_tokens": t.loss_chunk_tokens,
             "precision": t.precision.name,
+            "float8": float8.describe(self.model, self.float8),
+            "loss_scale": None if self.grad_step.scaler is None else self.grad_step.scaler.scale,
             "params": spec.params,
             "vocab_size": spec.vocab_size,
             "tokens_per_step": plan.tokens_per_step,
@@ -337,9 +357,9 @@ class Trainer:
             self.metrics.event(record)
 
     # --- one optimizer step --------------------------------------------------------------------------------------
-    def forward_backward(self, batch: Batch) -> torch.Tensor:
-        """One micro-batch: its loss (the mean over its tokens) and the backward of loss / grad_accum_steps, so the
-        accumulated gradients are the mean over the step's micro-batches."""
+    def forward_backward(self, batch: Batch, inject: float = 1.0) -> torch.Tensor:
+        """One micro-batch: its loss (the mean over its tokens) and the backward of loss / grad_accum_steps (times
+        the loss scale under fp16), so the accumulated gradients are the mean over the step's micro-batches."""
         import contextlib
 
         acc = self.setup_.grad_accum_steps
@@ -349,7 +369,7 @@ class Trainer:
 
                 stack.enter_context(loss_parallel())
             loss = model_loss(self.model, self.loss_impl, b.inputs, b.targets, self.vocab, positions=b.positions)
-            (loss / acc).backward()  # inside the split: backward runs the ring too
+            (loss * (self.grad_step.loss_multiplier * inject / acc)).backward()  # inside the split: the ring too
         return local_value(loss)
 
     def train_step(self, batches: Iterator[Batch]) -> StepOutput:
@@ -369,23 +389,19 @@ class Trainer:
             t_wait = time.perf_counter()
             b = next(batches)
             self._data_wait += time.perf_counter() - t_wait
-            loss = self.forward_backward(b)
+            inject = overflow_injection(self.step + 1, self.env.rank, m) if self.grad_step.scaler else 1.0
+            loss = self.forward_backward(b, inject)
             loss_sum += loss.detach()
-        grad_norm = None
-        clip = self.plan.training.grad_clip
-        if clip is not None:
-            if self.setup_.tp > 1:  # DTensors of two meshes (data x tp, and data only for unsplit parameters)
-                from llmctl.engine.tensor_parallel import clip_grad_norm
-
-                grad_norm = clip_grad_norm(list(self.model.parameters()), clip)
-            else:
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True)
-        self.optimizer.step()
+        stepping, grad_norm = self.grad_step(self.model.parameters())
+        if stepping:
+            self.optimizer.step()
+            if self.float8_scales is not None:  # float8 weights all-gathered by FSDP2: next step's scales, at once
+                self.float8_scales(self.model)
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
+        self.scheduler.step()  # a skipped (overflowed) step still consumed its data and its place in the schedule
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        return StepOutput(loss_sum, grad_norm, lr)
+        return StepOutput(loss_sum, grad_norm, lr, skipped=not stepping)
 
     # --- evaluation and checkpoints ------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any] | None:
@@ -425,6 +441,7 @@ class Trainer:
                 "world_size": self.env.world_size,
                 "seed": self.plan.training.seed,
                 "run_id": self.run_id,
+                **({"loss_scaler": sc.state_dict()} if (sc := self.grad_step.scaler) is not None else {}),
             },
         )
         self.emit(
@@ -444,6 +461,13 @@ class Trainer:
         self._window_t = now
         self._data_wait, self._frames = 0.0, compiled_frames()
 
+    def _scaler_fields(self, out: StepOutput) -> dict[str, Any]:
+        """fp16's loss scale (for the next step), the steps skipped so far, and whether this one was."""
+        sc = self.grad_step.scaler
+        if sc is None:
+            return {}
+        return {"loss_scale": sc.scale, "skipped_steps": sc.skipped_steps, "skipped": out.skipped}
+
     def log_step(self, out: StepOutput) -> float:
         """The `step` record of a logging step (the loss averaged over ranks and micro-batches: a host sync), and
         once, the measured-vs-plan check. Returns the loss."""
@@ -460,6 +484,7 @@ class Trainer:
             "loss": loss,
             "lr": out.lr,
             "grad_norm": float(gn) if gn is not None else None,
+            **self._scaler_fields(out),
             **self.tput.measure((now - self._window_t) / (step - self._window_step)),
             **peak_memory(self.device.type),
         }

@@ -27,7 +27,7 @@ from llmctl.engine.materialize import clean_name
 from llmctl.engine.model import base_spec, build_meta_model, materialize, select_attention
 from llmctl.engine.optim import build_optimizer
 from llmctl.engine.parallelize import build_mesh, parallelize
-from llmctl.engine.tensor_parallel import clip_grad_norm
+from llmctl.engine.scaler import grad_norm
 from llmctl.spec.planfile import load_plan
 
 STEPS = 5
@@ -83,7 +83,7 @@ def one_plan(path: str, rank: int, world: int) -> dict:
                 g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
                 if rank == 0:
                     grads[clean_name(n)] = g.detach().float().flatten().tolist()
-        norm = clip_grad_norm(list(model.parameters()), 1e9)
+        norm = grad_norm([p.grad for p in model.parameters() if p.grad is not None])
         if step == 0:
             params = list(model.parameters())
             state = {

@@ -84,8 +84,11 @@ def test_the_70b_example_plan_starts_on_this_machine(tmp_path: Path) -> None:
     assert any("flash" in n for n in r["notes"])
 
 
-def test_allocate_all_measures_what_was_only_sized(tmp_path: Path) -> None:
-    plan = write_plan(tmp_path, {"hardware": {"nproc_per_node": 4}})
+@pytest.mark.parametrize("states", ["auto", "8bit"])
+def test_allocate_all_measures_what_was_only_sized(tmp_path: Path, states: str) -> None:
+    """The sized states equal the allocated ones and the estimate's; with 8-bit states (torchao's AdamW8bit) too:
+    on the tiny model most shards are under torchao's 4096-value threshold and stay fp32, and the ledger knows it."""
+    plan = write_plan(tmp_path, {"hardware": {"nproc_per_node": 4}, "optimizer": {"states": states}})
     r = dry_start_json(plan, tmp_path, "--allocate-all")
     assert r["allocate_all"] is True and r["world_size"] == 4
     for line in r["lines"]:
@@ -192,3 +195,20 @@ def test_flags_that_need_dry_start(tmp_path: Path) -> None:
     proc = llmctl(["launch", str(plan), "--dry-start", "--dry-run"], tmp_path)
     assert proc.returncode == 2 and "give one" in proc.stderr
     assert set(os.listdir(tmp_path)) <= {"plan.yaml", "scratch"}, "a refused launch must not create anything"
+
+
+@pytest.mark.slow
+def test_the_seed_v100_case_plans_fp16_and_starts(tmp_path: Path) -> None:
+    """The seed's case (GPT-2 XL, FSDP over 4 x V100-16GB, mixed precision): plan picks fp16-mixed (V100 has no
+    bf16) and says why; rank 0's dry start builds it (FSDP2 with an fp16 MixedPrecisionPolicy over fp32 masters) and
+    its state bytes match estimate-memory's."""
+    plan = tmp_path / "plan.yaml"
+    args = ["plan", "gpt2-xl", "--gpu", "V100-16GB", "--nodes", "1", "--gpus-per-node", "4", "--synthetic"]
+    proc = llmctl([*args, "-o", str(plan)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "precision: fp16-mixed: V100-16GB has no bf16 tensor cores" in " ".join(proc.stdout.split())
+    assert "precision: fp16-mixed" in plan.read_text()
+    proc = llmctl(["launch", str(plan), "--dry-start"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    ratios = [ln.split()[-1] for ln in proc.stdout.splitlines() if ln.strip().startswith(("parameters", "grad", "opt"))]
+    assert len(ratios) == 3 and all(r == "1.000" for r in ratios), proc.stdout
