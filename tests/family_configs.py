@@ -72,3 +72,18 @@ OTHER_MOE: dict[str, Any] = {
 }
 """An MoE type outside the analytical families (every layer 4 experts, top-2): fewer parameters per token than in
 total."""
+
+
+LLAMA_256: dict[str, Any] = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 320,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
+"""A small Llama whose shards cross torchao's 8-bit thresholds (4,096 values, 256-value blocks) at 1, 3 and 8 ranks:
+the optimizer-state tests' model."""

@@ -22,9 +22,6 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from llmctl.engine.optim import TORCHAO_HINT
-from llmctl.errors import InputError
-
 log = logging.getLogger("llmctl.engine")
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -187,20 +184,10 @@ def planned_state_bytes(optimizer: torch.optim.Optimizer) -> int | None:
 
 # --- torchao's AdamW8bit --------------------------------------------------------------------------------------------
 def torchao_optim() -> Any:
-    """torchao.optim, quietly (on a CPU machine torchao logs each CUDA extension it cannot load, and torch logs a
-    deprecation from torchao's pytree registrations: both through `logging`), or one line naming the extra."""
-    quiet = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
-    levels = [q.level for q in quiet]
-    for q in quiet:
-        q.setLevel(logging.ERROR)
-    try:
-        import torchao.optim
-    except ImportError as e:
-        raise InputError(f"optimizer.states 8bit needs torchao ({e})", hint=TORCHAO_HINT) from None
-    finally:
-        for q, level in zip(quiet, levels):
-            q.setLevel(level)
-    return torchao.optim
+    """torchao.optim (llmctl.engine.ao: quietly, or one line naming the extra)."""
+    from llmctl.engine import ao
+
+    return ao.import_torchao("torchao.optim", "optimizer.states 8bit")
 
 
 def adamw_8bit(groups: list[dict[str, Any]], **kwargs: Any) -> torch.optim.Optimizer:

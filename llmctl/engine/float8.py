@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from llmctl.engine import ao
 from llmctl.errors import InputError
 from llmctl.spec.precision import PrecisionPolicy, float8_convertible
 
@@ -31,20 +32,7 @@ DeepSeek's mlp.gate, Llama 4's and gpt-oss's router): left in bf16, as torchtita
 
 
 def import_torchao():  # -> module torchao.float8
-    """torchao.float8, quietly (torchao logs each CUDA extension it cannot load on a CPU machine), or one line naming
-    the extra."""
-    quiet = [logging.getLogger(n) for n in ("torchao", "root")]
-    levels = [q.level for q in quiet]
-    for q in quiet:
-        q.setLevel(logging.ERROR)
-    try:
-        import torchao.float8 as f8
-    except ImportError as e:
-        raise InputError(f"float8 training needs torchao ({e})", hint="pip install 'llmctl[fp8]'") from None
-    finally:
-        for q, lv in zip(quiet, levels, strict=True):
-            q.setLevel(lv)
-    return f8
+    return ao.import_torchao("torchao.float8", "float8 training")
 
 
 @dataclass

@@ -7,6 +7,7 @@ import logging
 import math
 from typing import TYPE_CHECKING
 
+from llmctl.engine import ao
 from llmctl.errors import InputError
 from llmctl.spec.planfile import OptimizerSection
 
@@ -26,16 +27,13 @@ def lr_factor(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: floa
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-TORCHAO_HINT = "pip install 'llmctl[fp8]'"
-
-
 def check_installed(opt: OptimizerSection) -> None:
     """Before anything is built: 8-bit states need torchao (one line naming the extra), as loggers.check_installed
     does for the loggers; build_optimizer comes only after the model is built and materialized."""
     import importlib.util
 
     if opt.states == "8bit" and importlib.util.find_spec("torchao") is None:
-        raise InputError("optimizer.states 8bit needs torchao, which is not installed", hint=TORCHAO_HINT)
+        raise InputError("optimizer.states 8bit needs torchao, which is not installed", hint=ao.HINT)
 
 
 BF16_MOMENT_STEP = 2**-8

@@ -24,6 +24,7 @@ from llmctl.plan.memory.ledger import adam_8bit_rank_bytes  # noqa: E402
 from llmctl.spec.models import from_hf_config, from_preset  # noqa: E402
 from llmctl.spec.planfile import OptimizerSection  # noqa: E402
 from llmctl.spec.setup import TrainSetup  # noqa: E402
+from tests.family_configs import LLAMA_256  # noqa: E402
 
 WORKER = Path(__file__).with_name("optim_states_worker.py")
 HYPER = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
@@ -183,17 +184,7 @@ def test_a_plan_with_8bit_states_is_refused_before_anything_is_built(monkeypatch
     check_installed(OptimizerSection(states="bf16"))  # nothing more to install
 
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "vocab_size": 320,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-}
+TINY = LLAMA_256
 # llama-3.1-8b's shapes (two of its identical blocks) over 8 ranks; a small Llama over 1, 3 and 8 ranks: over 3 ranks
 # down_proj's shard (86 x 688 values) is no whole number of 256-blocks and stays fp32, and the last rank has fewer rows.
 JOBS = [

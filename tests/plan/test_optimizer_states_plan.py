@@ -20,19 +20,10 @@ from llmctl.plan.request import build_request
 from llmctl.spec.models import from_hf_config, resolve_model
 from llmctl.spec.planfile import load_plan, plan_to_yaml
 from llmctl.spec.setup import TrainSetup
+from tests.family_configs import LLAMA_256
 
 runner = CliRunner()
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 688,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "vocab_size": 320,
-    "max_position_embeddings": 2048,
-    "tie_word_embeddings": False,
-}
+TINY = LLAMA_256
 
 
 def _opt_line(spec, **kw) -> mem.Component:
