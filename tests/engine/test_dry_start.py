@@ -80,7 +80,9 @@ def test_the_70b_example_plan_starts_on_this_machine(tmp_path: Path) -> None:
     assert by_line["parameters"]["bytes"] == pytest.approx(4 * r["params"] / 64, rel=0.01)
     bound = (4 * r["params"] / 64) * 1.5 + 3 * 2**30
     assert r["rss_peak_bytes"] < bound, (r["rss_peak_bytes"] / 2**30, bound / 2**30)
-    assert r["rss_after_model_bytes"] - r["rss_before_model_bytes"] >= 0.9 * by_line["parameters"]["bytes"]
+    # Really allocated: the peak (a high-water mark) rose by the shard. The resident size after the model is no
+    # proof either way: under memory pressure the kernel pages out a shard that init wrote and nothing read since.
+    assert r["rss_peak_bytes"] - r["rss_before_model_bytes"] >= 0.9 * by_line["parameters"]["bytes"]
     assert any("flash" in n for n in r["notes"])
 
 
