@@ -21,6 +21,7 @@ from llmctl.cli.options import (
     MicroBatchOpt,
     ModelArg,
     NodesOpt,
+    OffloadOpt,
     OptimizerOpt,
     OptimizerStatesOpt,
     ParamsOpt,
@@ -36,7 +37,7 @@ from llmctl.plan import memory as mem
 from llmctl.spec import hardware, models
 from llmctl.spec.optimizer_states import caveat_note
 from llmctl.spec.precision import for_gpu
-from llmctl.spec.setup import ATTENTIONS, DEFAULT_HEADROOM_FRACTION, TrainSetup, canonical
+from llmctl.spec.setup import ATTENTIONS, DEFAULT_HEADROOM_FRACTION, ENGINES, MemoryLevers, TrainSetup, canonical
 
 
 def estimate_memory(
@@ -59,6 +60,7 @@ def estimate_memory(
     tp: TpOpt = 1,
     cp: CpOpt = 1,
     pp: PpOpt = 1,
+    offload: OffloadOpt = False,
     headroom: Annotated[
         float, typer.Option("--headroom", help="Allocator fragmentation headroom, a fraction of peak allocated.")
     ] = DEFAULT_HEADROOM_FRACTION,
@@ -108,6 +110,8 @@ def estimate_memory(
         and nodes is None
     ):
         raise InputError("hybrid_shard needs --nodes N --gpus-per-node G")
+    if offload and canonical(engine, ENGINES, "engine") != "fsdp2":
+        raise InputError(f"--offload is FSDP2's CPU offload (CPUOffloadPolicy), not --engine {engine}'s")
     precision_policy, precision_why = for_gpu(precision, gpu_spec)  # auto: fp16-mixed on a V100, and why
     setup = TrainSetup(
         precision=precision_policy,
@@ -127,6 +131,7 @@ def estimate_memory(
         loss_chunk_tokens=loss_chunk,
         headroom_fraction=headroom,
         cuda_context_bytes=int(cuda_context_gib * render.GIB),
+        levers=MemoryLevers(offload=offload),
     )
     if precision_why:
         render.err_console.print(f"note: --precision auto is {precision_why}")

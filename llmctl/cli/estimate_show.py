@@ -31,9 +31,10 @@ def show(result: dict[str, Any]) -> None:
         soft_wrap=True,
     )
 
+    where = ", in host memory (CPU offload)" if s.levers.offload else ""
     t = render.table(
         f"Model states: {result['bytes_per_param']:g} bytes/param classic budget, "
-        f"{result['engine_bytes_per_param']:g} kept by {s.engine}",
+        f"{result['engine_bytes_per_param']:g} kept by {s.engine}{where}",
         [
             ("component", "left"),
             ("bytes/param", "right"),
@@ -42,7 +43,7 @@ def show(result: dict[str, Any]) -> None:
             ("GiB all GPUs", "right"),
         ],
     )
-    comp_by_name = {comp.name: comp for comp in est.components}
+    comp_by_name = {comp.name: comp for comp in est.components + est.host_components}
     for line in est.ledger:
         comp = comp_by_name[line.name]
         stage = {1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}.get(line.sharded_from_stage, "never")
@@ -77,6 +78,8 @@ def show(result: dict[str, Any]) -> None:
             " SwiGLU (torchtitan, Liger, torch.compile) do not keep[/dim]",
             soft_wrap=True,
         )
+    if "offload" in result:
+        _show_offload(result["offload"], result.get("gpu"))
     if "context_parallel" in result:
         _show_cp(result["context_parallel"])
     if "float8" in result:
@@ -89,6 +92,8 @@ def show(result: dict[str, Any]) -> None:
 
     if "gpu" in result:
         ok = "[green]fits[/green]" if result["fits"] else "[red]does NOT fit[/red]"
+        if (result.get("offload") or {}).get("host_fits") is False:
+            ok += " (host memory)" if est.device_bytes <= result["gpu_memory_bytes"] else " (GPU and host memory)"
         c.print(
             f"\n{result['gpu']} ({render.gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
             f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}"
@@ -127,6 +132,26 @@ def show(result: dict[str, Any]) -> None:
                 row["note"],
             )
         c.print(t)
+
+
+def _show_offload(off: dict[str, Any], gpu: str | None) -> None:
+    """What CPU offload keeps on the host, against the node's memory (fit_report's "offload")."""
+    cap = off["host_capacity_bytes_per_node"]
+    n = off["gpus_per_node"]
+    if cap is None:
+        verdict = f"not checked: the GPU catalog does not know {gpu}'s node memory" if gpu else "no --gpu to check"
+    else:
+        ok = "[green]fits[/green]" if off["host_fits"] else "[red]does NOT fit[/red]"
+        verdict = (
+            f"{ok} in {render.gib(cap, 0)} GiB ({gpu}'s node in the GPU catalog: {render.gib(cap // n, 0)} per GPU)"
+        )
+    render.console.print(
+        f"CPU offload: the host holds {render.gib(off['host_bytes_per_node'], 1)} GiB per node of {n} GPUs "
+        f"({render.gib(off['host_bytes_per_gpu'], 1)} per GPU; {off['pinned']}): {verdict}; the GPU holds "
+        "the layers in flight (one layer's shard copied in, one gradient shard before its copy out) and the "
+        "activations",
+        soft_wrap=True,
+    )
 
 
 def _show_cp(cp: dict[str, Any]) -> None:

@@ -164,6 +164,23 @@ CpPinOpt = Annotated[
     ),
 ]
 PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree (divides layers).")]
+OffloadOpt = Annotated[
+    bool,
+    typer.Option(
+        "--offload",
+        help="CPU offload (FSDP2's CPUOffloadPolicy): parameters, gradients and optimizer states in host memory, "
+        "checked against the node's memory where the GPU catalog knows it.",
+    ),
+]
+OffloadPinOpt = Annotated[
+    Optional[bool],
+    typer.Option(
+        "--offload/--no-offload",
+        help="Pin CPU offload on or off (FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer states in "
+        "host memory). Default: off, tried only when no setup fits the GPUs without it.",
+        show_default=False,
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 JobsDirOpt = Annotated[
     Optional[str],

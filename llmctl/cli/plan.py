@@ -22,6 +22,7 @@ from llmctl.cli.options import (
     MemoryMarginOpt,
     ModelArg,
     NodesOpt,
+    OffloadPinOpt,
     OptimizerStatesOpt,
     ParamsOpt,
     PlanSeqLenOpt,
@@ -52,7 +53,7 @@ def plan_command(
         Optional[str],
         typer.Option(
             "--cluster",
-            help="Cluster YAML: gpu, nodes, gpus_per_node, inter_node_gbps, intra_node_gbps, price_per_gpu_hour.",
+            help="Cluster YAML: gpu, nodes, gpus_per_node, inter/intra_node_gbps, price_per_gpu_hour, node_memory_gib.",
         ),
     ] = None,
     net: Annotated[Optional[str], typer.Option("--net", help="bench-net JSON (measured busbw).")] = None,
@@ -113,6 +114,7 @@ def plan_command(
     attention: Annotated[Optional[str], typer.Option("--attention", help="Pin: eager | sdpa | flash.")] = None,
     tp: TpPinOpt = None,
     cp: CpPinOpt = None,
+    offload: OffloadPinOpt = None,
     compile_: Annotated[
         Optional[bool],
         typer.Option(
@@ -181,6 +183,7 @@ def plan_command(
         "tp": tp,
         "cp": cp,
         "optimizer_states": optimizer_states,
+        "offload": offload,
     }
     req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)
     result = pl.plan(req)

@@ -48,8 +48,9 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         cols.append(("time", "right"))
     if req.price_per_gpu_hour is not None and req.token_budget:
         cols.append(("cost", "right"))
+    offload = " with CPU offload" if result.chosen.setup.levers.offload else ""
     t = render.table(
-        f"Best setup per strategy x nodes x checkpointing (by {'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
+        f"Best setup per strategy x nodes x checkpointing{offload} (by {'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
         cols,
     )
     t.columns[1].no_wrap = True  # the strategy name stays whole ("hybrid_shard")
@@ -93,9 +94,12 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         f"{render.gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
         f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
         f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
+        + (f" + CPU offload {ch.offload_s:.2f} s" if cs.levers.offload else "")
     )
     if result.precision_choice:
         c.print(f"[bold]precision[/bold]: {escape(result.precision_choice)}")
+    if result.offload_choice:
+        c.print(f"[bold]CPU offload[/bold]: {escape(result.offload_choice)}")
     if result.memory_choice:
         c.print(f"[bold]memory[/bold]: {escape(result.memory_choice)}")
     if result.tp_choice:

@@ -206,11 +206,29 @@ def materialize(
     (the model's own init rules, drawn shard by shard: engine/materialize.py), or this rank's slices of local
     Hugging Face weights (`weights`: a materialize.WeightFiles). When `resuming`, a checkpoint will overwrite every
     parameter: no random draws or weight reads are made (buffers such as RoPE's inv_freq are still computed)."""
+    tied = _tied_pairs(model)
+    offload = plan.setup.levers.offload  # FSDP2's CPUOffloadPolicy: the shards live on the host, buffers on the GPU
+    model.to_empty(device="cpu" if offload else device)
+    _retie(model, tied)
+    made = _fill(model, plan, weights, resuming)
+    if offload and device.type != "cpu":
+        _buffers_to(model, device)
+    return made
+
+
+def _buffers_to(model: torch.nn.Module, device: torch.device) -> None:
+    """Every buffer (RoPE's inv_freq, ...) onto the compute device: under CPU offload only the parameters stay on
+    the host (torchtitan's buffer_device)."""
+    for module in model.modules():
+        for name, buf in module.named_buffers(recurse=False):
+            if buf is not None:
+                module._buffers[name] = buf.to(device)
+
+
+def _fill(model: torch.nn.Module, plan: Plan, weights: Any, resuming: bool) -> Materialized:
+    """Values for a materialized model (random init, the weights' slices, or none when resuming)."""
     from llmctl.engine.materialize import init_weights, load_weights, slots
 
-    tied = _tied_pairs(model)
-    model.to_empty(device=device)
-    _retie(model, tied)
     seed = plan.training.seed
     every = {id(s.param) for s in slots(model)}
     if resuming:

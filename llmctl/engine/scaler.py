@@ -45,13 +45,18 @@ def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     groups: dict[object, list[torch.Tensor]] = {}
     for g in grads:
         groups.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
-    total = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    squares = []
     for group in groups.values():
         norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(group, 2.0)), 2.0)
         if isinstance(norm, DTensor):
+            mesh_device = norm.device_mesh.device_type
+            if norm.to_local().device.type != mesh_device:  # CPU offload: host gradients, collectives on the GPU
+                norm = DTensor.from_local(norm.to_local().to(mesh_device), norm.device_mesh, norm.placements)
             norm = norm.full_tensor()
-        total = total + norm.float().pow(2)
-    return total.sqrt()
+        squares.append(norm.float().pow(2))
+    if not squares:
+        return torch.zeros((), dtype=torch.float32)
+    return torch.stack([q.to(squares[0].device) for q in squares]).sum().sqrt()
 
 
 def scale_grads_(grads: list[torch.Tensor], factor: torch.Tensor | float) -> None:
@@ -97,8 +102,10 @@ class LossScaler:
 
         bad = torch.logical_not(torch.isfinite(scaled_norm)).to(torch.float32).reshape(1)
         if dist.is_available() and dist.is_initialized():
-            if dist.get_backend() == "gloo":
-                bad = bad.cpu()
+            # gloo reduces host tensors, NCCL device ones (the norm is on the host under CPU offload)
+            bad = (
+                bad.cpu() if dist.get_backend() == "gloo" else bad.to(torch.device("cuda", torch.cuda.current_device()))
+            )
             dist.all_reduce(bad, op=dist.ReduceOp.MAX)
         return bool(bad.item())
 

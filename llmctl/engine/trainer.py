@@ -269,7 +269,9 @@ class Trainer:
                 install_cpu_ring()
         # float8: linear layers swapped for torchao's Float8Linear before TP, AC, compile and FSDP2 (torchtitan's order)
         self.float8 = float8.convert(
-            self.model, self.setup_.precision, needs_fsdp(self.mesh.size(), self.setup_.precision)
+            self.model,
+            self.setup_.precision,
+            needs_fsdp(self.mesh.size(), self.setup_.precision, self.setup_.levers.offload),
         )
         self.float8_scales = float8.scale_precompute(self.float8)
         rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet
@@ -324,6 +326,7 @@ class Trainer:
             "loss_chunk_tokens": t.loss_chunk_tokens,
             "precision": t.precision.name,
             "float8": float8.describe(self.model, self.float8),
+            "offload": t.levers.offload,
             "loss_scale": None if self.grad_step.scaler is None else self.grad_step.scaler.scale,
             "params": spec.params,
             "vocab_size": spec.vocab_size,

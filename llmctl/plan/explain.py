@@ -159,13 +159,14 @@ def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
 # --- tensor parallelism ------------------------------------------------------------------------------------------
 def activation_bytes(setup: TrainSetup, req: PlanRequest) -> int:
     """Bytes per GPU of what a step keeps for backward and its loss at the peak phase (the memory model's components
-    that are neither model states nor FSDP's unsharded buffers nor ring attention's transient ones)."""
+    that are neither model states nor FSDP's unsharded buffers nor CPU offload's nor ring attention's transient
+    ones)."""
     est = mem.estimate(req.spec, setup)
     peak = est.peak_phase
     return sum(
         c.bytes
         for c in est.components
-        if peak in c.phases and c.bytes_per_param is None and not c.name.startswith(("unsharded", "ring"))
+        if peak in c.phases and c.bytes_per_param is None and not c.name.startswith(("unsharded", "ring", "offload"))
     )
 
 
@@ -375,4 +376,38 @@ def explain_cp_choice(
     reasons.append(_cp_ring(req, other))
     return f"CP {o.cp} lost: the best with CP ({_short(other)}) predicts {_gap(req, other, chosen)}; " + "; ".join(
         reasons
+    )
+
+
+# --- CPU offload -----------------------------------------------------------------------------------------------------
+def offload_won(req: PlanRequest, without: Candidate, chosen: Candidate) -> str:
+    """Why offload is on though a setup fits without it: 'on: the best setup without it (...) predicts 53% fewer
+    tokens/s'."""
+    return f"on: the best setup without it ({_short(without)}) predicts {_gap(req, without, chosen)}"
+
+
+def explain_offload(req: PlanRequest, chosen: Candidate, why: str | None) -> str:
+    """One sentence on CPU offload when the chosen setup has it: why (`why`; None: pinned), what the GPU and the
+    host's memory hold, and what its copies and the host's work cost (llmctl.plan.offload). Empty when it is off."""
+    s, p, off = chosen.setup, chosen.predicted, chosen.predicted.offload
+    if not s.levers.offload or off is None:
+        return ""
+    est = mem.estimate(req.spec, replace(s, grad_accum_steps=1, compile=False, async_tp=False))
+    why = why or "on as pinned (--offload)"
+    cap = req.host_capacity_bytes
+    room = (
+        f" of {cap * s.gpus_per_node / GIB:,.0f} GiB"
+        if cap is not None
+        else " (not checked: the node's memory is not known; --cluster with node_memory_gib checks it)"
+    )
+    copies = s.grad_accum_steps * (off.host_to_device_s + off.device_to_host_s)
+    link = req.gpu.host_link_gbytes_s
+    return (
+        f"{why}; each GPU holds the layers in flight and the activations "
+        f"({p.memory_per_gpu_bytes / GIB:.1f} GiB), the host the parameters, gradients and optimizer states: "
+        f"{est.host_node_bytes / GIB:,.0f} GiB per node ({est.host_bytes / GIB:.1f} GiB per GPU){room}; the copies "
+        f"over the host link ({f'{link:g} GB/s PCIe, ' if link else ''}{off.host_link_gbytes_s:.3g} GB/s reached) take "
+        f"{_s(copies)} per step, {_s(off.copies_exposed_s)} of it not hidden behind the compute, and the host's "
+        f"gradient additions and AdamW step ({off.host_memory_gbytes_s:.3g} GB/s of memory bandwidth per GPU) "
+        f"{_s(off.host_s)}: {p.offload_s / p.step_time_s:.0%} of the {_s(p.step_time_s)} step"
     )

@@ -16,6 +16,15 @@ Families with TP are searched when their compute bound could beat the best so fa
 (with the least recompute that fits, and the ring's exposed exchanges: llmctl.plan.search.MemorySearch.ring_bound)
 could; the setups without CP are searched exactly as without it.
 
+CPU offload (FSDP2's CPUOffloadPolicy): pinned (--offload, --no-offload) every setup searched has it or none has.
+Unpinned the search runs without it, then once more with it only where nothing fits without it, or where some
+family could win with it (llmctl.plan.search.offload_can_win: its fastest setup, the whole batch without recompute,
+does not fit without offload, and that setup's step plus the host's optimizer step, which nothing hides, beats the
+best setup without it). Offload frees the GPU of the states, so it can win where they squeeze a setup into
+recompute, small micro-batches or TP; its copies and host step only add time to a setup that fits as it is. The
+faster search wins and the explanation says why. Under offload a family whose states do not fit the host's memory per node (the cluster file's node_memory_gib,
+else the GPU catalog's) is dropped before its memory search.
+
 What fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is llmctl.plan.request,
 the explanations llmctl.plan.explain, the plan file llmctl.plan.emit.
 """
@@ -35,16 +44,19 @@ from llmctl.plan.calibrate import Calibration
 from llmctl.plan.explain import (
     explain_cp_choice,
     explain_memory_choice,
+    explain_offload,
     explain_precision,
     explain_tp_choice,
+    offload_won,
     recompute_seconds,
     sort_key,
     why_lost,
 )
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
-from llmctl.plan.search import MemorySearch
+from llmctl.plan.search import MemorySearch, OffloadFamily, node_counts, offload_can_win, parallel_bound
 from llmctl.plan.search import divisors as divisors  # re-exported (llmctl.tune.space)
-from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
+from llmctl.plan.search import tp_bound as tp_bound  # re-exported
+from llmctl.plan.timing import Candidate, cp_comm, evaluate
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GIB
 from llmctl.spec.models import ModelSpec
@@ -84,6 +96,9 @@ class PlanResult:
     """Why context parallelism was used or not: what one sequence's activations need without it, what the ring costs."""
     precision_choice: str = ""
     """What --precision auto chose on a GPU without bf16 and why; under float8, what runs on its tensor cores."""
+    offload_choice: str = ""
+    """Under CPU offload, why it is on (pinned, nothing fits without it, or it beats the best setup without it), what
+    the GPU and the host hold and what the copies and the host's work cost; empty without it."""
 
     def memory_margin(self) -> dict[str, Any]:
         """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
@@ -162,6 +177,8 @@ class PlanResult:
             "cp_choice": result.cp_choice,
             "precision": req.precision.name,
             "precision_choice": result.precision_choice,
+            # Only when a setup offloads, so that the answers without it stay as they were.
+            **({"offload_choice": result.offload_choice} if result.offload_choice else {}),
             "memory_margin": result.memory_margin(),
             "rejected": list(dict.fromkeys(result.rejected))[:50],
             "plan_path": None,
@@ -169,18 +186,6 @@ class PlanResult:
 
 
 # --- enumeration helpers ---------------------------------------------------------------------------------------
-def node_counts(total: int) -> list[int]:
-    """Nodes to try: powers of two up to the cluster, the whole cluster, and every divisor for small clusters."""
-    out = {total}
-    p = 1
-    while p <= total:
-        out.add(p)
-        p *= 2
-    if total <= 64:
-        out.update(d for d in range(1, total + 1) if total % d == 0)
-    return sorted(out)
-
-
 def auto_loss_chunk(spec: ModelSpec) -> int:
     """Tokens per loss chunk when the planner chunks the loss (LOSS_CHUNK_ELEMENTS)."""
     c = 1 << max(0, (LOSS_CHUNK_ELEMENTS // max(1, spec.vocab_size)).bit_length() - 1)
@@ -273,7 +278,55 @@ def _loss_chunks(req: PlanRequest, spec: ModelSpec, rejected: list[str]) -> list
 
 
 def plan(req: PlanRequest) -> PlanResult:
-    """Enumerate, filter by memory, predict, rank. Raises DoesNotFitError with the reasons when nothing is left."""
+    """Enumerate, filter by memory, predict, rank. Raises DoesNotFitError with the reasons when nothing is left.
+    CPU offload: as pinned, else searched where nothing fits without it or where it could win (module docstring)."""
+    if req.offload is not None:
+        result = _plan(req)
+        return replace(result, offload_choice=explain_offload(req, result.chosen, None))
+    with_offload = replace(req, offload=True)
+    try:
+        first = _plan(req)
+    except DoesNotFitError as without:
+        try:
+            result = _plan(with_offload, offload_pinned=False)
+        except DoesNotFitError as again:
+            raise DoesNotFitError(f"{without.message}; with CPU offload: {again.message}", hint=again.hint) from None
+        why = f"on: no setup fits the GPUs without it ({without.message})"
+        return replace(result, offload_choice=explain_offload(with_offload, result.chosen, why))
+    if not offload_can_win(req, first.chosen, _offload_families(req)):
+        return first
+    try:
+        second = _plan(with_offload, offload_pinned=False)
+    except DoesNotFitError:
+        return first
+    if sort_key(req, second.chosen) >= sort_key(req, first.chosen):
+        return first
+    why = offload_won(req, first.chosen, second.chosen)
+    return replace(second, offload_choice=explain_offload(with_offload, second.chosen, why))
+
+
+def _offload_families(req: PlanRequest) -> list[OffloadFamily]:
+    """The search's (tp, cp, strategy, nodes) families, each at its fastest: the whole per-rank batch (or the pinned
+    micro-batch), the least recompute and loss chunk searched, the fastest kernel allowed, compiled where it may be
+    (what llmctl.plan.search.offload_can_win bounds offload with)."""
+    spec, g, rejected = req.spec, req.gpus_per_node, []
+    fast = "flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa"
+    fast = spec.attention_kernel(req.attention or fast)
+    strategies = [req.strategy] if req.strategy else list(ENGINE_STRATEGIES)
+    chunk = min(_loss_chunks(req, spec, rejected))
+    out = []
+    for tp, cp in parallel_degrees(req, tp_degrees(req, rejected), cp_degrees(req, [fast, "sdpa"], rejected), rejected):
+        for n, strategy in itertools.product(node_counts(req.nodes), strategies):
+            dp = n * g // (tp * cp) if (n * g) % (tp * cp) == 0 else 0
+            hybrid_off = strategy == "hybrid_shard" and (n < 2 or g % (tp * cp) or g // (tp * cp) < 2)
+            if dp and not req.global_batch % dp and not hybrid_off:
+                out.append(OffloadFamily(tp, cp, strategy, n, fast if cp == 1 else "sdpa", 0 if tp > 1 else chunk))
+    return out
+
+
+def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
+    """One search, with CPU offload as the request says (off when None); `offload_pinned` False: on because nothing
+    fit without it, not a pin to drop."""
     spec, gpu, g, G = req.spec, req.gpu, req.gpus_per_node, req.global_batch
     gpu.peak_tflops(req.compute_dtype)  # no native dtype (bf16 on V100): one clear error now
     if req.precision.float8 and spec.measured is None and not f8.linear_count(spec):
@@ -353,6 +406,9 @@ def plan(req: PlanRequest) -> PlanResult:
         nonlocal evaluated
         if strategy == "hybrid_shard" and (n < 2 or g % (tp * cp) or g // (tp * cp) < 2):
             return  # one node, or a shard group of one rank: that is full_shard, or no_shard
+        if req.offload and (problem := search.host_problem(strategy, n, tp, cp)):
+            rejected.append(problem)  # CPU offload's states do not fit the host's memory: no micro-batch helps
+            return
         if saturated.get((tp, strategy, n, attn), cp) < cp:
             # A smaller cp ran the whole per-rank batch in one micro-batch without recompute: a larger one runs the
             # same tokens per GPU in GEMMs as large at best, and its ring only adds communication.
@@ -475,7 +531,7 @@ def plan(req: PlanRequest) -> PlanResult:
         )
     pruned.update(ring_pruned)
     if not best:
-        _nothing_fits(req, rejected)
+        _nothing_fits(req, rejected, offload_pinned)
     ranked = sorted(best.values(), key=lambda c: sort_key(req, c))
     mem_cache: dict[TrainSetup, int] = {}
     filled = []
@@ -507,25 +563,7 @@ def plan(req: PlanRequest) -> PlanResult:
     )
 
 
-def parallel_bound(req: PlanRequest, tp: int, cp: int, nodes: int, attn: str, compile_: bool) -> float:
-    """An upper bound on what a tp x cp > 1 family on `nodes` nodes predicts (tokens/s, or per GPU for the cost
-    objective): its compute alone at the largest micro-batch (the GEMM efficiency only grows with it), without
-    recompute or communication (both only add time)."""
-    g = req.gpus_per_node
-    per_rank = req.global_batch // (nodes * g // (tp * cp))
-    mb = req.micro_batch or per_rank
-    setup = req.setup("full_shard", nodes, mb, max(1, per_rank // mb), "none", attn, compile_, 0, tp, cp=cp)
-    _, fwd, bwd = compute_times(req, setup)
-    tps = setup.tokens_per_step / (setup.grad_accum_steps * (fwd + bwd))
-    return tps if req.objective == "throughput" else tps / setup.gpus
-
-
-def tp_bound(req: PlanRequest, tp: int, nodes: int, attn: str, compile_: bool) -> float:
-    """parallel_bound without context parallelism."""
-    return parallel_bound(req, tp, 1, nodes, attn, compile_)
-
-
-def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
+def _nothing_fits(req: PlanRequest, rejected: list[str], offload_pinned: bool = True) -> None:
     pinned = [
         f"--{k.replace('_', '-')} {v}"
         for k, v in (
@@ -540,18 +578,26 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
     ]
     if req.compile is not None:
         pinned.append("--compile" if req.compile else "--no-compile")
+    if req.offload is not None and offload_pinned:
+        pinned.append("--offload" if req.offload else "--no-offload")
     unique = list(dict.fromkeys(rejected))
     reasons = "; ".join(unique[:3]) + (f" (+{len(unique) - 3} more)" if len(unique) > 3 else "") or "no candidate"
+    host_reasons = [r for r in unique if "host memory" in r] if req.offload else []
+    smaller = ""  # CPU offload's host memory: the states' own lever
+    if host_reasons and req.optimizer_states == "auto" and req.precision.optimizer_state_dtype == "fp32":
+        smaller = ", or --optimizer-states bf16: AdamW's moments in bf16, 4 bytes a parameter less on the host"
     if pinned:
-        raise DoesNotFitError(
-            f"no setup satisfies {' '.join(pinned)}: {reasons}", hint="drop a pin to let the planner choose"
-        )
+        hint = "drop a pin to let the planner choose"
+        if host_reasons:
+            hint = "use more nodes (each holds its GPUs' share of the states on the host)" + smaller
+        raise DoesNotFitError(f"no setup satisfies {' '.join(pinned)}: {reasons}", hint=hint)
     best_attn = req.spec.attention_kernel(
         "flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa"
     )
     chunk = _loss_chunks(req, req.spec, [])[-1]
     setup = req.setup("full_shard", 1, 1, 1, "full", best_attn, False, chunk)
-    m = mem.min_gpus(req.spec, setup, req.capacity_bytes, "full_shard")
+    host = req.host_capacity_bytes if req.offload else None
+    m = mem.min_gpus(req.spec, setup, req.capacity_bytes, "full_shard", host_memory_bytes=host)
     where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
     if m.gpus is None and cp_problem(req.spec, req.seq_len) is None:
         _fewest_with_cp(req, chunk, where)
@@ -565,11 +611,13 @@ def _nothing_fits(req: PlanRequest, rejected: list[str]) -> None:
         if (m.nodes or 0) > 1
         else f"{m.gpus} GPUs on one node"
     )
+    why = f" ({host_reasons[0]})" if host_reasons else ""
     raise DoesNotFitError(
-        f"{req.spec.name} does not fit on {where} in any setup; the smallest cluster of "
+        f"{req.spec.name} does not fit on {where} in any setup{why}; the smallest cluster of "
         f"{req.gpu.name} that fits is {shape} ({m.gpus} GPUs) with full_shard, checkpointing, "
-        f"{best_attn} attention, micro-batch 1 ({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
-        hint=f"pass --gpus {m.gpus} or more" + (f" (--nodes {m.nodes})" if (m.nodes or 0) > 1 else ""),
+        f"{best_attn} attention, micro-batch 1{' and CPU offload' if req.offload else ''} "
+        f"({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
+        hint=f"pass --gpus {m.gpus} or more" + (f" (--nodes {m.nodes})" if (m.nodes or 0) > 1 else "") + smaller,
     )
 
 

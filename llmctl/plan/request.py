@@ -11,6 +11,7 @@ from llmctl.errors import InputError
 from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import plan_problem
 from llmctl.plan import comm as cm
+from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration, read_calibration
 from llmctl.plan.network import network_for
 from llmctl.spec import checkpointing as ckpt_modes
@@ -20,7 +21,7 @@ from llmctl.spec.models import ModelSpec
 from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
 from llmctl.spec.precision import PrecisionPolicy, for_gpu
-from llmctl.spec.setup import ATTENTIONS, TrainSetup, canonical, sequence_split_problem
+from llmctl.spec.setup import ATTENTIONS, MemoryLevers, TrainSetup, canonical, sequence_split_problem
 
 OBJECTIVES = ("throughput", "cost")
 DEFAULT_SEQ_LEN = 2048
@@ -165,6 +166,12 @@ class PlanRequest:
     optimizer_states: str = "auto"
     """What AdamW's moments are stored in, for every setup (llmctl.spec.optimizer_states): the planner never picks
     bf16 or 8bit by itself; only this (--optimizer-states) does."""
+    offload: bool | None = None
+    """Pin CPU offload on (--offload) or off (--no-offload); None: off, and on only where no setup fits the GPUs
+    without it (llmctl.plan.planner.plan)."""
+    node_memory_gib: float | None = None
+    """Host memory per node (a cluster file's node_memory_gib) that CPU offload's states must fit in; None: the GPU
+    catalog's node_memory_gib_per_gpu for the kind, where it is known."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node", "seq_len"):
@@ -283,6 +290,11 @@ class PlanRequest:
     def compute_dtype(self) -> str:
         return self.precision.compute_dtype
 
+    @property
+    def host_capacity_bytes(self) -> int | None:
+        """Host memory per GPU CPU offload's states may fill (None: not known, not checked)."""
+        return mem.host_capacity_bytes(self.gpu, self.gpus_per_node, self.node_memory_gib)
+
     def setup(
         self,
         strategy: str,
@@ -299,7 +311,7 @@ class PlanRequest:
         cp_rotate: str = "allgather",
     ) -> TrainSetup:
         """A setup of the search on this request's GPUs per node, sequence and precision (FSDP2, AdamW; context
-        parallelism with the head-tail load balance)."""
+        parallelism with the head-tail load balance; CPU offload where the request pins it on)."""
         return TrainSetup(
             tp=tp,
             async_tp=async_tp,
@@ -319,6 +331,7 @@ class PlanRequest:
             attention=attention,
             compile=compile_,
             loss_chunk_tokens=loss_chunk_tokens,
+            levers=MemoryLevers(offload=bool(self.offload)),
         )
 
 
@@ -337,8 +350,8 @@ def build_request(
 ) -> tuple[PlanRequest, Calibration | None]:
     """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes, gpus_per_node,
     cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
-    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp, cp, optimizer_states; gpus, memory_margin,
-    tp, cp and optimizer_states may be absent) and the pinned decisions, every value checked in one order
+    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp, cp, optimizer_states, offload; gpus,
+    memory_margin, tp, cp, optimizer_states and offload may be absent) and the pinned decisions, every value checked in one order
     (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
     request here too."""
     gpus = o.get("gpus")
@@ -406,5 +419,7 @@ def build_request(
         efficiency=Efficiency(calibration=cal.factor) if cal else Efficiency(),
         memory_margin=o.get("memory_margin") or 0.0,
         optimizer_states=o.get("optimizer_states") or "auto",
+        offload=o.get("offload"),
+        node_memory_gib=hw.node_memory_gib,
     )
     return req, cal

@@ -5,18 +5,99 @@ planner skip a context-parallel family that cannot win (torch-free)."""
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from llmctl.plan import memory as mem
+from llmctl.plan import offload as ol
+from llmctl.plan.explain import sort_key
 from llmctl.plan.request import PlanRequest
-from llmctl.plan.timing import compute_times, cp_comm
+from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
 from llmctl.spec.hardware import GIB
-from llmctl.spec.setup import CP_ROTATES
+from llmctl.spec.setup import CP_ROTATES, TrainSetup
 
 
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
+
+
+def node_counts(total: int) -> list[int]:
+    """Nodes to try: powers of two up to the cluster, the whole cluster, and every divisor for small clusters."""
+    out = {total}
+    p = 1
+    while p <= total:
+        out.add(p)
+        p *= 2
+    if total <= 64:
+        out.update(d for d in range(1, total + 1) if total % d == 0)
+    return sorted(out)
+
+
+def parallel_bound(req: PlanRequest, tp: int, cp: int, nodes: int, attn: str, compile_: bool) -> float:
+    """An upper bound on what a tp x cp > 1 family on `nodes` nodes predicts (tokens/s, or per GPU for the cost
+    objective): its compute alone at the largest micro-batch (the GEMM efficiency only grows with it), without
+    recompute or communication (both only add time)."""
+    g = req.gpus_per_node
+    per_rank = req.global_batch // (nodes * g // (tp * cp))
+    mb = req.micro_batch or per_rank
+    setup = req.setup("full_shard", nodes, mb, max(1, per_rank // mb), "none", attn, compile_, 0, tp, cp=cp)
+    _, fwd, bwd = compute_times(req, setup)
+    tps = setup.tokens_per_step / (setup.grad_accum_steps * (fwd + bwd))
+    return tps if req.objective == "throughput" else tps / setup.gpus
+
+
+def tp_bound(req: PlanRequest, tp: int, nodes: int, attn: str, compile_: bool) -> float:
+    """parallel_bound without context parallelism."""
+    return parallel_bound(req, tp, 1, nodes, attn, compile_)
+
+
+@dataclass(frozen=True)
+class OffloadFamily:
+    """One (tp, cp, strategy, nodes) family of the search with the kernel and loss chunk of its fastest setup."""
+
+    tp: int
+    cp: int
+    strategy: str
+    nodes: int
+    attention: str
+    loss_chunk_tokens: int
+
+
+def offload_can_win(req: PlanRequest, best: Candidate, families: list[OffloadFamily]) -> bool:
+    """Whether some CPU-offload setup could beat `best`, the best setup without offload. An offload setup takes at
+    least as long as the same setup without it plus the host's optimizer step (llmctl.plan.offload: its copies and
+    host work only add time), and that setup at best as long as its family's fastest: the whole per-rank batch
+    without recompute, compiled (the search's own rule: a larger micro-batch and less recompute are faster). Where
+    that fastest setup fits the GPUs without offload, the first search had it (or pruned its family as slower) and
+    offload adds time to it; elsewhere its step plus the host step bounds the family. Cheapest tests first: the
+    compute alone, then the memory, then the whole step."""
+    target = -sort_key(req, best)[0]
+    compiles = [req.compile] if req.compile is not None else [req.efficiency.compile_speedup >= 1]
+    ckpt = req.checkpointing or "none"
+    search = MemorySearch(replace(req, offload=True))
+    for f in families:
+        per_rank = req.global_batch // (f.nodes * req.gpus_per_node // (f.tp * f.cp))
+        mb = req.micro_batch or per_rank
+        async_tp = f.tp > 1 and compiles[0] and req.async_tp
+        setup = req.setup(f.strategy, f.nodes, mb, max(1, per_rank // mb), ckpt, f.attention, compiles[0])
+        setup = replace(setup, loss_chunk_tokens=f.loss_chunk_tokens, tp=f.tp, async_tp=async_tp, cp=f.cp)
+        host = ol.offload_time(req.gpu, req.spec, replace(setup, levers=ol.ON), 0.0, 0.0, [], 1.0).optimizer_s
+        _, fwd, bwd = compute_times(req, setup)
+        if _metric(req, setup, setup.grad_accum_steps * (fwd + bwd) + host) <= target:
+            continue
+        if mem.estimate(req.spec, replace(setup, grad_accum_steps=1)).device_bytes <= req.capacity_bytes:
+            continue  # fits without offload: searched as it is
+        if search.host_problem(f.strategy, f.nodes, f.tp, f.cp):
+            continue  # the host cannot hold its states
+        if _metric(req, setup, evaluate(req, setup).predicted.step_time_s + host) > target:
+            return True
+    return False
+
+
+def _metric(req: PlanRequest, setup: TrainSetup, step_s: float) -> float:
+    """What the objective ranks by for a step of `step_s`: tokens/s, or tokens/s per GPU (cost)."""
+    tps = setup.tokens_per_step / step_s
+    return tps if req.objective == "throughput" else tps / setup.gpus
 
 
 class MemorySearch:
@@ -27,6 +108,33 @@ class MemorySearch:
         self.req = req
         self.cache: dict[tuple, tuple[int, int]] = {}
         self.needs: dict[tuple, int] = {}
+        self.hosts: dict[tuple, str | None] = {}
+
+    def host_problem(self, strategy: str, n: int, tp: int = 1, cp: int = 1) -> str | None:
+        """Under CPU offload, why a family's states do not fit the host's memory per node (None: they fit, or the
+        node's memory is not known). They depend on the shard degree only: not on the micro-batch, checkpointing or
+        kernel (cached; a full_shard's on its node count, the others' on one or two)."""
+        req, cap = self.req, self.req.host_capacity_bytes
+        key = (tp, cp, strategy, n if strategy == "full_shard" else min(n, 2))
+        if cap is None:
+            return None
+        if key not in self.hosts:
+            est = mem.estimate(req.spec, req.setup(strategy, n, 1, 1, "full", "sdpa", False, 0, tp, cp=cp))
+            self.hosts[key] = None
+            if est.host_bytes > cap:
+                g = req.gpus_per_node
+                par = "".join(f" x {k} {v}" for k, v in (("CP", cp), ("TP", tp)) if v > 1)
+                where = (
+                    f"the cluster's node_memory_gib {req.node_memory_gib:g}"
+                    if req.node_memory_gib is not None
+                    else f"{req.gpu.name}'s node in the GPU catalog: {req.gpu.node_memory_gib_per_gpu} GiB per GPU"
+                )
+                self.hosts[key] = (
+                    f"{strategy}{par} on {n} node{'s' if n > 1 else ''} with CPU offload: host memory "
+                    f"{est.host_node_bytes / GIB:,.0f} GiB per node ({est.host_bytes / GIB:.1f} GiB per GPU: "
+                    f"parameters, gradients and optimizer states) > {cap * g / GIB:,.0f} GiB ({where})"
+                )
+        return self.hosts[key]
 
     def need(
         self,

@@ -20,6 +20,9 @@ efficiency; the dynamic casts add their bytes over the GPU's memory bandwidth (l
 under the tensorwise recipe FSDP2 all-gathers the converted weights at 1 byte a parameter, with one all-reduce of
 their amaxes a step. MFU stays against the compute dtype's (bf16) peak, torchtitan's convention for float8 runs: a
 float8 run's MFU can then pass what its bf16 run reaches, which is the speed-up.
+
+CPU offload (`TrainSetup.levers.offload`): the copies between host and GPU, the host's gradient additions and its
+optimizer step (llmctl.plan.offload) add `offload_s` to the step: step = compute + exposed communication + offload.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from llmctl.plan import comm as cm
 from llmctl.plan import float8 as f8
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
+from llmctl.plan import offload as ol
 from llmctl.plan import ring
 from llmctl.plan.request import HBM_EFFICIENCY, PlanRequest
 from llmctl.spec import checkpointing as ckpt_modes
@@ -64,6 +68,9 @@ class Prediction:
     """Of comm_exposed_s, tensor parallelism's collectives."""
     cp_comm_exposed_s: float = 0.0
     """Of comm_exposed_s, context parallelism's ring attention exchanges."""
+    offload_s: float = 0.0
+    """Seconds per step CPU offload adds (llmctl.plan.offload): copies not hidden, the host's work; 0 without it."""
+    offload: ol.OffloadTime | None = field(default=None, compare=False, repr=False)
     comm_ops: list[cm.CommOp] = field(default_factory=list, compare=False, repr=False)
     budget_time_s: float | None = None
     budget_cost_usd: float | None = None
@@ -81,7 +88,8 @@ class Candidate:
         s = self.setup
         tp = f" x TP {s.tp}{' (async)' if s.async_tp else ''}" if s.tp > 1 else ""
         cp = f" x CP {s.cp}" if s.cp > 1 else ""
-        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}{cp}{tp}"
+        offload = " + CPU offload" if s.levers.offload else ""
+        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}{cp}{tp}{offload}"
 
     def as_dict(self) -> dict[str, Any]:
         s, p = self.setup, self.predicted
@@ -114,6 +122,8 @@ class Candidate:
             "bottleneck": p.bottleneck,
             "budget_time_s": p.budget_time_s,
             "budget_cost_usd": p.budget_cost_usd,
+            # Only under CPU offload, so that the answers without it stay as they were.
+            **({"offload": True, "offload_s": p.offload_s} if s.levers.offload else {}),
         }
 
 
@@ -343,12 +353,14 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
     shape = float8_gather(req.spec, setup, shape)
     accum = setup.grad_accum_steps
     c = cm.step_comm(setup.dims, shape, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
+    off = ol.offload_time(req.gpu, req.spec, setup, fwd, bwd, c.ops, req.overlap) if setup.levers.offload else None
     t = tp_comm(req, setup, eff)
     c = cm.combine(c, t)
     r = cp_comm(req, setup, eff)
     c = cm.combine(c, r)
     compute = accum * (fwd + bwd)
-    step = compute + c.exposed_s
+    offload_s = off.exposed_s if off is not None else 0.0
+    step = compute + c.exposed_s + offload_s
     gpus = setup.gpus
     tokens_step = setup.tokens_per_step
     tps = tokens_step / step
@@ -374,6 +386,8 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         bottleneck=c.bottleneck,
         tp_comm_exposed_s=t.exposed_s,
         cp_comm_exposed_s=r.exposed_s,
+        offload_s=offload_s,
+        offload=off,
         comm_ops=c.ops,
         budget_time_s=budget_t,
         budget_cost_usd=cost,

@@ -48,6 +48,11 @@ class _Entry(BaseModel):
     """SLURM CPUs per GPU that every listed node of this kind has (llmctl.launch.slurm_resources); None: unknown."""
     node_memory_gib_per_gpu: int | None = Field(None, ge=1, le=65536)
     """Host memory per GPU, GiB, that every listed node of this kind can give a job; None: unknown."""
+    host_link_gbytes_s: float | None = Field(None, gt=0, le=10000)
+    """The GPU's own link to the host (PCIe x16), GB/s per direction; None: unknown."""
+    node_memory_gbytes_s_per_gpu: float | None = Field(None, gt=0, le=10000)
+    """Peak host DRAM bandwidth per GPU, GB/s: the listed node's sockets x channels x transfer rate x 8 bytes over
+    its GPUs (the smallest share among the nodes named); None: unknown."""
 
     @field_validator("tflops")
     @classmethod
@@ -88,6 +93,12 @@ class GPUSpec:
     """SLURM CPUs per GPU on the smallest common node of this kind: a partial node's share (None: not known)."""
     node_memory_gib_per_gpu: int | None = None
     """Host memory per GPU, GiB, on the smallest common node of this kind, less the OS's part (None: not known)."""
+    host_link_gbytes_s: float | None = None
+    """The GPU's own host link (PCIe x16), GB/s per direction, from its datasheet: what CPU offload's copies cross
+    (None: not known, llmctl.plan.offload assumes PCIe 4.0)."""
+    node_memory_gbytes_s_per_gpu: float | None = None
+    """Peak host DRAM bandwidth per GPU, GB/s, on the common node of this kind with the smallest share: what CPU
+    offload's optimizer step streams through (None: not known, llmctl.plan.offload's default node)."""
 
     @property
     def memory_gib(self) -> float:
@@ -149,6 +160,8 @@ def parse_catalog(text: str, source: str) -> list[GPUSpec]:
                 node_gpus=e.node_gpus,
                 node_cpus_per_gpu=e.node_cpus_per_gpu,
                 node_memory_gib_per_gpu=e.node_memory_gib_per_gpu,
+                host_link_gbytes_s=e.host_link_gbytes_s,
+                node_memory_gbytes_s_per_gpu=e.node_memory_gbytes_s_per_gpu,
             )
         )
     return out
@@ -201,6 +214,9 @@ class Cluster(BaseModel):
     """Per-GPU intra-node bus bandwidth, Gbit/s (default: catalog link x the link efficiency)."""
     price_per_gpu_hour: float | None = Field(None, ge=0)
     """USD per GPU-hour."""
+    node_memory_gib: float | None = Field(None, gt=0)
+    """Host memory per node a job can use, GiB: what CPU offload's states are checked against (default: the GPU
+    kind's node_memory_gib_per_gpu x GPUs per node, where the catalog knows it)."""
 
     @property
     def gpu_spec(self) -> GPUSpec:

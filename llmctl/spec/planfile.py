@@ -33,7 +33,7 @@ from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
 from llmctl.spec.precision import PRECISION_HELP, policy
-from llmctl.spec.setup import TrainSetup
+from llmctl.spec.setup import MemoryLevers, TrainSetup
 
 PLAN_VERSION = 1
 
@@ -224,6 +224,9 @@ class ParallelSection(_Strict):
     cp_rotate: Literal["allgather", "alltoall"] = "allgather"
     """How keys/values go round the ring: one all-gather per attention (all held at once), or cp-1 neighbour
     exchanges (torch's set_rotate_method)."""
+    offload: bool = False
+    """CPU offload (FSDP2's CPUOffloadPolicy): sharded parameters, gradients, optimizer states and the optimizer step
+    in host memory, each layer's shard copied to the GPU for its all-gather (llmctl.spec.setup.MemoryLevers)."""
 
     @field_validator("sharding", mode="before")
     @classmethod
@@ -493,6 +496,7 @@ class Plan(_Strict):
             attention=t.attention,
             compile=t.compile,
             loss_chunk_tokens=t.loss_chunk_tokens,
+            levers=MemoryLevers(offload=par.offload),
         )
 
     def with_setup(self, setup: TrainSetup, source: str = "the plan") -> Plan:
@@ -541,6 +545,7 @@ def setup_sections(setup: TrainSetup) -> dict[str, dict[str, Any]]:
             "cp": setup.cp,
             "cp_load_balance": setup.cp_load_balance,
             "cp_rotate": setup.cp_rotate,
+            "offload": setup.levers.offload,
         },
         "training": {
             "precision": setup.precision.name,
@@ -593,6 +598,8 @@ def plan_to_yaml(plan: Plan) -> str:
     data = plan.model_dump(mode="json", exclude_none=False)
     if data["optimizer"]["states"] == AUTO_STATES:
         del data["optimizer"]["states"]  # the default: a plan that does not ask reads as plans always have
+    if not data["parallel"]["offload"]:
+        del data["parallel"]["offload"]  # likewise
     return yaml.safe_dump(data, sort_keys=False)
 
 

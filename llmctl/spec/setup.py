@@ -68,11 +68,13 @@ def canonical(value: str, allowed: tuple[str, ...], what: str, aliases: dict[str
 
 @dataclass(frozen=True)
 class MemoryLevers:
-    """What trades time or quality for memory beyond checkpointing: a slot the offload and adapter (LoRA) issues fill.
-    Nothing here is on yet."""
+    """What trades time or quality for memory beyond checkpointing (and the optimizer states' dtype): CPU offload now;
+    the adapter (LoRA) slot next."""
 
     offload: bool = False
-    """Optimizer states and master weights in host memory (FSDP2 CPUOffloadPolicy)."""
+    """Sharded parameters (the fp32 masters), their gradients and so the optimizer states and step in host memory
+    (FSDP2's CPUOffloadPolicy): each layer's shard is copied to the GPU before its all-gather, each reduced gradient
+    shard copied back (plan file: parallel.offload)."""
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,10 @@ class TrainSetup:
             raise InputError("FSDP2 has no ZeRO-1 (optimizer-only sharding)", hint="use --engine zero")
         if self.attention == "flash" and not self.precision.flash_attention:
             raise InputError("flash attention needs bf16 or fp16", hint="use --attention sdpa with fp32")
+        if self.levers.offload and self.engine != "fsdp2":
+            raise InputError(
+                f"CPU offload is FSDP2's CPUOffloadPolicy: not run with engine {self.engine}", hint="use --engine fsdp2"
+            )
         if self.precision.float8 and self.tp > 1:
             # torchao's float8 TP styles (Float8ColwiseParallel, ...) differ from the bf16 plan's; not wired yet
             raise InputError(

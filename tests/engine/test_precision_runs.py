@@ -7,6 +7,8 @@ all in one launch of tests/engine/engine_runs.py:
   same scale, and the step-4 checkpoint holds exactly the step-3 weights and optimizer state (nothing was updated).
 - bf16 and 8-bit (torchao AdamW8bit) optimizer states (optimizer.states): trained 8 steps, and in two legs resumed
   after step 6 with the same losses bit for bit (the moments come back from DCP as they were saved, bf16 or 8-bit).
+- CPU offload (FSDP2's CPUOffloadPolicy; on a CPU the copies are host to host, so the run is bf16-mixed's bit for
+  bit): the same losses, and a resume from its checkpoint too.
 - fp8 tensorwise (float8 all-gather) and rowwise against bf16-mixed: their losses follow bf16's within float8's
   error; tensorwise resumes from its checkpoint bit for bit (the float8 weights go through DCP), and gives the same
   losses under selective activation checkpointing.
@@ -34,9 +36,17 @@ OVERFLOW_STEP = 4
 
 
 def _plan(
-    root: Path, name: str, precision: str, steps: int, ckpt: str | None = None, ac: str = "none", states: str = "auto"
+    root: Path,
+    name: str,
+    precision: str,
+    steps: int,
+    ckpt: str | None = None,
+    ac: str = "none",
+    states: str = "auto",
+    offload: bool = False,
 ) -> Path:
     over: dict[str, Any] = {
+        "parallel": {"offload": offload},
         "training": {"precision": precision, "max_steps": steps, "activation_checkpointing": ac},
         "optimizer": {"min_lr_ratio": 1.0, "states": states},
     }
@@ -59,6 +69,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "fp8-b": _plan(root, "fp8-b", "fp8", 8, "fp8-ckpt"),
         "fp8-rowwise": _plan(root, "fp8-rowwise", "fp8-rowwise", 8),
         "fp8-selective": _plan(root, "fp8-selective", "fp8", 8, ac="selective"),
+        "bf16-offload": _plan(root, "bf16-offload", "bf16-mixed", 8, offload=True),
+        "bf16-offload-a": _plan(root, "bf16-offload-a", "bf16-mixed", 4, "offload-ckpt", offload=True),
+        "bf16-offload-b": _plan(root, "bf16-offload-b", "bf16-mixed", 8, "offload-ckpt", offload=True),
         **{
             f"{states}-states{leg}": _plan(root, f"{states}-states{leg}", "fp32", steps, ckpt, states=states)
             for states in ("bf16", "8bit")
@@ -151,3 +164,15 @@ def test_smaller_optimizer_states_train_and_resume_bit_exact(runs: dict[str, Pat
     legs = {k: v for leg in ("-a", "-b") for k, v in losses(runs[f"{states}-states{leg}"]).items()}
     assert legs == ref
     assert records(runs[f"{states}-states-b"], "start")[0]["step"] == 6
+
+
+def test_cpu_offload_runs_the_same_training_and_resumes(runs: dict[str, Path]) -> None:
+    """FSDP2 with CPUOffloadPolicy (sharded parameters, gradients, optimizer step on the host; unpinned without a
+    GPU) trains exactly as without it, checkpoints and resumes; the start event says so. The GPU path (pinned
+    copies, buffers on the device) is the GPU tier's."""
+    ref = losses(runs["bf16"])
+    assert losses(runs["bf16-offload"]) == ref
+    legs = {k: v for leg in ("-a", "-b") for k, v in losses(runs[f"bf16-offload{leg}"]).items()}
+    assert legs == ref
+    assert records(runs["bf16-offload"], "start")[0]["offload"] is True
+    assert records(runs["bf16"], "start")[0]["offload"] is False

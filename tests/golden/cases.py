@@ -7,7 +7,8 @@ identical (tests/golden/test_golden_outputs.py). Regenerate on purpose only, whe
 Each case names what it covers: families (dense, GQA, MoE, sliding windows, MLA, GPT-2), every strategy, every
 checkpointing mode, both attention kernels, fp32/bf16/pure bf16, fp16-mixed (auto on a V100), float8 (tensorwise and
 rowwise, refused on an A100), the zero ledger, a measured model type, a calibrated plan, a cost objective, pins,
-context parallelism at 128k tokens.
+context parallelism at 128k tokens, CPU offload (70B on 8 A100: pinned and refused for host memory, and chosen when
+nothing fits without it).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ ESTIMATE: dict[str, list[str]] = {
     ],
     "est-refused-fp8-a100": ["llama-3.1-8b", "--gpu", "A100-80GB", "--gpus", "8", "--precision", "fp8"],
     "est-gpt2-xl-v100-auto": ["gpt2-xl", "--gpu", "V100-16GB", "--gpus", "4", "--seq-len", "1024"],
+    "est-llama31-70b-offload-a100": ["llama-3.1-70b", "--gpu", "A100-80GB", "--gpus", "8", "--offload"],
 }
 PLAN: dict[str, list[str]] = {
     "plan-seed": ["llama-2-7b", "--cluster", SEED, "--seq-len", "1024", "--tokens", "2B", "-o", "{plan}"],
@@ -115,6 +117,10 @@ PLAN: dict[str, list[str]] = {
     ],
     "plan-llama31-8b-bf16-h100": [
         "llama-3.1-8b", "--gpu", "H100-SXM", "--gpus", "8", "--tp", "1", "--no-write",
+    ],
+    "plan-llama31-70b-offload-a100": ["llama-3.1-70b", "--gpu", "A100-80GB", "--gpus", "8", "--offload", "--no-write"],
+    "plan-llama31-70b-a100-bf16-states": [
+        "llama-3.1-70b", "--gpu", "A100-80GB", "--gpus", "8", "--optimizer-states", "bf16", "-o", "{plan}",
     ],
 }
 # fmt: on

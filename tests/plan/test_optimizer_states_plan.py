@@ -111,9 +111,12 @@ def _request(model: str, gpu: str, gpus: int, states: str | None, **extra):
 
 def test_the_planner_uses_smaller_states_only_when_asked() -> None:
     """llama-3.2-1b on one L4: 16 bytes a parameter of model states do not fit 24 GB; 8-bit moments do. The planner
-    does not reach for them by itself (the mutant that searches over states would fit here)."""
+    does not reach for them by itself (the mutant that searches over states would fit here): without CPU offload
+    (pinned off) nothing fits, and unpinned it offloads instead (the lever it does reach for: test_offload.py)."""
     with pytest.raises(DoesNotFitError):
-        pl.plan(_request("llama-3.2-1b", "L4", 1, None))
+        pl.plan(_request("llama-3.2-1b", "L4", 1, None, offload=False))
+    offloaded = pl.plan(_request("llama-3.2-1b", "L4", 1, None))
+    assert {(c.setup.optimizer_states, c.setup.levers.offload) for c in offloaded.candidates} == {("auto", True)}
     for states in ("bf16", "8bit"):
         result = pl.plan(_request("llama-3.2-1b", "L4", 1, states))
         assert {c.setup.optimizer_states for c in result.candidates} == {states}

@@ -29,7 +29,8 @@ FIELDS = {
     "efficiency_source",
     "aliases",
 }
-OPTIONAL = {"node_cpus_per_gpu", "node_memory_gib_per_gpu"}
+NODE_SHARES = {"node_cpus_per_gpu", "node_memory_gib_per_gpu"}
+OPTIONAL = NODE_SHARES | {"host_link_gbytes_s", "node_memory_gbytes_s_per_gpu"}
 """Catalog fields an entry may leave out (a user's catalog too: node_gpus defaults to 8)."""
 FAKE = {
     "name": "Z1-96GB",
@@ -51,7 +52,9 @@ def test_every_shipped_entry_has_every_field() -> None:
     # Every required field in every shipped entry, node_gpus too (the catalog states each kind's node); the node's
     # CPU and memory shares only where they are known (llmctl.launch.slurm_resources falls back otherwise).
     assert [set(e) - OPTIONAL for e in raw] == [FIELDS | {"node_gpus"}] * len(raw)
-    assert all(set(e) & OPTIONAL in (set(), OPTIONAL) for e in raw)  # both node shares, or neither
+    assert all(set(e) & NODE_SHARES in (set(), NODE_SHARES) for e in raw)  # both node shares, or neither
+    # CPU offload's host link is the GPU's own PCIe x16 (a datasheet fact): every shipped kind states it.
+    assert all("host_link_gbytes_s" in e for e in raw)
     cat = hardware.gpu_catalog()
     assert sorted(cat) == sorted(e["name"] for e in raw)
     assert hardware.resolve_gpu("h100").name == "H100-SXM" and hardware.resolve_gpu("A100").name == "A100-80GB"

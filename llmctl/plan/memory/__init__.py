@@ -19,8 +19,8 @@ Activations are derived tensor by tensor from what Hugging Face's Llama and GPT-
 (measured with torch.autograd.graph.saved_tensors_hooks; tests/plan/test_memory_measured.py re-measures them).
 
 The package: `ledger` (model states), `activations` (what blocks, head and loss keep), `ring` (context parallelism's
-ring attention buffers), `estimate` (phases, fit, largest micro-batch, fewest GPUs), `report` (estimate-memory's
-answer). Callers use the names below.
+ring attention buffers), `estimate` (phases, fit, largest micro-batch, fewest GPUs; CPU offload's host lines), `report`
+(estimate-memory's answer). Callers use the names below.
 """
 
 from llmctl.plan.memory.activations import (
@@ -38,11 +38,14 @@ from llmctl.plan.memory.activations import (
     stage_activation_bytes,
 )
 from llmctl.plan.memory.estimate import (
+    OFFLOAD_COPY_IN,
+    OFFLOAD_GRAD_OUT,
     Component,
     MemoryEstimate,
     MinGpus,
     estimate,
     fits,
+    host_capacity_bytes,
     max_micro_batch,
     min_gpus,
     ring_components,
@@ -55,10 +58,12 @@ from llmctl.plan.memory.ledger import (
     stage_params,
     state_ledger,
 )
-from llmctl.plan.memory.report import fit_report
+from llmctl.plan.memory.report import fit_report, offload_report
 from llmctl.plan.memory.ring import RingBuffers, ring_buffers
 
 __all__ = [
+    "OFFLOAD_COPY_IN",
+    "OFFLOAD_GRAD_OUT",
     "Component",
     "MemoryEstimate",
     "MinGpus",
@@ -70,6 +75,7 @@ __all__ = [
     "fit_report",
     "fits",
     "head_activation_bytes",
+    "host_capacity_bytes",
     "layer_activation_bytes",
     "layer_activation_terms",
     "layer_saved_bytes",
@@ -78,6 +84,7 @@ __all__ = [
     "max_micro_batch",
     "measured_saved_bytes",
     "min_gpus",
+    "offload_report",
     "optimizer_bytes_per_param",
     "recompute_buffer_bytes",
     "ring_buffers",

@@ -5,6 +5,18 @@ What it predicts is the peak of PyTorch's *allocated* bytes (torch.cuda.max_memo
 the caching allocator's fragmentation headroom gives *reserved* bytes, and the CUDA context (+ NCCL buffers), which
 lives outside the allocator, gives what nvidia-smi shows. A setup fits when that last figure is within the device's
 memory.
+
+CPU offload (FSDP2's CPUOffloadPolicy, `TrainSetup.levers.offload`; torch/distributed/fsdp/_fully_shard/
+_fsdp_param.py and _fsdp_collectives.py): each rank's sharded parameters (the fp32 masters under mixed precision)
+live on the host, pinned; each reduced gradient shard is copied there after its reduce-scatter, so the optimizer
+keeps its states and steps there too. The ledger's lines are the same bytes, on the host (`host_components`, per
+GPU; a node holds its GPUs' worth). The GPU keeps the activations and FSDP's unsharded layers as without offload,
+and instead of the states:
+- the layer being copied in: its fp32 shard, copied host-to-device on the all-gather's copy-in stream, and its cast
+  to the compute dtype (the all-gather's input), both freed once the all-gather has its input. One layer at a time:
+  the copy-in stream copies one layer after the other and reuses the blocks of the last in stream order, so the
+  prefetched next layer's copy takes the place of the current one's.
+- the reduce-scatter's output, one layer's gradient shard in the reduce dtype, until its copy to the host.
 """
 
 from __future__ import annotations
@@ -26,9 +38,11 @@ from llmctl.plan.memory.activations import (
 from llmctl.plan.memory.ledger import StateLine, stage_params, state_ledger
 from llmctl.plan.memory.ring import ring_buffers
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import canonical_strategy
 from llmctl.spec.setup import TrainSetup
+from llmctl.units import GIB
 
 
 # --- the estimate ------------------------------------------------------------------------------------------------
@@ -49,6 +63,18 @@ class MemoryEstimate:
     components: list[Component]
     phase_bytes: dict[str, int]
     ledger: list[StateLine] = field(default_factory=list)
+    host_components: list[Component] = field(default_factory=list)
+    """Under CPU offload, what this GPU's rank keeps in host memory (the ledger's lines); empty otherwise."""
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory this GPU's rank holds for CPU offload (0 without it)."""
+        return sum(c.bytes for c in self.host_components)
+
+    @property
+    def host_node_bytes(self) -> int:
+        """Host memory a node holds for CPU offload: its GPUs' worth."""
+        return self.host_bytes * self.setup.gpus_per_node
 
     @property
     def peak_phase(self) -> str:
@@ -94,15 +120,21 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Per-GPU memory of one training step (see module docstring for what is predicted)."""
     if setup.attention == "auto":
         raise InputError("the memory model needs the attention kernel the run uses, not auto (TrainSetup.kernel)")
+    offload = setup.levers.offload
+    if offload and setup.engine != "fsdp2":
+        raise InputError(
+            f"CPU offload is FSDP2's (CPUOffloadPolicy), not the {setup.engine} engine's", hint="drop --engine zero"
+        )
     held_params, stage_layers = stage_params(spec, setup)
     ledger = state_ledger(spec, setup)
     dims = setup.dims
     comps: list[Component] = []
+    host: list[Component] = []  # CPU offload: the states, on the host
     for line in ledger:
         deg = state_shard_degree(setup, line)
         exact = line.rank_bytes
         on_rank = exact if exact is not None else math.ceil(held_params * line.bytes_per_param / deg)
-        comps.append(
+        (host if offload else comps).append(
             Component(
                 line.name,
                 int(on_rank),
@@ -133,6 +165,8 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
         grad_buf = int(layer_params * (cb + 4 if cb != 4 else 4))
         comps.append(Component("unsharded layer gradients (reduce-scatter)", grad_buf, ("backward",)))
+    if offload:
+        comps += offload_components(setup, layer_params)
 
     # Activations under tensor parallelism: llmctl's engine (fsdp2) runs torch's sequence parallelism, whose layout
     # the activation functions give per rank (tp=sp: the all-gathered inputs of q/k/v and gate/up kept whole, the
@@ -193,9 +227,12 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
             # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.
             comps.append(Component("loss backward buffers", 8 * bsv, ("backward",)))
         if not setup.fused_optimizer:
-            # torch's foreach AdamW materialises per-group temporaries about the size of the local fp32 shard.
-            shard = next(c.bytes for c in comps if c.bytes_per_param is not None)
-            comps.append(Component("optimizer step temporaries (foreach)", shard, ("optimizer",)))
+            # torch's foreach AdamW materialises per-group temporaries about the size of the local fp32 shard (on the
+            # host under CPU offload, where the step runs).
+            shard = next(c.bytes for c in comps + host if c.bytes_per_param is not None)
+            (host if offload else comps).append(
+                Component("optimizer step temporaries (foreach)", shard, ("optimizer",))
+            )
     if setup.cp > 1:
         comps += ring_components(spec, setup)
     if setup.precision.float8:
@@ -203,7 +240,26 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in ("forward", "backward", "optimizer")}
     if not setup.training:
         phases = {"forward": phases["forward"]}
-    return MemoryEstimate(spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger)
+    return MemoryEstimate(
+        spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger, host_components=host
+    )
+
+
+OFFLOAD_COPY_IN = "offload: one layer's shard copied in"
+OFFLOAD_GRAD_OUT = "offload: one layer's gradient shard before its copy out"
+
+
+def offload_components(setup: TrainSetup, layer_params: float) -> list[Component]:
+    """What CPU offload puts on the GPU instead of the states (module docstring): one layer's shard copied in from
+    the host with its cast to the compute dtype, and one layer's reduced gradient shard before its copy out."""
+    p = setup.precision
+    shard = layer_params / setup.dims.fsdp_shard
+    cast = p.compute_bytes if p.compute_dtype != p.param_dtype else 0
+    how = f"{p.param_dtype} from the host" + (f", cast to {p.compute_dtype} for the all-gather" if cast else "")
+    out = [Component(OFFLOAD_COPY_IN, int(shard * (p.param_bytes + cast)), ("forward", "backward"), note=how)]
+    if setup.training:
+        out.append(Component(OFFLOAD_GRAD_OUT, int(shard * p.reduce_bytes), ("backward",), note=f"{p.reduce_dtype}"))
+    return out
 
 
 RING_COPY_NOTE = (
@@ -277,11 +333,30 @@ def ring_components(spec: ModelSpec, setup: TrainSetup) -> list[Component]:
     return out
 
 
-def fits(est: MemoryEstimate, device_memory_bytes: int) -> bool:
-    return est.device_bytes <= device_memory_bytes
+def fits(est: MemoryEstimate, device_memory_bytes: int, host_memory_bytes: int | None = None) -> bool:
+    """The device bytes within the GPU's memory and, under CPU offload with a host capacity per GPU given, the host
+    bytes within it."""
+    host_ok = host_memory_bytes is None or est.host_bytes <= host_memory_bytes
+    return est.device_bytes <= device_memory_bytes and host_ok
 
 
-def max_micro_batch(spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, limit: int = 65536) -> int:
+def host_capacity_bytes(gpu: GPUSpec | None, gpus_per_node: int, node_memory_gib: float | None = None) -> int | None:
+    """Host memory per GPU a job may fill (CPU offload's check): a node's memory (a cluster file's node_memory_gib)
+    over its GPUs, else the GPU catalog's node_memory_gib_per_gpu for the kind; None where neither is known."""
+    if node_memory_gib is not None:
+        return int(node_memory_gib * GIB / gpus_per_node)
+    if gpu is not None and gpu.node_memory_gib_per_gpu is not None:
+        return gpu.node_memory_gib_per_gpu * GIB
+    return None
+
+
+def max_micro_batch(
+    spec: ModelSpec,
+    setup: TrainSetup,
+    device_memory_bytes: int,
+    limit: int = 65536,
+    host_memory_bytes: int | None = None,
+) -> int:
     """Largest micro-batch that fits (0 if none). Memory is non-decreasing in b and close to linear (activations grow
     with b, states do not; the chunked loss's lines stop growing at one chunk): a first guess from the slope between
     b=1 and b=2, then a bracket around it and a binary search to the exact boundary (3-6 estimates, not 2 log2(b))."""
@@ -290,7 +365,7 @@ def max_micro_batch(spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int
         return fits(estimate(spec, replace(setup, micro_batch_size=b)), device_memory_bytes)
 
     one = estimate(spec, replace(setup, micro_batch_size=1))
-    if not fits(one, device_memory_bytes):
+    if not fits(one, device_memory_bytes, host_memory_bytes):  # the host's bytes do not grow with the micro-batch
         return 0
     if limit < 2:
         return 1
@@ -334,9 +409,15 @@ class MinGpus:
 
 
 def min_gpus(
-    spec: ModelSpec, setup: TrainSetup, device_memory_bytes: int, strategy: str, max_nodes: int = 4096
+    spec: ModelSpec,
+    setup: TrainSetup,
+    device_memory_bytes: int,
+    strategy: str,
+    max_nodes: int = 4096,
+    host_memory_bytes: int | None = None,
 ) -> MinGpus:
-    """Fewest GPUs of this kind (whole nodes beyond one) on which `strategy` fits at the setup's micro-batch."""
+    """Fewest GPUs of this kind (whole nodes beyond one) on which `strategy` fits at the setup's micro-batch (and,
+    under CPU offload, its host bytes per GPU within `host_memory_bytes` where given)."""
     gpn = setup.gpus_per_node
     strategy = canonical_strategy(strategy)
     if setup.engine == "fsdp2" and strategy == "zero1":
@@ -351,7 +432,7 @@ def min_gpus(
             what = "tp x cp" if setup.cp > 1 else "tp"
             return MinGpus(strategy, None, None, None, f"{what} does not divide GPUs per node")
         e = est_at(2, gpn)
-        if fits(e, device_memory_bytes):
+        if fits(e, device_memory_bytes, host_memory_bytes):
             return MinGpus(strategy, 2 * gpn, 2, e.device_bytes, "memory does not shrink with more nodes")
         return MinGpus(strategy, None, None, e.device_bytes, "does not fit when sharded over one node")
     # Inside one node: unit, 2*unit, ... up to gpus_per_node.
@@ -359,13 +440,13 @@ def min_gpus(
         if gpn % n and n != gpn:
             continue
         e = est_at(1, n)
-        if fits(e, device_memory_bytes):
+        if fits(e, device_memory_bytes, host_memory_bytes):
             return MinGpus(strategy, n, 1, e.device_bytes)
     if strategy == "no_shard":
         e = est_at(1, gpn)
         return MinGpus(strategy, None, None, e.device_bytes, "replicated states do not shrink with more GPUs")
     # Whole nodes: memory is non-increasing in nodes for sharded strategies; binary search.
-    if gpn % unit or not fits(est_at(max_nodes, gpn), device_memory_bytes):
+    if gpn % unit or not fits(est_at(max_nodes, gpn), device_memory_bytes, host_memory_bytes):
         e = est_at(max_nodes, gpn) if gpn % unit == 0 else None
         return MinGpus(
             strategy,
@@ -379,7 +460,7 @@ def min_gpus(
     lo, hi = 1, max_nodes  # lo: does not fit (checked above with n = gpn), hi: fits
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(est_at(mid, gpn), device_memory_bytes):
+        if fits(est_at(mid, gpn), device_memory_bytes, host_memory_bytes):
             hi = mid
         else:
             lo = mid

@@ -21,7 +21,7 @@ from llmctl.spec import optimizer_states as ostates
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.precision import DTYPE_BYTES
-from llmctl.spec.setup import TrainSetup
+from llmctl.spec.setup import MemoryLevers, TrainSetup
 
 
 # --------------------------------------------------------------------------------------------------
@@ -172,7 +172,10 @@ def state_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
 
 def classic_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
     """The model-state budget before sharding with a persistent half copy (18 for mixed-precision AdamW)."""
-    return sum(line.bytes_per_param for line in state_ledger(spec, replace(setup, engine="zero", strategy="no_shard")))
+    return sum(
+        line.bytes_per_param
+        for line in state_ledger(spec, replace(setup, engine="zero", strategy="no_shard", levers=MemoryLevers()))
+    )
 
 
 def stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:

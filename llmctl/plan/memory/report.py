@@ -8,7 +8,15 @@ from typing import Any
 
 from llmctl.plan import float8 as f8
 from llmctl.plan.memory.activations import layer_activation_terms
-from llmctl.plan.memory.estimate import FLOAT8_NOTE, MemoryEstimate, estimate, fits, max_micro_batch, min_gpus
+from llmctl.plan.memory.estimate import (
+    FLOAT8_NOTE,
+    MemoryEstimate,
+    estimate,
+    fits,
+    host_capacity_bytes,
+    max_micro_batch,
+    min_gpus,
+)
 from llmctl.plan.memory.ledger import classic_bytes_per_param
 from llmctl.plan.memory.ring import ring_buffers
 from llmctl.spec.hardware import GPUSpec
@@ -90,15 +98,19 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         out["context_parallel"] = context_parallel_report(spec, setup, est)
     if setup.precision.float8:
         out["float8"] = {**f8.summary(spec, setup.seq_len, setup.precision), "note": FLOAT8_NOTE}
+    # CPU offload: the host's memory per GPU where the catalog knows the kind's node (None: not checked).
+    host_cap = host_capacity_bytes(gpu, setup.gpus_per_node) if setup.levers.offload else None
+    if setup.levers.offload:
+        out["offload"] = offload_report(est, host_cap)
     if gpu is not None:
         out["gpu"] = gpu.name
         out["gpu_memory_bytes"] = gpu.memory_bytes
-        out["fits"] = fits(est, gpu.memory_bytes)
-        out["max_micro_batch"] = max_micro_batch(spec, setup, gpu.memory_bytes)
+        out["fits"] = fits(est, gpu.memory_bytes, host_cap)
+        out["max_micro_batch"] = max_micro_batch(spec, setup, gpu.memory_bytes, host_memory_bytes=host_cap)
         sized = setup if node_gpus in (None, setup.gpus_per_node) else replace(setup, gpus_per_node=node_gpus)
         table = {}
         for strat in STRATEGIES:
-            m = min_gpus(spec, sized, gpu.memory_bytes, strat)
+            m = min_gpus(spec, sized, gpu.memory_bytes, strat, host_memory_bytes=host_cap)
             table[strat] = {"gpus": m.gpus, "nodes": m.nodes, "per_gpu_total_bytes": m.device_bytes, "note": m.note}
         out["node_gpus"] = sized.gpus_per_node
         out["min_gpus_by_strategy"] = table
@@ -111,7 +123,9 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
             if mode.startswith("partial:") and spec.num_layers // int(mode.split(":")[1]) == 0:
                 continue
             alt = replace(setup, checkpointing=mode)
-            m = min_gpus(spec, replace(sized, checkpointing=mode), gpu.memory_bytes, setup.strategy)
+            m = min_gpus(
+                spec, replace(sized, checkpointing=mode), gpu.memory_bytes, setup.strategy, host_memory_bytes=host_cap
+            )
             acts = sum(comp.bytes for comp in estimate(spec, alt).components if comp.name.startswith("activations"))
             by_mode[mode] = {
                 "gpus": m.gpus,
@@ -125,6 +139,21 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
     return out
 
 
+def offload_report(est: MemoryEstimate, host_capacity_per_gpu: int | None) -> dict[str, Any]:
+    """What CPU offload keeps on the host (the ledger's lines, per GPU and per node) against the node's memory where
+    it is known (`host_capacity_per_gpu`: llmctl.plan.memory.host_capacity_bytes)."""
+    gpn = est.setup.gpus_per_node
+    return {
+        "host_components": [{"name": c.name, "bytes": c.bytes} for c in est.host_components],
+        "host_bytes_per_gpu": est.host_bytes,
+        "host_bytes_per_node": est.host_node_bytes,
+        "gpus_per_node": gpn,
+        "host_capacity_bytes_per_node": None if host_capacity_per_gpu is None else host_capacity_per_gpu * gpn,
+        "host_fits": None if host_capacity_per_gpu is None else est.host_bytes <= host_capacity_per_gpu,
+        "pinned": "parameters and gradients pinned, optimizer states not",
+    }
+
+
 def context_parallel_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate) -> dict[str, Any]:
     """What context parallelism does to one rank's memory: the tokens of each sequence it holds, the ring attention's
     transient buffers (llmctl.plan.memory.ring) and the activations it divides (against the same setup at cp 1 on the
@@ -132,8 +161,9 @@ def context_parallel_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstim
     ring = ring_buffers(spec, setup)
 
     def activations(e: MemoryEstimate) -> int:
-        """What the step keeps for backward and its loss at the peak phase (no states, FSDP buffers or ring)."""
-        skip = ("unsharded", "ring", "optimizer step")
+        """What the step keeps for backward and its loss at the peak phase (no states, FSDP or CPU offload buffers, or
+        ring)."""
+        skip = ("unsharded", "ring", "optimizer step", "offload")
         return sum(
             c.bytes
             for c in e.components
