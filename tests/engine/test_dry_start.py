@@ -80,9 +80,10 @@ def test_the_70b_example_plan_starts_on_this_machine(tmp_path: Path) -> None:
     assert by_line["parameters"]["bytes"] == pytest.approx(4 * r["params"] / 64, rel=0.01)
     bound = (4 * r["params"] / 64) * 1.5 + 3 * 2**30
     assert r["rss_peak_bytes"] < bound, (r["rss_peak_bytes"] / 2**30, bound / 2**30)
-    # Really allocated: the peak (a high-water mark) rose by the shard. The resident size after the model is no
-    # proof either way: under memory pressure the kernel pages out a shard that init wrote and nothing read since.
-    assert r["rss_peak_bytes"] - r["rss_before_model_bytes"] >= 0.9 * by_line["parameters"]["bytes"]
+    # Really allocated: the peak resident size rose by most of the shard (a lazy or meta allocation would add ~0).
+    # Not all of it: on this VM's kernel the rise was 0.86-0.87 of the shard in three full-suite runs (1.0 alone),
+    # pages of the shard written early in the init not counted by the end of it.
+    assert r["rss_peak_bytes"] - r["rss_before_model_bytes"] >= 0.75 * by_line["parameters"]["bytes"]
     assert any("flash" in n for n in r["notes"])
 
 
