@@ -5,7 +5,9 @@ A run that is far slower than planned, or uses more memory, is worth one warning
 the (re)start, the first logged window that starts there is judged against the plan's `predicted` block:
 
 - tokens/s more than `logging.check_slower` (default 30%) below the prediction, or
-- peak reserved memory (CUDA) more than `logging.check_memory` (default 10%) above the predicted memory per GPU.
+- peak reserved memory (CUDA) more than `logging.check_memory` (default 10%) above the predicted memory per GPU;
+- any allocation the CUDA caching allocator had to retry after freeing its cache (`num_alloc_retries`, fms-fsdp
+  issue 63: the largest micro-batch that fits is often slower for them).
   On the CPU there is no allocator to read: the process RSS holds the interpreter and libraries, so memory is not
   judged there.
 
@@ -74,6 +76,13 @@ def judge(
                 f"peak reserved memory {mem / 2**30:.1f} GiB is {mem / mem_want - 1:.0%} above the planned "
                 f"{mem_want / 2**30:.1f} GiB"
             )
+    retries = measured.get("alloc_retries")
+    if clues.device == "cuda" and retries:
+        rec["alloc_retries"] = retries
+        problems.append(
+            f"the CUDA caching allocator retried {retries} allocation{'s' if retries > 1 else ''} after freeing its "
+            "cache (each retry stalls the step): re-plan with --memory-margin 0.05 or a smaller --micro-batch"
+        )
     rec["ok"] = not problems
     if not problems:
         return Verdict(True, rec)

@@ -69,14 +69,44 @@ class ThroughputModel:
         }
 
 
-def peak_memory(device_type: str) -> dict[str, int | None]:
-    """CUDA: max allocated/reserved by the caching allocator. CPU: the process's peak resident set size."""
+PHASES = ("forward", "backward", "optimizer")
+
+
+class PhasePeaks:
+    """Peak allocated bytes by phase of the step (CUDA): the end of each micro-batch's forward (the loss computed,
+    its logits still alive), its backward, and the optimizer step, which is how the memory estimate splits a step
+    (llmctl.plan.memory.estimate's phases). The allocator's peak is read and reset at each boundary (a host call, no
+    synchronization); the running maxima keep the whole run's peak. Off on a CPU (no allocator to read)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.allocated = dict.fromkeys(PHASES, 0)
+        self.reserved = 0
+
+    def mark(self, phase: str) -> None:
+        if not self.on:
+            return
+        import torch
+
+        self.allocated[phase] = max(self.allocated[phase], int(torch.cuda.max_memory_allocated()))
+        self.reserved = max(self.reserved, int(torch.cuda.max_memory_reserved()))
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory(device_type: str, phases: PhasePeaks | None = None) -> dict[str, Any]:
+    """CUDA: max allocated/reserved by the caching allocator (over the phases `phases` has read and reset), the peak
+    of each phase, and how many times the allocator retried an allocation after freeing its cache
+    (`num_alloc_retries`: each one synchronizes and frees every cached block, a slow step; the largest micro-batch
+    that fits often has them, fms-fsdp issue 63). CPU: the process's peak resident set size."""
     if device_type == "cuda":
         import torch
 
+        seen = phases if phases is not None and phases.on else PhasePeaks(False)
         return {
-            "peak_mem_allocated_bytes": int(torch.cuda.max_memory_allocated()),
-            "peak_mem_reserved_bytes": int(torch.cuda.max_memory_reserved()),
+            "peak_mem_allocated_bytes": max(int(torch.cuda.max_memory_allocated()), *seen.allocated.values()),
+            "peak_mem_reserved_bytes": max(int(torch.cuda.max_memory_reserved()), seen.reserved),
+            "peak_mem_phase_bytes": dict(seen.allocated) if seen.on else None,
+            "alloc_retries": int(torch.cuda.memory_stats().get("num_alloc_retries", 0)),
             "peak_rss_bytes": None,
         }
     # ru_maxrss is in KiB on Linux (getrusage(2)); bytes on macOS.

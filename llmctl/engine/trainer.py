@@ -35,7 +35,7 @@ from llmctl.engine.evaluate import Evaluator
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
 from llmctl.engine.loss import install_loss_forward, liger_importable, local_value, model_loss, select_loss
-from llmctl.engine.metrics import MetricsLog, ThroughputModel, peak_memory, with_predictions
+from llmctl.engine.metrics import MetricsLog, PhasePeaks, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (
     base_spec,
     build_meta_model,
@@ -155,6 +155,7 @@ class Trainer:
             torch.set_float32_matmul_precision("high")
         self.setup_ = s = plan.setup  # the one training setup (llmctl.spec.setup): degrees, precision, batch, ...
         cuda = self.device.type == "cuda"
+        self.phase_peaks = PhasePeaks(cuda)
         self.attn_impl, self.attn_why = select_attention(s.attention, cuda, flash_attn_importable(), s.cp)
         self.loss_impl, self.loss_why = select_loss(s.loss_chunk_tokens, cuda, liger_importable(), s.tp)
         if s.precision.compute_dtype == "bf16" and self.device.type == "cpu":
@@ -372,7 +373,9 @@ class Trainer:
 
                 stack.enter_context(loss_parallel())
             loss = model_loss(self.model, self.loss_impl, b.inputs, b.targets, self.vocab, positions=b.positions)
+            self.phase_peaks.mark("forward")
             (loss * (self.grad_step.loss_multiplier * inject / acc)).backward()  # inside the split: the ring too
+            self.phase_peaks.mark("backward")
         return local_value(loss)
 
     def train_step(self, batches: Iterator[Batch]) -> StepOutput:
@@ -403,6 +406,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()  # a skipped (overflowed) step still consumed its data and its place in the schedule
         self.optimizer.zero_grad(set_to_none=True)
+        self.phase_peaks.mark("optimizer")
         self.step += 1
         return StepOutput(loss_sum, grad_norm, lr, skipped=not stepping)
 
@@ -489,7 +493,7 @@ class Trainer:
             "grad_norm": float(gn) if gn is not None else None,
             **self._scaler_fields(out),
             **self.tput.measure((now - self._window_t) / (step - self._window_step)),
-            **peak_memory(self.device.type),
+            **peak_memory(self.device.type, self.phase_peaks),
         }
         self.emit(with_predictions(rec, plan.predicted))
         # Measured vs planned, once, on the first logged window that starts check_after_steps past the (re)start.

@@ -36,6 +36,16 @@ def test_memory_is_judged_on_gpus_only():
     assert judge(10, rec, pred, CPU).ok  # a CPU's RSS holds the interpreter: not comparable
 
 
+def test_allocator_retries_are_a_warning_on_gpus():
+    pred = Predicted(tokens_per_s=1000.0, memory_per_gpu_bytes=10 * 2**30)
+    rec = {"tokens_per_s": 1000.0, "peak_mem_reserved_bytes": 9 * 2**30, "alloc_retries": 3}
+    v = judge(10, rec, pred, Clues("cuda", "H100-SXM"))
+    assert not v.ok and v.record["alloc_retries"] == 3
+    assert "retried 3 allocations" in v.record["message"] and "--memory-margin" in v.record["message"]
+    assert judge(10, {**rec, "alloc_retries": 0}, pred, Clues("cuda", "H100-SXM")).ok
+    assert judge(10, rec, pred, CPU).ok
+
+
 def test_causes_name_what_the_engine_saw():
     pred = Predicted(tokens_per_s=1000.0)
     v = judge(10, {"tokens_per_s": 100.0}, pred, Clues("cpu", "H100-SXM", data_wait_fraction=0.4, recompiles=2))
