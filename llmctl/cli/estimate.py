@@ -16,6 +16,7 @@ from llmctl.cli.options import (
     GpuOpt,
     GpusOpt,
     GpusPerNodeOpt,
+    GradAccumOpt,
     JsonOpt,
     LossChunkOpt,
     MicroBatchOpt,
@@ -53,6 +54,7 @@ def estimate_memory(
     optimizer_states: OptimizerStatesOpt = "auto",
     seq_len: SeqLenOpt = 2048,
     micro_batch: MicroBatchOpt = 1,
+    grad_accum: GradAccumOpt = 1,
     checkpointing: CheckpointingOpt = "none",
     loss_chunk: LossChunkOpt = 0,
     attention: AttentionOpt = "sdpa",
@@ -81,7 +83,14 @@ def estimate_memory(
         if list_gpus:
             show.list_gpus()
         return
-    for flag, v in (("--seq-len", seq_len), ("--micro-batch", micro_batch), ("--tp", tp), ("--cp", cp), ("--pp", pp)):
+    for flag, v in (
+        ("--seq-len", seq_len),
+        ("--micro-batch", micro_batch),
+        ("--grad-accum", grad_accum),
+        ("--tp", tp),
+        ("--cp", cp),
+        ("--pp", pp),
+    ):
         if v < 1:  # named by its flag here; the memory model's own check names the field
             raise InputError(f"{flag} must be a positive integer, got {v}")
     spec = models.resolve_model(model, params)
@@ -125,6 +134,7 @@ def estimate_memory(
         cp=cp,
         pp=pp,
         micro_batch_size=micro_batch,
+        grad_accum_steps=grad_accum,
         seq_len=seq_len,
         checkpointing=checkpointing,
         attention=attention,

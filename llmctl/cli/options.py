@@ -109,6 +109,14 @@ PlanSeqLenOpt = Annotated[
 MicroBatchOpt = Annotated[
     int, typer.Option("--micro-batch", help="Micro-batch size (sequences per data-parallel rank: per GPU at tp 1).")
 ]
+GradAccumOpt = Annotated[
+    int,
+    typer.Option(
+        "--grad-accum",
+        help="Micro-batches per optimizer step (with 1, the engine holds no gradients in the forward: it frees them "
+        "after each step).",
+    ),
+]
 CheckpointingOpt = Annotated[
     str,
     typer.Option(

@@ -392,7 +392,7 @@ def explain_offload(req: PlanRequest, chosen: Candidate, why: str | None) -> str
     s, p, off = chosen.setup, chosen.predicted, chosen.predicted.offload
     if not s.levers.offload or off is None:
         return ""
-    est = mem.estimate(req.spec, replace(s, grad_accum_steps=1, compile=False, async_tp=False))
+    est = mem.estimate(req.spec, mem.memory_key(s))
     why = why or "on as pinned (--offload)"
     cap = req.host_capacity_bytes
     room = (

@@ -456,10 +456,7 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
             gathered = replace(setup, cp_rotate="allgather")
             if (
                 cp_comm(req, gathered, c.predicted.efficiency).exposed_s <= c.predicted.cp_comm_exposed_s
-                and mem.estimate(
-                    spec, replace(gathered, grad_accum_steps=1, compile=False, async_tp=False)
-                ).device_bytes
-                <= req.capacity_bytes
+                and mem.estimate(spec, mem.memory_key(gathered)).device_bytes <= req.capacity_bytes
             ):
                 c = evaluate(req, gathered)
             keep(c)
@@ -536,8 +533,8 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
     mem_cache: dict[TrainSetup, int] = {}
     filled = []
     for c in ranked:
-        # Memory does not depend on accumulation or compile.
-        k = replace(c.setup, grad_accum_steps=1, compile=False, async_tp=False)
+        # Memory depends on accumulation only as whether there is any (memory_key), not on compile.
+        k = mem.memory_key(c.setup)
         if k not in mem_cache:
             mem_cache[k] = mem.estimate(spec, k).device_bytes
         filled.append(replace(c, predicted=replace(c.predicted, memory_per_gpu_bytes=mem_cache[k])))

@@ -85,7 +85,7 @@ def offload_can_win(req: PlanRequest, best: Candidate, families: list[OffloadFam
         _, fwd, bwd = compute_times(req, setup)
         if _metric(req, setup, setup.grad_accum_steps * (fwd + bwd) + host) <= target:
             continue
-        if mem.estimate(req.spec, replace(setup, grad_accum_steps=1)).device_bytes <= req.capacity_bytes:
+        if mem.estimate(req.spec, mem.memory_key(setup)).device_bytes <= req.capacity_bytes:
             continue  # fits without offload: searched as it is
         if search.host_problem(f.strategy, f.nodes, f.tp, f.cp):
             continue  # the host cannot hold its states
@@ -108,6 +108,7 @@ class MemorySearch:
         self.req = req
         self.cache: dict[tuple, tuple[int, int]] = {}
         self.needs: dict[tuple, int] = {}
+        self.wholes: dict[tuple, bool] = {}
         self.hosts: dict[tuple, str | None] = {}
 
     def host_problem(self, strategy: str, n: int, tp: int = 1, cp: int = 1) -> str | None:
@@ -146,12 +147,16 @@ class MemorySearch:
         tp: int = 1,
         cp: int = 1,
         rotate: str = "allgather",
+        accumulating: bool = True,
     ) -> int:
-        """Bytes per GPU at micro-batch 1 (cached; a full_shard's on its node count, the others' on one or two)."""
+        """Bytes per GPU at micro-batch 1 (cached; a full_shard's on its node count, the others' on one or two), with
+        gradient accumulation (the gradients live in the forward) unless `accumulating` is False."""
         kernel = "eager" if attn == "eager" else "fused"
-        key = (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
+        where = n if strategy == "full_shard" else min(n, 2)
+        key = (tp, cp, rotate, strategy, where, ckpt, kernel, chunk, accumulating)
         if key not in self.needs:
-            setup = self.req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
+            acc = 2 if accumulating else 1
+            setup = self.req.setup(strategy, n, 1, acc, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
             self.needs[key] = mem.estimate(self.req.spec, setup).device_bytes
         return self.needs[key]
 
@@ -175,7 +180,8 @@ class MemorySearch:
         strats = [st for st in strategies if st != "hybrid_shard" or (n > 1 and g % (tp * cp) == 0)]
 
         def fits(ckpt: str, chunk: int) -> bool:
-            return any(self.need(st, n, ckpt, "sdpa", chunk, tp, cp, "alltoall") <= req.capacity_bytes for st in strats)
+            cap = req.capacity_bytes  # an upper bound: micro-batch 1 with no accumulation, the least memory
+            return any(self.need(st, n, ckpt, "sdpa", chunk, tp, cp, "alltoall", False) <= cap for st in strats)
 
         first = next((i for i, o in enumerate(allowed) if fits(*o)), None)
         if first is None:
@@ -206,7 +212,33 @@ class MemorySearch:
         cp: int = 1,
         rotate: str = "allgather",
     ) -> int:
-        return min(self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[0], per_gpu)
+        """The largest micro-batch to try: the largest that fits with accumulation, or the whole per-rank batch when
+        it fits as one micro-batch (no accumulation: no gradient lives in its forward, llmctl.plan.memory.estimate)."""
+        most = min(self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[0], per_gpu)
+        if most < per_gpu and self.whole_fits(strategy, n, ckpt, attn, chunk, per_gpu, tp, cp, rotate):
+            return per_gpu
+        return most
+
+    def whole_fits(
+        self,
+        strategy: str,
+        n: int,
+        ckpt: str,
+        attn: str,
+        chunk: int,
+        per_gpu: int,
+        tp: int = 1,
+        cp: int = 1,
+        rotate: str = "allgather",
+    ) -> bool:
+        """Whether the per-rank batch fits as one micro-batch, without accumulation (cached)."""
+        kernel = "eager" if attn == "eager" else "fused"
+        key = (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk, per_gpu)
+        if key not in self.wholes:
+            req = self.req
+            setup = req.setup(strategy, n, per_gpu, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
+            self.wholes[key] = mem.estimate(req.spec, setup).device_bytes <= req.capacity_bytes
+        return self.wholes[key]
 
     def _search(
         self,
@@ -226,7 +258,8 @@ class MemorySearch:
         key = (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
         if key not in self.cache:
             req = self.req
-            setup = req.setup(strategy, n, 1, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
+            # With accumulation (gradients live in the forward); max_mb adds the whole batch without it.
+            setup = req.setup(strategy, n, 1, 2, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
             need = self.need(strategy, n, ckpt, attn, chunk, tp, cp, rotate)
             cap = req.capacity_bytes
             dp = (n if strategy == "full_shard" else 1) * req.gpus_per_node // (tp * cp)
@@ -260,8 +293,9 @@ class MemorySearch:
             need = self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[1]
             rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
             return []
+        most = min(self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[0], per_gpu)  # accumulating
         if req.micro_batch is None:
-            return [d for d in divisors(per_gpu) if d <= max_mb]
+            return [d for d in divisors(per_gpu) if d <= most or d == max_mb]
         if per_gpu % req.micro_batch:
             ranks = (
                 f"{n * req.gpus_per_node // (tp * cp)} data-parallel ranks"
@@ -273,8 +307,9 @@ class MemorySearch:
                 f"{'data-parallel rank' if tp * cp > 1 else 'GPU'} (global batch {req.global_batch} over {ranks})"
             )
             return []
-        if req.micro_batch > max_mb:
-            pinned = req.setup(strategy, n, req.micro_batch, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
+        if req.micro_batch > most and req.micro_batch != max_mb:
+            acc = per_gpu // req.micro_batch
+            pinned = req.setup(strategy, n, req.micro_batch, acc, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
             need = mem.estimate(req.spec, pinned)
             rejected.append(
                 f"{where}: micro-batch {req.micro_batch} needs {need.device_bytes / GIB:.1f} GiB per GPU > "

@@ -138,11 +138,13 @@ def test_the_legend_claims_no_sharding(draw) -> None:
     assert not any("bf16 weights" in text for text in legend)  # zero bytes in every bar (FSDP2): not drawn
     # One stacking order that keeps each bar's own: states at the bottom, FSDP's buffers (absent from the no_shard
     # bar, drawn first) next, context on top.
-    assert legend[1:6] == [
+    assert legend[1:8] == [
         "parameters (fp32 master)",
         "gradients (fp32)",
         "optimizer states (adamw)",
         "unsharded layers (FSDP all-gather)",
+        "unsharded root module (embeddings, LM head)",
+        "unsharded layers (FSDP2 on one rank)",
         "unsharded layer gradients (reduce-scatter)",
     ]
     assert legend[-2:] == ["allocator headroom", "CUDA context + NCCL"]

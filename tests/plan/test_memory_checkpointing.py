@@ -128,7 +128,7 @@ def test_estimate_lines_follow_the_chunk() -> None:
     assert "loss log-softmax (fp32, b*s*V)" in {c.name for c in whole.components}
     assert "loss log-softmax (fp32, b*s*V)" not in names and "loss chunk of 512 tokens (backward)" in names
     # 8k tokens x 128k vocabulary: the whole loss holds 4 + 8 bytes per logit at the backward peak
-    assert whole.phase_bytes["backward"] - chunked.phase_bytes["backward"] > 10 * 2**30
+    assert whole.phase_bytes["loss_backward"] - chunked.phase_bytes["loss_backward"] > 10 * 2**30
     # A chunk larger than the micro-batch is the micro-batch
     big = mem.estimate(spec, TrainSetup(seq_len=1024, loss_chunk_tokens=10**6))
     assert "loss chunk of 1024 tokens (forward)" in {c.name for c in big.components}

@@ -1,5 +1,14 @@
-"""The estimate: per-GPU bytes of one training step as the largest of three phases (end of forward, backward,
-optimizer step), not a blind sum; the largest micro-batch that fits; the fewest GPUs that fit (torch-free).
+"""The estimate: per-GPU bytes of one training step as the largest of four phases (end of forward, the loss's backward,
+the layers' backward, optimizer step), not a blind sum; the largest micro-batch that fits; the fewest GPUs that fit
+(torch-free).
+
+The backward has two moments that do not overlap: the loss's backward (its fp32 buffers of b*s*V, next to every saved
+activation, before any layer's backward) and the layers' backward (a recomputed block, one layer's unsharded
+gradients for the reduce-scatter, ring or float8 buffers; the loss's buffers freed). llmctl's engine frees the
+gradients after each optimizer step (zero_grad(set_to_none=True)), so with one micro-batch per step no gradient lives
+in the forward or the loss's backward; with accumulation the earlier micro-batches' do. Measured on an H100
+(docs/measurements/h100-gpu-tier.json, the GPU tier's five Llama-3.2-1B setups): the sum of both moments as one phase,
+and gradients in every phase, over-predicted the peak by 6-14%.
 
 What it predicts is the peak of PyTorch's *allocated* bytes (torch.cuda.max_memory_allocated) per GPU. On top of it,
 the caching allocator's fragmentation headroom gives *reserved* bytes, and the CUDA context (+ NCCL buffers), which
@@ -161,6 +170,18 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
             name = "unsharded layers (FSDP float8 all-gather)"
             unsharded = int(n_layers * f8.unsharded_layer_bytes(spec, cb, setup.tp) * (1 - 1 / fsdp))
         comps.append(Component(name, unsharded, ("forward", "backward")))
+    wrapped = setup.engine == "fsdp2" and (fsdp > 1 or dims.dp_replicate > 1 or setup.precision.mixed or offload)
+    if wrapped and setup.pp == 1:
+        # FSDP2 applied (llmctl.engine.parallelize.needs_fsdp): the root module (embeddings, final norm, LM head)
+        # stays unsharded in the compute dtype from its forward to its backward (FSDP2 does not reshard the root
+        # after forward). On one rank the layers' compute-dtype copies are whole: two layers (current, prefetched).
+        # Measured on an H100 at one rank (docs/measurements/h100-gpu-tier.json): 0.66 GiB for Llama-3.2-1B, this
+        # term 0.71 GiB.
+        root = int((spec.embedding_params + spec.head_params) / setup.tp * cb)
+        comps.append(Component("unsharded root module (embeddings, LM head)", root, ("forward", "backward")))
+        if fsdp == 1:
+            two = int(min(2, stage_layers) * layer_params * cb)
+            comps.append(Component("unsharded layers (FSDP2 on one rank)", two, ("forward", "backward")))
     if setup.training and fsdp > 1:
         # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
         grad_buf = int(layer_params * (cb + 4 if cb != 4 else 4))
@@ -216,16 +237,16 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
             fwd_chunk = loss_chunk_forward_bytes(spec, chunk, cb) // setup.tp
             comps.append(Component(f"loss chunk of {chunk} tokens (forward)", fwd_chunk, ("forward",)))
             bwd_chunk = loss_chunk_backward_bytes(spec, chunk, cb) // setup.tp
-            comps.append(Component(f"loss chunk of {chunk} tokens (backward)", bwd_chunk, ("backward",)))
+            comps.append(Component(f"loss chunk of {chunk} tokens (backward)", bwd_chunk, ("loss_backward",)))
         else:
             # The loss keeps its fp32 log-softmax for backward; the logits (and their fp32 upcast) live only until the
             # loss is computed (the engine's whole_loss, and HF Trainer's compute_loss, drop them before backward).
             # Under tp each rank's are its V/tp vocabulary columns (loss_parallel's log-softmax, measured).
             bsv = b * s * spec.vocab_size // setup.tp
-            comps.append(Component("loss log-softmax (fp32, b*s*V)", 4 * bsv, ("forward", "backward")))
+            comps.append(Component("loss log-softmax (fp32, b*s*V)", 4 * bsv, ("forward", "loss_backward")))
             comps.append(Component("logits (b*s*V, until the loss)", (cb + (4 if cb != 4 else 0)) * bsv, ("forward",)))
             # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.
-            comps.append(Component("loss backward buffers", 8 * bsv, ("backward",)))
+            comps.append(Component("loss backward buffers", 8 * bsv, ("loss_backward",)))
         if not setup.fused_optimizer:
             # torch's foreach AdamW materialises per-group temporaries about the size of the local fp32 shard (on the
             # host under CPU offload, where the step runs).
@@ -237,12 +258,43 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         comps += ring_components(spec, setup)
     if setup.precision.float8:
         comps += float8_components(spec, setup)
-    phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in ("forward", "backward", "optimizer")}
+    if setup.training:
+        comps = [_in_loss_backward(c, setup) for c in comps]
+    phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in PHASES}
     if not setup.training:
         phases = {"forward": phases["forward"]}
     return MemoryEstimate(
         spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger, host_components=host
     )
+
+
+PHASES = ("forward", "loss_backward", "backward", "optimizer")
+LAYER_BACKWARD_ONLY = (
+    "recomputed block (backward)",
+    "unsharded layer gradients (reduce-scatter)",
+    "ring attention",
+    "float8 copies",
+    "offload: one layer's gradient shard",
+)
+"""Components live only while a layer's backward runs (prefixes of their names): not during the loss's backward."""
+
+
+def memory_key(setup: TrainSetup) -> TrainSetup:
+    """The setup as far as memory depends on it: accumulation only as whether there is any (gradients live in the
+    forward then), not compile or async TP. What the planner caches estimates under."""
+    return replace(setup, grad_accum_steps=min(setup.grad_accum_steps, 2), compile=False, async_tp=False)
+
+
+def _in_loss_backward(c: Component, setup: TrainSetup) -> Component:
+    """Where a component lives in the loss's backward: what is live in the layers' backward too, except the layer-only
+    buffers; the gradients only with accumulation (the engine frees them after each step: the first micro-batch's
+    forward and loss backward have none). The zero engine (DeepSpeed) keeps its gradient buffers allocated."""
+    phases = c.phases
+    if "backward" in phases and not c.name.startswith(LAYER_BACKWARD_ONLY):
+        phases = (*phases, "loss_backward")
+    if c.name.startswith("gradients") and setup.engine == "fsdp2" and setup.grad_accum_steps == 1:
+        phases = tuple(p for p in phases if p in ("backward", "optimizer"))
+    return c if phases == c.phases else replace(c, phases=tuple(p for p in PHASES if p in phases))
 
 
 OFFLOAD_COPY_IN = "offload: one layer's shard copied in"
