@@ -35,6 +35,9 @@ class Measured:
     memory_kind: str | None
     """The metrics field it comes from: peak_mem_reserved_bytes or peak_rss_bytes."""
     steps: int
+    alloc_retries: int = 0
+    """Allocations the CUDA caching allocator retried after freeing its cache (the engine's alloc_retries, the
+    largest count seen): a trial with any ranks below one without (each retry stalls a step; fms-fsdp issue 63)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +46,7 @@ class Measured:
             "peak_memory_bytes": self.peak_memory_bytes,
             "memory_kind": self.memory_kind,
             "steps": self.steps,
+            "alloc_retries": self.alloc_retries,
         }
 
 
@@ -66,12 +70,14 @@ def measure(records: Iterable[dict[str, Any]], warmup: int) -> Measured | None:
         if values:
             kind, peak = key, max(values)
             break
+    retries = max((int(r["alloc_retries"]) for r in steps if isinstance(r.get("alloc_retries"), int)), default=0)
     return Measured(
         statistics.median(float(r["tokens_per_s"]) for r in steps),
         statistics.median(float(r["step_time_s"]) for r in steps),
         peak,
         kind,
         len(steps),
+        retries,
     )
 
 
@@ -91,6 +97,7 @@ def measure_rounds(rounds: Sequence[Iterable[dict[str, Any]]], warmup: int) -> M
         max(peaks) if peaks else None,
         ms[0].memory_kind,
         sum(m.steps for m in ms),
+        max(m.alloc_retries for m in ms),
     )
 
 
@@ -99,6 +106,14 @@ def _positive(v: Any) -> bool:
 
 
 # --- the report ------------------------------------------------------------------------------------------------------
+def measured_order(t: Trial) -> tuple[bool, float, int]:
+    """How trials that ran rank: any allocator retries last (a setup on the edge of memory: slower steps now and then,
+    an out-of-memory error after a longer sequence or a fragmented allocator), then by measured tokens/s."""
+    m = t.measured
+    assert m is not None
+    return (m.alloc_retries > 0, -m.tokens_per_s, t.number)
+
+
 @dataclass
 class Trial:
     number: int
@@ -152,7 +167,7 @@ class Report:
     @property
     def best(self) -> Trial | None:
         ok = self.ok
-        return max(ok, key=lambda t: t.measured.tokens_per_s) if ok else None  # type: ignore[union-attr]
+        return min(ok, key=measured_order) if ok else None
 
     def rank_predicted(self) -> dict[int, int]:
         """Trial number -> its rank among all trials by predicted tokens/s (1: predicted fastest)."""
@@ -161,7 +176,7 @@ class Report:
 
     def rank_measured(self) -> dict[int, int]:
         """Trial number -> its rank among the trials that ran by measured tokens/s (1: measured fastest)."""
-        order = sorted(self.ok, key=lambda t: (-t.measured.tokens_per_s, t.number))  # type: ignore[union-attr]
+        order = sorted(self.ok, key=measured_order)
         return {t.number: i + 1 for i, t in enumerate(order)}
 
     def ranking_verdict(self) -> str | None:

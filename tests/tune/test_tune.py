@@ -206,6 +206,23 @@ def test_rounds_take_the_geometric_mean_of_round_medians() -> None:
     assert tune_report.measure_rounds([round_of(1000.0), []], warmup=1) is None
 
 
+def test_a_trial_with_allocator_retries_ranks_below_one_without() -> None:
+    def steps(tps: float, retries: int | None) -> list[dict]:
+        extra = {} if retries is None else {"alloc_retries": retries}
+        return [{"event": "step", "step": i, "tokens_per_s": tps, "step_time_s": 1.0, **extra} for i in (1, 2, 3)]
+
+    edgy = tune_report.measure_rounds([steps(3000.0, 0), steps(3000.0, 5)], warmup=0)
+    assert edgy is not None and edgy.alloc_retries == 5 and edgy.as_dict()["alloc_retries"] == 5
+    assert tune_report.measure(steps(1000.0, None), warmup=0).alloc_retries == 0  # a CPU run has no allocator
+    pool = pool_for(strategies=["full_shard"], micro_batches=[1, 8], checkpointing=["none"], compile_=False)
+    report = make_report(pool, [1000.0, 3000.0])
+    report.trials[1].measured = edgy  # faster, but the allocator had to free its cache and retry
+    assert report.best is not None and report.best.number == 1
+    assert report.rank_measured() == {1: 1, 2: 2}
+    report.trials[1].measured = tune_report.measure(steps(3000.0, 0), warmup=0)
+    assert report.best.number == 2
+
+
 def make_report(pool: tune_space.Pool, measured: list[float | None]) -> tune_report.Report:
     trials = []
     for i, (cand, tps) in enumerate(zip(pool.ranked, measured, strict=False)):
