@@ -62,6 +62,11 @@ def explain_precision(req: PlanRequest, chosen: Candidate) -> str:
             f"{gpu.peak_tflops(p.compute_dtype):g}; the dynamic float8 casts take {_s(cast)} of the "
             f"{_s(chosen.predicted.compute_s)} compute per step{gather}; MFU is against the {p.compute_dtype} peak"
         )
+        seen = " and ".join(f"{what} ran {got:.2f}x (predicted {want:.2f}x)" for what, got, want in f8.MEASURED_H100)
+        parts.append(
+            f"the float8 gain is an upper bound: against bf16-mixed on one H100, {seen} "
+            "(docs/measurements/h100-gpu-tier.json); measure with `llmctl tune` or re-plan with --calibrate"
+        )
     return "; ".join(parts)
 
 

@@ -41,6 +41,16 @@ from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.precision import PrecisionPolicy, float8_convertible
 
+MEASURED_H100 = (
+    # (model and setup, measured float8 / bf16 tokens/s, this model's predicted ratio at the time)
+    ("Llama-3.2-1B at micro-batch 8 x 2,048 tokens", 57_916 / 56_120, 74_800 / 56_496),
+    ("Llama-3.2-3B at micro-batch 2 x 2,048 tokens", 15_934 / 17_766, 29_667 / 21_551),
+)
+"""float8 (tensorwise, torch.compile) against bf16-mixed on one H100, measured by the GPU tier (tests/gpu) with
+torch 2.11 and torchao 0.18: docs/measurements/h100-gpu-tier.json, speed/*. At these widths (2,048 and 3,072) the
+casts and their kernels cost what the float8 matmuls save; the prediction is an upper bound until the casts are priced
+from kernel measurements."""
+
 NOT_LINEAR = ("router", "expert gate_up", "expert down")
 """llmctl.spec.layers.Mlp.matmuls names that are not converted: the router (filtered by name, as the engine's
 llmctl.engine.float8 ROUTER_NAMES), the routed experts (3-D parameters, not nn.Linear)."""

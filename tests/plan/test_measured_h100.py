@@ -90,3 +90,16 @@ def test_one_rank_holds_the_root_and_two_layers_in_the_compute_dtype() -> None:
     assert by["unsharded layers (FSDP2 on one rank)"] == 2 * 2 * spec.params_per_layer
     pure = mem.estimate(spec, TrainSetup(precision="fp32", nodes=1, gpus_per_node=1, micro_batch_size=1))
     assert not any(c.name.startswith("unsharded") for c in pure.components)  # one rank, pure: no FSDP2
+
+
+def test_the_float8_caveat_quotes_the_measured_runs() -> None:
+    """The plan's float8 caveat (llmctl.plan.float8.MEASURED_H100) holds the ratios the H100 measured."""
+    from llmctl.plan import float8 as f8
+
+    runs = MEASURED["results"]
+    pairs = [("speed/fp8-tensorwise", "speed/bf16-mixed"), ("speed/3b-fp8-tensorwise", "speed/3b-bf16-mixed")]
+    for (_, got, want), (fp8, bf16) in zip(f8.MEASURED_H100, pairs):
+        assert got == pytest.approx(runs[fp8]["tokens_per_s"] / runs[bf16]["tokens_per_s"], rel=1e-3)
+        predicted = runs[fp8]["tokens_per_s_predicted"] / runs[bf16]["tokens_per_s_predicted"]
+        assert want == pytest.approx(predicted, rel=1e-3)
+        assert got < 1.1 < want  # no real gain measured where the model promised one
