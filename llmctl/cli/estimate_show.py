@@ -57,13 +57,14 @@ def show(result: dict[str, Any]) -> None:
     c.print(t)
 
     t = render.table(
-        f"Per GPU (peak phase: {est.peak_phase})", [("component", "left"), ("GiB", "right"), ("live in", "left")]
+        f"Per GPU (peak phase: {_phase(est.peak_phase)})",
+        [("component", "left"), ("GiB", "right"), ("live in", "left")],
     )
     for comp in est.components:
         if comp.bytes:
-            t.add_row(comp.name, render.gib(comp.bytes, 3), ", ".join(comp.phases))
+            t.add_row(comp.name, render.gib(comp.bytes, 3), ", ".join(map(_phase, comp.phases)))
     for ph, b in est.phase_bytes.items():
-        t.add_row(f"[bold]= {ph} phase total[/bold]", render.gib(b, 3), "peak" if ph == est.peak_phase else "")
+        t.add_row(f"[bold]= {_phase(ph)} phase total[/bold]", render.gib(b, 3), "peak" if ph == est.peak_phase else "")
     t.add_row(f"allocator headroom ({s.headroom_fraction:.0%})", render.gib(est.headroom_bytes, 3), "reserved")
     t.add_row("CUDA context + NCCL", render.gib(s.cuda_context_bytes, 3), "outside allocator")
     t.add_row("[bold]total per GPU[/bold]", f"[bold]{render.gib(est.device_bytes, 3)}[/bold]", "")
@@ -215,3 +216,8 @@ def list_gpus() -> None:
         f = [("-" if g.tflops.get(k) is None else f"{g.tflops[k]:g}") for k in ("bf16", "fp16", "tf32", "fp32", "fp8")]
         t.add_row(g.name, f"{g.memory_gib:.1f}", *f, g.link, f"{g.link_gbytes_s:g}")
     render.console.print(t)
+
+
+def _phase(name: str) -> str:
+    """A phase as the tables show it: loss_backward (the JSON's key) is "loss's backward"."""
+    return {"loss_backward": "loss's backward"}.get(name, name)
