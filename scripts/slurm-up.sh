@@ -11,6 +11,8 @@
 # It uses its own ports and munge socket, so it does not touch a system-wide SLURM or munge.
 # Choices that work here (see the environment notes): proctrack/linuxproc, task/none, select/cons_tres,
 # no accounting storage, `slurmd -N nodeI` with a distinct Port per node, all nodes on this one host.
+# JobRequeue=0: a batch job is requeueable only when it asks (the sbatch template's `#SBATCH --requeue`, submitit's
+# requeue parameter), so the requeue tests fail if llmctl's own request goes missing (SLURM's default is 1).
 set -euo pipefail
 
 DIR=${LLMCTL_SLURM_DIR:-/tmp/llmctl-slurm}
@@ -107,7 +109,7 @@ SlurmdTimeout=60
 InactiveLimit=0
 KillWait=30
 MinJobAge=600
-JobRequeue=1
+JobRequeue=0
 $node_lines
 PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
 EOF

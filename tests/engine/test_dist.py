@@ -58,7 +58,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     these runs a few seconds each), each on as many ranks as its plan is for. The reference run and the interrupted
     runs are torchruns of their own."""
     root = tmp_path_factory.mktemp("runs")
-    accumulated = {"micro_batch_size": 1, "grad_accum_steps": 2}
+    # Clipping far above the norm: it cannot hide a gradient-scale bug (clipping at 1.0 brought an undivided
+    # accumulation to the same update), and the logged grad_norm is the unclipped norm to compare.
+    accumulated = {"micro_batch_size": 1, "grad_accum_steps": 2, "grad_clip": 1000.0}
     plans = {
         "hybrid-2x2": write_plan(
             root / "hybrid-2x2",
@@ -68,7 +70,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
                 "training": {"micro_batch_size": 2, "max_steps": 25},
             },
         ),
-        "mbs2": write_plan(root / "mbs2", {"training": {"max_steps": 6, "micro_batch_size": 2}}),
+        "mbs2": write_plan(root / "mbs2", {"training": {"max_steps": 6, "micro_batch_size": 2, "grad_clip": 1000.0}}),
         "acc2": write_plan(root / "acc2", {"training": {"max_steps": 6, **accumulated}}),
         "noshard-acc2": write_plan(
             root / "noshard-acc2", {"parallel": {"sharding": "no_shard"}, "training": {"max_steps": 6, **accumulated}}
@@ -102,11 +104,22 @@ def test_grad_accumulation_equivalence(runs: Runs) -> None:
     for s in la:
         assert la[s] == pytest.approx(lb[s], abs=1e-5, rel=0), (s, la[s], lb[s])
     assert la[6] < la[1]  # the steps did update the model (a later loss differs)
+    # The gradients themselves: the mean over the step's samples either way (loss / acc per micro-batch), so the
+    # same global norm at every step; an undivided accumulation doubles it.
+    na = {r["step"]: r["grad_norm"] for r in records(a, "step")}
+    nb = {r["step"]: r["grad_norm"] for r in records(b, "step")}
+    assert all(v > 0 for v in na.values()) and na.keys() == nb.keys()
+    for s in na:
+        assert nb[s] == pytest.approx(na[s], rel=1e-4), (s, na[s], nb[s])
     # Accumulation on a replicated mesh (no_shard = (world, 1) HSDP): reduce-scatter every micro-batch, the
     # cross-replica all-reduce skipped until the last one (set_requires_all_reduce). Same losses.
-    lc = losses(finished(runs, "noshard-acc2"))
+    c = finished(runs, "noshard-acc2")
+    lc = losses(c)
     for s in la:
         assert lc[s] == pytest.approx(la[s], abs=1e-4, rel=0), (s, lc[s], la[s])
+    nc = {r["step"]: r["grad_norm"] for r in records(c, "step")}
+    for s in na:
+        assert nc[s] == pytest.approx(na[s], rel=1e-3), (s, na[s], nc[s])
 
 
 def _worker(torchrun: subprocess.Popen[str], rank: int) -> psutil.Process | None:

@@ -100,6 +100,7 @@ def test_peak_is_largest_phase_not_sum():
     assert est.peak_allocated_bytes == max(est.phase_bytes.values())
     assert est.peak_allocated_bytes < sum(c.bytes for c in est.components)
     assert est.device_bytes == est.peak_allocated_bytes + est.headroom_bytes + DEFAULT_CUDA_CONTEXT_BYTES
+    assert est.headroom_bytes == int(est.peak_allocated_bytes * 0.1)  # the default allocator headroom: 10% of peak
 
 
 @pytest.mark.parametrize("opt,bpp", [("adamw", 8), ("lion", 4), ("sgd", 4), ("adamw-8bit", 2 + 8 / 256)])

@@ -1,0 +1,322 @@
+"""A repeatable mutation check of llmctl's core (`make mutants`; not part of `make test`).
+
+Each mutant is one realistic slip in one line of the core: the byte ledger, activations, FLOPs, the collectives' bus
+factors, the planner's search, the memory phases, accumulation, the LR schedule, loss scaling, checkpoint retention,
+data framing, export, the live check and tune's ranking. For each, the script copies the tracked tree once into a
+scratch folder, applies the mutant there (never in the working tree), runs only the tests that cover that code, and
+counts the mutant killed when they fail. It prints every mutant's verdict, the kill rate and the survivors, and exits 1
+when a survivor is not a known equivalent mutant (KNOWN_EQUIVALENT, each with why).
+
+    .venv/bin/python scripts/mutants.py [--only ID,ID] [--keep]
+
+A mutant whose `old` text is no longer found exactly once in its file is an error (the code moved): the list is kept
+in step with the code, as a test is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    path: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    what: str
+
+
+M = Mutant
+MUTANTS: tuple[Mutant, ...] = (
+    # --- FLOPs and the collectives (torch-free math) ---------------------------------------------------------------
+    M(
+        "flops-6n",
+        "llmctl/plan/flops.py",
+        "return 6 * matmul_params(spec) + attention_flops_per_token(spec, seq_len)",
+        "return 4 * matmul_params(spec) + attention_flops_per_token(spec, seq_len)",
+        ("tests/plan/test_planner.py", "tests/engine/test_selection.py"),
+        "model FLOPs 4N instead of 6N",
+    ),
+    M(
+        "flops-attention",
+        "llmctl/plan/flops.py",
+        "total += n * 6 * at.num_heads * at.span(seq_len) * (at.head_dim + at.v_head_dim)",
+        "total += n * 3 * at.num_heads * at.span(seq_len) * (at.head_dim + at.v_head_dim)",
+        ("tests/plan/test_planner.py", "tests/plan/test_cp_cost.py"),
+        "attention FLOPs halved",
+    ),
+    M(
+        "cp-imbalance",
+        "llmctl/plan/flops.py",
+        "return (2 * cp - 1) / cp",
+        "return 1.0",
+        ("tests/plan/test_cp_cost.py",),
+        "no load imbalance without the head-tail split",
+    ),
+    M(
+        "busbw-allgather",
+        "llmctl/spec/collectives.py",
+        "    return (n - 1) / n\n",
+        "    return 1.0\n",
+        ("tests/plan/test_comm.py", "tests/netbench/test_netbench_report.py"),
+        "all-gather bus factor 1 instead of (n-1)/n",
+    ),
+    M(
+        "busbw-allreduce",
+        "llmctl/spec/collectives.py",
+        "return 2 * (n - 1) / n",
+        "return (n - 1) / n",
+        ("tests/plan/test_comm.py", "tests/netbench/test_netbench_report.py"),
+        "all-reduce bus factor (n-1)/n instead of 2(n-1)/n",
+    ),
+    M(
+        "overlap",
+        "llmctl/plan/comm.py",
+        "return comm_s - overlap * min(comm_s, window_s)",
+        "return comm_s - overlap * max(comm_s, window_s)",
+        ("tests/plan/test_comm.py",),
+        "more communication hidden than the compute window",
+    ),
+    # --- memory -------------------------------------------------------------------------------------------------------
+    M(
+        "loss-buffers",
+        "llmctl/plan/memory/estimate.py",
+        'comps.append(Component("loss backward buffers", 8 * bsv, ("loss_backward",)))',
+        'comps.append(Component("loss backward buffers", 4 * bsv, ("loss_backward",)))',
+        (
+            "tests/plan/test_memory_golden.py",
+            "tests/plan/test_measured_h100.py",
+            "tests/plan/test_memory_checkpointing.py",
+        ),
+        "one fp32 loss gradient instead of two",
+    ),
+    M(
+        "grads-before-backward",
+        "llmctl/plan/memory/estimate.py",
+        'setup.engine == "fsdp2" and setup.grad_accum_steps == 1:',
+        'setup.engine == "fsdp2" and setup.grad_accum_steps >= 1:',
+        ("tests/plan/test_measured_h100.py",),
+        "gradients dropped from the forward with accumulation too",
+    ),
+    M(
+        "memory-key",
+        "llmctl/plan/memory/estimate.py",
+        "return replace(setup, grad_accum_steps=min(setup.grad_accum_steps, 2), compile=False, async_tp=False)",
+        "return replace(setup, grad_accum_steps=1, compile=False, async_tp=False)",
+        ("tests/plan/test_planner_variants.py", "tests/plan/test_plan_run.py"),
+        "the planner's memory cache ignores accumulation",
+    ),
+    M(
+        "headroom",
+        "llmctl/plan/memory/estimate.py",
+        "return int(self.peak_allocated_bytes * self.setup.headroom_fraction)",
+        "return int(self.peak_allocated_bytes * self.setup.headroom_fraction / 2)",
+        ("tests/plan/test_memory_golden.py", "tests/plan/test_plan_run.py"),
+        "half the allocator headroom",
+    ),
+    M(
+        "root-module",
+        "llmctl/plan/memory/estimate.py",
+        "root = int((spec.embedding_params + spec.head_params) / setup.tp * cb)",
+        "root = 0",
+        ("tests/plan/test_measured_h100.py",),
+        "FSDP2's unsharded root module not counted",
+    ),
+    # --- the planner's search -----------------------------------------------------------------------------------------
+    M(
+        "pareto-equal",
+        "llmctl/plan/planner.py",
+        "if not mbs or mbs[-1] < largest:",
+        "if not mbs or mbs[-1] <= largest:",
+        ("tests/plan/test_planner_variants.py",),
+        "an option fitting the same micro-batch as a cheaper one is skipped (issue 33's survivor)",
+    ),
+    M(
+        "whole-batch",
+        "llmctl/plan/search.py",
+        "if most < per_gpu and self.whole_fits(strategy, n, ckpt, attn, chunk, per_gpu, tp, cp, rotate):",
+        "if False:",
+        ("tests/plan/test_planner_variants.py",),
+        "the whole per-rank batch without accumulation never tried",
+    ),
+    # --- the engine -----------------------------------------------------------------------------------------------------
+    M(
+        "accumulation",
+        "llmctl/engine/trainer.py",
+        "(loss * (self.grad_step.loss_multiplier * inject / acc)).backward()",
+        "(loss * (self.grad_step.loss_multiplier * inject)).backward()",
+        ("tests/engine/test_dist.py::test_grad_accumulation_equivalence",),
+        "accumulated gradients not divided by the micro-batches (issue 33's survivor)",
+    ),
+    M(
+        "warmup",
+        "llmctl/engine/optim.py",
+        "return (step + 1) / warmup_steps",
+        "return step / warmup_steps",
+        ("tests/engine/test_selection.py",),
+        "warm-up starts at a zero learning rate",
+    ),
+    M(
+        "cosine",
+        "llmctl/engine/optim.py",
+        "return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))",
+        "return min_lr_ratio + (1 - min_lr_ratio) * (1 + math.cos(math.pi * progress))",
+        ("tests/engine/test_selection.py",),
+        "cosine decay without its 1/2",
+    ),
+    M(
+        "loss-scale-backoff",
+        "llmctl/engine/scaler.py",
+        "backoff_factor: float = 0.5",
+        "backoff_factor: float = 0.25",
+        ("tests/engine/test_precision_units.py",),
+        "fp16 loss scale quartered on an overflow",
+    ),
+    M(
+        "keep-last",
+        "llmctl/engine/checkpoint.py",
+        "for _, old in complete_checkpoints(self.root)[: -self.keep_last]:",
+        "for _, old in complete_checkpoints(self.root)[: -self.keep_last - 1]:",
+        ("tests/engine/test_dist.py::test_sigkill_in_the_middle_of_a_save",),
+        "one checkpoint more kept than asked",
+    ),
+    M(
+        "phase-peaks",
+        "llmctl/engine/metrics.py",
+        '"peak_mem_allocated_bytes": max(int(torch.cuda.max_memory_allocated()), *seen.allocated.values()),',
+        '"peak_mem_allocated_bytes": int(torch.cuda.max_memory_allocated()),',
+        ("tests/test_gpu_tier_cpu.py",),
+        "the run's peak forgotten after the phase resets",
+    ),
+    M(
+        "livecheck-slower",
+        "llmctl/engine/livecheck.py",
+        "if tps < (1 - slower) * want:",
+        "if tps < (1 - 2 * slower) * want:",
+        ("tests/engine/test_livecheck.py",),
+        "a run 30-60% slower than planned not flagged",
+    ),
+    M(
+        "livecheck-retries",
+        "llmctl/engine/livecheck.py",
+        'if clues.device == "cuda" and retries:',
+        'if clues.device == "cuda" and retries and retries > 10:',
+        ("tests/engine/test_livecheck.py",),
+        "a few allocator retries not warned",
+    ),
+    # --- data, tune ---------------------------------------------------------------------------------------------------
+    M(
+        "frame-eos",
+        "llmctl/data/prepare.py",
+        "tail = (eos,) if eos is not None else ()",
+        "tail = ()",
+        ("tests/data/test_prepare.py",),
+        "documents prepared without their EOS separator",
+    ),
+    M(
+        "tune-retries",
+        "llmctl/tune/report.py",
+        "return (m.alloc_retries > 0, -m.tokens_per_s, t.number)",
+        "return (False, -m.tokens_per_s, t.number)",
+        ("tests/tune/test_tune.py",),
+        "a trial with allocator retries ranked by its speed alone",
+    ),
+    M(
+        "tune-best",
+        "llmctl/tune/report.py",
+        "return min(ok, key=measured_order) if ok else None",
+        "return max(ok, key=measured_order) if ok else None",
+        ("tests/tune/test_tune.py",),
+        "the slowest trial chosen",
+    ),
+)
+
+KNOWN_EQUIVALENT: dict[str, str] = {}
+"""Mutant id -> why no test can tell it from the original (none so far)."""
+
+
+def scratch_tree(root: Path) -> Path:
+    """The tracked files (and the venv's link) copied to root/tree once: mutants are applied there."""
+    tree = root / "tree"
+    if tree.exists():
+        shutil.rmtree(tree)
+    files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    for f in files:
+        src, dst = REPO / f, tree / f
+        if src.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    return tree
+
+
+def run_mutant(m: Mutant, tree: Path) -> tuple[str, float, str]:
+    """(verdict, seconds, detail): killed, survived or error."""
+    target = tree / m.path
+    text = target.read_text()
+    if text.count(m.old) != 1:
+        return "error", 0.0, f"`old` found {text.count(m.old)} times in {m.path} (the code moved: update the mutant)"
+    target.write_text(text.replace(m.old, m.new))
+    t0 = time.time()
+    try:
+        env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+        env.pop("LLMCTL_DEBUG", None)
+        p = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *m.tests],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:
+        target.write_text(text)
+    secs = time.time() - t0
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("FAILED") or ln.startswith("ERROR")]
+    if p.returncode == 1:
+        return "killed", secs, lines[0] if lines else "a test failed"
+    if p.returncode == 0:
+        return "survived", secs, "every covering test passed"
+    return "error", secs, f"pytest exited {p.returncode}: {(p.stdout + p.stderr).strip().splitlines()[-1:]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma list of mutant ids")
+    ap.add_argument("--dir", default="/tmp/llmctl-mutants", help="scratch folder (default /tmp/llmctl-mutants)")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or m.id in args.only.split(",")]
+    if not chosen:
+        print(f"mutants: no mutant named {args.only}", file=sys.stderr)
+        return 2
+    tree = scratch_tree(Path(args.dir))
+    results = []
+    for m in chosen:
+        verdict, secs, detail = run_mutant(m, tree)
+        results.append((m, verdict))
+        print(f"{verdict:8s} {secs:6.1f} s  {m.id:22s} {m.what}: {detail}", flush=True)
+    killed = sum(v == "killed" for _, v in results)
+    survivors = [m for m, v in results if v == "survived"]
+    errors = [m for m, v in results if v == "error"]
+    print(f"\n{killed} of {len(results)} mutants killed ({killed / len(results):.0%})")
+    for m in survivors:
+        why = KNOWN_EQUIVALENT.get(m.id, "NOT EXPLAINED: add a test that kills it, or say why it is equivalent")
+        print(f"  survivor {m.id} ({m.path}): {why}")
+    for m in errors:
+        print(f"  error {m.id} ({m.path})")
+    unexplained = [m for m in survivors if m.id not in KNOWN_EQUIVALENT]
+    return 1 if unexplained or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
