@@ -133,6 +133,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/plan/test_measured_h100.py",),
         "FSDP2's unsharded root module not counted",
     ),
+    M(
+        "ledger-adamw",
+        "llmctl/plan/memory/ledger.py",
+        "return 2 * state_bytes  # exp_avg + exp_avg_sq",
+        "return state_bytes  # exp_avg + exp_avg_sq",
+        ("tests/plan/test_memory_golden.py",),
+        "AdamW with one moment in the byte ledger",
+    ),
+    M(
+        "activations-silu",
+        "llmctl/plan/memory/activations.py",
+        'terms["mlp: HF silu(gate) kept"] = ab * sb * i',
+        'terms["mlp: HF silu(gate) kept"] = 0',
+        ("tests/plan/test_memory_measured.py",),
+        "Hugging Face's kept silu(gate) left out of the saved activations",
+    ),
     # --- the planner's search -----------------------------------------------------------------------------------------
     M(
         "pareto-equal",
@@ -158,6 +174,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "(loss * (self.grad_step.loss_multiplier * inject)).backward()",
         ("tests/engine/test_dist.py::test_grad_accumulation_equivalence",),
         "accumulated gradients not divided by the micro-batches (issue 33's survivor)",
+    ),
+    M(
+        "resume-step",
+        "llmctl/engine/trainer.py",
+        'start = int(state["step"])',
+        'start = int(state["step"]) + 1',
+        ("tests/engine/test_dist.py::test_sigterm_then_restart_is_bit_exact",),
+        "a resumed run skips a step",
     ),
     M(
         "warmup",
@@ -214,6 +238,22 @@ MUTANTS: tuple[Mutant, ...] = (
         'if clues.device == "cuda" and retries and retries > 10:',
         ("tests/engine/test_livecheck.py",),
         "a few allocator retries not warned",
+    ),
+    M(
+        "export-trim",
+        "llmctl/engine/export.py",
+        "x = x[: t.shape[0]].clone()",
+        "x = x.clone()",
+        ("tests/engine/test_export.py",),
+        "the padded vocabulary rows exported",
+    ),
+    M(
+        "bounds-negative",
+        "llmctl/bounds.py",
+        "if abs(value) > limit:",
+        "if value > limit:",
+        ("tests/cli/test_bounds.py",),
+        "a huge negative number let through to the code",
     ),
     # --- data, tune ---------------------------------------------------------------------------------------------------
     M(
