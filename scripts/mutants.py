@@ -255,6 +255,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/cli/test_bounds.py",),
         "a huge negative number let through to the code",
     ),
+    M(
+        "sbatch-requeue",
+        "templates/slurm.sbatch.j2",
+        "#SBATCH --requeue\n",
+        "",
+        ("tests/launch/test_slurm.py::test_sbatch_requeue_resumes_from_checkpoint",),
+        "the sbatch script does not ask to be requeued (the test SLURM has JobRequeue=0; needs root: minutes)",
+    ),
     # --- data, tune ---------------------------------------------------------------------------------------------------
     M(
         "frame-eos",
@@ -301,7 +309,7 @@ def scratch_tree(root: Path) -> Path:
 
 
 def run_mutant(m: Mutant, tree: Path) -> tuple[str, float, str]:
-    """(verdict, seconds, detail): killed, survived or error."""
+    """(verdict, seconds, detail): killed, survived, not run (its tests skipped here) or error."""
     target = tree / m.path
     text = target.read_text()
     if text.count(m.old) != 1:
@@ -325,6 +333,8 @@ def run_mutant(m: Mutant, tree: Path) -> tuple[str, float, str]:
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("FAILED") or ln.startswith("ERROR")]
     if p.returncode == 1:
         return "killed", secs, lines[0] if lines else "a test failed"
+    if p.returncode == 0 and " passed" not in p.stdout:
+        return "not run", secs, "its tests were skipped here: " + (p.stdout.strip().splitlines() or [""])[-1]
     if p.returncode == 0:
         return "survived", secs, "every covering test passed"
     return "error", secs, f"pytest exited {p.returncode}: {(p.stdout + p.stderr).strip().splitlines()[-1:]}"
@@ -348,7 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     killed = sum(v == "killed" for _, v in results)
     survivors = [m for m, v in results if v == "survived"]
     errors = [m for m, v in results if v == "error"]
-    print(f"\n{killed} of {len(results)} mutants killed ({killed / len(results):.0%})")
+    ran = [m for m, v in results if v != "not run"]
+    print(f"\n{killed} of {len(ran)} mutants killed ({killed / max(1, len(ran)):.0%})", end="")
+    print(f"; {len(results) - len(ran)} not run here (their tests skip)" if len(ran) < len(results) else "")
     for m in survivors:
         why = KNOWN_EQUIVALENT.get(m.id, "NOT EXPLAINED: add a test that kills it, or say why it is equivalent")
         print(f"  survivor {m.id} ({m.path}): {why}")

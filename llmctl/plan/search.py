@@ -100,6 +100,13 @@ def _metric(req: PlanRequest, setup: TrainSetup, step_s: float) -> float:
     return tps if req.objective == "throughput" else tps / setup.gpus
 
 
+def family_key(strategy: str, n: int, ckpt: str, attn: str, chunk: int, tp: int, cp: int, rotate: str) -> tuple:
+    """What a family's memory depends on: a full_shard's node count (the others' on one or two), and between SDPA and
+    flash not the kernel (MemorySearch's caches)."""
+    kernel = "eager" if attn == "eager" else "fused"
+    return (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
+
+
 class MemorySearch:
     """The largest micro-batch per setup (memory.max_micro_batch), cached: memory depends on the shard degree, not on
     the node count, for hybrid and no_shard, so those share one search."""
@@ -151,9 +158,7 @@ class MemorySearch:
     ) -> int:
         """Bytes per GPU at micro-batch 1 (cached; a full_shard's on its node count, the others' on one or two), with
         gradient accumulation (the gradients live in the forward) unless `accumulating` is False."""
-        kernel = "eager" if attn == "eager" else "fused"
-        where = n if strategy == "full_shard" else min(n, 2)
-        key = (tp, cp, rotate, strategy, where, ckpt, kernel, chunk, accumulating)
+        key = (*family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate), accumulating)
         if key not in self.needs:
             acc = 2 if accumulating else 1
             setup = self.req.setup(strategy, n, 1, acc, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
@@ -232,8 +237,7 @@ class MemorySearch:
         rotate: str = "allgather",
     ) -> bool:
         """Whether the per-rank batch fits as one micro-batch, without accumulation (cached)."""
-        kernel = "eager" if attn == "eager" else "fused"
-        key = (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk, per_gpu)
+        key = (*family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate), per_gpu)
         if key not in self.wholes:
             req = self.req
             setup = req.setup(strategy, n, per_gpu, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
@@ -254,8 +258,7 @@ class MemorySearch:
         """(largest micro-batch that fits up to the one-node per-rank batch, bytes per GPU at micro-batch 1).
         Memory depends neither on the per-rank batch nor, between SDPA and flash, on the kernel; full_shard's depends
         on the node count, and its search stops at that count's per-rank batch (what the planner asks)."""
-        kernel = "eager" if attn == "eager" else "fused"
-        key = (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
+        key = family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate)
         if key not in self.cache:
             req = self.req
             # With accumulation (gradients live in the forward); max_mb adds the whole batch without it.
