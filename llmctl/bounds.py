@@ -27,6 +27,7 @@ LIMITS: dict[str, float] = {
     "--seq-len": 10_000_000,
     "--loss-chunk": 10_000_000,
     "--micro-batch": 1_000_000,
+    "--grad-accum": 1_000_000,
     "--global-batch": 100_000_000,
     "--global-batch-tokens": 10**12,
     "--inter-gbps": 1_000_000,  # Gbit/s per node: 1 Pbit/s

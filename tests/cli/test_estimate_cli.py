@@ -171,3 +171,20 @@ def test_checkpointing_modes_and_the_fewest_gpus_for_each():
     assert "partial:4" in d4["min_gpus_by_checkpointing"] and d4["setup"]["checkpointing"] == "partial:4"
     text = run(*base[:-1], "--checkpointing", "partial:4").output
     assert "Fewest GPUs per checkpointing mode (full_shard, mb 1)" in text and "partial:4" in text
+
+
+def test_grad_accum_puts_the_gradients_in_the_forward() -> None:
+    """--grad-accum 1 (the default): the engine frees the gradients after each step, so none live in the forward or
+    the loss's backward; with 2 the first micro-batch's gradients are there when the second runs."""
+    one, two = (
+        json.loads(run("estimate-memory", "llama-3.2-1b", "--micro-batch", "2", "--grad-accum", n, "--json").stdout)
+        for n in ("1", "2")
+    )
+    grads = next(c["bytes"] for c in one["components"] if c["name"].startswith("gradients"))
+    assert grads == 4 * one["params"]
+    for phase in ("forward", "loss_backward"):
+        assert two["phase_bytes"][phase] - one["phase_bytes"][phase] == grads, phase
+    assert two["phase_bytes"]["backward"] == one["phase_bytes"]["backward"]
+    for bad in ("0", "-1", "1000001"):
+        r = run("estimate-memory", "llama-3.2-1b", "--grad-accum", bad)
+        assert r.exit_code == 2 and "--grad-accum" in r.output and len(r.output.strip().splitlines()) == 1, r.output
