@@ -83,6 +83,9 @@ class Family:
     family cannot be split (see `tp_unsupported`)."""
     tp_unsupported: str = ""
     """Why there is no tensor-parallel plan (the refusal's words)."""
+    lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """The linears LoRA adapts by default (peft target_modules: module names, matched as the last part of a dotted
+    name): the attention and MLP projections (llmctl.spec.finetune); routed experts are 3-D tensors, not linears."""
     notes: str = field(default="", compare=False)
 
 

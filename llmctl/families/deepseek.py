@@ -86,5 +86,18 @@ FAMILIES = (
             },
         ),
         tp_unsupported=tpp.MLA,
+        # MLA's projections (q_a/q_b, or q_proj without a q rank; the shared latent; kv_b; o), the dense layers' and
+        # the shared experts' MLPs
+        lora_targets=(
+            "q_a_proj",
+            "q_b_proj",
+            "q_proj",
+            "kv_a_proj_with_mqa",
+            "kv_b_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ),
     ),
 )

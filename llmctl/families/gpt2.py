@@ -51,5 +51,6 @@ FAMILIES = (
         },
         decoder_path="transformer.h",
         tp_unsupported=tpp.FUSED_QKV,
+        lora_targets=("c_attn", "c_proj", "c_fc"),  # Conv1D: peft adapts it with fan_in_fan_out
     ),
 )

@@ -28,5 +28,6 @@ FAMILIES = (
             },
         ),
         tp_unsupported=tpp.FUSED_QKV,
+        lora_targets=("qkv_proj", "o_proj", "gate_up_proj", "down_proj"),
     ),
 )

@@ -28,6 +28,7 @@ from llmctl.bounds import GENERIC_FLOAT_LIMIT, GENERIC_INT_LIMIT, LIMITS, check
 from llmctl.errors import LlmctlError, SpecError, one_line
 from llmctl.fileio import load_yaml, write_atomic
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.finetune import MAX_RANK, Finetune
 from llmctl.spec.models import MAX_PARAMS, MAX_TOKENS
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.optimizer_states import canonical_states
@@ -239,6 +240,41 @@ class ParallelSection(_Strict):
             raise ValueError(str(e)) from None
 
 
+class FinetuneSection(_Strict):
+    """Full training, or low-rank adapters on a frozen base (llmctl.spec.finetune). Written only when not full, so
+    older plans read and write as before."""
+
+    method: Literal["full", "lora", "qlora"] = "full"
+    lora_rank: Int = Field(16, ge=1, le=MAX_RANK)
+    lora_alpha: Float = Field(32.0, gt=0, le=GENERIC_FLOAT_LIMIT)
+    """The adapters' output is scaled by lora_alpha / lora_rank."""
+    lora_dropout: Float = Field(0.0, ge=0, lt=1)
+    lora_targets: list[Text] | None = None
+    """Module names that get adapters (peft's target_modules); None: the model family's default (attention and MLP
+    projections)."""
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _lower(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) else v
+
+    @field_validator("lora_targets")
+    @classmethod
+    def _targets(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            if not v:
+                raise ValueError("an empty list (leave it out for the family's default)")
+            try:
+                Finetune("lora", targets=tuple(v))
+            except LlmctlError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+    @property
+    def spec(self) -> Finetune:
+        return Finetune(self.method, self.lora_rank, self.lora_alpha, self.lora_dropout, tuple(self.lora_targets or ()))
+
+
 class TrainingSection(_Strict):
     precision: Precision = "bf16-mixed"
     micro_batch_size: Int = Field(1, ge=1, le=LIMITS["--micro-batch"])
@@ -366,6 +402,7 @@ class Plan(_Strict):
     hardware: HardwareSection = Field(default_factory=HardwareSection)
     parallel: ParallelSection = Field(default_factory=ParallelSection)
     training: TrainingSection
+    finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
@@ -391,6 +428,11 @@ class Plan(_Strict):
             raise ValueError("parallel.shard_size is only meaningful with parallel.sharding: hybrid_shard")
         if self.training.attention == "flash" and not policy(self.training.precision).flash_attention:
             raise ValueError("training.attention: flash needs bf16 or fp16 (flash-attention has no fp32 kernel)")
+        if self.finetune.method != "full":
+            try:
+                self.setup  # noqa: B018 - the setup's refusals of what adapters do not run with, as one line
+            except LlmctlError as e:
+                raise ValueError(f"finetune.method: {e}") from None
         self._sizes()
         self._model()
         return self
@@ -497,6 +539,7 @@ class Plan(_Strict):
             compile=t.compile,
             loss_chunk_tokens=t.loss_chunk_tokens,
             levers=MemoryLevers(offload=par.offload),
+            finetune=self.finetune.spec,
         )
 
     def with_setup(self, setup: TrainSetup, source: str = "the plan") -> Plan:
@@ -558,6 +601,18 @@ def setup_sections(setup: TrainSetup) -> dict[str, dict[str, Any]]:
             "compile": setup.compile,
         },
         "optimizer": {"states": setup.optimizer_states},
+        "finetune": finetune_section(setup.finetune),
+    }
+
+
+def finetune_section(ft: Finetune) -> dict[str, Any]:
+    """The plan file's `finetune:` fields of a method (targets only when not the family's default)."""
+    return {
+        "method": ft.method,
+        "lora_rank": ft.rank,
+        "lora_alpha": ft.alpha,
+        "lora_dropout": ft.dropout,
+        "lora_targets": list(ft.targets) or None,
     }
 
 
@@ -600,6 +655,8 @@ def plan_to_yaml(plan: Plan) -> str:
         del data["optimizer"]["states"]  # the default: a plan that does not ask reads as plans always have
     if not data["parallel"]["offload"]:
         del data["parallel"]["offload"]  # likewise
+    if data["finetune"]["method"] == "full":
+        del data["finetune"]  # likewise
     return yaml.safe_dump(data, sort_keys=False)
 
 

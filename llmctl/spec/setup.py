@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import InputError, UnknownNameError
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.finetune import Finetune
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ParallelDims, canonical_strategy
@@ -126,6 +127,8 @@ class TrainSetup:
     engine: str = "fsdp2"
     """The model-state ledger (ENGINES): what keeps which copy of the weights."""
     levers: MemoryLevers = field(default_factory=MemoryLevers)
+    finetune: Finetune = field(default_factory=Finetune)
+    """Full training, or LoRA / QLoRA adapters on a frozen base (llmctl.spec.finetune)."""
     fused_optimizer: bool = True
     """Fused AdamW (the GPU default) has no step temporaries; foreach materialises some."""
     cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES
@@ -193,12 +196,34 @@ class TrainSetup:
             raise InputError(
                 f"CPU offload is FSDP2's CPUOffloadPolicy: not run with engine {self.engine}", hint="use --engine fsdp2"
             )
+        self._check_finetune()
         if self.precision.float8 and self.tp > 1:
             # torchao's float8 TP styles (Float8ColwiseParallel, ...) differ from the bf16 plan's; not wired yet
             raise InputError(
                 f"precision {self.precision.name} with tensor parallelism (tp {self.tp}) is not run by llmctl's engine",
                 hint="use tp 1 with float8, or bf16-mixed with tp",
             )
+
+    def _check_finetune(self) -> None:
+        """What llmctl's engine runs with adapters: FSDP2 data parallelism and cp, a half or fp32 compute dtype."""
+        ft = self.finetune
+        if not ft.adapters:
+            return
+        refusals = [
+            (self.engine != "fsdp2", f"the {self.engine} engine's ledger is full training's", "drop --engine zero"),
+            (self.tp > 1, f"tensor parallelism (tp {self.tp}) is not wired for adapters", "use tp 1 (FSDP, cp)"),
+            (self.pp > 1, "pipeline parallelism is not run by llmctl's engine", "use pp 1"),
+            (self.precision.float8, f"precision {self.precision.name} converts the frozen linears", "use bf16-mixed"),
+            (self.levers.offload, "CPU offload is planned for full training only", "drop --offload"),
+            (
+                ft.method == "qlora" and self.precision.compute_dtype == "fp32",
+                "QLoRA computes in bf16 or fp16 (its 4-bit base is dequantized to it)",
+                "use precision bf16-mixed",
+            ),
+        ]
+        for bad, why, hint in refusals:
+            if bad:
+                raise InputError(f"{ft.method}: {why}", hint=hint)
 
     # --- derived ---------------------------------------------------------------------------------------------
     @property
