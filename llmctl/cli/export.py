@@ -49,6 +49,13 @@ PlanOpt = Annotated[
         show_default=False,
     ),
 ]
+MergeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--merge",
+        help="LoRA checkpoints: also write OUT/merged, the base (model.weights) with the adapters folded in.",
+    ),
+]
 MaxShardOpt = Annotated[
     str,
     typer.Option("--max-shard-size", help="Largest safetensors file (e.g. 5GB, 500MiB; K/M/G are binary)."),
@@ -62,10 +69,13 @@ def export(
     force: ForceOpt = False,
     plan: PlanOpt = None,
     max_shard_size: MaxShardOpt = "5GB",
+    merge: MergeOpt = False,
 ) -> None:
     """Turn an engine checkpoint into a folder that transformers' AutoModelForCausalLM.from_pretrained loads
-    (vocabulary padding removed; one process, no GPU)."""
-    from llmctl.engine.export import ExportRequest, export_checkpoint
+    (vocabulary padding removed; one process, no GPU). A LoRA run's checkpoint becomes a peft adapter folder
+    (PeftModel.from_pretrained), and with --merge the merged model too."""
+    from llmctl.engine.export import ExportRequest, export_checkpoint, resolve_checkpoint, resolve_plan
+    from llmctl.errors import InputError
     from llmctl.units import fmt_bytes, parse_bytes
 
     request = ExportRequest(
@@ -76,6 +86,16 @@ def export(
         plan=plan,
         max_shard_bytes=parse_bytes(max_shard_size, "--max-shard-size"),
     )
+
+    trained = resolve_plan(resolve_checkpoint(checkpoint)[0], plan)[0]
+    if trained.setup.finetune.adapters:
+        from llmctl.engine import export_lora
+
+        for line in export_lora.summary_lines(export_lora.export_adapter(request, merge=merge)):
+            typer.echo(line)
+        return
+    if merge:
+        raise InputError("--merge applies to LoRA checkpoints; this one holds the whole model", hint="drop --merge")
 
     def progress(i: int, n: int, name: str, nbytes: int) -> None:
         typer.echo(f"  [{i}/{n}] {name} ({fmt_bytes(nbytes)})", err=True)

@@ -93,6 +93,19 @@ class Checkpointer:
     rank: int
     plan_yaml: str = ""
     """The run's plan, written into every checkpoint (PLAN_FILE)."""
+    frozen_base: dict[str, str] | None = None
+    """LoRA: the frozen base's identity (llmctl.engine.lora.base_identity). The checkpoint then holds only the
+    trainable parameters (the adapters) and their optimizer states, and names the base in trainer.pt; a resume on
+    another base is refused."""
+
+    def _options(self) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        if self.frozen_base is None:
+            return None
+        # ignore_frozen_params drops the parameters with requires_grad False; strict False because the model's own
+        # load_state_dict would otherwise miss them (DCP's load still fails on any adapter the folder lacks)
+        return StateDictOptions(ignore_frozen_params=True, strict=False)
 
     def clean_partial(self) -> None:
         """Delete folders of saves that never completed (rank 0, before anyone writes)."""
@@ -122,11 +135,13 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
         dist.barrier()
         try:
-            model_sd, optim_sd = get_state_dict(model, optimizer)
+            model_sd, optim_sd = get_state_dict(model, optimizer, options=self._options())
+            model_sd = self._trained_only(model_sd)
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
             torch.save(rng_state(), tmp / f"rng-rank{self.rank}.pt")
             if self.rank == 0:
-                torch.save({"scheduler": scheduler.state_dict(), **trainer_state}, tmp / "trainer.pt")
+                base = {} if self.frozen_base is None else {"frozen_base": self.frozen_base}
+                torch.save({"scheduler": scheduler.state_dict(), **trainer_state, **base}, tmp / "trainer.pt")
                 if self.plan_yaml:
                     (tmp / PLAN_FILE).write_text(self.plan_yaml)
         except OSError as e:
@@ -154,17 +169,27 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        model_sd, optim_sd = get_state_dict(model, optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        options = self._options()
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+        state = {"model": self._trained_only(model_sd), "optim": optim_sd}
+        try:
+            trainer = torch.load(path / "trainer.pt", weights_only=False)
+        except Exception as e:  # a truncated or foreign file
+            raise RuntimeFailure(
+                f"cannot load checkpoint {path}: {type(e).__name__}: {str(e)[:300]}",
+                hint="move it aside to start from the previous one",
+            ) from None
+        self._check_base(path, trainer.get("frozen_base"))
         try:
             dcp.load(state, checkpoint_id=str(path))
-            trainer = torch.load(path / "trainer.pt", weights_only=False)
         except Exception as e:  # DCP raises several types for a mismatched or corrupt checkpoint
             raise RuntimeFailure(
                 f"cannot load checkpoint {path}: {type(e).__name__}: {str(e)[:300]}",
                 hint="move it aside to start from the previous one",
             ) from None
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(
+            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options
+        )
         scheduler.load_state_dict(trainer.pop("scheduler"))
         rng = path / f"rng-rank{self.rank}.pt"
         if rng.is_file():
@@ -172,6 +197,30 @@ class Checkpointer:
         else:
             log.warning("%s has no RNG state for rank %d (different world size); RNG not restored", path, self.rank)
         return trainer
+
+    def _trained_only(self, model_sd: dict[str, Any]) -> dict[str, Any]:
+        """LoRA: the adapters only. ignore_frozen_params keeps a tied weight under its second name (GPT-2's
+        lm_head.weight is the frozen wte.weight: torch filters named_parameters(), which lists it once)."""
+        if self.frozen_base is None:
+            return model_sd
+        from llmctl.engine.lora import is_adapter
+
+        return {k: v for k, v in model_sd.items() if is_adapter(k)}
+
+    def _check_base(self, path: Path, saved: dict[str, str] | None) -> None:
+        """A LoRA run resumes only adapters trained on its own base; a full run refuses a LoRA checkpoint (it
+        holds no base weights) and the other way round."""
+        from llmctl.errors import SpecError
+
+        if self.frozen_base is not None:
+            from llmctl.engine.lora import check_base
+
+            check_base(saved, self.frozen_base, f"checkpoint {path}")
+        elif saved is not None:
+            raise SpecError(
+                f"checkpoint {path} holds LoRA adapters only (base: {saved.get('base')}), not a full model",
+                hint="resume it with its plan's finetune section, or use a new checkpoint.dir",
+            )
 
 
 class StopSignal:

@@ -132,7 +132,8 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
 
         found = latest_checkpoint(Path(plan.checkpoint.dir))
         if found:
-            notes.append(f"would resume from {found[1]} (step {found[0]}); its weights win over model.weights")
+            wins = "its adapters on the base" if plan.setup.finetune.adapters else "its weights win over model.weights"
+            notes.append(f"would resume from {found[1]} (step {found[0]}); {wins}")
     # The kernel does not change what is allocated at setup: build with SDPA here, say what the target picks.
     if t.attention in ("flash", "auto"):
         notes.append(f"attention {t.attention}: chosen on the target machine (flash-attn needs CUDA); built with sdpa")
@@ -155,14 +156,16 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
         rss_model = max_rss_bytes()
         optimizer = build_optimizer(model, plan.optimizer, "cpu")
         all_slots = slots(model)
+        trained = [s for s in all_slots if s.param.requires_grad]  # LoRA: the adapters only
         param_bytes = sum(s.local.numel() * s.local.element_size() for s in all_slots)
-        grad_bytes = param_bytes  # FSDP2's sharded gradients: the parameter's (fp32 master) dtype and shard
+        # FSDP2's sharded gradients: the parameter's (fp32 master) dtype and shard, for the parameters that train
+        grad_bytes = sum(s.local.numel() * s.local.element_size() for s in trained)
         opt_bytes = optimizer_state_bytes(optimizer)
         measured: dict[str, int] = {}
         if allocate_all:
-            for s in all_slots:
+            for s in trained:
                 s.param.grad = torch.zeros_like(s.param)
-            measured["gradients"] = sum(local_block(s.param.grad)[0].nbytes for s in all_slots)
+            measured["gradients"] = sum(local_block(s.param.grad)[0].nbytes for s in trained)
             optimizer.step()
             measured["optimizer"] = allocated_state_bytes(optimizer)
         layer0 = sum(p.numel() for p in next(iter(_layers(model))).parameters())

@@ -39,11 +39,12 @@ log = logging.getLogger("llmctl.engine")
 BLOCK_VALUES = 1 << 16
 """Values per random block (a fixed number, so the blocks, and so the draws, do not depend on the world size)."""
 
-_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+_WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.", "base_layer.")
 
 
 def clean_name(fqn: str) -> str:
-    """A parameter's name without the AC/compile wrapper parts: the Hugging Face name (as in safetensors)."""
+    """A parameter's name without the AC/compile wrapper parts, nor peft's `base_layer.` (the frozen linear under a
+    LoRA adapter): the Hugging Face name (as in safetensors)."""
     for part in _WRAPPER_PARTS:
         fqn = fqn.replace(part, "")
     return fqn
@@ -358,8 +359,10 @@ def load_weights(model: torch.nn.Module, files: WeightFiles, vocab_rows: int) ->
 
     prefix = getattr(model, "base_model_prefix", "") or ""
     prefixes = (prefix + ".",) if prefix else ()
+    from llmctl.engine.lora import is_adapter
+
     loaded, bytes_read = 0, 0
-    todo = slots(model)
+    todo = [s for s in slots(model) if not is_adapter(s.name)]  # LoRA adapters are not in a base's files
     names = {s.name: s for s in todo}
     plan: dict[Path, list[tuple[Slot, str]]] = {}
     for s in todo:

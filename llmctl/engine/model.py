@@ -149,11 +149,14 @@ def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
     """The plan's model on the meta device (no memory, no values): padded vocabulary, use_cache off, the attention
     kernel `attn_impl` or the one `fit_attention` falls back to (model.config._attn_implementation says which).
     `materialize` gives it values after it is sharded. The config is the preset's, the config.json's, or the weights
-    folder's, with model.overrides applied."""
+    folder's, with model.overrides applied. With finetune lora, peft's adapters are in it and the base is frozen in
+    the compute dtype (llmctl.engine.lora)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    dtype = torch_dtype(plan.setup.precision.param_dtype)  # pure bf16 builds in bf16; mixed keeps fp32 masters
+    p = plan.setup.precision
+    # pure bf16 builds in bf16; mixed keeps fp32 masters; a LoRA base is frozen: built in the compute dtype
+    dtype = torch_dtype(p.compute_dtype if plan.setup.finetune.adapters else p.param_dtype)
     spec = model_spec_for(plan)
     if plan.setup.cp > 1:  # a preset was checked with the plan file; a config or weights folder is read only now
         from llmctl.families.context_parallel import cp_problem
@@ -189,6 +192,10 @@ def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_impl, dtype=dtype)
     model.config.use_cache = False
+    if plan.setup.finetune.adapters:  # peft's LoRA layers, the base frozen (llmctl.engine.lora)
+        from llmctl.engine.lora import inject
+
+        inject(model, spec, plan.setup.finetune, torch_dtype(p.param_dtype))
     return model
 
 
@@ -231,15 +238,25 @@ def _fill(model: torch.nn.Module, plan: Plan, weights: Any, resuming: bool) -> M
 
     seed = plan.training.seed
     every = {id(s.param) for s in slots(model)}
-    if resuming:
+    adapters = plan.setup.finetune.adapters
+    if resuming and not adapters:  # a LoRA checkpoint holds only the adapters: the base is made as for a new run
         init_weights(model, seed, skip=every)
         return Materialized("checkpoint", {})
     if weights is not None:
         init_weights(model, seed, skip=every)
         detail = load_weights(model, weights, base_spec(plan).vocab_size)
-        return Materialized(f"weights {weights.folder} ({detail['tensors']} tensors)", detail)
-    init_weights(model, seed)
-    return Materialized(f"random init (seed {seed})", {})
+        made = Materialized(f"weights {weights.folder} ({detail['tensors']} tensors)", detail)
+    else:
+        init_weights(model, seed)
+        made = Materialized(f"random init (seed {seed})", {})
+    if adapters:
+        from llmctl.engine.lora import init_adapters
+
+        init_adapters(model, seed)  # peft's init (B = 0: the model starts as its base), or the checkpoint's after
+        made = Materialized(
+            made.source + ", LoRA adapters " + ("from the checkpoint" if resuming else "new"), made.detail
+        )
+    return made
 
 
 def _tied_pairs(model: torch.nn.Module) -> list[tuple[str, str]]:

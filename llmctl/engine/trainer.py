@@ -34,6 +34,8 @@ from llmctl.engine.data import Batch, RankData, build_source, build_val_source, 
 from llmctl.engine.evaluate import Evaluator
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
+from llmctl.engine.lora import check_installed as check_lora_installed
+from llmctl.engine.lora import trainable_params
 from llmctl.engine.loss import install_loss_forward, liger_importable, local_value, model_loss, select_loss
 from llmctl.engine.metrics import MetricsLog, PhasePeaks, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (
@@ -162,6 +164,7 @@ class Trainer:
             log.info("precision %s on a CPU works but is slower than fp32 without AMX", s.precision.name)
         check_installed(plan.logging)
         check_optimizer_installed(plan.optimizer)  # 8-bit states need torchao: one line before anything is built
+        check_lora_installed(s.finetune, cuda)
         self.metrics: MetricsLog | None = None
         self.step = 0
 
@@ -187,7 +190,7 @@ class Trainer:
             weights = WeightFiles.scan(plan.model.weights)  # fails fast, before anything is built
         found = self._find_checkpoint()
         rss_base = self._build_model(weights, resuming=found is not None)
-        if found is not None and weights is not None:
+        if found is not None and weights is not None and not self.setup_.finetune.adapters:
             log.info("resuming from %s: its weights win over model.weights (%s)", found[1], plan.model.weights)
         self.optimizer = build_optimizer(self.model, plan.optimizer, self.device.type)
         # fp16-mixed: the loss scaled, overflowed steps skipped on every rank (llmctl.engine.scaler)
@@ -246,8 +249,13 @@ class Trainer:
         self.ckpt: Checkpointer | None = None
         if not plan.checkpoint.dir:
             return None
+        base = None
+        if self.setup_.finetune.adapters:  # the checkpoints hold the adapters and name the frozen base
+            from llmctl.engine.lora import base_identity
+
+            base = base_identity(plan)
         self.ckpt = Checkpointer(
-            Path(plan.checkpoint.dir), plan.checkpoint.keep_last, self.env.rank, plan_to_yaml(plan)
+            Path(plan.checkpoint.dir), plan.checkpoint.keep_last, self.env.rank, plan_to_yaml(plan), base
         )
         self.ckpt.clean_partial()
         dist.barrier()
@@ -259,6 +267,8 @@ class Trainer:
         plan's loss forward. Returns the resident memory before it (imports done, nothing allocated yet)."""
         plan = self.plan
         self.model = build_meta_model(plan, self.attn_impl)
+        # LoRA: the adapters' parameters (build_meta_model injected them); every parameter trains otherwise
+        self.trainable = trainable_params(self.model) if self.setup_.finetune.adapters else None
         built = str(getattr(self.model.config, "_attn_implementation", None) or self.attn_impl)
         if built != self.attn_impl:  # the model class has no such path (Gemma 2, gpt-oss: no SDPA): fit_attention's
             self.attn_why, self.attn_impl = f"{self.model.__class__.__name__} has no {self.attn_impl} path", built
@@ -330,6 +340,8 @@ class Trainer:
             "offload": t.levers.offload,
             "loss_scale": None if self.grad_step.scaler is None else self.grad_step.scaler.scale,
             "params": spec.params,
+            "finetune": t.finetune.label,
+            "trainable_params": spec.params if self.trainable is None else self.trainable,
             "vocab_size": spec.vocab_size,
             "tokens_per_step": plan.tokens_per_step,
             "model_flops_per_token": self.tput.model_flops_per_token,
@@ -341,12 +353,19 @@ class Trainer:
             "rss_before_model_bytes": rss_base,
             "rss_peak_setup_bytes": rss_setup,
             "rss_per_rank_bytes": [list(r) for r in rss_all],
-            "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params, "
+            "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params{self._lora_words()}, "
             f"attention {self.attn_impl} ({self.attn_why}){self._cp_words()}, loss {self.loss_impl} ({self.loss_why}), mesh "
             f"{tuple(mesh.shape)} {mesh.mesh_dim_names}{'' if self.fsdp else ' (one rank: no FSDP)'}, "
             f"{self.choice.backend}, {self.data_desc}; {'validation: ' + val[1] + '; ' if val else ''}"
             f"{self.made.source}",
         }
+
+    def _lora_words(self) -> str:
+        ft = self.setup_.finetune
+        if self.trainable is None:
+            return ""
+        share = 100 * self.trainable / max(1, self.spec.params)
+        return f" frozen, {ft.method} rank {ft.rank} adapters: {self.trainable:,} trainable ({share:.2f}%)"
 
     def _cp_words(self) -> str:
         t = self.setup_

@@ -3,6 +3,10 @@ the engine, sharded (FULL on 2 ranks, HYBRID 2x2 on 4) -> its step-0 loss equals
 for the same batch in one process -> 3 steps -> `llmctl export` -> the exported folder's logits equal the trained
 checkpoint's. Also: a resume after loading weights (the checkpoint wins, the log says so), and each rank's peak
 resident memory at setup (its shard plus about one layer, not the whole model).
+
+LoRA (finetune.method lora, peft's adapters on the frozen base) joins the same launch: a Llama run of 6 steps and the
+same run in two legs (resumed after step 3), and a GPT-2 run (Conv1D, adapter dropout) of 3 steps. Their tests are at
+the end of this file.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from llmctl.cli.main import app
 from llmctl.engine.data import RankData, build_source
 from llmctl.spec.planfile import load_plan
 from tests.engine.conftest import check_ok, losses, records, run_engine, run_engine_plans, write_plan
-from tests.engine.test_export import exported_logits, reference_logits
+from tests.engine.test_export import BATCH, exported_logits, reference_logits
 from tests.engine.test_materialize import save_tiny_llama
 
 pytestmark = pytest.mark.dist
@@ -88,7 +92,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "training": {"max_steps": 1, "micro_batch_size": 1, "seq_len": 32},
         },
     )
-    order = [plans["rss"], *(plans[name] for name in RUNS)]
+    plans.update(lora_plans(root, hf))
+    order = [plans["rss"], *(plans[name] for name in RUNS), *(plans[name] for name in LORA_RUNS)]
     for run in run_engine_plans(order, 4, root).values():
         check_ok(run)
     return plans
@@ -160,3 +165,135 @@ def test_each_rank_holds_its_shard_plus_one_layer_at_setup(runs: dict[str, Path]
         # Today: shard (~55 MiB) + ~7 MiB. Before the meta-device build every rank grew by the whole model
         # (+229 MiB measured for this plan), which this bound (~68 MiB) excludes.
         assert 0.5 * shard < grown <= shard + layer, (grown / 2**20, shard / 2**20, layer / 2**20)
+
+
+# --- LoRA ----------------------------------------------------------------------------------------------------------
+LORA = {"method": "lora", "lora_rank": 4, "lora_alpha": 8}
+LORA_RUNS: dict[str, dict[str, Any]] = {
+    "lora-llama": {"hf": "llama", "steps": 6, "ckpt": "lora-llama/ckpt", "finetune": LORA},
+    "lora-llama-a": {"hf": "llama", "steps": 3, "ckpt": "lora-legs", "finetune": LORA},
+    "lora-llama-b": {"hf": "llama", "steps": 6, "ckpt": "lora-legs", "finetune": LORA},
+    "lora-gpt2": {"hf": "gpt2", "steps": 3, "ckpt": "lora-gpt2/ckpt", "finetune": {**LORA, "lora_dropout": 0.1}},
+}
+LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def lora_plans(root: Path, hf: dict[str, Path]) -> dict[str, Path]:
+    """fp32 (so logits compare within 1e-5), a constant learning rate (each leg's schedule is the whole run's)."""
+    out = {}
+    for name, r in LORA_RUNS.items():
+        out[name] = write_plan(
+            root / name,
+            {
+                "model": {"preset": None, "overrides": {}, "weights": str(hf[r["hf"]])},
+                "hardware": {"nproc_per_node": 2},
+                "training": {"max_steps": r["steps"], "micro_batch_size": 2, "seq_len": 32},
+                "finetune": r["finetune"],
+                "optimizer": {"lr": 1e-2, "warmup_steps": 0, "min_lr_ratio": 1.0},
+                "checkpoint": {"dir": str(root / r["ckpt"]), "interval_steps": 3, "keep_last": 2},
+            },
+        )
+    return out
+
+
+def saved_state(step_dir: Path, scratch: Path) -> dict[str, Any]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(step_dir), str(scratch / "state.pt"))
+    return torch.load(scratch / "state.pt", weights_only=False)
+
+
+def lora_reference_logits(plan_path: Path, step_dir: Path, scratch: Path, targets: list[str]) -> torch.Tensor:
+    """The trained model without llmctl's export: the base from its folder (transformers), peft's adapters injected
+    with the plan's rank and alpha, the checkpoint's adapter tensors loaded by their engine names."""
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import AutoModelForCausalLM
+
+    plan = load_plan(plan_path)
+    base = AutoModelForCausalLM.from_pretrained(plan.model.weights, dtype=torch.float32, local_files_only=True)
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=targets, fan_in_fan_out=targets[0] == "c_attn")
+    inject_adapter_in_model(cfg, base)
+    state = saved_state(step_dir, scratch)["model"]
+    assert state and all(".lora_A." in k or ".lora_B." in k for k in state)  # a tied LM head is not saved
+    missing, unexpected = base.load_state_dict(state, strict=False)
+    assert not unexpected
+    assert not [k for k in missing if ".lora_" in k]  # every adapter came from the checkpoint
+    with torch.no_grad():
+        return base.eval()(BATCH).logits
+
+
+def test_lora_trains_only_the_adapters_and_checkpoints_only_them(runs: dict[str, Path], tmp_path: Path) -> None:
+    from llmctl.engine.lora import fingerprint_folder
+    from llmctl.engine.model import model_spec_for
+    from llmctl.spec.finetune import adapter_params
+
+    plan = load_plan(runs["lora-llama"])
+    start = records(runs["lora-llama"], "start")[0]
+    want = adapter_params(model_spec_for(plan), plan.setup.finetune)
+    # 2 blocks x 4 x ((64+64) + 2 (64+32) + (64+64) + 2 (64+172) + (172+64)): the peft count of this model
+    assert start["trainable_params"] == want == 2 * 4 * (128 + 2 * 96 + 128 + 3 * 236)
+    assert start["finetune"] == "lora r4" and "LoRA adapters new" in start["init"]
+    got = losses(runs["lora-llama"])
+    assert sorted(got) == list(range(1, 7)) and got[6] < got[1] - 0.05, got
+    # B starts at zero (peft's init): the first step's loss is the base's own, as transformers computes it
+    assert got[1] == pytest.approx(transformers_step0_loss(runs["lora-llama"]), abs=1e-5)
+    step_dir = Path(load_plan(runs["lora-llama"]).checkpoint.dir or "") / "step_00000006"
+    state = saved_state(step_dir, tmp_path)
+    assert state["model"] and all(".lora_A." in k or ".lora_B." in k for k in state["model"])
+    assert sum(v.numel() for v in state["model"].values()) == want
+    # the optimizer's states are the adapters' only
+    moments = {k for k in state["optim"]["state"]}
+    assert moments and all(".lora_" in k for k in moments)
+    trainer = torch.load(step_dir / "trainer.pt", weights_only=False)
+    assert trainer["frozen_base"]["fingerprint"] == fingerprint_folder(Path(plan.model.weights or ""))
+
+
+def test_lora_resume_is_bit_exact(runs: dict[str, Path]) -> None:
+    """The second leg builds its base again from the folder and takes the adapters from the step-3 checkpoint: the
+    same losses bit for bit, so the uninterrupted run's base was still the folder's, bit for bit, at steps 4-6."""
+    ref = losses(runs["lora-llama"])
+    legs = {k: v for leg in ("lora-llama-a", "lora-llama-b") for k, v in losses(runs[leg]).items()}
+    assert legs == ref
+    resumed = records(runs["lora-llama-b"], "start")[0]
+    assert resumed["step"] == 3 and "LoRA adapters from the checkpoint" in resumed["init"]
+
+
+@pytest.mark.parametrize(
+    ("name", "targets"), [("lora-llama", LLAMA_TARGETS), ("lora-gpt2", ["c_attn", "c_proj", "c_fc"])]
+)
+def test_lora_export_loads_with_peft_and_merges(
+    runs: dict[str, Path], name: str, targets: list[str], tmp_path: Path
+) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    plan = load_plan(runs[name])
+    ckpt = Path(plan.checkpoint.dir or "")
+    steps = sorted(p.name for p in ckpt.iterdir())
+    want = lora_reference_logits(runs[name], ckpt / steps[-1], tmp_path, targets)
+    out = tmp_path / "adapter"
+    result = CliRunner().invoke(app, ["export", str(ckpt), "--out", str(out), "--merge"])
+    assert result.exit_code == 0, result.output
+    assert "exported the LoRA adapters" in result.output
+    base = AutoModelForCausalLM.from_pretrained(plan.model.weights, dtype=torch.float32, local_files_only=True)
+    with torch.no_grad():
+        base_logits = base.eval()(BATCH).logits
+        peft_logits = PeftModel.from_pretrained(base, str(out)).eval()(BATCH).logits
+    assert (want - base_logits).abs().max() > 1e-3  # the adapters changed the model
+    torch.testing.assert_close(peft_logits, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(exported_logits(out / "merged"), want, atol=1e-5, rtol=0)
+
+
+def test_lora_export_refuses_another_base(runs: dict[str, Path], tmp_path: Path) -> None:
+    """A plan naming another weights folder than the one the adapters were trained on: one line, exit 2."""
+    import yaml
+
+    doc = yaml.safe_load(runs["lora-llama"].read_text())
+    doc["model"]["weights"] = str(Path(doc["model"]["weights"]).parent / "hf-gpt2")
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump(doc))
+    ckpt = load_plan(runs["lora-llama"]).checkpoint.dir or ""
+    result = CliRunner().invoke(app, ["export", ckpt, "--out", str(tmp_path / "o"), "--plan", str(other)])
+    assert result.exit_code == 2
+    assert "holds adapters trained on weights" in result.output and "not on this plan's base" in result.output
+    assert not (tmp_path / "o").exists()
