@@ -150,7 +150,9 @@ def _merge(plan: Plan, adapter: Path, dest: Path, dtype_name: str, max_shard_byt
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # the summary lines say what was written
     weights = Path(plan.model.weights or "")
     base: Any = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32, local_files_only=True)
     model = PeftModel.from_pretrained(base, str(adapter), is_trainable=False).merge_and_unload()

@@ -65,3 +65,13 @@ def test_the_finetune_example_reads_the_tiny_runs_export() -> None:
     assert ft.model.weights == f"{Path(tiny.checkpoint.dir or '').parent}/hf"
     assert ft.world_size == tiny.world_size and ft.training.seq_len == tiny.training.seq_len
     assert ft.optimizer.lr < tiny.optimizer.lr
+
+
+def test_the_lora_example_adapts_the_same_base() -> None:
+    """examples/lora-cpu.yaml trains rank-8 adapters on the base examples/finetune-cpu.yaml fine-tunes whole (README:
+    "LoRA: train adapters on a frozen base"), with LoRA's own checkpoint folder."""
+    ft = load_plan(REPO / "examples" / "finetune-cpu.yaml")
+    lo = load_plan(REPO / "examples" / "lora-cpu.yaml")
+    assert lo.model.weights == ft.model.weights and lo.setup.finetune.adapters and not ft.setup.finetune.adapters
+    assert (lo.finetune.lora_rank, lo.finetune.lora_alpha) == (8, 16)
+    assert lo.checkpoint.dir != ft.checkpoint.dir
