@@ -14,6 +14,12 @@ Conventions (stated once, used everywhere):
 - MFU = model FLOPs per second per device / device peak (PaLM's definition: recompute does not count). The peak is
   the compute dtype's: bf16's for float8 runs too, whose converted linears run at the fp8 peak (torchtitan reports
   float8 runs' MFU against the bf16 peak), so a float8 run's MFU shows its speed-up over the bf16 one.
+- LoRA / QLoRA (llmctl.spec.finetune): the frozen base runs its forward (2 N_matmul per token) and, in backward, only
+  the input gradients (2 N_matmul: a frozen weight gets no gradient, Hu et al. 2021 arXiv:2106.09685 section 4.2), the
+  adapters their forward and both gradients (6 x adapter parameters), attention unchanged: 4 N_matmul + 6 N_adapter +
+  attention, about 2/3 of full training's for a dense model. MFU under adapters counts these, the FLOPs the method
+  needs (`method_flops_per_token`), not full training's 6N: a LoRA run at the same speed has a lower MFU, and MFU
+  compares how well the hardware is used, not methods (tokens/s does that). Full training's MFU is unchanged.
 - Context parallelism (cp ranks share one sequence, ring attention): each rank runs the matmuls of its S/cp tokens and
   1/cp of the sequence's attention with the head-tail load balance, or the last rank's larger share without it
   (`cp_attention_imbalance`); per-token attention still spans the whole sequence (its keys come round the ring).
@@ -25,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.finetune import Finetune, adapter_params
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 
@@ -81,6 +88,35 @@ def recompute_attention_flops_per_token(
 
 def model_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     return 6 * matmul_params(spec) + attention_flops_per_token(spec, seq_len)
+
+
+def method_flops_per_token(spec: ModelSpec, seq_len: int, finetune: Finetune | None = None) -> tuple[int, int]:
+    """(forward, backward) model FLOPs per token of the training method (module docstring): full training's 6N +
+    attention split 1:2, or with adapters 2N + 2 N_adapter + attention/3 forward, 2N + 4 N_adapter + 2/3 attention
+    backward (the frozen weights' gradients not computed; the first block's input gradient, which nothing needs, is
+    counted: 2 of its q/k/v/gate/up FLOPs, under 1/L)."""
+    n, attn = matmul_params(spec), attention_flops_per_token(spec, seq_len)
+    if finetune is None or not finetune.adapters:
+        model = 6 * n + attn
+        return model // 3, model - model // 3
+    p = adapter_count(spec, finetune)
+    return 2 * n + 2 * p + attn // 3, 2 * n + 4 * p + attn - attn // 3
+
+
+def adapter_count(spec: ModelSpec, finetune: Finetune) -> int:
+    """llmctl.spec.finetune.adapter_params, cached per spec (the planner asks for every candidate)."""
+    return _memo(spec, ("adapter_params", finetune), lambda: adapter_params(spec, finetune))
+
+
+def adapter_recompute_flops_per_token(spec: ModelSpec, checkpointing: str, finetune: Finetune | None) -> int:
+    """The adapters' forward that checkpointing re-runs beside the block's (recompute_flops_per_token): 2 x adapter
+    parameters per whole-checkpointed block, half of them under selective (every other matmul)."""
+    if finetune is None or not finetune.adapters or checkpointing == "none":
+        return 0
+    per_layer = 2 * adapter_count(spec, finetune) / spec.num_layers
+    if checkpointing == "selective":
+        return int(round(spec.num_layers * per_layer / 2))
+    return int(round(len(ckpt_modes.whole_layers(checkpointing, spec.num_layers)) * per_layer))
 
 
 def layer_matmuls(spec: ModelSpec, layer: Layer | None = None) -> list[tuple[str, int, int]]:
@@ -202,8 +238,15 @@ def tflops_per_device(flops_per_token: float, tokens_per_s_per_device: float) ->
     return flops_per_token * tokens_per_s_per_device / 1e12
 
 
-def mfu(spec: ModelSpec, seq_len: int, tokens_per_s_per_device: float, peak_tflops: float) -> float:
-    """Model FLOPs utilisation in [0, 1]."""
+def mfu(
+    spec: ModelSpec,
+    seq_len: int,
+    tokens_per_s_per_device: float,
+    peak_tflops: float,
+    finetune: Finetune | None = None,
+) -> float:
+    """Model FLOPs utilisation in [0, 1]; with adapters against the FLOPs the method needs (module docstring)."""
     if peak_tflops <= 0:
         return 0.0
-    return tflops_per_device(model_flops_per_token(spec, seq_len), tokens_per_s_per_device) / peak_tflops
+    flops = sum(method_flops_per_token(spec, seq_len, finetune))
+    return tflops_per_device(flops, tokens_per_s_per_device) / peak_tflops
