@@ -20,7 +20,8 @@ Activations are derived tensor by tensor from what Hugging Face's Llama and GPT-
 
 The package: `ledger` (model states), `activations` (what blocks, head and loss keep), `ring` (context parallelism's
 ring attention buffers), `estimate` (phases, fit, largest micro-batch, fewest GPUs; CPU offload's host lines), `report`
-(estimate-memory's answer). Callers use the names below.
+(estimate-memory's answer), `adapters` (LoRA / QLoRA: the frozen base, the adapters' states, what they change in the
+activations). Callers use the names below.
 """
 
 from llmctl.plan.memory.activations import (

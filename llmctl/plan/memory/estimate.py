@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from llmctl.errors import InputError
 from llmctl.plan import float8 as f8
+from llmctl.plan.memory import adapters as lora
 from llmctl.plan.memory.activations import (
     head_activation_bytes,
     layer_activation_bytes,
@@ -142,7 +143,8 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     for line in ledger:
         deg = state_shard_degree(setup, line)
         exact = line.rank_bytes
-        on_rank = exact if exact is not None else math.ceil(held_params * line.bytes_per_param / deg)
+        count = line.params if line.params is not None else held_params  # adapters' lines: per adapter parameter
+        on_rank = exact if exact is not None else math.ceil(count * line.bytes_per_param / deg)
         (host if offload else comps).append(
             Component(
                 line.name,
@@ -157,6 +159,10 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     # come after (llmctl.plan.memory.ring).
     b, s, cb = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
     layer_params = spec.params_per_layer / setup.tp
+    ft = setup.finetune
+    # What FSDP all-gathers of one layer: its compute-dtype copy; with adapters the frozen layer (NF4 linears under
+    # QLoRA) and its adapters (llmctl.plan.memory.adapters).
+    gathered = lora.gathered_layer_bytes(spec, setup, layer_params)
     sharded_params = setup.engine == "fsdp2" or dims.zero_stage == 3
     fsdp = dims.fsdp_shard
     if sharded_params and fsdp > 1:
@@ -164,7 +170,7 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         # with prefetch, the next layer is gathered while the current one computes: two layers live.
         # SHARD_GRAD_OP (reshard_after_forward=False) keeps every layer unsharded from forward to backward.
         n_layers = stage_layers if dims.zero_stage == 2 else min(2, stage_layers)
-        name, unsharded = "unsharded layers (FSDP all-gather)", int(n_layers * layer_params * cb * (1 - 1 / fsdp))
+        name, unsharded = "unsharded layers (FSDP all-gather)", int(n_layers * gathered * (1 - 1 / fsdp))
         if setup.precision.float8_all_gather and setup.engine == "fsdp2":
             # torchao's float8 all-gather: the converted linears' weights arrive (and stay until resharded) in float8.
             name = "unsharded layers (FSDP float8 all-gather)"
@@ -180,11 +186,13 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         root = int((spec.embedding_params + spec.head_params) / setup.tp * cb)
         comps.append(Component("unsharded root module (embeddings, LM head)", root, ("forward", "backward")))
         if fsdp == 1:
-            two = int(min(2, stage_layers) * layer_params * cb)
+            two = int(min(2, stage_layers) * gathered)
             comps.append(Component("unsharded layers (FSDP2 on one rank)", two, ("forward", "backward")))
     if setup.training and fsdp > 1:
         # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
-        grad_buf = int(layer_params * (cb + 4 if cb != 4 else 4))
+        # With adapters only the adapters' gradients exist (the frozen base's need none).
+        grads = lora.adapter_layer_params(spec, ft) if ft.adapters else layer_params
+        grad_buf = int(grads * (cb + 4 if cb != 4 else 4))
         comps.append(Component("unsharded layer gradients (reduce-scatter)", grad_buf, ("backward",)))
     if offload:
         comps += offload_components(setup, layer_params)
@@ -210,12 +218,14 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         # Context parallelism passes each sequence's own positions (b rows), so the rotary tables have b rows too.
         rows = b if setup.cp > 1 else 1
         saved += shared_activation_bytes(spec, b, s, cb, attn, position_rows=rows) // rest
+        kept = _layers_saved_whole(ck, stage_layers)
+        if ft.adapters:  # tp = pp = 1 with adapters (TrainSetup refuses the others)
+            saved += lora.stage_adapter_delta(spec, stage_layers, b, s, cb, attn, ck, ft, kept)
         what = {"none": "saved for backward", "full": "block inputs, checkpointed"}.get(ck, f"{ck} checkpointing")
         what += ", measured on fake tensors" if spec.measured is not None else ""
         note = f"tp {setup.tp}: torch sequence parallelism, colwise inputs gathered whole" if sp > 1 else ""
         comps.append(Component(f"activations ({what})", saved, ("forward", "backward"), note=note))
         copy = ring_output_copy_bytes(spec, setup)
-        kept = _layers_saved_whole(ck, stage_layers)
         if copy and kept:
             comps.append(
                 Component(
@@ -227,8 +237,12 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
             )
         if ck != "none":
             rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck, sp) // rest + copy
+            if ft.adapters and ck != "selective":
+                rec += max(lora.adapter_layer_delta(spec, la, b, s, cb, attn, ft) for la, _ in spec.layer_groups)
             comps.append(Component("recomputed block (backward)", rec, ("backward",)))
         head = head_activation_bytes(spec, b, s, cb, sp) // rest
+        if ft.adapters and spec.measured is None:
+            head += lora.head_delta(spec, b, s, cb)
         comps.append(Component("final norm + LM-head input", head, ("forward", "backward")))
         # Under torch's tensor parallelism the engine computes the loss on the LM head's vocabulary shards
         # (loss_parallel, llmctl.engine.loss.select_loss) whatever loss_chunk_tokens says: no chunks.
@@ -250,10 +264,14 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         if not setup.fused_optimizer:
             # torch's foreach AdamW materialises per-group temporaries about the size of the local fp32 shard (on the
             # host under CPU offload, where the step runs).
-            shard = next(c.bytes for c in comps + host if c.bytes_per_param is not None)
+            shard = next(
+                c.bytes for c in comps + host if c.bytes_per_param is not None and not c.name.startswith("frozen")
+            )
             (host if offload else comps).append(
                 Component("optimizer step temporaries (foreach)", shard, ("optimizer",))
             )
+    if dequant := lora.dequantized_linear_bytes(spec, setup):
+        comps.append(Component(QLORA_DEQUANT, dequant, ("forward", "backward") if setup.training else ("forward",)))
     if setup.cp > 1:
         comps += ring_components(spec, setup)
     if setup.precision.float8:
@@ -275,6 +293,7 @@ LAYER_BACKWARD_ONLY = (
     "ring attention",
     "float8 copies",
     "offload: one layer's gradient shard",
+    "QLoRA: one linear's weight dequantized",
 )
 """Components live only while a layer's backward runs (prefixes of their names): not during the loss's backward."""
 
@@ -297,6 +316,7 @@ def _in_loss_backward(c: Component, setup: TrainSetup) -> Component:
     return c if phases == c.phases else replace(c, phases=tuple(p for p in PHASES if p in phases))
 
 
+QLORA_DEQUANT = "QLoRA: one linear's weight dequantized (compute dtype)"
 OFFLOAD_COPY_IN = "offload: one layer's shard copied in"
 OFFLOAD_GRAD_OUT = "offload: one layer's gradient shard before its copy out"
 

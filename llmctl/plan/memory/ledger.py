@@ -37,6 +37,9 @@ class StateLine:
     rank_bytes: int | None = None
     """Exact bytes on the rank that holds the most, where the state is not a flat bytes-per-parameter (8-bit Adam:
     which tensors are quantized depends on each rank's shard); `bytes_per_param` is then its average."""
+    params: int | None = None
+    """The parameters `bytes_per_param` counts per (None: the model's, as many as the pipeline stage holds); with LoRA
+    adapters the adapters' own lines count per adapter parameter (llmctl.plan.memory.adapters)."""
 
 
 def optimizer_bytes_per_param(spec: ModelSpec, optimizer: str, state_bytes: int) -> float:
@@ -143,6 +146,10 @@ def _largest_rank_bytes(shapes: list[tuple[tuple[int, ...], int]], deg: int, fal
 def state_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
     """The model-state lines of the setup's precision policy and optimizer, each with the ZeRO stage that shards it."""
     p = setup.precision
+    if setup.finetune.adapters:
+        from llmctl.plan.memory.adapters import adapter_ledger  # it builds on this module's lines
+
+        return adapter_ledger(spec, setup)
     if not setup.training:
         full = p.compute_dtype == "fp32"
         return [StateLine(f"weights ({'fp32' if full else 'half'})", p.compute_bytes, 3)]
@@ -171,10 +178,21 @@ def state_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
 
 
 def classic_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
-    """The model-state budget before sharding with a persistent half copy (18 for mixed-precision AdamW)."""
+    """The model-state budget before sharding with a persistent half copy (18 for mixed-precision AdamW). With adapters
+    (FSDP2 only) the ledger's own bytes per model parameter (model_bytes_per_param)."""
+    if setup.finetune.adapters:
+        return model_bytes_per_param(spec, state_ledger(spec, setup))
     return sum(
         line.bytes_per_param
         for line in state_ledger(spec, replace(setup, engine="zero", strategy="no_shard", levers=MemoryLevers()))
+    )
+
+
+def model_bytes_per_param(spec: ModelSpec, ledger: list[StateLine]) -> float:
+    """The ledger's bytes per model parameter: lines that count per adapter parameter weighed by their share."""
+    return sum(
+        line.bytes_per_param * (line.params if line.params is not None else spec.params) / spec.params
+        for line in ledger
     )
 
 

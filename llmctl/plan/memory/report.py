@@ -7,7 +7,9 @@ from dataclasses import replace
 from typing import Any
 
 from llmctl.plan import float8 as f8
-from llmctl.plan.memory.activations import layer_activation_terms
+from llmctl.plan.flops import adapter_count
+from llmctl.plan.memory import adapters as lora
+from llmctl.plan.memory.activations import DROPOUT_MASK_BYTES, layer_activation_terms
 from llmctl.plan.memory.estimate import (
     FLOAT8_NOTE,
     MemoryEstimate,
@@ -17,7 +19,7 @@ from llmctl.plan.memory.estimate import (
     max_micro_batch,
     min_gpus,
 )
-from llmctl.plan.memory.ledger import classic_bytes_per_param
+from llmctl.plan.memory.ledger import classic_bytes_per_param, model_bytes_per_param
 from llmctl.plan.memory.ring import ring_buffers
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
@@ -68,10 +70,12 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
                 "bytes_per_param": line.bytes_per_param,
                 "sharded_from_zero_stage": line.sharded_from_stage,
                 "note": line.note,
+                # Only on the adapters' lines (bytes per adapter parameter), so the others read as they always have.
+                **({"per_params": line.params} if line.params is not None else {}),
             }
             for line in est.ledger
         ],
-        "engine_bytes_per_param": sum(line.bytes_per_param for line in est.ledger),
+        "engine_bytes_per_param": model_bytes_per_param(spec, est.ledger),
         "per_gpu_bytes": est.per_component(),
         "components": [
             {"name": comp.name, "bytes": comp.bytes, "phases": list(comp.phases)} for comp in est.components
@@ -94,6 +98,23 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         "total adds the CUDA context",
         "world_size": setup.world_size,
     }
+    if setup.finetune.adapters:
+        ft, n = setup.finetune, adapter_count(spec, setup.finetune)
+        # the largest block's terms with the adapters' (llmctl.plan.memory.adapters): what they add and what the
+        # frozen base no longer keeps
+        b, s, ab = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
+        layer = max((la for la, _ in spec.layer_groups), key=spec.params_of)
+        out["layer_activation_terms"].update(
+            lora.adapter_activation_terms(spec, layer, b, s, ab, setup.attention, ft, DROPOUT_MASK_BYTES)
+        )
+        out["finetune"] = {
+            "method": ft.method,
+            "lora_rank": ft.rank,
+            "lora_alpha": ft.alpha,
+            "lora_dropout": ft.dropout,
+            "trainable_params": n,
+            "trainable_fraction": n / spec.params,
+        }
     if setup.cp > 1:
         out["context_parallel"] = context_parallel_report(spec, setup, est)
     if setup.precision.float8:
