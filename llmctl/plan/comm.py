@@ -215,6 +215,8 @@ class CommShape:
     """Tensor-parallel degree: each rank holds 1/tp of the split parameters, so FSDP gathers and reduces that."""
     tp_replicated_params: int = 0
     """Parameters every rank of a tp group holds whole (norms, MoE blocks): FSDP moves them whole."""
+    grad_params: float | None = None
+    """Parameters whose gradients FSDP reduces (None: every one; LoRA: the adapters only, the frozen base has none)."""
     float8_amaxes: int = 0
     """Weights whose fp32 amaxes one all-reduce over the shard group gathers once a step, after the optimizer step
     (torchao precompute_float8_dynamic_scale_for_fsdp, under the float8 all-gather); 0: none."""
@@ -257,6 +259,7 @@ def step_comm(
         raise InputError(f"the parallel degrees have tp {dims.tp} but the shape tp {shape.tp}")
     L = shape.num_layers
     layer_params = shape.params_per_rank / L
+    layer_grads = layer_params if shape.grad_params is None else shape.grad_params / L
     spans_nodes = dims.world_size > gpus_per_node
     ops: list[CommOp] = []
 
@@ -290,14 +293,14 @@ def step_comm(
         op(f"all-gather (forward{where})", "all_gather", scope, S, gathered, L * grad_accum, "forward", k)
         op(f"all-gather (backward{where})", "all_gather", scope, S, gathered, L * grad_accum, "backward", k)
         name = f"reduce-scatter{' (intra-node)' if where else ''}"
-        op(name, "reduce_scatter", scope, S, layer_params * shape.grad_bytes, rs_calls, rs_phase, k)
+        op(name, "reduce_scatter", scope, S, layer_grads * shape.grad_bytes, rs_calls, rs_phase, k)
         if shape.float8_amaxes:
             op("all-reduce (float8 weight amaxes)", "all_reduce", scope, S, 4 * shape.float8_amaxes, 1, "step", k)
     if R > 1:
         scope = dims.group_scope("dp_replicate", gpus_per_node)
         name = f"all-reduce of the {'shard' if S > 1 else 'gradients'}{' (inter-node)' if scope == 'inter' else ''}"
         k = dims.tp * S
-        op(name, "all_reduce", scope, R, layer_params * shape.grad_bytes / S, L, "last_backward", k)
+        op(name, "all_reduce", scope, R, layer_grads * shape.grad_bytes / S, L, "last_backward", k)
 
     fwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "forward")
     bwd = sum(o.time_per_call_s * o.calls_per_step / grad_accum for o in ops if o.phase == "backward")

@@ -103,6 +103,7 @@ def to_plan(result: PlanResult, name: str | None = None, run: RunOptions | None 
             "max_steps": None if req.token_budget else 1000,
         },
         "optimizer": sections["optimizer"],
+        "finetune": sections["finetune"],  # plan_to_yaml leaves out full training's
         "predicted": predicted_section(c, req.network),
     }
     if run is not None:

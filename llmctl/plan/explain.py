@@ -256,6 +256,8 @@ def explain_tp_choice(
         why = problem or f"no degree of 2, 4 or 8 divides the {req.gpus_per_node} GPUs per node"
         if req.loss_chunk_tokens:
             why = f"--loss-chunk {req.loss_chunk_tokens} (TP computes the loss on vocabulary shards, unchunked)"
+        if req.finetune.adapters:
+            why = f"{req.finetune.method} adapters run at tp 1 in llmctl's engine"
         return f"tensor parallelism: not considered: {why}"
     s = chosen.setup
     other = next((c for c in variants if (c.setup.tp > 1) != (s.tp > 1)), None)

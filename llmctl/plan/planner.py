@@ -52,6 +52,7 @@ from llmctl.plan.explain import (
     sort_key,
     why_lost,
 )
+from llmctl.plan.explain_finetune import explain_finetune
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
 from llmctl.plan.search import MemorySearch, OffloadFamily, node_counts, offload_can_win, parallel_bound
 from llmctl.plan.search import divisors as divisors  # re-exported (llmctl.tune.space)
@@ -96,6 +97,7 @@ class PlanResult:
     """Why context parallelism was used or not: what one sequence's activations need without it, what the ring costs."""
     precision_choice: str = ""
     """What --precision auto chose on a GPU without bf16 and why; under float8, what runs on its tensor cores."""
+    finetune_choice: str = ""  # with adapters: full, LoRA and QLoRA compared here (llmctl.plan.explain_finetune)
     offload_choice: str = ""
     """Under CPU offload, why it is on (pinned, nothing fits without it, or it beats the best setup without it), what
     the GPU and the host hold and what the copies and the host's work cost; empty without it."""
@@ -179,6 +181,7 @@ class PlanResult:
             "precision_choice": result.precision_choice,
             # Only when a setup offloads, so that the answers without it stay as they were.
             **({"offload_choice": result.offload_choice} if result.offload_choice else {}),
+            **({"finetune_choice": result.finetune_choice} if result.finetune_choice else {}),
             "memory_margin": result.memory_margin(),
             "rejected": list(dict.fromkeys(result.rejected))[:50],
             "plan_path": None,
@@ -216,6 +219,9 @@ def tp_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:
         tps = [t for t in tps if not req.seq_len % t]
     if req.loss_chunk_tokens and len(tps) > 1:
         rejected.append(f"tensor parallelism: --loss-chunk {req.loss_chunk_tokens} (TP computes the loss unchunked)")
+        return [1]
+    if req.finetune.adapters and len(tps) > 1:  # llmctl.spec.setup: the engine runs adapters at tp 1 only
+        rejected.append(f"tensor parallelism: {req.finetune.method} adapters run at tp 1 in llmctl's engine")
         return [1]
     if req.precision.float8 and len(tps) > 1:  # llmctl.spec.setup: the engine runs float8 at tp 1 only
         rejected.append(f"tensor parallelism: {req.precision.name} runs at tp 1 in llmctl's engine")
@@ -280,6 +286,9 @@ def _loss_chunks(req: PlanRequest, spec: ModelSpec, rejected: list[str]) -> list
 def plan(req: PlanRequest) -> PlanResult:
     """Enumerate, filter by memory, predict, rank. Raises DoesNotFitError with the reasons when nothing is left.
     CPU offload: as pinned, else searched where nothing fits without it or where it could win (module docstring)."""
+    if req.finetune.adapters:  # no CPU offload with adapters (llmctl.spec.setup); the methods compared
+        result = _plan(req)
+        return replace(result, finetune_choice=explain_finetune(req, result.chosen))
     if req.offload is not None:
         result = _plan(req)
         return replace(result, offload_choice=explain_offload(req, result.chosen, None))

@@ -16,6 +16,7 @@ from llmctl.plan.calibrate import Calibration, read_calibration
 from llmctl.plan.network import network_for
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import hardware, models
+from llmctl.spec.finetune import FULL, Finetune
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.optimizer_states import canonical_states
@@ -170,6 +171,9 @@ class PlanRequest:
     """Pin CPU offload on (--offload) or off (--no-offload); None: off, and on only where no setup fits the GPUs
     without it (llmctl.plan.planner.plan)."""
     node_memory_gib: float | None = None
+    finetune: Finetune = FULL
+    """Full training, or LoRA / QLoRA adapters on a frozen base (--finetune): every setup searched trains this way
+    (llmctl's engine runs adapters at tp 1, without CPU offload: the planner searches neither with them)."""
     """Host memory per node (a cluster file's node_memory_gib) that CPU offload's states must fit in; None: the GPU
     catalog's node_memory_gib_per_gpu for the kind, where it is known."""
 
@@ -214,6 +218,15 @@ class PlanRequest:
             raise InputError(f"--loss-chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
         if self.attention is not None:
             object.__setattr__(self, "attention", canonical(self.attention, ATTENTIONS, "attention"))
+        if self.finetune.adapters and (self.tp or 1) > 1:
+            raise InputError(
+                f"--finetune {self.finetune.method}: tensor parallelism is not wired for adapters", hint="use --tp 1"
+            )
+        if self.finetune.adapters and self.offload:
+            raise InputError(
+                f"--finetune {self.finetune.method}: CPU offload is planned for full training only",
+                hint="drop --offload",
+            )
         if self.tp is not None:
             self._check_tp(self.tp)
         if self.cp is not None:
@@ -332,6 +345,7 @@ class PlanRequest:
             compile=compile_,
             loss_chunk_tokens=loss_chunk_tokens,
             levers=MemoryLevers(offload=bool(self.offload)),
+            finetune=self.finetune,
         )
 
 
@@ -350,7 +364,7 @@ def build_request(
 ) -> tuple[PlanRequest, Calibration | None]:
     """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes, gpus_per_node,
     cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
-    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp, cp, optimizer_states, offload; gpus,
+    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp, cp, optimizer_states, offload, finetune; gpus,
     memory_margin, tp, cp, optimizer_states and offload may be absent) and the pinned decisions, every value checked in one order
     (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
     request here too."""
@@ -420,6 +434,7 @@ def build_request(
         memory_margin=o.get("memory_margin") or 0.0,
         optimizer_states=o.get("optimizer_states") or "auto",
         offload=o.get("offload"),
+        finetune=o.get("finetune") or FULL,
         node_memory_gib=hw.node_memory_gib,
     )
     return req, cal

@@ -21,6 +21,12 @@ under the tensorwise recipe FSDP2 all-gathers the converted weights at 1 byte a 
 their amaxes a step. MFU stays against the compute dtype's (bf16) peak, torchtitan's convention for float8 runs: a
 float8 run's MFU can then pass what its bf16 run reaches, which is the speed-up.
 
+LoRA / QLoRA (`TrainSetup.finetune`): the method's FLOPs (llmctl.plan.flops.method_flops_per_token: the frozen base's
+forward and input gradients, the adapters' forward and both gradients, attention unchanged) at the same achievable
+efficiency (the adapters' thin rank-r matmuls are a small share and are not priced apart); FSDP all-gathers the
+frozen layers as in full training and reduce-scatters only the adapters' gradients (`adapter_shape`); QLoRA adds the
+NF4 dequantization's memory traffic (`qlora_dequant_s`). No optimizer step is timed for full training either.
+
 CPU offload (`TrainSetup.levers.offload`): the copies between host and GPU, the host's gradient additions and its
 optimizer step (llmctl.plan.offload) add `offload_s` to the step: step = compute + exposed communication + offload.
 """
@@ -37,6 +43,7 @@ from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
 from llmctl.plan import ring
+from llmctl.plan.memory import adapters as lora
 from llmctl.plan.request import HBM_EFFICIENCY, PlanRequest
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.layers import Layer
@@ -212,18 +219,46 @@ def compute_times(req: PlanRequest, setup: TrainSetup) -> tuple[float, float, fl
         rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len)[0] - saving * linear_rep
         model = (model - rep) / tp + rep
     again = _recompute_per_rank(req, ckpt, attention, chunked, tp, imbalance, saving)
-    fwd = tokens * (model / 3) / rate  # forward 2N + attention/3 of 6N + attention (Kaplan et al. 2020)
+    # forward 2N + attention/3 of 6N + attention (Kaplan et al. 2020), backward the rest
+    model_fwd, model_bwd = model / 3, model * 2 / 3
+    ft = setup.finetune
+    if ft.adapters:  # tp = 1, no float8 (TrainSetup refuses them with adapters): the method's own split
+        fwd_ft, bwd_ft = fl.method_flops_per_token(req.spec, req.seq_len, ft)
+        full_fwd, full_bwd = fl.method_flops_per_token(req.spec, req.seq_len)
+        model_fwd, model_bwd = model_fwd + fwd_ft - full_fwd, model_bwd + bwd_ft - full_bwd
+        again += fl.adapter_recompute_flops_per_token(req.spec, ckpt, ft)
+    fwd = tokens * model_fwd / rate
     redo = tokens * again / rate
     if ckpt == "selective":
         # Selective re-runs a subset of what full re-runs: never more time than full's recompute (a GPU with little
         # memory bandwidth for its FLOPs, e.g. L40S with eager attention, would otherwise price it above).
         full = _recompute_per_rank(req, "full", attention, chunked, tp, imbalance, saving)
         redo = min(redo + recompute_memory_s(req, setup), tokens * full / rate)
-    bwd = tokens * (model * 2 / 3) / rate + redo
+    bwd = tokens * model_bwd / rate + redo
+    if ft.method == "qlora":
+        deq_fwd, deq_bwd = qlora_dequant_s(req, setup)
+        fwd, bwd = fwd + deq_fwd, bwd + deq_bwd
     if saving:
         cast_fwd, cast_bwd = float8_cast_s(req, setup, tokens)
         fwd, bwd = fwd + cast_fwd, bwd + cast_bwd
     return eff, fwd, bwd
+
+
+def qlora_dequant_s(req: PlanRequest, setup: TrainSetup) -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch's NF4 dequantization on one rank: each block linear's weight read
+    in NF4 (about 0.5 byte) and written in the compute dtype, once in forward, once in backward and once more in a
+    recomputed block (bitsandbytes dequantizes per call; memory-bound, over the catalog's bandwidth at HBM_EFFICIENCY
+    as the other memory-bound kernels). FSDP's shards are dequantized whole on each rank: the bytes do not divide."""
+    if req.gpu.hbm_gbytes_s <= 0:
+        return 0.0, 0.0
+    per_weight = lora.NF4_BYTES_PER_WEIGHT + setup.compute_bytes
+    q = fl._memo(req.spec, ("quantized_params",), lambda: lora.quantized_params(req.spec))
+    if setup.checkpointing == "selective":
+        again = q
+    else:
+        again = q * len(ckpt_modes.whole_layers(setup.checkpointing, req.spec.num_layers)) / req.spec.num_layers
+    bw = req.gpu.hbm_gbytes_s * 1e9 * HBM_EFFICIENCY
+    return q * per_weight / bw, (q + again) * per_weight / bw
 
 
 def float8_cast_s(req: PlanRequest, setup: TrainSetup, tokens: int) -> tuple[float, float]:
@@ -337,6 +372,20 @@ def float8_gather(spec: ModelSpec, setup: TrainSetup, shape: cm.CommShape) -> cm
     return replace(shape, param_bytes=gathered / held, float8_amaxes=f8.linear_count(spec))
 
 
+def adapter_shape(spec: ModelSpec, setup: TrainSetup, shape: cm.CommShape) -> cm.CommShape:
+    """The FSDP shape with adapters: the frozen layer and its adapters all-gathered as in full training (in the compute
+    dtype; the NF4 linears at their stored bytes under QLoRA), only the adapters' gradients reduced."""
+    ft = setup.finetune
+    if not ft.adapters:
+        return shape
+    n = fl.adapter_count(spec, ft)
+    base = fl._memo(
+        spec, ("base_bytes", ft.method, setup.compute_bytes), lambda: lora.base_bytes_per_param(spec, setup)
+    )
+    gathered = (base * spec.params + n * setup.compute_bytes) / (spec.params + n)
+    return replace(shape, params=spec.params + n, param_bytes=gathered, grad_params=n)
+
+
 def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Candidate:
     """Predict one setup (no fit check: the caller decides what fits)."""
     g = setup.gpus_per_node
@@ -350,6 +399,7 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         tp=setup.tp,
         tp_replicated_params=tp_replicated_params(req.spec) if setup.tp > 1 else 0,
     )
+    shape = adapter_shape(req.spec, setup, shape)
     shape = float8_gather(req.spec, setup, shape)
     accum = setup.grad_accum_steps
     c = cm.step_comm(setup.dims, shape, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
@@ -365,7 +415,7 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
     tokens_step = setup.tokens_per_step
     tps = tokens_step / step
     per_gpu = tps / gpus
-    mfu = fl.mfu(req.spec, req.seq_len, per_gpu, req.gpu.peak_tflops(req.compute_dtype))
+    mfu = fl.mfu(req.spec, req.seq_len, per_gpu, req.gpu.peak_tflops(req.compute_dtype), setup.finetune)
     budget_t = req.token_budget / tps if req.token_budget else None
     cost = (
         budget_t / 3600 * gpus * req.price_per_gpu_hour
