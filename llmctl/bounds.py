@@ -42,6 +42,7 @@ LIMITS: dict[str, float] = {
     "--timeout": 7 * 86400,  # seconds
     "--signal-lead": 7 * 86400,  # seconds
     "--master-port": 65535,
+    "--lora-rank": 65536,  # llmctl.spec.finetune.MAX_RANK
 }
 # Any other number: an integer that a float holds exactly, a float of a magnitude no quantity here reaches.
 GENERIC_INT_LIMIT = 2**53

@@ -8,6 +8,14 @@ import typer
 
 from llmctl.cli import estimate_plot, render
 from llmctl.cli import estimate_show as show
+from llmctl.cli.finetune_options import (
+    DEFAULT_ALPHA,
+    DEFAULT_RANK,
+    FinetuneOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    finetune_from,
+)
 from llmctl.cli.options import (
     AttentionOpt,
     CheckpointingOpt,
@@ -63,6 +71,9 @@ def estimate_memory(
     cp: CpOpt = 1,
     pp: PpOpt = 1,
     offload: OffloadOpt = False,
+    finetune: FinetuneOpt = "full",
+    lora_rank: LoraRankOpt = DEFAULT_RANK,
+    lora_alpha: LoraAlphaOpt = DEFAULT_ALPHA,
     headroom: Annotated[
         float, typer.Option("--headroom", help="Allocator fragmentation headroom, a fraction of peak allocated.")
     ] = DEFAULT_HEADROOM_FRACTION,
@@ -142,6 +153,7 @@ def estimate_memory(
         headroom_fraction=headroom,
         cuda_context_bytes=int(cuda_context_gib * render.GIB),
         levers=MemoryLevers(offload=offload),
+        finetune=finetune_from(finetune, lora_rank, lora_alpha),
     )
     if precision_why:
         render.err_console.print(f"note: --precision auto is {precision_why}")

@@ -31,6 +31,12 @@ def show(result: dict[str, Any]) -> None:
         soft_wrap=True,
     )
 
+    if ft := result.get("finetune"):
+        c.print(
+            f"{ft['method']} r{ft['lora_rank']} (alpha {ft['lora_alpha']:g}, dropout {ft['lora_dropout']:g}): "
+            f"trainable parameters {ft['trainable_params']:,} ({ft['trainable_fraction']:.2%} of the model)\n",
+            soft_wrap=True,
+        )
     where = ", in host memory (CPU offload)" if s.levers.offload else ""
     t = render.table(
         f"Model states: {result['bytes_per_param']:g} bytes/param classic budget, "
@@ -49,7 +55,7 @@ def show(result: dict[str, Any]) -> None:
         stage = {1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}.get(line.sharded_from_stage, "never")
         t.add_row(
             line.name + (f"  [dim]({line.note})[/dim]" if line.note else ""),
-            f"{line.bytes_per_param:.4g}",
+            f"{line.bytes_per_param:.4g}" + (" per adapter param" if line.params is not None else ""),
             stage,
             render.gib(comp.bytes),
             render.gib(comp.bytes * s.world_size),

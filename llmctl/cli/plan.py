@@ -11,6 +11,14 @@ import typer
 
 from llmctl.cli import plan_show as show
 from llmctl.cli import render
+from llmctl.cli.finetune_options import (
+    DEFAULT_ALPHA,
+    DEFAULT_RANK,
+    FinetuneOpt,
+    LoraAlphaOpt,
+    LoraRankOpt,
+    finetune_from,
+)
 from llmctl.cli.options import (
     CheckpointEveryOpt,
     CpPinOpt,
@@ -33,6 +41,7 @@ from llmctl.cli.options import (
     TpPinOpt,
     decimal_count,
 )
+from llmctl.cli.plan_checks import check_flags as _check_flags
 from llmctl.errors import InputError
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
@@ -115,6 +124,9 @@ def plan_command(
     tp: TpPinOpt = None,
     cp: CpPinOpt = None,
     offload: OffloadPinOpt = None,
+    finetune: FinetuneOpt = "full",
+    lora_rank: LoraRankOpt = DEFAULT_RANK,
+    lora_alpha: LoraAlphaOpt = DEFAULT_ALPHA,
     compile_: Annotated[
         Optional[bool],
         typer.Option(
@@ -184,6 +196,7 @@ def plan_command(
         "cp": cp,
         "optimizer_states": optimizer_states,
         "offload": offload,
+        "finetune": finetune_from(finetune, lora_rank, lora_alpha),
     }
     req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)
     result = pl.plan(req)
@@ -217,32 +230,6 @@ def plan_command(
         show.show(result, out, top)
     if refusal is not None:
         raise refusal
-
-
-def _check_flags(
-    no_write: bool,
-    output: str | None,
-    force: bool,
-    run_flags: list[str],
-    tokenizer: str | None,
-    data: list[str] | None,
-    synthetic: bool,
-    params: str | None,
-    checkpoint_every: float,
-) -> None:
-    """Flags that do nothing without another: one line naming them (exit 2)."""
-    if no_write:
-        pointless = [f for f, given in (("-o", output), ("--force", force)) if given] + run_flags
-        if pointless:
-            raise InputError(f"{', '.join(pointless)} only apply to a plan file, and --no-write writes none")
-    if params is not None and run_flags:
-        raise InputError(f"{', '.join(run_flags)}: --params writes no plan file (pass a preset or a config.json)")
-    if tokenizer is not None and not data:
-        raise InputError("--tokenizer only applies with --data (text files are tokenized with it)")
-    if data and synthetic:
-        raise InputError("give either --data PATH or --synthetic, not both")
-    if not checkpoint_every > 0:
-        raise InputError(f"--checkpoint-every must be a positive number of minutes, got {checkpoint_every}")
 
 
 def register(app: typer.Typer) -> None:

@@ -98,6 +98,8 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     )
     if result.precision_choice:
         c.print(f"[bold]precision[/bold]: {escape(result.precision_choice)}")
+    if result.finetune_choice:
+        c.print(f"[bold]fine-tuning[/bold]: {escape(result.finetune_choice)}")
     if result.offload_choice:
         c.print(f"[bold]CPU offload[/bold]: {escape(result.offload_choice)}")
     if result.memory_choice:
