@@ -293,11 +293,7 @@ def export_checkpoint(req: ExportRequest, on_shard: ShardCallback | None = None)
         generation_config.save_pretrained(tmp)
         copied = _copy_tokenizer(tok_folder, tmp)
         files = tuple(sorted(p.name for p in tmp.iterdir()))
-        for f in tmp.iterdir():  # durable before the rename publishes them
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-        fsync_dir(tmp)
-        _publish(tmp, out, req.force)
+        publish_durably(tmp, out, req.force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -527,6 +523,18 @@ def _remove_stale_temps(out: Path) -> None:
         pid = p.name[len(prefix) :]
         if p.name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def publish_durably(tmp: Path, out: Path, force: bool) -> None:
+    """Every file and folder under `tmp` fsynced (durable before the rename publishes them), then `_publish`."""
+    for f in sorted(tmp.rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        elif f.is_dir():
+            fsync_dir(f)
+    fsync_dir(tmp)
+    _publish(tmp, out, force)
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:

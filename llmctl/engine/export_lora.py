@@ -27,18 +27,17 @@ from llmctl.engine.export import (
     DTYPES,
     ExportRequest,
     _dcp_load,
-    _publish,
     _read_metadata,
     _remove_stale_temps,
     check_out,
     default_dtype,
     peak_rss_bytes,
+    publish_durably,
     resolve_checkpoint,
     resolve_plan,
 )
 from llmctl.engine.lora import ADAPTER, base_identity, check_base, is_adapter, lora_config
 from llmctl.errors import InputError
-from llmctl.fileio import fsync_dir
 from llmctl.spec.planfile import Plan
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -113,12 +112,7 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
         merged = None
         if merge:
             merged = _merge(plan, tmp, tmp / MERGED, req.dtype or default_dtype(plan), req.max_shard_bytes)
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                with open(f, "rb") as fh:
-                    os.fsync(fh.fileno())
-        fsync_dir(tmp)
-        _publish(tmp, out, req.force)
+        publish_durably(tmp, out, req.force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
