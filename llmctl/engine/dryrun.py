@@ -85,18 +85,24 @@ def estimated_lines(plan: Plan) -> dict[str, int]:
 
     spec = model_spec_for(plan)
     p = plan.setup
-    setup = TrainSetup(precision=p.precision, optimizer="adamw", engine="fsdp2", tp=p.tp, gpus_per_node=p.tp)
+    setup = TrainSetup(
+        precision=p.precision, optimizer="adamw", engine="fsdp2", tp=p.tp, gpus_per_node=p.tp, finetune=p.finetune
+    )
     if p.optimizer_states != "auto":  # 8-bit states are exact per rank of the plan's world, not per parameter
         setup = dataclasses.replace(p, optimizer="adamw", engine="fsdp2")
     held, _ = mem.stage_params(spec, setup)  # after the tp split (norms replicated)
     shard = plan.parallel_dims.fsdp_shard
     out: dict[str, int] = {}
     for line in mem.state_ledger(spec, setup):
-        key = "parameters" if line.name.startswith("param") else line.name.split(" ")[0]
-        if key in ("parameters", "gradients", "optimizer") and line.rank_bytes is not None:
-            out[key] = line.rank_bytes  # exact per rank (8-bit states: what torchao quantizes of each shard)
-        elif key in ("parameters", "gradients", "optimizer") and line.bytes_per_param:
-            out[key] = math.ceil(held * line.bytes_per_param / shard)
+        # LoRA: the frozen base and the adapters are both parameters; the adapters' lines count per adapter parameter
+        key = "parameters" if line.name.startswith(("param", "frozen base", "LoRA adapters")) else line.name.split()[0]
+        if key not in ("parameters", "gradients", "optimizer"):
+            continue
+        if line.rank_bytes is not None:
+            out[key] = out.get(key, 0) + line.rank_bytes  # exact per rank (8-bit states: what torchao quantizes)
+        elif line.bytes_per_param:
+            count = held if line.params is None else line.params
+            out[key] = out.get(key, 0) + math.ceil(count * line.bytes_per_param / shard)
     return out
 
 
