@@ -74,6 +74,14 @@ TextFieldOpt = Annotated[
 ShardTokensOpt = Annotated[
     int, typer.Option("--shard-tokens", help="The most tokens per shard file (2**28: 512 MiB of uint16).")
 ]
+InstructionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--instruction",
+        help="Chat records (.jsonl/.parquet: {messages: [{role, content}]} or {prompt, response}): rendered with the "
+        "tokenizer's chat template, loss on the assistant turns only, packed whole into sequences of --seq-len.",
+    ),
+]
 ForceOpt = Annotated[
     bool, typer.Option("--force", help="Replace an existing prepared --out (only once the new one is complete).")
 ]
@@ -90,6 +98,7 @@ def prepare(
     text_field: TextFieldOpt = "text",
     shard_tokens: ShardTokensOpt = 2**28,
     force: ForceOpt = False,
+    instruction: InstructionOpt = False,
 ) -> None:
     """Tokenize a corpus once (streaming, in parallel) into train/val shards that `data.kind: tokens` trains on."""
     from llmctl.data.prepare import PrepareConfig, prepare, usable_cores
@@ -104,10 +113,15 @@ def prepare(
         text_field=text_field,
         shard_tokens=shard_tokens,
         force=force,
+        instruction=instruction,
     )
     with _ProgressBar() as on_progress:
         result = prepare(cfg, on_progress)
     typer.echo(summary_line(result))
+    if instruction:
+        from llmctl.data.instruct import packed_line
+
+        typer.echo(packed_line(result.meta))
 
 
 class _ProgressBar:

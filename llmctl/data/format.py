@@ -3,6 +3,8 @@
     OUT/meta.json            written last: its presence marks a complete dataset
     OUT/train-00000.bin ...  raw little-endian tokens of the train split, in document order
     OUT/val-00000.bin ...    the same for the validation split (possibly no shard at all)
+    OUT/train-00000.flags.bin ...  packed instruction data only (`--instruction`): one uint8 per token, the shards
+                             cut exactly as the token shards (same token counts)
 
 A split is one token stream cut into shards of at most `shard_tokens` tokens; a shard boundary may cut a document.
 meta.json (version 1):
@@ -13,6 +15,14 @@ meta.json (version 1):
      "splits": {"train": {"documents": int, "tokens": int, "shards": [{"file": "train-00000.bin", "tokens": int}]},
                 "val": {...}},
      "sources": [str], "text_field": str, "seconds": float}
+
+Packed instruction data (`llmctl data prepare --instruction`, llmctl.data.instruct) adds, per split, "flags" (the
+flags shards, listed like "shards") and "packed": {"seq_len": S, "examples": n, "truncated": n, "dropped": n,
+"loss_tokens": n}, and at the top level "chat_template": "tokenizer" | "llmctl-plain-v1". Its stream is a whole
+number of packs of exactly S tokens. A token's flags: bit 0 (1) = it is a loss target (predicting it from the previous
+token counts), bit 1 (2) = it starts a document (an example, or a run of padding: every pack starts with one).
+"loss_tokens" counts the tokens with bit 0 (never set on a document's first token). A folder without "flags" reads
+exactly as before (plain text: every token a target).
 
 Opening a split costs O(shards): metadata and file sizes are checked, no token is read until it is sliced.
 """
@@ -36,6 +46,10 @@ DTYPES = ("uint16", "uint32")
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}-{index:05d}.bin"
+
+
+def flags_name(split: str, index: int) -> str:
+    return f"{split}-{index:05d}.flags.bin"
 
 
 def is_prepared(path: str | Path) -> bool:
@@ -176,6 +190,28 @@ def open_prepared(path: str | Path, split: str = "train") -> tuple[TokenShards, 
         hint = "prepare it with --val-fraction > 0" if split == "val" else "prepare it from more text"
         raise InputError(f"{p}: split {split!r} has no tokens", hint=hint)
     dtype = np.dtype(meta["dtype"]).newbyteorder("<")
+    return _checked_shards(p, split, files, counts, dtype), meta
+
+
+def open_flags(path: str | Path, split: str, meta: dict[str, Any]) -> tuple[TokenShards, dict[str, Any]] | None:
+    """The per-token flags of a packed split (uint8, aligned with its tokens) and its "packed" entry, or None for
+    plain data (no "flags")."""
+    p = Path(path)
+    entry = meta["splits"][split]
+    if not isinstance(entry, dict) or "flags" not in entry:
+        return None
+    files, counts, total = _shard_list(p, split, {"shards": entry["flags"], "tokens": entry.get("tokens")})
+    if counts != [int(s["tokens"]) for s in entry["shards"]]:
+        raise _fail(p, f"{META_FILE}: split {split!r} has flags shards cut unlike its token shards")
+    packed = entry.get("packed")
+    if not isinstance(packed, dict) or not isinstance(packed.get("seq_len"), int) or packed["seq_len"] < 1:
+        raise _fail(p, f"{META_FILE}: split {split!r} has flags but no 'packed' entry with a positive seq_len")
+    if total % packed["seq_len"]:
+        raise _fail(p, f"{META_FILE}: split {split!r} holds {total} tokens, not whole packs of {packed['seq_len']}")
+    return _checked_shards(p, split, files, counts, np.dtype(np.uint8)), packed
+
+
+def _checked_shards(p: Path, split: str, files: list[Path], counts: list[int], dtype: np.dtype) -> TokenShards:
     for f, count in zip(files, counts):
         try:
             size = f.stat().st_size
@@ -189,4 +225,4 @@ def open_prepared(path: str | Path, split: str = "train") -> tuple[TokenShards, 
                 f"shard {f.name} has {size} bytes; its metadata says {count} tokens of {dtype.name} ({count * dtype.itemsize} bytes)",
             )
     keep = [i for i, c in enumerate(counts) if c > 0]  # an empty file cannot be memory-mapped
-    return TokenShards([files[i] for i in keep], [counts[i] for i in keep], dtype), meta
+    return TokenShards([files[i] for i in keep], [counts[i] for i in keep], dtype)

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,18 @@ from llmctl.fileio import pid_alive
 # --- the shards ------------------------------------------------------------------------------------------------
 class ShardWriter:
     """Appends one split's tokens to split-00000.bin, split-00001.bin, ... of at most `shard_tokens` tokens each
-    (little-endian); a shard is fsynced when it is full or closed. No file for a split without tokens."""
+    (little-endian); a shard is fsynced when it is full or closed. No file for a split without tokens. `name`: the
+    shard files' names (the flags stream of packed data: llmctl.data.format.flags_name)."""
 
-    def __init__(self, folder: Path, split: str, dtype: np.dtype, shard_tokens: int) -> None:
-        self.folder, self.split, self.shard_tokens = folder, split, shard_tokens
+    def __init__(
+        self,
+        folder: Path,
+        split: str,
+        dtype: np.dtype,
+        shard_tokens: int,
+        name: Callable[[str, int], str] = shard_name,
+    ) -> None:
+        self.folder, self.split, self.shard_tokens, self.name = folder, split, shard_tokens, name
         self.dtype = np.dtype(dtype).newbyteorder("<")
         self.shards: list[dict[str, Any]] = []
         self.documents = 0
@@ -43,7 +52,7 @@ class ShardWriter:
         pos = 0
         while pos < tokens.size:
             if self._file is None:
-                self._file = open(self.folder / shard_name(self.split, len(self.shards)), "wb")  # noqa: SIM115
+                self._file = open(self.folder / self.name(self.split, len(self.shards)), "wb")  # noqa: SIM115
             take = min(tokens.size - pos, self.shard_tokens - self._in_shard)
             self._file.write(memoryview(tokens[pos : pos + take]).cast("B"))
             self._in_shard += take
@@ -55,7 +64,7 @@ class ShardWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        self.shards.append({"file": shard_name(self.split, len(self.shards)), "tokens": self._in_shard})
+        self.shards.append({"file": self.name(self.split, len(self.shards)), "tokens": self._in_shard})
         self._file, self._in_shard = None, 0
 
     def close(self) -> None:

@@ -80,6 +80,8 @@ class PrepareConfig:
     """The most tokens in one shard file."""
     force: bool = False
     """Replace an existing prepared --out (only once the new one is complete)."""
+    instruction: bool = False
+    """Chat records, masked and packed into sequences of exactly seq_len tokens (llmctl.data.instruct)."""
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -94,6 +96,8 @@ class PrepareConfig:
             raise InputError(f"--shard-tokens must be a positive integer, got {self.shard_tokens}")
         if not self.text_field:
             raise InputError("--text-field must not be empty")
+        if self.instruction and self.seq_len is None:
+            raise InputError("--instruction needs --seq-len (the length of the packs it writes)")
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,10 @@ def prepare(cfg: PrepareConfig, on_progress: Callable[[Progress], None] | None =
         raise InputError(
             f"--tokenizer: {cfg.tokenizer!r} is not a folder", hint="a local Hugging Face tokenizer folder"
         )
+    if cfg.instruction:
+        from llmctl.data.instruct import prepare_instruction
+
+        return prepare_instruction(cfg, on_progress)
     sources = open_sources(cfg.inputs, cfg.text_field)  # every input checked before any process starts
     pool = _pool(cfg)
     try:
