@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from llmctl.engine.loggers import Sink, scalars
-from llmctl.plan.flops import hardware_flops_per_token, model_flops_per_token
+from llmctl.plan.flops import (
+    adapter_recompute_flops_per_token,
+    method_flops_per_token,
+    recompute_flops_per_token,
+)
+from llmctl.spec.finetune import Finetune
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.planfile import Predicted
 
@@ -44,14 +49,18 @@ class ThroughputModel:
         peak_tflops: float | None,
         attention: str = "sdpa",
         loss_chunked: bool = False,
+        finetune: Finetune | None = None,
     ) -> ThroughputModel:
         """`attention` is the plan's kernel family (eager, sdpa or flash): selective checkpointing recomputes eager
-        attention's matmuls but keeps a fused kernel's output."""
+        attention's matmuls but keeps a fused kernel's output. With LoRA adapters (`finetune`), the method's FLOPs:
+        no weight gradients for the frozen base (llmctl.plan.flops.method_flops_per_token), as the planner's MFU."""
+        model = sum(method_flops_per_token(spec, seq_len, finetune))
+        rerun = recompute_flops_per_token(spec, seq_len, checkpointing, attention, loss_chunked)
         return cls(
             tokens_per_step,
             world_size,
-            model_flops_per_token(spec, seq_len),
-            hardware_flops_per_token(spec, seq_len, checkpointing, attention, loss_chunked),
+            model,
+            model + rerun + adapter_recompute_flops_per_token(spec, checkpointing, finetune),
             peak_tflops,
         )
 

@@ -76,9 +76,12 @@ class DevicePrefetcher:
         b = next(self._src, None)
         if b is None or not self._cuda:
             return b
+        pos = None if b.positions is None else b.positions.pin_memory().to(self._device, non_blocking=True)
         return Batch(
             inputs=b.inputs.pin_memory().to(self._device, non_blocking=True),
             targets=b.targets.pin_memory().to(self._device, non_blocking=True),
+            positions=pos,
+            loss_divisor=b.loss_divisor,
         )
 
     def __iter__(self) -> DevicePrefetcher:
@@ -119,13 +122,13 @@ def plan_source(plan: Plan) -> tuple[Any, str]:
     one: the padded rows are never a target (the loss is over the real vocabulary)."""
     t = plan.training
     expected = expected_tokenizers(plan.data, plan.model.weights)
-    return build_source(plan.data, t.seq_len, t.seed, base_spec(plan).vocab_size, expected)
+    return build_source(plan.data, t.seq_len, t.seed, base_spec(plan).vocab_size, expected, cp=plan.setup.cp)
 
 
 def plan_val_source(plan: Plan) -> tuple[Any, str] | None:
     """The validation blocks (in order) and their description, or None without data.val."""
     expected = expected_tokenizers(plan.data, plan.model.weights)
-    return build_val_source(plan.data, plan.training.seq_len, base_spec(plan).vocab_size, expected)
+    return build_val_source(plan.data, plan.training.seq_len, base_spec(plan).vocab_size, expected, plan.setup.cp)
 
 
 @dataclass
@@ -221,6 +224,7 @@ class Trainer:
             peak,
             "eager" if self.attn_impl == "eager" else "sdpa",
             self.loss_impl == "chunked",
+            t.finetune,
         )
         self.evaluator: Evaluator | None = None
         if self.val is not None:
@@ -347,6 +351,7 @@ class Trainer:
             "model_flops_per_token": self.tput.model_flops_per_token,
             "peak_tflops": peak,
             "data": self.data_desc,
+            "loss_token_fraction": getattr(self.data.blocks, "loss_token_fraction", None),
             "val": None if val is None else f"{val[1]}; {evaluator.num_sequences if evaluator else 0} sequences",
             "run_id": self.run_id,
             "init": self.made.source,
@@ -382,16 +387,24 @@ class Trainer:
     # --- one optimizer step --------------------------------------------------------------------------------------
     def forward_backward(self, batch: Batch, inject: float = 1.0) -> torch.Tensor:
         """One micro-batch: its loss (the mean over its tokens) and the backward of loss / grad_accum_steps (times
-        the loss scale under fp16), so the accumulated gradients are the mean over the step's micro-batches."""
+        the loss scale under fp16), so the accumulated gradients are the mean over the step's micro-batches.
+        Packed data (batch.loss_divisor set): the backward of sum(losses) / loss_divisor, so that the gradient,
+        averaged over the dp ranks, is the mean over the step's loss tokens (llmctl.engine.data); it returns
+        that share times grad_accum_steps, which log_step's mean over micro-batches and ranks turns into the
+        step's mean loss per token."""
         import contextlib
 
         acc = self.setup_.grad_accum_steps
+        div = batch.loss_divisor
         with self.split(batch) as b, contextlib.ExitStack() as stack:
             if self.loss_impl == "parallel":  # the loss, and its backward, on the vocabulary shards
                 from torch.distributed.tensor.parallel import loss_parallel
 
                 stack.enter_context(loss_parallel())
-            loss = model_loss(self.model, self.loss_impl, b.inputs, b.targets, self.vocab, positions=b.positions)
+            reduction = "mean" if div is None else "sum"
+            loss = model_loss(self.model, self.loss_impl, b.inputs, b.targets, self.vocab, reduction, b.positions)
+            if div is not None:
+                loss = loss * (acc / div)
             self.phase_peaks.mark("forward")
             (loss * (self.grad_step.loss_multiplier * inject / acc)).backward()  # inside the split: the ring too
             self.phase_peaks.mark("backward")
@@ -511,6 +524,7 @@ class Trainer:
             "lr": out.lr,
             "grad_norm": float(gn) if gn is not None else None,
             **self._scaler_fields(out),
+            **self.data.step_fields(step - 1),
             **self.tput.measure((now - self._window_t) / (step - self._window_step)),
             **peak_memory(self.device.type, self.phase_peaks),
         }
