@@ -163,24 +163,26 @@ def big_plan(folder: Path, *flags: str, steps: int = 6, model: str = BIG, seq: i
 
 
 SPEED = {
-    # id: (model, sequence length, precision, optimizer steps)
+    # id: (model, sequence length, precision, optimizer steps[, more plan flags])
     "bf16-mixed": (BIG, SEQ, "bf16-mixed", 16),
     "fp8-tensorwise": (BIG, SEQ, "fp8-tensorwise", 16),
     "1b-8k-bf16-mixed": (BIG, 8192, "bf16-mixed", 10),
     "3b-fp8-tensorwise": ("llama-3.2-3b", SEQ, "fp8-tensorwise", 10),
     "3b-bf16-mixed": ("llama-3.2-3b", SEQ, "bf16-mixed", 10),
+    "1b-lora-bf16-mixed": (BIG, SEQ, "bf16-mixed", 16, ("--finetune", "lora")),
+    "3b-lora-bf16-mixed": ("llama-3.2-3b", SEQ, "bf16-mixed", 10, ("--finetune", "lora")),
 }
 
 
 @pytest.mark.parametrize("name", list(SPEED))
 def test_measured_tokens_per_s_against_the_plan(name: str, run_dir: Path, report: dict[str, Any]) -> None:
-    model, seq, precision, n = SPEED[name]
+    model, seq, precision, n, *more = SPEED[name]
     if not has_bf16():
         pytest.skip(f"bf16 needs compute capability 8.0+ (this GPU: {capability()})")
     if precision.startswith("fp8") and not has_float8()[0]:
         pytest.skip(has_float8()[1])
     folder = run_dir / f"speed-{name}"
-    plan = big_plan(folder, "--precision", precision, steps=n, model=model, seq=seq)
+    plan = big_plan(folder, "--precision", precision, *(more[0] if more else ()), steps=n, model=model, seq=seq)
     data = yaml.safe_load(plan.read_text())
     steps = events(engine(plan), "step")
     checks = events(folder / "metrics.jsonl", "plan_check")
@@ -211,6 +213,8 @@ MEMORY_SETUPS = {
     "mb4-selective": ("--micro-batch", "4", "--checkpointing", "selective"),
     "mb2-none": ("--micro-batch", "2", "--checkpointing", "none"),
     "mb8-full-chunk4k": ("--micro-batch", "8", "--checkpointing", "full", "--loss-chunk", "4096"),
+    "lora-mb8-none": ("--micro-batch", "8", "--checkpointing", "none", "--finetune", "lora"),
+    "lora-mb8-full": ("--micro-batch", "8", "--checkpointing", "full", "--finetune", "lora"),
 }
 
 
@@ -221,13 +225,15 @@ def test_memory_estimate_against_the_allocator(name: str, run_dir: Path, report:
     flags = MEMORY_SETUPS[name]
     folder = run_dir / f"mem-{name}"
     plan = big_plan(folder, *flags, "--no-compile", "--precision", "bf16-mixed", steps=4)
-    t = yaml.safe_load(plan.read_text())["training"]
+    doc = yaml.safe_load(plan.read_text())
+    t, ft = doc["training"], doc.get("finetune") or {"method": "full"}
+    method = ["--finetune", ft["method"]] + (["--lora-rank", str(ft["lora_rank"])] if ft["method"] != "full" else [])
     est = json.loads(
         run(
             ["-m", "llmctl", "estimate-memory", BIG, "--gpu", gpu_kind(), "--gpus", "1", "--seq-len", str(SEQ)]
             + ["--micro-batch", str(t["micro_batch_size"]), "--checkpointing", t["activation_checkpointing"]]
             + ["--grad-accum", str(t["grad_accum_steps"]), "--loss-chunk", str(t["loss_chunk_tokens"])]
-            + ["--attention", attention(), "--precision", "bf16-mixed", "--engine", "fsdp2", "--json"],
+            + ["--attention", attention(), "--precision", "bf16-mixed", "--engine", "fsdp2", *method, "--json"],
             300,
         ).stdout
     )
