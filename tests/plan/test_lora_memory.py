@@ -8,7 +8,11 @@ and > 0, checkpointing none and full, Llama, Qwen3 (q/k norms, tied embeddings) 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmctl.plan import memory as mem
 from llmctl.plan.memory import adapters as lora
@@ -187,3 +191,36 @@ def test_lora_fits_where_full_does_not():
     adapters = mem.estimate(spec, TrainSetup(finetune=Finetune("lora"), gpus_per_node=1))
     qlora = mem.estimate(spec, TrainSetup(finetune=Finetune("qlora"), gpus_per_node=1))
     assert qlora.device_bytes < adapters.device_bytes < 80 * 2**30 < full.device_bytes
+
+
+# --- invariants (hypothesis) ----------------------------------------------------------------------------------------
+SPECS = [models.from_preset(n) for n in ("gpt2", "llama-3.1-8b", "mixtral-8x7b", "qwen2.5-7b")]
+lora_setups = st.builds(
+    TrainSetup,
+    precision=st.sampled_from(["bf16-mixed", "bf16", "fp16-mixed"]),
+    optimizer=st.sampled_from(["adamw", "adamw-8bit", "lion", "adafactor"]),
+    micro_batch_size=st.integers(1, 8),
+    seq_len=st.sampled_from([128, 1024, 4096]),
+    checkpointing=st.sampled_from(["none", "selective", "full"]),
+    attention=st.sampled_from(["eager", "sdpa"]),
+    gpus_per_node=st.sampled_from([2, 4, 8]),
+    finetune=st.builds(
+        Finetune,
+        method=st.sampled_from(["lora", "qlora"]),
+        rank=st.sampled_from([1, 8, 64, 256]),
+        dropout=st.sampled_from([0.0, 0.1]),
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(spec=st.sampled_from(SPECS), setup=lora_setups)
+def test_adapters_never_need_more_than_full_training_nor_grow_with_shards(spec, setup):
+    est = mem.estimate(spec, setup)
+    assert all(c.bytes >= 0 for c in est.components)
+    assert est.model_state_bytes < mem.estimate(spec, replace(setup, finetune=Finetune())).model_state_bytes
+    bigger = mem.estimate(spec, replace(setup, nodes=2))
+    assert bigger.peak_allocated_bytes <= est.peak_allocated_bytes
+    if setup.finetune.method == "qlora":
+        lora_est = mem.estimate(spec, replace(setup, finetune=replace(setup.finetune, method="lora")))
+        assert est.model_state_bytes < lora_est.model_state_bytes
