@@ -7,6 +7,9 @@ same number of forwards (FSDP's collectives need that) and a 1-rank and a 4-rank
 the same sequences. Slots past N (a validation set smaller than eval_batches x G) carry targets of -100: they run
 but count nothing. Each rank sums the per-token losses and counts its tokens in float64; one all-reduce gives the
 mean, so the result depends on the world size only through float rounding inside a micro-batch.
+
+Packed instruction data (llmctl.engine.data.PackedExamples): the same layout, each micro-batch with its positions
+(documents restart at 0: the block-causal mask) and its masked targets; the mean is over the loss tokens.
 """
 
 from __future__ import annotations
@@ -17,14 +20,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.context_parallel import whole
-from llmctl.engine.data import Batch, PackedBlocks
+from llmctl.engine.data import IGNORE, Batch, PackedBlocks, PackedExamples
 from llmctl.engine.loss import loss_sum
 
 if TYPE_CHECKING:
     import torch
 
-IGNORE = -100
-"""torch.nn.functional.cross_entropy's default ignore_index."""
+__all__ = ["IGNORE", "Evaluator"]
 
 
 @dataclass
@@ -58,11 +60,27 @@ class Evaluator:
             for m in range(self.grad_accum_steps):
                 idx = np.arange(first + m * mbs, first + (m + 1) * mbs)
                 real = idx < n
+                if isinstance(self.blocks, PackedExamples):
+                    out.append(self._packed(idx, real))
+                    continue
                 rows = torch.from_numpy(self._rows(idx, real))
                 targets = rows[:, 1:].clone()
                 targets[torch.from_numpy(~real)] = IGNORE
                 out.append(Batch(inputs=rows[:, :-1], targets=targets))
         return out
+
+    def _packed(self, idx: Any, real: Any) -> Batch:
+        """A micro-batch of packs; slots past the set repeat the last real pack (or pack 0) with no target."""
+        import torch
+
+        k = int(real.sum())
+        b = self.blocks.batch(int(idx[0]), k) if k else self.blocks.batch(0, 1)
+        pad = len(idx) - len(b.inputs)
+        if pad:
+            rep = [1] * (len(b.inputs) - 1) + [1 + pad]
+            b = Batch(*(t.repeat_interleave(torch.tensor(rep), dim=0) for t in (b.inputs, b.targets, b.positions)))
+        b.targets[torch.from_numpy(~real)] = IGNORE
+        return b
 
     def _rows(self, idx: Any, real: Any) -> Any:
         import numpy as np
@@ -88,7 +106,8 @@ class Evaluator:
         try:
             with torch.no_grad():
                 for b in self.micro_batches():
-                    with split(Batch(b.inputs.to(device), b.targets.to(device))) as part:
+                    pos = None if b.positions is None else b.positions.to(device)
+                    with split(Batch(b.inputs.to(device), b.targets.to(device), pos)) as part:
                         acc[0] += loss_sum(model, loss_impl, part.inputs, part.targets, vocab, part.positions).double()
                         acc[1] += (part.targets != IGNORE).sum()
         finally:

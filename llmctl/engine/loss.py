@@ -101,8 +101,8 @@ def chunked_loss(
     softcap: float | None = None,
     reduction: str = "mean",
 ) -> torch.Tensor:
-    """Cross-entropy over all tokens (mean, or sum over targets other than -100), computed chunk by chunk (each chunk
-    recomputed in backward)."""
+    """Cross-entropy over the targets other than -100 (their mean, as F.cross_entropy's, or their sum), computed chunk
+    by chunk (each chunk recomputed in backward)."""
     from torch.utils.checkpoint import checkpoint
 
     h = hidden.reshape(-1, hidden.shape[-1])
@@ -123,7 +123,8 @@ def chunked_loss(
         )
         total = part if total is None else total + part
     assert total is not None
-    return total if reduction == "sum" else total / n
+    # The mean over the real targets, not over all n positions: masked (-100) targets count for nothing.
+    return total if reduction == "sum" else total / (t != -100).sum()
 
 
 def liger_loss(

@@ -80,17 +80,25 @@ def test_metric_names() -> None:
     }
 
 
-@pytest.mark.dist
-def test_validation_loss_is_the_same_on_1_2_and_4_ranks(tmp_path: Path) -> None:
-    """The same global batch of 4 laid out as 1 rank x mbs 2 x acc 2, 2 ranks x mbs 2, 4 ranks x mbs 1; a validation
-    set of 10 blocks (eval_batches 3 asks for 12: two slots are padding). The learning rate is tiny so that the
-    weights are the same to float rounding (this pins the evaluation, not training equality, which test_dist
-    covers): the validation losses agree within 1e-6. The three runs are made in one 4-rank torchrun, each on as
-    many of its ranks as its plan is for (tests/engine/engine_runs.py)."""
-    val = _val_file(tmp_path / "val", 10)
-    plans = {
-        nproc: write_plan(
-            tmp_path / f"w{nproc}",
+LAYOUTS = ((1, 2, 2), (2, 2, 1), (4, 1, 1))
+"""(ranks, micro-batch, accumulation): the same global batch of 4 sequences laid out three ways."""
+PACKED_LAYOUTS = ((1, 2, 2), (2, 1, 2), (4, 1, 1))
+"""The same for packed instruction data, with accumulation on 2 ranks (micro-batches of unequal loss tokens)."""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, Path]]:
+    """Every layout of LAYOUTS (plain validation) and PACKED_LAYOUTS (packed instruction data) run in ONE 4-rank
+    torchrun, each plan on as many of its ranks as it is for (tests/engine/engine_runs.py): {"plain" | "packed":
+    {ranks: plan}}."""
+    from tests.engine.test_packed import packed_folder
+
+    tmp = tmp_path_factory.mktemp("eval-runs")
+    val = _val_file(tmp / "val", 10)
+    plans: dict[str, dict[int, Path]] = {"plain": {}, "packed": {}}
+    for nproc, mbs, acc in LAYOUTS:
+        plans["plain"][nproc] = write_plan(
+            tmp / f"w{nproc}",
             {
                 "data": {"val": [str(val)]},
                 "hardware": {"nproc_per_node": nproc},
@@ -99,12 +107,34 @@ def test_validation_loss_is_the_same_on_1_2_and_4_ranks(tmp_path: Path) -> None:
                 "logging": {"eval_interval_steps": 1, "eval_batches": 3},
             },
         )
-        for nproc, mbs, acc in ((1, 2, 2), (2, 2, 1), (4, 1, 1))
-    }
-    procs = run_engine_plans(list(plans.values()), 4, tmp_path)
+    folder = packed_folder(tmp, n=200, val_fraction=0.1, seq_len=128)  # 2-3 examples a pack
+    for nproc, mbs, acc in PACKED_LAYOUTS:
+        plans["packed"][nproc] = write_plan(
+            tmp / f"packed-w{nproc}",
+            {
+                "data": {"kind": "tokens", "paths": [str(folder)], "val": "split"},
+                "hardware": {"nproc_per_node": nproc},
+                "training": {"max_steps": 3, "micro_batch_size": mbs, "grad_accum_steps": acc, "seq_len": 128},
+                "optimizer": {"lr": 1e-2, "warmup_steps": 0},
+                "logging": {"eval_interval_steps": 3, "eval_batches": 1},
+            },
+        )
+    every = [*plans["plain"].values(), *plans["packed"].values()]
+    procs = run_engine_plans(every, 4, tmp)
+    for plan in every:
+        check_ok(procs[plan])
+    return plans
+
+
+@pytest.mark.dist
+def test_validation_loss_is_the_same_on_1_2_and_4_ranks(runs: dict[str, dict[int, Path]]) -> None:
+    """The same global batch of 4 laid out as 1 rank x mbs 2 x acc 2, 2 ranks x mbs 2, 4 ranks x mbs 1; a validation
+    set of 10 blocks (eval_batches 3 asks for 12: two slots are padding). The learning rate is tiny so that the
+    weights are the same to float rounding (this pins the evaluation, not training equality, which test_dist
+    covers): the validation losses agree within 1e-6."""
+    plans = runs["plain"]
     got = {}
     for nproc, plan in plans.items():
-        check_ok(procs[plan])
         assert records(plan, "start")[0]["world_size"] == nproc
         evals = records(plan, "eval")
         assert [e["step"] for e in evals] == [1, 2]
@@ -115,6 +145,34 @@ def test_validation_loss_is_the_same_on_1_2_and_4_ranks(tmp_path: Path) -> None:
         for a, b in zip(got[nproc], got[1], strict=True):
             assert a == pytest.approx(b, abs=1e-6, rel=0), got
     assert 4.0 < got[1][0] < 7.0  # near ln(320) = 5.77 at initialization
+
+
+@pytest.mark.dist
+def test_packed_data_trains_the_same_on_any_layout(runs: dict[str, dict[int, Path]]) -> None:
+    """Packed instruction data (masked prompts, documents restarting their positions) through the real engine: each
+    step's gradient is the mean over the global batch's loss tokens, so 1 rank x mbs 2 x acc 2, 2 ranks x mbs 1 x
+    acc 2 and 4 ranks x mbs 1 give the same gradient norm, the same losses after two real updates (lr 1e-2), the same
+    share of loss tokens and the same validation loss. A per-micro-batch mean, or a divisor without dp (FSDP2
+    averages the ranks' gradients), changes the gradient norm of the 2- and 4-rank runs."""
+    plans = runs["packed"]
+    steps = {n: records(p, "step") for n, p in plans.items()}
+    for n, plan in plans.items():
+        start = records(plan, "start")[0]
+        assert start["world_size"] == n and "examples packed in" in start["data"]
+        assert 0.05 < start["loss_token_fraction"] < 0.5
+        assert [r["step"] for r in steps[n]] == [1, 2, 3]
+        assert all(0 < r["loss_token_fraction"] < 1 for r in steps[n])
+    for n in (2, 4):
+        for a, b in zip(steps[n], steps[1], strict=True):
+            assert a["loss_token_fraction"] == b["loss_token_fraction"]
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-5), (n, a["step"])
+            assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), (n, a["step"])
+        assert records(plans[n], "eval")[0]["val_loss"] == pytest.approx(
+            records(plans[1], "eval")[0]["val_loss"], rel=1e-5
+        )
+    assert steps[1][2]["loss"] < steps[1][0]["loss"]  # it learns
+    ev = records(plans[1], "eval")[0]
+    assert 0 < ev["val_tokens"] < ev["val_sequences"] * 128 / 4  # only the replies are targets
 
 
 def _tensorboard_steps(folder: Path, tag: str) -> list[tuple[int, float]]:
