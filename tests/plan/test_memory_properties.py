@@ -30,7 +30,10 @@ def test_memory_never_grows_with_shard_degree(spec, setup, more):
     base = mem.estimate(spec, setup)
     bigger = mem.estimate(spec, replace(setup, nodes=setup.nodes * more))
     assert bigger.model_state_bytes <= base.model_state_bytes
-    if setup.strategy != "no_shard":
+    # From one GPU to several the peak may grow: a model on one GPU in fp32 is not wrapped by FSDP at all, while on 2
+    # ranks SHARD_GRAD_OP keeps every layer gathered (GPT-2 fp32 with Adafactor: 3.563 -> 3.641 GB). From 2 ranks on,
+    # more ranks never cost memory.
+    if setup.strategy != "no_shard" and setup.world_size > 1:
         assert bigger.peak_allocated_bytes <= base.peak_allocated_bytes
 
 
