@@ -288,6 +288,55 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/tune/test_tune.py",),
         "the slowest trial chosen",
     ),
+    # --- packed instruction data: masks, document boundaries, the step's loss normalisation ------------------------
+    M(
+        "packed-divisor-no-dp",
+        "llmctl/engine/data.py",
+        "divisor = max(1, self.step_loss_tokens(step)) / self.dp_size",
+        "divisor = max(1, self.step_loss_tokens(step))",
+        ("tests/engine/test_packed.py",),
+        "packed loss divided by the global loss tokens without the dp factor (FSDP2 averages over dp ranks)",
+    ),
+    M(
+        "packed-microbatch-mean",
+        "llmctl/engine/data.py",
+        "b.loss_divisor = divisor",
+        "b.loss_divisor = max(1, int((b.targets != IGNORE).sum())) * self.acc",
+        ("tests/engine/test_packed.py",),
+        "each micro-batch's own loss-token mean (HF Trainer's 2024 accumulation bug)",
+    ),
+    M(
+        "packed-doc-start-target",
+        "llmctl/engine/data.py",
+        "counts = ((flags[:, 1:] & LOSS) != 0) & ~starts[:, 1:]",
+        "counts = (flags[:, 1:] & LOSS) != 0",
+        ("tests/engine/test_packed.py",),
+        "a document's first token predicted from the previous document",
+    ),
+    M(
+        "packed-positions",
+        "llmctl/engine/data.py",
+        "positions = idx - np.maximum.accumulate(np.where(starts, idx, 0), axis=1)",
+        "positions = idx + 0 * np.maximum.accumulate(np.where(starts, idx, 0), axis=1)",
+        ("tests/engine/test_packed.py",),
+        "positions not restarted at document starts (attention crosses examples)",
+    ),
+    M(
+        "chat-mask-prompt",
+        "llmctl/data/chat.py",
+        "out += [(self._ids(full[cursor : len(prompt)]), False), (self._ids(through[len(prompt) :]), True)]",
+        "out += [(self._ids(full[cursor : len(prompt)]), True), (self._ids(through[len(prompt) :]), True)]",
+        ("tests/data/test_instruction.py",),
+        "the prompt tokens carry loss under a chat template",
+    ),
+    M(
+        "chunked-mean-all",
+        "llmctl/engine/loss.py",
+        'return total if reduction == "sum" else total / (t != -100).sum()',
+        'return total if reduction == "sum" else total / n',
+        ("tests/engine/test_packed.py",),
+        "the chunked loss's mean over every position, masked ones included",
+    ),
 )
 
 KNOWN_EQUIVALENT: dict[str, str] = {}
