@@ -13,6 +13,7 @@ from data_helpers import run
 
 from llmctl.data.chat import DOC_START, LOSS
 from llmctl.data.format import open_flags, open_prepared
+from llmctl.errors import InputError
 
 TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
@@ -172,6 +173,38 @@ def test_parquet_records(tmp_path: Path) -> None:
     assert code == 0, output
     tokens, flags, packed = read(tmp_path / "o")
     assert packed["examples"] == 2 and list(tokens[(flags & LOSS) != 0]) == [ord("x"), 257, ord("y"), 257]
+
+
+def test_parquet_messages_column(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    msgs = [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]]
+    pq.write_table(pa.table({"messages": msgs}), tmp_path / "in.parquet")
+    code, output = run(
+        "data", "prepare", tmp_path / "in.parquet", "--out", tmp_path / "o", "--instruction", "--seq-len", "64"
+    )
+    assert code == 0, output
+    tokens, flags, _ = read(tmp_path / "o")
+    assert list(tokens[(flags & LOSS) != 0]) == [*b"yo", 257]
+    bad = pa.table({"messages": [[{"role": "user", "content": "hi"}], [{"role": "robot", "content": "x"}]]})
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    code, output = run(
+        "data", "prepare", tmp_path / "bad.parquet", "--out", tmp_path / "b", "--instruction", "--seq-len", "64"
+    )
+    assert code == 2 and f"{tmp_path / 'bad.parquet'}:row 1: messages[0] has role 'robot'" in output, output
+
+
+def test_a_damaged_flags_stream_is_one_line(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    assert run("data", "prepare", src, "--out", tmp_path / "o", "--instruction", "--seq-len", "128")[0] == 0
+    _, meta = open_prepared(tmp_path / "o")
+    (tmp_path / "o" / "train-00000.flags.bin").write_bytes(b"\0" * 5)
+    with pytest.raises(InputError, match=r"shard train-00000.flags.bin has 5 bytes; its metadata says"):
+        open_flags(tmp_path / "o", "train", meta)
+    meta["splits"]["train"]["packed"]["seq_len"] = 100
+    with pytest.raises(InputError, match="not whole packs of 100"):
+        open_flags(tmp_path / "o", "train", meta)
 
 
 def test_a_plain_folder_has_no_flags(tmp_path: Path) -> None:
