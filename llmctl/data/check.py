@@ -104,6 +104,12 @@ def plan_data(
         if has_val:
             section["val"] = "split"
         line = f"{paths[0]}: prepared, {train:,} train tokens ({name}){', val split' if has_val else ''}"
+        packed = (meta["splits"].get("train") or {}).get("packed")
+        if packed:  # instruction data: the engine refuses a training.seq_len other than the packs' length
+            s = packed.get("seq_len")
+            line += (
+                f"; {packed.get('examples', 0):,} examples packed in sequences of {s} (training.seq_len must be {s})"
+            )
         return section, line
     files = expand_paths(paths, "--data")
     tok_folder = tokenizer or (weights if has_tokenizer(weights) else None)

@@ -256,3 +256,14 @@ def test_a_text_file_is_refused_in_instruction_mode(tmp_path: Path) -> None:
         "data", "prepare", tmp_path / "a.txt", "--out", tmp_path / "o", "--instruction", "--seq-len", "8"
     )
     assert code == 2 and "--instruction reads chat records from .jsonl or .parquet files" in output, output
+
+
+def test_plan_data_names_the_pack_length(tmp_path: Path) -> None:
+    from llmctl.data.check import plan_data
+
+    src = write_jsonl(tmp_path / "chat.jsonl", CHATS)
+    assert run("data", "prepare", src, "--out", tmp_path / "o", "--instruction", "--seq-len", "128")[0] == 0
+    section, line = plan_data([str(tmp_path / "o")], 320)
+    assert (
+        section["kind"] == "tokens" and "4 examples packed in sequences of 128 (training.seq_len must be 128)" in line
+    )
