@@ -151,6 +151,14 @@ def packed_rows(tokens: np.ndarray, flags: np.ndarray) -> tuple[np.ndarray, np.n
     return tokens, targets, positions.astype(np.int64)
 
 
+def one_row(batch: Batch) -> Batch:
+    """A packed micro-batch (b, S) as one row (1, b*S): flash-attention 2 goes varlen from the positions only for a
+    batch of one (transformers' modeling_flash_attention_utils._is_packed_sequence); with more rows it would attend
+    across documents. Every pack starts a document, so the row holds the same documents and targets."""
+    pos = None if batch.positions is None else batch.positions.reshape(1, -1)
+    return Batch(batch.inputs.reshape(1, -1), batch.targets.reshape(1, -1), pos, batch.loss_divisor)
+
+
 class PackedExamples(PackedBlocks):
     """Packs of exactly seq_len tokens with per-token flags, in the same seeded per-epoch order as PackedBlocks."""
 

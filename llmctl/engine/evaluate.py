@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.context_parallel import whole
-from llmctl.engine.data import IGNORE, Batch, PackedBlocks, PackedExamples
+from llmctl.engine.data import IGNORE, Batch, PackedBlocks, PackedExamples, one_row
 from llmctl.engine.loss import loss_sum
 
 if TYPE_CHECKING:
@@ -103,9 +103,12 @@ class Evaluator:
         was_training = model.training
         model.eval()  # no dropout
         acc = torch.zeros(2, dtype=torch.float64, device=device)
+        flash = str(getattr(model.config, "_attn_implementation", "")).startswith("flash")
         try:
             with torch.no_grad():
                 for b in self.micro_batches():
+                    if flash and b.positions is not None:
+                        b = one_row(b)  # packed documents: flash-attention 2's varlen path needs one row
                     pos = None if b.positions is None else b.positions.to(device)
                     with split(Batch(b.inputs.to(device), b.targets.to(device), pos)) as part:
                         acc[0] += loss_sum(model, loss_impl, part.inputs, part.targets, vocab, part.positions).double()

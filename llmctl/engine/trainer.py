@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.engine import float8
 from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
 from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
-from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers
+from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers, one_row
 from llmctl.engine.evaluate import Evaluator
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
@@ -396,6 +396,8 @@ class Trainer:
 
         acc = self.setup_.grad_accum_steps
         div = batch.loss_divisor
+        if div is not None and self.attn_impl.startswith("flash"):
+            batch = one_row(batch)  # packed documents: flash-attention 2's varlen path needs one row
         with self.split(batch) as b, contextlib.ExitStack() as stack:
             if self.loss_impl == "parallel":  # the loss, and its backward, on the vocabulary shards
                 from torch.distributed.tensor.parallel import loss_parallel

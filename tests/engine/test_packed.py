@@ -14,7 +14,15 @@ import pytest
 import torch
 
 from llmctl.data.prepare import PrepareConfig, prepare
-from llmctl.engine.data import IGNORE, PackedExamples, RankData, build_source, build_val_source, packed_rows
+from llmctl.engine.data import (
+    IGNORE,
+    PackedExamples,
+    RankData,
+    build_source,
+    build_val_source,
+    one_row,
+    packed_rows,
+)
 from llmctl.engine.evaluate import Evaluator
 from llmctl.engine.trainer import Trainer
 from llmctl.errors import InputError
@@ -131,6 +139,23 @@ def test_no_token_attends_across_a_document_boundary(attention: str) -> None:
     assert (unmasked[:, 11:18] - alone_b).abs().max().item() > 1e-2
 
 
+def test_one_row_keeps_the_documents_for_flash_attention(tmp_path: Path) -> None:
+    """flash-attention 2 reads packed documents from the positions only for a batch of one row (transformers'
+    _is_packed_sequence), so a packed micro-batch goes to it as one row: the same logits as the rows (sdpa here)."""
+    from transformers.modeling_flash_attention_utils import _is_packed_sequence
+
+    blocks, _ = build_source(DataSection(kind="tokens", paths=[str(packed_folder(tmp_path))]), S, 0, 320)
+    b = blocks.batch(0, 3)
+    row = one_row(b)
+    assert row.inputs.shape == (1, 3 * S) and (row.targets.reshape(3, S) == b.targets).all()
+    assert _is_packed_sequence(row.positions, 1) and not _is_packed_sequence(b.positions, 3)
+    model = tiny_llama("sdpa")
+    with torch.no_grad():
+        rows = model(input_ids=b.inputs, position_ids=b.positions).logits
+        one = model(input_ids=row.inputs, position_ids=row.positions).logits
+    assert (one.reshape(rows.shape) - rows).abs().max().item() < 1e-5
+
+
 def fake_trainer(model: torch.nn.Module, acc: int) -> types.SimpleNamespace:
     """What Trainer.forward_backward reads of its trainer: one process, the whole loss, no scaling."""
     from llmctl.engine.context_parallel import whole
@@ -139,6 +164,7 @@ def fake_trainer(model: torch.nn.Module, acc: int) -> types.SimpleNamespace:
         setup_=types.SimpleNamespace(grad_accum_steps=acc),
         split=whole,
         loss_impl="whole",
+        attn_impl="sdpa",
         model=model,
         vocab=300,
         phase_peaks=types.SimpleNamespace(mark=lambda _: None),
