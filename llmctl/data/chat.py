@@ -137,27 +137,26 @@ class ChatRenderer:
 
     def __init__(self, tok: Any) -> None:
         self.tok = tok
-        hf = getattr(tok, "_tok", None)
-        self.hf = hf if hf is not None and getattr(hf, "chat_template", None) else None
-        self.template = "tokenizer" if self.hf is not None else PLAIN_TEMPLATE
+        self.templated = bool(getattr(tok, "has_chat_template", False))
+        self.template = "tokenizer" if self.templated else PLAIN_TEMPLATE
 
     def _ids(self, text: str) -> list[int]:
         return list(self.tok.encode(text)) if text else []
 
     def segments(self, where: str, messages: list[dict[str, str]]) -> list[tuple[list[int], bool]]:
         """The conversation as (token ids, carries loss) segments, in order."""
-        if self.hf is None:
+        if not self.templated:
             return self._plain(messages)
-        render = self.hf.apply_chat_template
+        render = self.tok.render_chat
         try:
-            full = render(messages, tokenize=False)
+            full = render(messages)
             out: list[tuple[list[int], bool]] = []
             cursor = 0
             for i, m in enumerate(messages):
                 if m["role"] != "assistant":
                     continue
-                prompt = render(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
-                through = render(messages[: i + 1], tokenize=False)
+                prompt = render(messages[:i], add_generation_prompt=True) if i else ""
+                through = render(messages[: i + 1])
                 if not (through.startswith(prompt) and full.startswith(through) and len(prompt) >= cursor):
                     raise InputError(
                         f"{where}: the tokenizer's chat template does not render turn {i} as a prefix of the "

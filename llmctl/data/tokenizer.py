@@ -69,6 +69,14 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False)
 
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self._tok, "chat_template", None))
+
+    def render_chat(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        """The conversation as text by the folder's chat template (llmctl.data.chat tokenizes it)."""
+        return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """The fast tokenizer's batch call (Rust, one call for many documents)."""
         return self._tok(list(texts), add_special_tokens=False)["input_ids"]

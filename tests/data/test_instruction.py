@@ -267,3 +267,29 @@ def test_plan_data_names_the_pack_length(tmp_path: Path) -> None:
     assert (
         section["kind"] == "tokens" and "4 examples packed in sequences of 128 (training.seq_len must be 128)" in line
     )
+
+
+def test_a_template_that_does_not_render_prefixes_is_refused(tmp_path: Path, chat_tokenizer: str) -> None:
+    """A generation prompt the rendered reply does not start with: the reply's tokens cannot be told apart."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(chat_tokenizer)
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}|{% endfor %}{% if add_generation_prompt %}GO{% endif %}"
+    )
+    tok.save_pretrained(tmp_path / "tok")
+    src = write_jsonl(tmp_path / "chat.jsonl", CHATS[:1])
+    code, output = run(
+        "data",
+        "prepare",
+        src,
+        "--out",
+        tmp_path / "o",
+        "--instruction",
+        "--seq-len",
+        "64",
+        "--tokenizer",
+        tmp_path / "tok",
+    )
+    assert code == 2 and len(output.strip().splitlines()) == 1, output
+    assert "chat.jsonl:1: the tokenizer's chat template does not render turn 1 as a prefix" in output, output
