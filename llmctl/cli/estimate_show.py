@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
+
 from llmctl.cli import render
 from llmctl.plan import memory as mem
 from llmctl.spec import hardware, models
@@ -87,6 +89,8 @@ def show(result: dict[str, Any]) -> None:
         )
     if "offload" in result:
         _show_offload(result["offload"], result.get("gpu"))
+    if "host" in result:
+        c.print(f"host memory: {escape(result['host']['line'])}", soft_wrap=True)
     if "context_parallel" in result:
         _show_cp(result["context_parallel"])
     if "float8" in result:

@@ -134,6 +134,11 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         )
         if margin["warning"]:
             render.err_console.print(f"warning: {escape(margin['warning'])}", soft_wrap=True)
+    host = out.get("host_memory")
+    if host:
+        c.print(f"host memory: {escape(host['line'])}", soft_wrap=True)
+        if host["fits"] is False:
+            render.err_console.print("warning: the node's memory is smaller than what the ranks hold", soft_wrap=True)
     if out.get("plan_path"):
         c.print(f"\nplan written to {escape(out['plan_path'])}")
         for note in out.get("run_notes") or []:

@@ -19,6 +19,7 @@ from llmctl.plan.memory.estimate import (
     max_micro_batch,
     min_gpus,
 )
+from llmctl.plan.memory.host import host_memory
 from llmctl.plan.memory.ledger import classic_bytes_per_param, model_bytes_per_param
 from llmctl.plan.memory.ring import ring_buffers
 from llmctl.spec.hardware import GPUSpec
@@ -123,6 +124,10 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
     host_cap = host_capacity_bytes(gpu, setup.gpus_per_node) if setup.levers.offload else None
     if setup.levers.offload:
         out["offload"] = offload_report(est, host_cap)
+    # Every setup's host memory per node (llmctl.plan.memory.host), against the node's where the catalog knows it.
+    out["host"] = host_memory(
+        spec, setup, est, host_capacity_bytes(gpu, setup.gpus_per_node), gpu is not None
+    ).as_dict()
     if gpu is not None:
         out["gpu"] = gpu.name
         out["gpu_memory_bytes"] = gpu.memory_bytes
