@@ -41,8 +41,8 @@ def show(result: dict[str, Any]) -> None:
         )
     where = ", in host memory (CPU offload)" if s.levers.offload else ""
     t = render.table(
-        f"Model states: {result['bytes_per_param']:g} bytes/param classic budget, "
-        f"{result['engine_bytes_per_param']:g} kept by {s.engine}{where}",
+        f"Model states: {result['bytes_per_param']:.4g} bytes/param classic budget, "
+        f"{result['engine_bytes_per_param']:.4g} kept by {s.engine}{where}",
         [
             ("component", "left"),
             ("bytes/param", "right"),

@@ -75,7 +75,8 @@ def compare_methods(req: PlanRequest, chosen: Candidate) -> list[MethodOutcome]:
 
 def explain_finetune(req: PlanRequest, chosen: Candidate) -> str:
     """A few lines: per method the fewest GPUs that fit and its tokens/s on the chosen GPUs (or 'does not fit')."""
-    gpus, kind = chosen.setup.gpus, req.gpu.name
+    n, kind = chosen.setup.gpus, req.gpu.name
+    gpus = f"{n} GPU{'s' if n > 1 else ''}"
     lines = []
     for o in compare_methods(req, chosen):
         label = o.method if o.method == "full" else f"{o.method} r{req.finetune.rank}"
@@ -84,9 +85,9 @@ def explain_finetune(req: PlanRequest, chosen: Candidate) -> str:
             continue
         fewest = f"fits on {o.min_gpus} {kind}" if o.min_gpus else f"does not fit on {kind} (any count searched)"
         at = (
-            f"{o.tokens_per_s:,.0f} tokens/s on {gpus} GPUs" + (f" ({o.how})" if o.how else "")
+            f"{o.tokens_per_s:,.0f} tokens/s on {gpus}" + (f" ({o.how})" if o.how else "")
             if o.tokens_per_s is not None
-            else f"does not fit on {gpus} GPUs"
+            else f"does not fit on {gpus}"
         )
         lines.append(f"{label}: {fewest}; {at}")
     return "; ".join(lines)

@@ -69,7 +69,8 @@ class HostMemory:
         )
         off = f"; CPU offload states {self.offload_per_node / GIB:,.1f} GiB" if self.offload_per_node else ""
         rank = sum(self.per_rank.values())
-        head = f"{self.per_node / GIB:,.1f} GiB per node ({self.ranks_per_node} ranks x {rank / GIB:.2f} GiB: {parts}{off})"
+        ranks = f"{self.ranks_per_node} rank{'s' if self.ranks_per_node > 1 else ''}"
+        head = f"{self.per_node / GIB:,.1f} GiB per node ({ranks} x {rank / GIB:.2f} GiB: {parts}{off})"
         if self.capacity_bytes is None:
             return head + "; the node's memory is not known (a cluster file's node_memory_gib checks it)"
         verdict = "fits" if self.fits else "does NOT fit"
