@@ -14,7 +14,6 @@ One process (the chat template is rendered in Python, record by record); --worke
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -109,14 +108,7 @@ def prepare_instruction(cfg: PrepareConfig, on_progress: Callable[[Progress], No
     renderer = ChatRenderer(tok)
     dtype = token_dtype(tok.vocab_size)
     pad_id = tok.eos_id if tok.eos_id is not None else 0
-    tmp = out.with_name(f"{output.temp_prefix(out)}{os.getpid()}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        output.remove_stale_temps(out)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise InputError(f"--out: cannot create a folder in {out.parent} ({e.strerror or e})") from None
+    tmp = output.new_temp(out)
     packers = {
         split: Packer(
             output.ShardWriter(tmp, split, dtype, cfg.shard_tokens),

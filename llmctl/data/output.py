@@ -96,6 +96,19 @@ def remove_stale_temps(out: Path) -> list[Path]:
     return removed
 
 
+def new_temp(out: Path) -> Path:
+    """The empty temporary folder beside `out` this process writes into (stale ones of dead prepares removed)."""
+    tmp = out.with_name(f"{temp_prefix(out)}{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as e:
+        raise InputError(f"--out: cannot create a folder in {out.parent} ({e.strerror or e})") from None
+    return tmp
+
+
 def check_out(out: Path, force: bool) -> None:
     """Refuse an existing --out without --force, and with it anything but a prepared folder (or an empty one):
     --force must never delete a folder of the user's that happens to share the name."""

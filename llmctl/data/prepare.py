@@ -332,14 +332,7 @@ def _run(
     counts = [s.num_documents for s in sources]
     total_docs = None if None in counts else sum(c for c in counts if c is not None)
     dtype = token_dtype(tok.vocab_size)
-    tmp = out.with_name(f"{output.temp_prefix(out)}{os.getpid()}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        output.remove_stale_temps(out)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    except OSError as e:
-        raise InputError(f"--out: cannot create a folder in {out.parent} ({e.strerror or e})") from None
+    tmp = output.new_temp(out)
     train = output.ShardWriter(tmp, "train", dtype, cfg.shard_tokens)
     val = output.ShardWriter(tmp, "val", dtype, cfg.shard_tokens)
     documents = tokens = 0

@@ -265,10 +265,7 @@ def export_checkpoint(req: ExportRequest, on_shard: ShardCallback | None = None)
     shards = plan_shards([(t.name, t.nbytes) for t in tensors], req.max_shard_bytes)
     by_name = {t.name: t for t in tensors}
 
-    out = Path(os.path.abspath(req.out))
-    _remove_stale_temps(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    out, tmp = fresh_temp(req.out)
     try:
         tmp.mkdir(parents=True)
         weight_map: dict[str, str] = {}
@@ -512,6 +509,16 @@ def _copy_tokenizer(folder: Path | None, dest: Path) -> tuple[str, ...]:
             shutil.copyfile(folder / name, dest / name)
             copied.append(name)
     return tuple(copied)
+
+
+def fresh_temp(out_arg: Path) -> tuple[Path, Path]:
+    """(the absolute --out, the temporary folder beside it this process writes, not yet created); stale ones of
+    killed exports removed."""
+    out = Path(os.path.abspath(out_arg))
+    _remove_stale_temps(out)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    return out, tmp
 
 
 def _remove_stale_temps(out: Path) -> None:

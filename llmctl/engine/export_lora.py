@@ -16,7 +16,6 @@ Everything is written beside OUT and renamed into place (llmctl.engine.export._p
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ from llmctl.engine.export import (
     ExportRequest,
     _dcp_load,
     _read_metadata,
-    _remove_stale_temps,
     check_out,
     default_dtype,
+    fresh_temp,
     peak_rss_bytes,
     publish_durably,
     resolve_checkpoint,
@@ -97,10 +96,7 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
 
     from llmctl.engine.model import model_spec_for
 
-    out = Path(os.path.abspath(req.out))
-    _remove_stale_temps(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    out, tmp = fresh_temp(req.out)
     try:
         tmp.mkdir(parents=True)
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})

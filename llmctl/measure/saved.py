@@ -141,6 +141,22 @@ class SavedBytes:
         return sum(self.by_region().values())
 
 
+def saved_per_block(model: Any, batch: int, seq: int, vocab: int, checkpointing: bool = False) -> dict[Hashable, int]:
+    """Bytes of distinct storages each decoder block of a transformers causal LM saves for backward in one training
+    forward of `batch` x `seq` random tokens (parameters and buffers excluded; non-reentrant activation checkpointing
+    when asked); key "outside" for everything saved outside the blocks. Llama-like models keep their blocks in
+    model.model.layers, GPT-2 in model.transformer.h."""
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    saved = SavedBytes([*model.parameters(), *model.buffers()])
+    saved.track(model.model.layers if hasattr(model, "model") else model.transformer.h)
+    ids = torch.randint(0, vocab, (batch, seq))
+    with saved:
+        loss = model(input_ids=ids, labels=ids).loss
+    assert loss.requires_grad
+    return saved.by_region()
+
+
 class _Creators(TorchDispatchMode):
     """Records the region current when an op creates each storage (SavedBytes with by_creator)."""
 

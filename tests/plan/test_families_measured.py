@@ -19,7 +19,7 @@ from tests.family_configs import tiny
 torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
 
-from llmctl.measure.saved import SavedBytes  # noqa: E402
+from llmctl.measure.saved import saved_per_block as _saved  # noqa: E402
 
 B, S = 2, 64
 
@@ -33,16 +33,7 @@ def saved_per_block(cfg: dict, dtype, attention: str, checkpointing: bool = Fals
     config.use_cache = False
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention).to(dtype)
-    model.train()
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    saved = SavedBytes([*model.parameters(), *model.buffers()])
-    saved.track(model.model.layers if hasattr(model, "model") else model.transformer.h)
-    ids = torch.randint(0, config.vocab_size, (B, S))
-    with saved:
-        loss = model(input_ids=ids, labels=ids).loss
-    assert loss.requires_grad
-    return saved.by_region()
+    return _saved(model.train(), B, S, config.vocab_size, checkpointing)
 
 
 # (family, attention kernels transformers offers it for training): sdpa and eager, but for these. DeepSeek-V3 is

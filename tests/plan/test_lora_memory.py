@@ -36,7 +36,7 @@ def measure(family: str, dtype_name: str, dropout: float, checkpointing: bool) -
     torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
     transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
     peft = pytest.importorskip("peft", reason="needs peft (pip install 'llmctl[lora]')")
-    from llmctl.measure.saved import SavedBytes
+    from llmctl.measure.saved import saved_per_block
 
     cfg, spec = _spec(family)
     cfg = dict(cfg)
@@ -53,15 +53,7 @@ def measure(family: str, dtype_name: str, dropout: float, checkpointing: bool) -
     for name, p in model.named_parameters():
         p.requires_grad_("lora_" in name)
     model = model.to(getattr(torch, dtype_name)).train()
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    saved = SavedBytes([*model.parameters(), *model.buffers()])
-    saved.track(model.model.layers if hasattr(model, "model") else model.transformer.h)
-    ids = torch.randint(0, config.vocab_size, (B, S))
-    with saved:
-        loss = model(input_ids=ids, labels=ids).loss
-    assert loss.requires_grad
-    return saved.by_region()
+    return saved_per_block(model, B, S, config.vocab_size, checkpointing)
 
 
 CASES = [
