@@ -288,6 +288,39 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/tune/test_tune.py",),
         "the slowest trial chosen",
     ),
+    # --- LoRA: frozen base, adapters' init, checkpoints of adapters only, the adapter ledger ---------------------------
+    M(
+        "lora-base-trains",
+        "llmctl/engine/lora.py",
+        "train = is_adapter(name)",
+        "train = True",
+        ("tests/engine/test_lora_units.py",),
+        "the base left trainable (gradients and AdamW states for every weight)",
+    ),
+    M(
+        "lora-b-not-zero",
+        "llmctl/engine/lora.py",
+        'if ".lora_B." in s.name:',
+        'if ".lora_B." in s.name and False:',
+        ("tests/engine/test_weights_round_trip.py",),
+        "B drawn like A: the model no longer starts as its base",
+    ),
+    M(
+        "lora-ckpt-tied-head",
+        "llmctl/engine/checkpoint.py",
+        "return {k: v for k, v in model_sd.items() if is_adapter(k)}",
+        "return model_sd",
+        ("tests/engine/test_weights_round_trip.py",),
+        "a LoRA checkpoint keeps a tied LM head (GPT-2's lm_head.weight) that ignore_frozen_params lets through",
+    ),
+    M(
+        "lora-ledger-base-grads",
+        "llmctl/plan/memory/adapters.py",
+        'StateLine(f"gradients ({p.reduce_dtype}, adapters only)", p.reduce_bytes, 2, params=n)',
+        'StateLine(f"gradients ({p.reduce_dtype}, adapters only)", p.reduce_bytes, 2)',
+        ("tests/plan/test_lora_memory.py",),
+        "the estimate gives the frozen base gradients",
+    ),
     # --- packed instruction data: masks, document boundaries, the step's loss normalisation ------------------------
     M(
         "packed-divisor-no-dp",
