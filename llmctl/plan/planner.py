@@ -53,7 +53,6 @@ from llmctl.plan.explain import (
     why_lost,
 )
 from llmctl.plan.explain_finetune import explain_finetune
-from llmctl.plan.memory.host import host_memory
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
 from llmctl.plan.search import MemorySearch, OffloadFamily, node_counts, offload_can_win, parallel_bound
 from llmctl.plan.search import divisors as divisors  # re-exported (llmctl.tune.space)
@@ -134,7 +133,6 @@ class PlanResult:
     def as_dict(self, top: int, calibration: Calibration | None = None) -> dict[str, Any]:
         """What `llmctl plan --json` prints (the top candidates, and the calibration the request used)."""
         req, cal, result = self.request, calibration, self
-        s = result.chosen.setup
         spec, gpu_spec, network, eff = req.spec, req.gpu, req.network, req.efficiency
 
         return {
@@ -185,7 +183,7 @@ class PlanResult:
             **({"offload_choice": result.offload_choice} if result.offload_choice else {}),
             **({"finetune_choice": result.finetune_choice} if result.finetune_choice else {}),
             "memory_margin": result.memory_margin(),
-            "host_memory": host_memory(req.spec, s, mem.estimate(req.spec, s), req.host_capacity_bytes).as_dict(),
+            "host_memory": mem.host_memory_of(req.spec, result.chosen.setup, req.host_capacity_bytes).as_dict(),
             "rejected": list(dict.fromkeys(result.rejected))[:50],
             "plan_path": None,
         }

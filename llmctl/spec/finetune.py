@@ -131,3 +131,25 @@ def targets_problem(spec: ModelSpec, finetune: Finetune) -> str | None:
     if any(adapted_linears(spec, targets, i) for i in range(min(spec.num_layers, 64))):
         return None
     return f"LoRA targets {', '.join(targets)} match no linear of {spec.name}'s blocks"
+
+
+def plan_fields(ft: Finetune) -> dict[str, object]:
+    """The plan file's `finetune:` fields of a method (targets only when not the family's default)."""
+    return {
+        "method": ft.method,
+        "lora_rank": ft.rank,
+        "lora_alpha": ft.alpha,
+        "lora_dropout": ft.dropout,
+        "lora_targets": list(ft.targets) or None,
+    }
+
+
+def check_target_list(targets: list[str]) -> list[str]:
+    """A plan file's lora_targets, or ValueError (pydantic's one line): not empty, each a module name."""
+    if not targets:
+        raise ValueError("an empty list (leave it out for the family's default)")
+    try:
+        Finetune("lora", targets=tuple(targets))
+    except InputError as e:
+        raise ValueError(str(e)) from None
+    return targets

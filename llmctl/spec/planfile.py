@@ -28,7 +28,7 @@ from llmctl.bounds import GENERIC_FLOAT_LIMIT, GENERIC_INT_LIMIT, LIMITS, check
 from llmctl.errors import LlmctlError, SpecError, one_line
 from llmctl.fileio import load_yaml, write_atomic
 from llmctl.spec import checkpointing as ckpt_modes
-from llmctl.spec.finetune import MAX_RANK, Finetune
+from llmctl.spec.finetune import MAX_RANK, Finetune, check_target_list, plan_fields
 from llmctl.spec.models import MAX_PARAMS, MAX_TOKENS
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.optimizer_states import canonical_states
@@ -261,14 +261,7 @@ class FinetuneSection(_Strict):
     @field_validator("lora_targets")
     @classmethod
     def _targets(cls, v: list[str] | None) -> list[str] | None:
-        if v is not None:
-            if not v:
-                raise ValueError("an empty list (leave it out for the family's default)")
-            try:
-                Finetune("lora", targets=tuple(v))
-            except LlmctlError as e:
-                raise ValueError(str(e)) from None
-        return v
+        return v if v is None else check_target_list(v)
 
     @property
     def spec(self) -> Finetune:
@@ -601,18 +594,7 @@ def setup_sections(setup: TrainSetup) -> dict[str, dict[str, Any]]:
             "compile": setup.compile,
         },
         "optimizer": {"states": setup.optimizer_states},
-        "finetune": finetune_section(setup.finetune),
-    }
-
-
-def finetune_section(ft: Finetune) -> dict[str, Any]:
-    """The plan file's `finetune:` fields of a method (targets only when not the family's default)."""
-    return {
-        "method": ft.method,
-        "lora_rank": ft.rank,
-        "lora_alpha": ft.alpha,
-        "lora_dropout": ft.dropout,
-        "lora_targets": list(ft.targets) or None,
+        "finetune": plan_fields(setup.finetune),
     }
 
 

@@ -53,6 +53,7 @@ from llmctl.plan.memory.estimate import (
     ring_components,
     state_shard_degree,
 )
+from llmctl.plan.memory.host import HostMemory, host_memory, host_memory_of
 from llmctl.plan.memory.ledger import (
     StateLine,
     classic_bytes_per_param,
@@ -64,6 +65,9 @@ from llmctl.plan.memory.report import fit_report, offload_report
 from llmctl.plan.memory.ring import RingBuffers, ring_buffers
 
 __all__ = [
+    "HostMemory",
+    "host_memory",
+    "host_memory_of",
     "OFFLOAD_COPY_IN",
     "OFFLOAD_GRAD_OUT",
     "Component",

@@ -120,3 +120,10 @@ def host_memory(
         capacity_bytes=None if capacity_per_gpu is None else capacity_per_gpu * gpn,
         gpu=gpu,
     )
+
+
+def host_memory_of(spec: ModelSpec, setup: TrainSetup, capacity_per_gpu: int | None, gpu: bool = True) -> HostMemory:
+    """`host_memory` with the setup's own estimate (what a plan's chosen setup reports)."""
+    from llmctl.plan.memory.estimate import estimate
+
+    return host_memory(spec, setup, estimate(spec, setup), capacity_per_gpu, gpu)
