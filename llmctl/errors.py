@@ -53,7 +53,12 @@ class SpecError(InputError):
 
 
 class DoesNotFitError(LlmctlError):
-    """The requested setup does not fit in memory on any allowed configuration."""
+    """The requested setup does not fit in memory on any allowed configuration. `fewest_gpus`: the smallest count of
+    this GPU kind the planner found that would fit, where it says one (llmctl.plan.compare starts its search there)."""
+
+    def __init__(self, message: str, hint: str | None = None, fewest_gpus: int | None = None) -> None:
+        super().__init__(message, hint)
+        self.fewest_gpus = fewest_gpus
 
 
 class RuntimeFailure(LlmctlError):

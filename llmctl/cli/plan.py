@@ -9,8 +9,17 @@ from typing import Annotated, Optional
 
 import typer
 
+from llmctl.cli import plan_compare, render
 from llmctl.cli import plan_show as show
-from llmctl.cli import render
+from llmctl.cli.compare_options import (
+    BudgetOpt,
+    CompareOpt,
+    DeadlineOpt,
+    InterconnectOpt,
+    PlotOpt,
+    PriceBasisOpt,
+    PricesOpt,
+)
 from llmctl.cli.finetune_options import (
     DEFAULT_ALPHA,
     DEFAULT_RANK,
@@ -39,9 +48,16 @@ from llmctl.cli.options import (
     SyntheticOpt,
     TokenizerOpt,
     TpPinOpt,
-    decimal_count,
 )
 from llmctl.cli.plan_checks import check_flags as _check_flags
+from llmctl.cli.plan_options import (
+    ClusterOpt,
+    GlobalBatchOpt,
+    GlobalBatchTokensOpt,
+    InterGbpsOpt,
+    IntraGbpsOpt,
+    NetOpt,
+)
 from llmctl.errors import InputError
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
@@ -58,44 +74,13 @@ def plan_command(
     gpus: GpusOpt = None,
     nodes: NodesOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
-    cluster: Annotated[
-        Optional[str],
-        typer.Option(
-            "--cluster",
-            help="Cluster YAML: gpu, nodes, gpus_per_node, inter/intra_node_gbps, price_per_gpu_hour, node_memory_gib.",
-        ),
-    ] = None,
-    net: Annotated[Optional[str], typer.Option("--net", help="bench-net JSON (measured busbw).")] = None,
-    intra_gbps: Annotated[
-        Optional[float],
-        typer.Option("--intra-gbps", help="Per-GPU intra-node bus bandwidth, Gbit/s (default: catalog link x 0.8)."),
-    ] = None,
-    inter_gbps: Annotated[
-        Optional[float],
-        typer.Option(
-            "--inter-gbps",
-            help="Per-node inter-node bandwidth, Gbit/s, all NICs together (e.g. 50, or 3200 for 8 x 400G).",
-        ),
-    ] = None,
+    cluster: ClusterOpt = None,
+    net: NetOpt = None,
+    intra_gbps: IntraGbpsOpt = None,
+    inter_gbps: InterGbpsOpt = None,
     seq_len: PlanSeqLenOpt = None,
-    global_batch: Annotated[
-        Optional[int],
-        typer.Option(
-            "--global-batch",
-            parser=decimal_count,
-            metavar="N",
-            help="Global batch in sequences, held fixed (default: max(128, GPUs)).",
-        ),
-    ] = None,
-    global_batch_tokens: Annotated[
-        Optional[int],
-        typer.Option(
-            "--global-batch-tokens",
-            parser=decimal_count,
-            metavar="N",
-            help="Global batch in tokens, e.g. 4M = 4,000,000 (rounded down to whole sequences).",
-        ),
-    ] = None,
+    global_batch: GlobalBatchOpt = None,
+    global_batch_tokens: GlobalBatchTokensOpt = None,
     tokens: Annotated[
         Optional[str], typer.Option("--tokens", help="Token budget for time and cost (e.g. 2B, 1.5e11).")
     ] = None,
@@ -149,6 +134,13 @@ def plan_command(
     synthetic: SyntheticOpt = False,
     run_dir: RunDirOpt = None,
     checkpoint_every: CheckpointEveryOpt = DEFAULT_CHECKPOINT_MINUTES,
+    compare: CompareOpt = None,
+    deadline: DeadlineOpt = None,
+    budget: BudgetOpt = None,
+    prices: PricesOpt = None,
+    price_basis: PriceBasisOpt = "on-demand",
+    interconnect: InterconnectOpt = None,
+    plot: PlotOpt = None,
     top: Annotated[int, typer.Option("--top", help="Candidates to show.")] = 8,
     json_out: JsonOpt = False,
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Where to write the plan.")] = None,
@@ -198,6 +190,13 @@ def plan_command(
         "offload": offload,
         "finetune": finetune_from(finetune, lora_rank, lora_alpha),
     }
+    flags = {"deadline": deadline, "budget": budget, "prices": prices, "price_basis": price_basis, "plot": plot}
+    flags["interconnect"] = interconnect
+    chosen = {"--gpu": gpu, "--gpus": gpus, "--nodes": nodes, "--cluster": cluster, "--net": net, "--price": price}
+    chosen |= {"--objective": None if objective == "throughput" else objective, "-o/--output": output}
+    if plan_compare.wanted(compare, chosen, flags):
+        pins = {"strategy": strategy, "micro_batch": micro_batch, "checkpointing": checkpointing, "compile": compile_}
+        return plan_compare.run(model, options, pins, compare, flags, json_out)  # type: ignore[arg-type]
     req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)
     result = pl.plan(req)
     out = result.as_dict(top, cal)

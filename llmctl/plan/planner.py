@@ -20,13 +20,12 @@ CPU offload (FSDP2's CPUOffloadPolicy): pinned (--offload, --no-offload) every s
 Unpinned the search runs without it, then once more with it only where nothing fits without it, or where some
 family could win with it (llmctl.plan.search.offload_can_win: its fastest setup, the whole batch without recompute,
 does not fit without offload, and that setup's step plus the host's optimizer step, which nothing hides, beats the
-best setup without it). Offload frees the GPU of the states, so it can win where they squeeze a setup into
-recompute, small micro-batches or TP; its copies and host step only add time to a setup that fits as it is. The
-faster search wins and the explanation says why. Under offload a family whose states do not fit the host's memory per node (the cluster file's node_memory_gib,
-else the GPU catalog's) is dropped before its memory search.
-
-What fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is llmctl.plan.request,
-the explanations llmctl.plan.explain, the plan file llmctl.plan.emit.
+best setup without it). Offload frees the GPU of the states, so it can win where they squeeze a setup into recompute,
+small micro-batches or TP; its copies and host step only add time to a setup that fits as it is. The faster search
+wins and the explanation says why. Under offload a family whose states do not fit the host's memory per node (the
+cluster file's node_memory_gib, else the GPU catalog's) is dropped before its memory search. What fits comes from
+llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is llmctl.plan.request, the explanations
+llmctl.plan.explain, the plan file llmctl.plan.emit.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ from llmctl.plan.explain import (
 )
 from llmctl.plan.explain_finetune import explain_finetune
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
-from llmctl.plan.search import MemorySearch, OffloadFamily, node_counts, offload_can_win, parallel_bound
+from llmctl.plan.search import MemorySearch, OffloadFamily, offload_can_win, parallel_bound
 from llmctl.plan.search import divisors as divisors  # re-exported (llmctl.tune.space)
 from llmctl.plan.search import tp_bound as tp_bound  # re-exported
 from llmctl.plan.timing import Candidate, cp_comm, evaluate
@@ -98,9 +97,7 @@ class PlanResult:
     precision_choice: str = ""
     """What --precision auto chose on a GPU without bf16 and why; under float8, what runs on its tensor cores."""
     finetune_choice: str = ""  # with adapters: full, LoRA and QLoRA compared here (llmctl.plan.explain_finetune)
-    offload_choice: str = ""
-    """Under CPU offload, why it is on (pinned, nothing fits without it, or it beats the best setup without it), what
-    the GPU and the host hold and what the copies and the host's work cost; empty without it."""
+    offload_choice: str = ""  # under CPU offload: why it is on, what GPU and host hold, what it costs (else empty)
 
     def memory_margin(self) -> dict[str, Any]:
         """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
@@ -197,8 +194,7 @@ def auto_loss_chunk(spec: ModelSpec) -> int:
 
 
 def checkpointing_modes(spec: ModelSpec) -> list[str]:
-    """What the planner tries: none, partial:K for the planner's K (when they checkpoint a distinct number of
-    layers), selective, full."""
+    """What the planner tries: none, partial:K (where they checkpoint a distinct number of layers), selective, full."""
     out = ["none"]
     seen = set()
     for k in ckpt_modes.PLANNER_PARTIAL:
@@ -300,7 +296,8 @@ def plan(req: PlanRequest) -> PlanResult:
         try:
             result = _plan(with_offload, offload_pinned=False)
         except DoesNotFitError as again:
-            raise DoesNotFitError(f"{without.message}; with CPU offload: {again.message}", hint=again.hint) from None
+            fewest = min((n for n in (without.fewest_gpus, again.fewest_gpus) if n), default=None)
+            raise DoesNotFitError(f"{without.message}; with CPU offload: {again.message}", again.hint, fewest) from None
         why = f"on: no setup fits the GPUs without it ({without.message})"
         return replace(result, offload_choice=explain_offload(with_offload, result.chosen, why))
     if not offload_can_win(req, first.chosen, _offload_families(req)):
@@ -326,7 +323,7 @@ def _offload_families(req: PlanRequest) -> list[OffloadFamily]:
     chunk = min(_loss_chunks(req, spec, rejected))
     out = []
     for tp, cp in parallel_degrees(req, tp_degrees(req, rejected), cp_degrees(req, [fast, "sdpa"], rejected), rejected):
-        for n, strategy in itertools.product(node_counts(req.nodes), strategies):
+        for n, strategy in itertools.product(req.node_options(), strategies):
             dp = n * g // (tp * cp) if (n * g) % (tp * cp) == 0 else 0
             hybrid_off = strategy == "hybrid_shard" and (n < 2 or g % (tp * cp) or g // (tp * cp) < 2)
             if dp and not req.global_batch % dp and not hybrid_off:
@@ -379,7 +376,7 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
         return n * g // (tp * cp) if (n * g) % (tp * cp) == 0 else 0
 
     usable = {
-        (tp, cp): [n for n in node_counts(req.nodes) if dp_ranks(n, tp, cp) and G % dp_ranks(n, tp, cp) == 0]
+        (tp, cp): [n for n in req.node_options() if dp_ranks(n, tp, cp) and G % dp_ranks(n, tp, cp) == 0]
         for tp, cp in degrees
     }
     if not any(usable.values()):
@@ -625,6 +622,7 @@ def _nothing_fits(req: PlanRequest, rejected: list[str], offload_pinned: bool = 
         f"{best_attn} attention, micro-batch 1{' and CPU offload' if req.offload else ''} "
         f"({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
         hint=f"pass --gpus {m.gpus} or more" + (f" (--nodes {m.nodes})" if (m.nodes or 0) > 1 else "") + smaller,
+        fewest_gpus=m.gpus,
     )
 
 
@@ -646,5 +644,6 @@ def _fewest_with_cp(req: PlanRequest, chunk: int, where: str, max_gpus: int = 1 
                     f"GPUs): cp {cp} ({req.seq_len // cp:,} tokens of each sequence per GPU), full_shard, full "
                     f"checkpointing, micro-batch 1 ({e.device_bytes / GIB:.1f} GiB per GPU)",
                     hint=f"pass --nodes {nodes} --gpus-per-node {g} or more",
+                    fewest_gpus=gpus,
                 )
         cp *= 2

@@ -74,6 +74,18 @@ percent of an 80 GB GPU between stacks: the CUDA context and cuBLAS/NCCL workspa
 driver, NCCL version and number of communicators (NCCL docs, "NCCL_BUFFSIZE": 4 MiB per channel and peer)."""
 
 
+def node_counts(total: int) -> list[int]:
+    """Nodes to try: powers of two up to the cluster, the whole cluster, and every divisor for small clusters."""
+    out = {total}
+    p = 1
+    while p <= total:
+        out.add(p)
+        p *= 2
+    if total <= 64:
+        out.update(d for d in range(1, total + 1) if total % d == 0)
+    return sorted(out)
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """The achievable-efficiency factors, all overridable; `calibration` multiplies them (--calibrate)."""
@@ -171,6 +183,9 @@ class PlanRequest:
     """Pin CPU offload on (--offload) or off (--no-offload); None: off, and on only where no setup fits the GPUs
     without it (llmctl.plan.planner.plan)."""
     node_memory_gib: float | None = None
+    nodes_exact: bool = False
+    """Search only `nodes` nodes (llmctl.plan.compare probes each count once); False: every count up to it
+    (llmctl.plan.search.node_counts: on a slow network fewer nodes can win)."""
     finetune: Finetune = FULL
     """Full training, or LoRA / QLoRA adapters on a frozen base (--finetune): every setup searched trains this way
     (llmctl's engine runs adapters at tp 1, without CPU offload: the planner searches neither with them)."""
@@ -289,6 +304,10 @@ class PlanRequest:
         Tensor Parallelism in PyTorch", 2024: H100 SXM with NVSwitch; torchtitan's docs/async_tp.md). Elsewhere TP's
         collectives are priced unhidden; a plan may still set parallel.async_tp and the engine runs it on CUDA."""
         return self.gpu.architecture in ("hopper", "blackwell") and self.gpu.link.startswith("NVLink")
+
+    def node_options(self) -> list[int]:
+        """The node counts the search tries."""
+        return [self.nodes] if self.nodes_exact else node_counts(self.nodes)
 
     @property
     def global_batch(self) -> int:

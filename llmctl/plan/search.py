@@ -11,6 +11,7 @@ from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
 from llmctl.plan.explain import sort_key
 from llmctl.plan.request import PlanRequest
+from llmctl.plan.request import node_counts as node_counts  # re-exported (the planner, llmctl.tune)
 from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
 from llmctl.spec.hardware import GIB
 from llmctl.spec.setup import CP_ROTATES, TrainSetup
@@ -19,18 +20,6 @@ from llmctl.spec.setup import CP_ROTATES, TrainSetup
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
-
-
-def node_counts(total: int) -> list[int]:
-    """Nodes to try: powers of two up to the cluster, the whole cluster, and every divisor for small clusters."""
-    out = {total}
-    p = 1
-    while p <= total:
-        out.add(p)
-        p *= 2
-    if total <= 64:
-        out.update(d for d in range(1, total + 1) if total % d == 0)
-    return sorted(out)
 
 
 def parallel_bound(req: PlanRequest, tp: int, cp: int, nodes: int, attn: str, compile_: bool) -> float:

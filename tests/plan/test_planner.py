@@ -15,7 +15,7 @@ from llmctl.plan import planner as pl
 from llmctl.plan.calibrate import calibrate
 from llmctl.plan.emit import to_plan
 from llmctl.plan.explain import recompute_cost
-from llmctl.plan.request import KERNEL_EFFICIENCY, Efficiency, PlanRequest
+from llmctl.plan.request import KERNEL_EFFICIENCY, Efficiency, PlanRequest, node_counts
 from llmctl.plan.timing import Candidate, evaluate
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
@@ -125,8 +125,8 @@ def test_default_global_batch_and_node_counts() -> None:
     assert seed_request(global_batch_seqs=None).global_batch == 128
     big = PlanRequest(spec=L7B, gpu=H100, nodes=1024, gpus_per_node=8, network=FAST_NET)
     assert big.global_batch == 8192
-    assert pl.node_counts(1024) == [2**i for i in range(11)]
-    assert pl.node_counts(6) == [1, 2, 3, 4, 6]
+    assert node_counts(1024) == [2**i for i in range(11)]
+    assert node_counts(6) == [1, 2, 3, 4, 6]
     with pytest.raises(InputError, match="does not split evenly"):
         pl.plan(seed_request(global_batch_seqs=3))
 

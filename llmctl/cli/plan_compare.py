@@ -1,0 +1,173 @@
+"""`llmctl plan MODEL --tokens T --compare all|KIND,...`: the table, JSON and plot of llmctl.plan.compare (rendering
+and flag checks only; the numbers are the planner's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.markup import escape
+
+from llmctl.cli import render
+from llmctl.cli.compare_options import check_basis, parse_budget, parse_deadline
+from llmctl.errors import InputError
+from llmctl.plan import compare as cmp
+from llmctl.spec.prices import load_prices
+
+COMPARE_ONLY = ("--deadline", "--budget", "--prices", "--price-basis", "--interconnect", "--plot")
+"""Flags that mean something only with --compare."""
+
+
+def wanted(compare: str | None, chosen: dict[str, Any], flags: dict[str, Any]) -> bool:
+    """Whether this is a comparison; one line for a flag that needs --compare (`flags`, by option name), or one that
+    --compare decides itself (`chosen`, by flag: None when not given)."""
+    given = {f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None and v != "on-demand"}
+    if compare is None:
+        stray = [f for f in COMPARE_ONLY if f in given]
+        if stray:
+            raise InputError(f"{stray[0]} applies to a comparison", hint="add --compare all (or a list of GPU kinds)")
+        return False
+    clash = [f for f, v in chosen.items() if v is not None]
+    if clash:
+        raise InputError(
+            f"--compare chooses the GPU kind, count and price itself: drop {clash[0]}",
+            hint="pin GPUs per node with --gpus-per-node and the network with --interconnect",
+        )
+    return True
+
+
+def run(
+    model: str,
+    options: dict[str, Any],
+    pins: dict[str, Any],
+    compare: str,
+    flags: dict[str, Any],
+    json_out: bool,
+) -> None:
+    """Check the comparison's flags, compare, show (table or JSON), plot."""
+    if options.get("tokens") is None:
+        raise InputError("--compare needs --tokens: time and cost are for a number of tokens", hint="e.g. --tokens 1T")
+    from llmctl.spec.models import MAX_TOKENS, parse_count
+
+    tokens = parse_count(options["tokens"], "--tokens", MAX_TOKENS)
+    deadline = parse_deadline(flags["deadline"]) if flags.get("deadline") else None
+    budget = parse_budget(flags["budget"]) if flags.get("budget") else None
+    basis = check_basis(flags.get("price_basis") or "on-demand")
+    plot = render.plot_path(flags["plot"]) if flags.get("plot") else None
+    if plot is not None:
+        render.pyplot()  # a missing matplotlib is one line before minutes of work, not after
+    if flags.get("interconnect"):
+        cmp.resolve_interconnect(flags["interconnect"])
+    prices = load_prices(flags.get("prices"))
+    ask = cmp.Ask(
+        tokens,
+        deadline,
+        budget,
+        basis,
+        flags.get("interconnect"),
+        options.get("gpus_per_node"),
+    )
+    kinds = cmp.resolve_kinds(compare)
+    result = cmp.compare(model, options, pins, kinds, ask, prices)
+    if plot is not None:
+        from llmctl.cli.compare_plot import write
+
+        write(result, plot)
+    out = result.as_dict()
+    if plot is not None:
+        out["plot_path"] = str(plot)
+    if json_out:
+        render.print_json(out)
+        return
+    show(result, str(plot) if plot else None)
+
+
+def show(result: cmp.Comparison, plot: str | None) -> None:
+    ask, c = result.ask, render.console
+    limits = [
+        f"deadline {ask.deadline_s / cmp.DAY:,.4g} days" if ask.deadline_s else "no deadline: lowest cost per token",
+        f"budget ${ask.budget_usd:,.0f}" if ask.budget_usd else "no budget",
+    ]
+    c.print(f"[bold]{ask.tokens:,} tokens[/bold]; {'; '.join(limits)}; {ask.basis} prices")
+    t = render.table(
+        None,
+        [
+            ("GPU", "left"),
+            ("GPUs", "right"),
+            ("fit from", "right"),
+            ("network", "left"),
+            ("setup", "left"),
+            ("tokens/s", "right"),
+            ("MFU", "right"),
+            ("days", "right"),
+            ("$/GPU-h", "right"),
+            ("cost", "right"),
+            ("", "left"),
+        ],
+    )
+    for r in sorted(result.rows, key=lambda r: _order(r, ask)):
+        d = r.as_dict(ask)
+        mark = "cheapest" if r is result.cheapest else ""
+        if r is result.fastest:
+            mark = f"{mark}, fastest" if mark else "fastest"
+        note = f"excluded: {r.excluded}" if r.excluded else mark
+        if d["plan_only"] and not r.excluded:
+            note = (note + "; " if note else "") + "plan-only"
+        shape = (
+            "-"
+            if d["gpus"] is None
+            else f"{d['gpus']:,}" + (f" ({d['nodes']}x{d['gpus_per_node']})" if d["nodes"] > 1 else "")
+        )
+        t.add_row(
+            r.gpu.name,
+            shape,
+            "-" if d["fewest_gpus_that_fit"] is None else f"{d['fewest_gpus_that_fit']:,}",
+            r.interconnect.name,
+            escape(_setup(r)),
+            "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,.0f}",
+            "-" if d["mfu"] is None else f"{d['mfu']:.0%}",
+            "-" if d["days"] is None else f"{d['days']:,.1f}",
+            "-" if d["usd_per_gpu_hour"] is None else f"{d['usd_per_gpu_hour']:,.2f}",
+            "-" if d["cost_usd"] is None else f"${d['cost_usd']:,.0f}",
+            escape(note),
+        )
+    c.print(t)
+    if result.cheapest:
+        c.print(f"cheapest: {escape(result.why_cheapest)}", soft_wrap=True)
+    else:
+        c.print(f"cheapest: {escape(result.why_cheapest) or 'none'}", soft_wrap=True)
+    c.print(f"fastest: {escape(result.why_fastest)}", soft_wrap=True)
+    for r in (result.cheapest, result.fastest):
+        if r is not None and r.command:
+            c.print(f"full search of {r.gpu.name}'s row: {escape(r.command)}", soft_wrap=True)
+    c.print(escape(result.prices_note), soft_wrap=True)
+    c.print(
+        "each row: the planner on exactly that many GPUs (compile on; up to "
+        f"{cmp.COMPARE_PIN_SEQ_LEN:,} tokens the fastest attention kernel), counts in powers of two",
+        soft_wrap=True,
+    )
+    if plot:
+        c.print(f"plot: {plot}")
+
+
+def _order(r: cmp.Row, ask: cmp.Ask) -> tuple:
+    """Rows kept first, by cost (rows without a price after), then the excluded ones."""
+    cost = r.pick.cost(ask.tokens, r.price) if r.pick else None
+    days = r.pick.seconds(ask.tokens) if r.pick else None
+    return (r.excluded is not None, cost is None, cost or 0.0, days or float("inf"), r.gpu.name)
+
+
+def _setup(r: cmp.Row) -> str:
+    c = r.pick.candidate if r.pick else None
+    if c is None:
+        return "-"
+    s = c.setup
+    parts = [s.strategy.replace("_shard", "")]
+    if s.tp > 1:
+        parts.append(f"tp{s.tp}")
+    if s.cp > 1:
+        parts.append(f"cp{s.cp}")
+    parts.append(f"mb{s.micro_batch_size}x{s.grad_accum_steps}")
+    parts.append(s.checkpointing)
+    if s.levers.offload:
+        parts.append("offload")
+    return " ".join(parts)

@@ -1,0 +1,427 @@
+"""`llmctl plan --compare`: for each GPU kind, the fewest GPUs that fit, the count that meets a deadline (or gives the
+lowest cost per token), the setup, tokens/s, days and cost; rows over the deadline or the budget excluded with the
+reason; the cheapest and the fastest named (torch-free).
+
+Each point of a row is the planner's own search (llmctl.plan.planner.plan) on exactly that many GPUs of the kind, on
+the kind's usual node (GPUs per node) and the inter-node network of its interconnect class
+(llmctl.spec.interconnect), with the global batch `llmctl plan` would use there. Two choices are pinned unless the
+user pins them otherwise, to keep a whole-catalog comparison within seconds: torch.compile on (the planner prices it
+faster at the same memory, so it picks it wherever it may), and, up to COMPARE_PIN_SEQ_LEN tokens, no context
+parallelism and the fastest attention kernel the GPU runs (flash, else SDPA; eager never wins on speed): a sequence
+that short fits one GPU's activations with checkpointing and TP. Past it both are searched (the ring runs on SDPA). Each row names the `llmctl plan` command that re-runs its point with the
+full search.
+
+The GPU counts searched are the powers of two within a node, then whole nodes in powers of two (the counts clusters
+are rented and bought in). Per kind: the fewest that fit (the planner's DoesNotFitError says where to start); with a
+deadline, the fewest that finish in time, found by stepping up from the count that compute alone would need (the
+planner's upper bound on tokens/s: no recompute, no communication, the largest micro-batch); then larger counts while the cost still falls (more GPUs can cost less when they free the setup from
+recompute, CPU offload or TP). Without a deadline the same climb from the fewest that fit gives the lowest cost per
+token. The climb stops at the first count that costs more: a local search, exact where the cost per token has one
+minimum over the counts (tests/plan/test_compare.py checks it against every count on small cases).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from llmctl.errors import DoesNotFitError, InputError, LlmctlError
+from llmctl.plan import planner as pl
+from llmctl.plan.request import PlanRequest, build_request
+from llmctl.plan.search import parallel_bound
+from llmctl.plan.timing import Candidate
+from llmctl.spec.hardware import GPUSpec, gpu_catalog, resolve_gpu
+from llmctl.spec.interconnect import Interconnect, default_interconnect, resolve_interconnect
+from llmctl.spec.prices import BASES as BASES  # re-exported (the CLI's --price-basis)
+from llmctl.spec.prices import PriceQuote, PriceTable, describe
+
+DEFAULT_MAX_GPUS = 32768
+"""The largest cluster a comparison considers (the largest published training runs used 16k-32k GPUs: Llama 3 405B
+on 16,384 H100s, Dubey et al. 2024, arXiv:2407.21783)."""
+COMPARE_PIN_SEQ_LEN = 16384
+"""Up to this sequence length a comparison pins the fastest attention kernel (module docstring)."""
+HOUR = 3600.0
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What the buyer asks: the tokens to train on, a deadline and a budget (None: none), the price basis, and the
+    cluster shape (an interconnect class and GPUs per node for every kind; None: each kind's usual)."""
+
+    tokens: int
+    deadline_s: float | None = None
+    budget_usd: float | None = None
+    basis: str = "on-demand"
+    interconnect: str | None = None
+    gpus_per_node: int | None = None
+    max_gpus: int = DEFAULT_MAX_GPUS
+
+    def __post_init__(self) -> None:
+        if self.basis not in BASES:
+            raise InputError(f"unknown price basis {self.basis!r}", hint="one of: " + ", ".join(BASES))
+        if self.tokens < 1:
+            raise InputError(f"--tokens must be positive, got {self.tokens}")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise InputError("--deadline must be a positive duration")
+        if self.budget_usd is not None and not self.budget_usd > 0:
+            raise InputError("--budget must be a positive number of USD")
+
+
+@dataclass(frozen=True)
+class Point:
+    """The planner's answer on `gpus` GPUs of one kind: its best setup, or why nothing fits there."""
+
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    candidate: Candidate | None
+    problem: str | None = None
+    fewest_gpus: int | None = None
+    """Where nothing fits: the smallest count the planner found that would (DoesNotFitError.fewest_gpus)."""
+
+    def seconds(self, tokens: int) -> float | None:
+        c = self.candidate
+        return tokens / c.predicted.tokens_per_s if c and c.predicted.tokens_per_s > 0 else None
+
+    def cost(self, tokens: int, price: PriceQuote | None) -> float | None:
+        s = self.seconds(tokens)
+        return None if s is None or price is None else self.gpus * s / HOUR * price.usd_per_gpu_hour
+
+    def gpu_hours(self, tokens: int) -> float:
+        s = self.seconds(tokens)
+        return math.inf if s is None else self.gpus * s / HOUR
+
+
+@dataclass
+class Row:
+    """One GPU kind's answer."""
+
+    gpu: GPUSpec
+    interconnect: Interconnect
+    price: PriceQuote | None
+    points: list[Point] = field(default_factory=list)
+    """Every count probed, ascending (the plot draws them)."""
+    pick: Point | None = None
+    fewest: Point | None = None
+    excluded: str | None = None
+    command: str = ""
+
+    def as_dict(self, ask: Ask) -> dict[str, Any]:
+        p, price = self.pick, self.price
+        c = p.candidate if p else None
+        secs = p.seconds(ask.tokens) if p else None
+        return {
+            "gpu": self.gpu.name,
+            "gpus": p.gpus if p else None,
+            "nodes": p.nodes if p else None,
+            "gpus_per_node": p.gpus_per_node if p else None,
+            "fewest_gpus_that_fit": self.fewest.gpus if self.fewest else None,
+            "interconnect": self.interconnect.name,
+            "inter_node_gbps": self.interconnect.inter_node_gbps,
+            "days": secs / DAY if secs is not None else None,
+            "cost_usd": p.cost(ask.tokens, price) if p else None,
+            "usd_per_gpu_hour": price.usd_per_gpu_hour if price else None,
+            "price_basis": price.basis if price else None,
+            "price_source": price.source if price else None,
+            "price_date": price.date.isoformat() if price else None,
+            "tokens_per_s": c.predicted.tokens_per_s if c else None,
+            "tokens_per_s_per_gpu": c.predicted.tokens_per_s_per_gpu if c else None,
+            "mfu": c.predicted.mfu if c else None,
+            "setup": c.label if c else None,
+            "plan": c.as_dict() if c else None,
+            "excluded": self.excluded,
+            "plan_only": self.gpu.plan_only if hasattr(self.gpu, "plan_only") else None,
+            "command": self.command or None,
+            "points": [
+                {
+                    "gpus": q.gpus,
+                    "days": (q.seconds(ask.tokens) or 0) / DAY or None,
+                    "cost_usd": q.cost(ask.tokens, price),
+                }
+                for q in self.points
+                if q.candidate
+            ],
+        }
+
+
+@dataclass
+class Comparison:
+    ask: Ask
+    rows: list[Row]
+    cheapest: Row | None
+    fastest: Row | None
+    why_cheapest: str
+    why_fastest: str
+    prices_note: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tokens": self.ask.tokens,
+            "deadline_days": self.ask.deadline_s / DAY if self.ask.deadline_s else None,
+            "budget_usd": self.ask.budget_usd,
+            "price_basis": self.ask.basis,
+            "prices": self.prices_note,
+            "comparison": [r.as_dict(self.ask) for r in self.rows],
+            "cheapest": self.cheapest.gpu.name if self.cheapest else None,
+            "fastest": self.fastest.gpu.name if self.fastest else None,
+            "why_cheapest": self.why_cheapest,
+            "why_fastest": self.why_fastest,
+        }
+
+
+def gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
+    """The counts searched: powers of two below a node, the node, then whole nodes in powers of two."""
+    out, n = [], 1
+    while n < gpus_per_node:
+        out.append(n)
+        n *= 2
+    nodes = 1
+    while nodes * gpus_per_node <= max(max_gpus, gpus_per_node):
+        out.append(nodes * gpus_per_node)
+        nodes *= 2
+    return out
+
+
+def resolve_kinds(text: str) -> list[GPUSpec]:
+    """`all` (the whole catalog) or a comma-separated list of kinds (names or aliases), each once."""
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise InputError("--compare needs `all` or a comma-separated list of GPU kinds")
+    if [n.lower() for n in names] == ["all"]:
+        return list(gpu_catalog().values())
+    kinds: dict[str, GPUSpec] = {}
+    for n in names:
+        g = resolve_gpu(n)
+        kinds.setdefault(g.name, g)
+    return list(kinds.values())
+
+
+Planner = Callable[[str, int, int, Interconnect, float | None], PlanRequest]
+"""(kind, nodes, GPUs per node, interconnect, USD per GPU-hour) -> the request of one point."""
+
+
+def requests_from(model: str, options: dict[str, Any], pins: dict[str, Any]) -> Planner:
+    """The planner request of one point from `llmctl plan`'s options (build_request: every check of a single plan),
+    with the point's kind, shape and network, and the comparison's pins (module docstring)."""
+
+    def make(kind: str, nodes: int, per_node: int, net: Interconnect, price: float | None) -> PlanRequest:
+        o = {
+            **options,
+            "gpu": kind,
+            "gpus": None,
+            "nodes": nodes,
+            "gpus_per_node": per_node,
+            "cluster": None,
+            "inter_gbps": net.inter_node_gbps if nodes > 1 else None,
+            "intra_gbps": options.get("intra_gbps") or net.intra_node_gbps,
+            "price": price,
+            "objective": "throughput",
+        }
+        req, _ = build_request(model, o, pins.get("strategy"), pins.get("micro_batch"), pins.get("checkpointing"))
+        compile_ = pins.get("compile")
+        attention, cp = req.attention, req.cp
+        if req.seq_len <= COMPARE_PIN_SEQ_LEN and cp is None:
+            cp = 1
+            if attention is None:
+                fast = "flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa"
+                attention = req.spec.attention_kernel(fast)
+        compile_ = True if compile_ is None else compile_
+        return replace(req, nodes_exact=True, compile=compile_, attention=attention, cp=cp)
+
+    return make
+
+
+def probe(make: Planner, kind: GPUSpec, gpus: int, per_node: int, net: Interconnect, price: PriceQuote | None) -> Point:
+    """The planner on exactly `gpus` GPUs (one node of them below a node's worth, else whole nodes)."""
+    nodes, g = (1, gpus) if gpus <= per_node else (gpus // per_node, per_node)
+    try:
+        result = pl.plan(make(kind.name, nodes, g, net, price.usd_per_gpu_hour if price else None))
+    except DoesNotFitError as e:
+        return Point(gpus, nodes, g, None, e.message, e.fewest_gpus)
+    except InputError as e:  # a pin or batch this count cannot take (e.g. --tp 8 on a 4-GPU node): not this count
+        if e.message.startswith(("unknown", "cannot read")):
+            raise
+        return Point(gpus, nodes, g, None, e.message)
+    return Point(gpus, nodes, g, result.chosen)
+
+
+def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_cmd: str) -> Row:
+    """One kind's row: the fewest GPUs that fit, then the count that meets the deadline at the least cost (or the
+    lowest cost per token), and why a row is excluded."""
+    per_node = ask.gpus_per_node or kind.node_gpus
+    net = resolve_interconnect(ask.interconnect) if ask.interconnect else default_interconnect(kind)
+    price = prices.quote(kind.name, ask.basis)
+    row = Row(kind, net, price)
+    counts = gpu_counts(per_node, ask.max_gpus)
+    seen: dict[int, Point] = {}
+
+    def at(i: int) -> Point:
+        if counts[i] not in seen:
+            seen[counts[i]] = probe(make, kind, counts[i], per_node, net, price)
+        return seen[counts[i]]
+
+    def index_at_least(n: int) -> int | None:
+        return next((j for j, c in enumerate(counts) if c >= n), None)
+
+    i: int | None = 0
+    while i is not None and at(i).candidate is None:
+        jump = at(i).fewest_gpus
+        nxt = index_at_least(jump) if jump and jump > counts[i] else i + 1
+        i = nxt if nxt is not None and nxt < len(counts) else None
+    row.points = [seen[c] for c in sorted(seen)]
+    if i is None:
+        last = seen[max(seen)]
+        row.excluded = f"does not fit on up to {counts[-1]:,} GPUs: {last.problem}"
+        return row
+    row.fewest = at(i)
+
+    def score(p: Point) -> float:  # what the climb lowers: the cost, or GPU-hours without a price (same order)
+        return p.gpu_hours(ask.tokens)
+
+    def meets(p: Point) -> bool:
+        s = p.seconds(ask.tokens)
+        return s is not None and (ask.deadline_s is None or s <= ask.deadline_s)
+
+    start = i
+    if ask.deadline_s is not None and not meets(at(i)):
+        # from the count that compute alone would need (an upper bound on tokens/s per GPU), up to the fewest that
+        # meets the deadline
+        f = at(i)
+        req = make(kind.name, f.nodes, f.gpus_per_node, net, None)
+        attn = req.attention or "sdpa"
+        bound = parallel_bound(req, 1, 1, f.nodes, attn, bool(req.compile)) / f.gpus
+        guess = index_at_least(math.ceil(ask.tokens / (ask.deadline_s * bound)))
+        j = len(counts) if guess is None else max(guess, i + 1)
+        while j < len(counts) and not meets(at(j)):
+            # next: the count this one's tokens/s would need if it scaled linearly (it scales less: rarely past it)
+            tps = at(j).candidate.predicted.tokens_per_s if at(j).candidate else 0.0
+            need = counts[j] * ask.tokens / (ask.deadline_s * tps) if tps > 0 else 0.0
+            nxt = index_at_least(math.ceil(need)) if need else j + 1
+            j = len(counts) if nxt is None else max(nxt, j + 1)
+        while j < len(counts) and j - 1 > i and counts[j - 1] not in seen and meets(at(j - 1)):
+            j -= 1  # a jump past a count that meets it too (more than linear: recompute or offload dropped)
+        if j == len(counts):
+            fits = [p for p in seen.values() if p.candidate]
+            best = max(fits, key=lambda p: p.candidate.predicted.tokens_per_s)  # type: ignore[union-attr]
+            row.points, row.pick = [seen[c] for c in sorted(seen)], best
+            days = best.seconds(ask.tokens) / DAY  # type: ignore[operator]
+            row.excluded = (
+                f"cannot meet the deadline: {days:,.1f} days on {best.gpus:,} GPUs, and its tokens/s would need more "
+                f"than the {counts[-1]:,} GPUs searched even if they scaled linearly"
+            )
+            row.command = command(model_cmd, kind, best, net)
+            return row
+        start = j
+    best_j = start
+    j = start + 1
+    while j < len(counts) and at(j).candidate is not None and score(at(j)) < score(at(best_j)):
+        best_j, j = j, j + 1
+    row.pick = at(best_j)
+    row.points = [seen[c] for c in sorted(seen)]
+    row.command = command(model_cmd, kind, row.pick, net)
+    cost = row.pick.cost(ask.tokens, price)
+    if ask.budget_usd is not None:
+        if cost is None:
+            row.excluded = f"no {ask.basis} price for {kind.name}: the budget cannot be checked (add it with --prices)"
+        elif cost > ask.budget_usd:
+            row.excluded = f"over budget: ${cost:,.0f} > ${ask.budget_usd:,.0f}"
+    return row
+
+
+def command(model_cmd: str, kind: GPUSpec, p: Point, net: Interconnect) -> str:
+    """The `llmctl plan` that re-runs a point with the full search."""
+    shape = f"--gpus {p.gpus}" if p.nodes == 1 else f"--nodes {p.nodes} --gpus-per-node {p.gpus_per_node}"
+    inter = f" --inter-gbps {net.inter_node_gbps:g}" if p.nodes > 1 else ""
+    return f"llmctl plan {model_cmd} --gpu {kind.name} {shape}{inter}"
+
+
+def compare(
+    model: str,
+    options: dict[str, Any],
+    pins: dict[str, Any],
+    kinds: list[GPUSpec],
+    ask: Ask,
+    prices: PriceTable,
+    model_cmd: str | None = None,
+) -> Comparison:
+    """Every kind's row, the cheapest and the fastest picks among the rows not excluded, and why."""
+    make = requests_from(model, options, pins)
+    rows = []
+    for kind in kinds:
+        try:
+            rows.append(kind_row(make, kind, ask, prices, model_cmd or model))
+        except LlmctlError as e:
+            if isinstance(e, InputError) and len(kinds) == 1:
+                raise
+            net = resolve_interconnect(ask.interconnect) if ask.interconnect else default_interconnect(kind)
+            rows.append(Row(kind, net, prices.quote(kind.name, ask.basis), excluded=e.message))
+    ok = [r for r in rows if r.pick is not None and r.excluded is None]
+    priced = [r for r in ok if r.pick.cost(ask.tokens, r.price) is not None]  # type: ignore[union-attr]
+    cheapest = min(priced, key=lambda r: r.pick.cost(ask.tokens, r.price), default=None)  # type: ignore[union-attr,return-value]
+    fastest = min(ok, key=lambda r: r.pick.seconds(ask.tokens), default=None)  # type: ignore[union-attr,return-value]
+    quotes = {r.gpu.name: r.price for r in rows}
+    return Comparison(
+        ask,
+        rows,
+        cheapest,
+        fastest,
+        why_cheapest(ask, cheapest, priced),
+        why_fastest(ask, fastest, ok),
+        describe(quotes, datetime.date.today()),
+    )
+
+
+def _tokens_per_usd(ask: Ask, r: Row) -> float:
+    return ask.tokens / (r.pick.cost(ask.tokens, r.price) or math.inf)  # type: ignore[union-attr]
+
+
+def _shape(r: Row) -> str:
+    return f"{r.gpu.name} x {r.pick.gpus:,}"  # type: ignore[union-attr]
+
+
+def why_cheapest(ask: Ask, best: Row | None, priced: list[Row]) -> str:
+    """One sentence: what the cheapest costs, against the next cheapest, and where the difference comes from (its
+    price per GPU-hour against its tokens/s per GPU)."""
+    if best is None:
+        return "no row has a price and meets the limits" if not priced else ""
+    p = best.pick
+    assert p is not None and p.candidate is not None and best.price is not None
+    cost = p.cost(ask.tokens, best.price) or 0.0
+    text = (
+        f"{_shape(best)} is the cheapest: ${cost:,.0f} ({_tokens_per_usd(ask, best) / 1e6:,.2f}M tokens per USD: "
+        f"{p.candidate.predicted.tokens_per_s_per_gpu:,.0f} tokens/s per GPU at ${best.price.usd_per_gpu_hour:,.2f} "
+        f"per GPU-hour)"
+    )
+    others = sorted((r for r in priced if r is not best), key=lambda r: r.pick.cost(ask.tokens, r.price))  # type: ignore[union-attr,return-value,arg-type]
+    if others:
+        o = others[0]
+        q = o.pick
+        assert q is not None and q.candidate is not None and o.price is not None
+        other = q.cost(ask.tokens, o.price) or 0.0
+        text += (
+            f"; next {_shape(o)} at ${other:,.0f} ({other / cost - 1:.0%} more: "
+            f"{q.candidate.predicted.tokens_per_s_per_gpu:,.0f} tokens/s per GPU at ${o.price.usd_per_gpu_hour:,.2f})"
+        )
+    return text
+
+
+def why_fastest(ask: Ask, best: Row | None, ok: list[Row]) -> str:
+    """One sentence: how long the fastest row takes, on how many GPUs, against the next fastest."""
+    if best is None:
+        return "no row meets the limits"
+    p = best.pick
+    assert p is not None and p.candidate is not None
+    days = (p.seconds(ask.tokens) or 0) / DAY
+    text = (
+        f"{_shape(best)} finishes first: {days:,.1f} days at {p.candidate.predicted.tokens_per_s:,.0f} tokens/s "
+        f"(MFU {p.candidate.predicted.mfu:.0%}, {p.candidate.label})"
+    )
+    others = sorted((r for r in ok if r is not best), key=lambda r: r.pick.seconds(ask.tokens))  # type: ignore[union-attr,return-value,arg-type]
+    if others:
+        o = others[0]
+        text += f"; next {_shape(o)} in {(o.pick.seconds(ask.tokens) or 0) / DAY:,.1f} days"  # type: ignore[union-attr]
+    return text

@@ -1,0 +1,146 @@
+"""`llmctl plan --compare` through typer's CliRunner: the table, --json rows, --plot, --prices, and one line + exit 2
+for every bad flag or file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llmctl.cli import compare_plot
+from llmctl.cli.compare_options import parse_budget, parse_deadline
+from llmctl.cli.main import app
+from llmctl.errors import InputError
+
+runner = CliRunner()
+BASE = ["plan", "llama-3.2-1b", "--tokens", "5B", "--compare", "A100-80GB,L4,H100-SXM"]
+
+
+def one_line_error(args: list[str], needle: str) -> str:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in r.output, r.output
+    assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_json_rows_and_picks() -> None:
+    r = runner.invoke(app, [*BASE, "--deadline", "1d", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert {row["gpu"] for row in d["comparison"]} == {"A100-80GB", "L4", "H100-SXM"}
+    for row in d["comparison"]:
+        assert {"gpu", "gpus", "nodes", "days", "cost_usd", "tokens_per_s", "excluded"} <= set(row)
+        if row["excluded"] is None:
+            assert row["days"] <= 1.0
+            # cost = GPUs x hours x price per GPU-hour, hours = tokens / tokens/s
+            hours = 5e9 / row["tokens_per_s"] / 3600
+            assert row["cost_usd"] == pytest.approx(row["gpus"] * hours * row["usd_per_gpu_hour"])
+            assert row["price_source"] and row["price_date"]
+    kept = [row for row in d["comparison"] if row["excluded"] is None]
+    assert d["cheapest"] == min(kept, key=lambda row: row["cost_usd"])["gpu"]
+    assert d["fastest"] == min(kept, key=lambda row: row["days"])["gpu"]
+    assert d["prices"].startswith("prices: on-demand") and "days old" in d["prices"]
+
+
+def test_table_names_the_picks_and_the_prices() -> None:
+    r = runner.invoke(app, BASE)
+    assert r.exit_code == 0, r.output
+    assert "cheapest:" in r.output and "fastest:" in r.output
+    assert "prices: on-demand, shipped table (prices.yaml)" in r.output
+    assert "llmctl plan llama-3.2-1b --gpu" in r.output  # the row's full-search command
+
+
+def test_prices_file_replaces_an_entry(tmp_path: Path) -> None:
+    f = tmp_path / "my-prices.yaml"
+    f.write_text(
+        "gpus:\n  L4:\n    on_demand:\n      usd_per_gpu_hour: 0.01\n      source: my quote\n      date: 2026-01-02\n"
+    )
+    r = runner.invoke(app, [*BASE, "--prices", str(f), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    l4 = next(row for row in d["comparison"] if row["gpu"] == "L4")
+    assert l4["usd_per_gpu_hour"] == 0.01 and l4["price_source"] == "my quote"
+    assert d["cheapest"] == "L4"  # a cent an hour makes it the cheapest
+    assert f"L4: from {f}" in d["prices"]
+
+
+def test_budget_excludes(tmp_path: Path) -> None:
+    r = runner.invoke(app, [*BASE, "--budget", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert all(row["excluded"] and row["excluded"].startswith("over budget") for row in d["comparison"])
+    assert d["cheapest"] is None
+
+
+def test_plot_written(tmp_path: Path) -> None:
+    out = tmp_path / "cmp.png"
+    r = runner.invoke(app, [*BASE, "--deadline", "2d", "--plot", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size > 10_000 and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_data_pareto() -> None:
+    from llmctl.plan import compare as cmp
+    from tests.plan.test_compare import OPTIONS, FakePrices
+
+    kinds = [cmp.resolve_gpu(k) for k in ("A100-80GB", "L4")]
+    result = cmp.compare(
+        "llama-3.2-1b", OPTIONS, {}, kinds, cmp.Ask(5 * 10**9, max_gpus=16), FakePrices({"A100-80GB": 2, "L4": 0.5})
+    )
+    plot = compare_plot.compare_plot(result)
+    pts = [(d, c) for s in plot.series for d, c, _ in s.points]
+    assert plot.pareto and set(plot.pareto) <= set(pts)
+    for d, c in pts:  # every point is on the front or beaten on both by a point of it
+        assert (d, c) in plot.pareto or any(pd <= d and pc <= c for pd, pc in plot.pareto)
+    for s in plot.series:
+        assert s.pick in s.points
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--deadline", "soon"], "--deadline 'soon': not a duration"),
+        (["--budget", "lots"], "--budget 'lots': not an amount of USD"),
+        (["--budget", "0"], "--budget must be a positive amount"),
+        (["--price-basis", "spot"], "--price-basis 'spot'"),
+        (["--interconnect", "ib-nd"], "unknown interconnect"),
+        (["--gpu", "h100"], "--compare chooses the GPU kind, count and price itself: drop --gpu"),
+        (["--nodes", "2"], "drop --nodes"),
+        (["--price", "2"], "drop --price"),
+        (["--plot", "x.svg"], "must end in .png"),
+    ],
+)
+def test_bad_flags_one_line(extra: list[str], needle: str) -> None:
+    one_line_error([*BASE, *extra], needle)
+
+
+def test_unknown_kind_and_missing_tokens() -> None:
+    one_line_error(["plan", "llama-3.2-1b", "--tokens", "1B", "--compare", "h100,rtx9999"], "unknown GPU kind")
+    one_line_error(["plan", "llama-3.2-1b", "--compare", "all"], "--compare needs --tokens")
+    one_line_error(["plan", "llama-3.2-1b", "--gpu", "h100", "--deadline", "3d"], "--deadline applies to a comparison")
+
+
+def test_bad_prices_file(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("gpus:\n  L4:\n    on_demand:\n      usd_per_gpu_hour: -1\n      source: x\n      date: 2026-01-02\n")
+    line = one_line_error([*BASE, "--prices", str(f)], str(f))
+    assert "usd_per_gpu_hour" in line
+    one_line_error([*BASE, "--prices", str(tmp_path / "missing.yaml")], "missing.yaml")
+
+
+def test_parsers() -> None:
+    assert parse_deadline("30d") == 30 * 86400
+    assert parse_deadline("12h") == 12 * 3600
+    assert parse_deadline("2w") == 14 * 86400
+    assert parse_deadline("90min") == 90 * 60
+    assert parse_budget("500k") == 500_000
+    assert parse_budget("$1.2M") == pytest.approx(1_200_000)
+    assert parse_budget("2e6") == 2_000_000
+    with pytest.raises(InputError):
+        parse_deadline("0d")
+    with pytest.raises(InputError):
+        parse_budget("-5")
