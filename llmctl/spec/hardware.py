@@ -42,8 +42,9 @@ class _Entry(BaseModel):
     efficiency: float = Field(gt=0, le=2)
     efficiency_source: str = Field(min_length=1)
     aliases: list[str]
-    node_gpus: int = Field(8, ge=1, le=64)
-    """GPUs in the usual node of this kind (the default of --gpus-per-node); 8 when an entry does not say."""
+    node_gpus: int = Field(8, ge=1, le=128)
+    """GPUs in the usual node of this kind (the default of --gpus-per-node); 8 when an entry does not say. Up to 128:
+    a rack-scale NVLink domain (GB200 NVL72: 72) is one node."""
     node_cpus_per_gpu: int | None = Field(None, ge=1, le=1024)
     """SLURM CPUs per GPU that every listed node of this kind has (llmctl.launch.slurm_resources); None: unknown."""
     node_memory_gib_per_gpu: int | None = Field(None, ge=1, le=65536)
@@ -53,6 +54,12 @@ class _Entry(BaseModel):
     node_memory_gbytes_s_per_gpu: float | None = Field(None, gt=0, le=10000)
     """Peak host DRAM bandwidth per GPU, GB/s: the listed node's sockets x channels x transfer rate x 8 bytes over
     its GPUs (the smallest share among the nodes named); None: unknown."""
+    interconnect: str | None = Field(None, min_length=1)
+    """The inter-node network class a cluster of this kind usually has (a name in presets/interconnects.yaml, e.g.
+    ib-ndr-8x400); None: unknown."""
+    plan_only: str | None = Field(None, min_length=1)
+    """Why llmctl's engine cannot run this kind (it runs on CUDA and ROCm torch devices): `plan` notes it, `launch`
+    refuses its plans; None: the engine runs on it."""
 
     @field_validator("tflops")
     @classmethod
@@ -99,6 +106,12 @@ class GPUSpec:
     node_memory_gbytes_s_per_gpu: float | None = None
     """Peak host DRAM bandwidth per GPU, GB/s, on the common node of this kind with the smallest share: what CPU
     offload's optimizer step streams through (None: not known, llmctl.plan.offload's default node)."""
+    interconnect: str | None = None
+    """The inter-node network class a cluster of this kind usually has: a name in presets/interconnects.yaml
+    (ib-ndr-8x400: 8 x 400G NDR per node, as DGX H100; eth-100; nvl72-ndr; ...). None: not known."""
+    plan_only: str | None = None
+    """Why llmctl's engine cannot run this kind, one clause (e.g. Intel Gaudi's HPU bridge): `llmctl plan` still
+    plans for it and says so in a note, `llmctl launch` refuses its plans (exit 2). None: the engine runs on it."""
 
     @property
     def memory_gib(self) -> float:
@@ -162,6 +175,8 @@ def parse_catalog(text: str, source: str) -> list[GPUSpec]:
                 node_memory_gib_per_gpu=e.node_memory_gib_per_gpu,
                 host_link_gbytes_s=e.host_link_gbytes_s,
                 node_memory_gbytes_s_per_gpu=e.node_memory_gbytes_s_per_gpu,
+                interconnect=e.interconnect,
+                plan_only=e.plan_only,
             )
         )
     return out

@@ -30,8 +30,23 @@ FIELDS = {
     "aliases",
 }
 NODE_SHARES = {"node_cpus_per_gpu", "node_memory_gib_per_gpu"}
-OPTIONAL = NODE_SHARES | {"host_link_gbytes_s", "node_memory_gbytes_s_per_gpu"}
+OPTIONAL = NODE_SHARES | {"host_link_gbytes_s", "node_memory_gbytes_s_per_gpu", "interconnect", "plan_only"}
 """Catalog fields an entry may leave out (a user's catalog too: node_gpus defaults to 8)."""
+INTERCONNECTS = {
+    "ib-edr-4x100",
+    "ib-hdr-8x200",
+    "ib-ndr-8x400",
+    "ib-xdr-8x800",
+    "eth-400",
+    "eth-200",
+    "eth-100",
+    "eth-25",
+    "nvl72-ndr",
+    "nvl72-xdr",
+}
+"""The inter-node network classes of presets/interconnects.yaml that catalog entries name."""
+NO_FLOAT8 = {"volta", "turing", "ampere"}
+"""Architectures before float8 tensor cores (Ada, Hopper, Blackwell, CDNA3, Gaudi 3 have them)."""
 FAKE = {
     "name": "Z1-96GB",
     "memory_mib": 98304,
@@ -55,6 +70,8 @@ def test_every_shipped_entry_has_every_field() -> None:
     assert all(set(e) & NODE_SHARES in (set(), NODE_SHARES) for e in raw)  # both node shares, or neither
     # CPU offload's host link is the GPU's own PCIe x16 (a datasheet fact): every shipped kind states it.
     assert all("host_link_gbytes_s" in e for e in raw)
+    # and the network its clusters usually have, one of interconnects.yaml's classes
+    assert all(e.get("interconnect") in INTERCONNECTS for e in raw), [e["name"] for e in raw]
     cat = hardware.gpu_catalog()
     assert sorted(cat) == sorted(e["name"] for e in raw)
     assert hardware.resolve_gpu("h100").name == "H100-SXM" and hardware.resolve_gpu("A100").name == "A100-80GB"
@@ -197,11 +214,70 @@ def test_the_fp8_column_is_the_dense_float8_peak_or_null() -> None:
         "H200": 1979.0,
         "B200": 4500.0,
         "MI300X": 2614.9,
+        "RTX-4090": 330.3,  # with fp32 accumulate (torch._scaled_mm's), as its bf16 peak
+        "RTX-5090": 419.0,
+        "RTX-6000-Ada": 728.5,
+        "RTX-A6000": None,
+        "L40": 362.0,
+        "H20": 296.0,
+        "GH200": 1979.0,
+        "GH200-144GB": 1979.0,
+        "H200-NVL": 1670.5,
+        "B300": 4500.0,
+        "GB200-NVL72": 5000.0,
+        "GB300-NVL72": 5000.0,
+        "MI325X": 2614.9,
+        "MI355X": 5033.2,
+        "Gaudi-3": 1835.0,
     }
     for g in hardware.gpu_catalog().values():
         if g.tflops["fp8"] is not None:
-            assert g.tflops["fp8"] == pytest.approx(2 * g.tflops["bf16"], rel=0.025), g.name  # L40S: 733 / 362.05
+            # Gaudi 3's matrix engines run fp8 at the bf16 rate (Intel Gaudi 3 white paper); elsewhere twice bf16
+            ratio = 1 if g.architecture == "gaudi3" else 2
+            assert g.tflops["fp8"] == pytest.approx(ratio * g.tflops["bf16"], rel=0.025), g.name  # L40S: 733 / 362.05
             assert g.peak_tflops("fp8") == g.tflops["fp8"]
+
+
+def test_fp8_is_null_exactly_before_float8_architectures() -> None:
+    """fp8 is null on Volta, Turing and Ampere and given on every later architecture (Ada, Hopper, Blackwell, CDNA3+,
+    Gaudi 3): a new entry of an old architecture with an fp8 peak, or of a new one without, is a typo."""
+    cat = hardware.gpu_catalog()
+    assert {g.architecture for g in cat.values()} >= NO_FLOAT8 | {"ada", "hopper", "blackwell", "cdna3", "cdna4"}
+    for g in cat.values():
+        assert (g.tflops["fp8"] is None) == (g.architecture in NO_FLOAT8), (g.name, g.architecture)
+
+
+def test_new_kinds_resolve_by_their_aliases_and_rack_nodes_parse() -> None:
+    """Short names people type reach the 2026 kinds; no alias is another kind's name or alias (resolve_gpu is
+    case-insensitive); a rack-scale NVLink domain is one node of 72 (node_gpus up to 128)."""
+    cat = hardware.gpu_catalog()
+    names = [n.lower() for n in cat] + [a for g in cat.values() for a in g.aliases]
+    assert len(names) == len(set(names))
+    for alias, name in {
+        "rtx4090": "RTX-4090",
+        "5090": "RTX-5090",
+        "a6000": "RTX-A6000",
+        "gh200-96gb": "GH200",
+        "gb200": "GB200-NVL72",
+        "mi355": "MI355X",
+        "gaudi3": "Gaudi-3",
+    }.items():
+        assert hardware.resolve_gpu(alias).name == name
+    gb200 = hardware.resolve_gpu("GB200-NVL72")
+    assert gb200.node_gpus == 72 and gb200.interconnect == "nvl72-ndr" and gb200.link == "NVLink5"
+    (g,) = hardware.parse_catalog(yaml.safe_dump([{**FAKE, "node_gpus": 128}]), "x")
+    assert g.node_gpus == 128 and g.interconnect is None and g.plan_only is None
+    with pytest.raises(SpecError, match="node_gpus: Input should be less than or equal to 128"):
+        hardware.parse_catalog(yaml.safe_dump([{**FAKE, "node_gpus": 129}]), "x")
+
+
+def test_plan_only_is_the_reason_and_only_gaudi_has_it() -> None:
+    """plan_only holds why the engine cannot run a kind: Gaudi 3 (the HPU bridge); every CUDA/ROCm kind runs."""
+    cat = hardware.gpu_catalog()
+    assert [g.name for g in cat.values() if g.plan_only] == ["Gaudi-3"]
+    assert "habana_frameworks" in (cat["Gaudi-3"].plan_only or "")
+    (g,) = hardware.parse_catalog(yaml.safe_dump([{**FAKE, "plan_only": "no engine here", "interconnect": "x"}]), "x")
+    assert g.plan_only == "no engine here" and g.interconnect == "x"
 
 
 def test_a_gpu_without_float8_refuses_it_in_one_line() -> None:
