@@ -158,6 +158,7 @@ def launch(
             hint="use --executor sbatch, the default with --slurm",
         )
     loaded = load_plan(plan)
+    refuse_plan_only(loaded.hardware.gpu, plan)
     from llmctl.launch.runnable import check
 
     for warning in check(loaded, str(plan), dry_run, allow_synthetic, allow_no_checkpoint):
@@ -203,6 +204,25 @@ def launch(
     for p in record.logs:
         typer.echo(f"log: {shell.quote(p)}")
     typer.echo(f"follow it: llmctl logs {record.job_id} --follow")
+
+
+def refuse_plan_only(gpu: str | None, plan: Path) -> None:
+    """A plan for a GPU kind the engine cannot run (the catalog's plan_only: Intel Gaudi) is refused in one line. A
+    kind this machine's catalog does not know is left to the job (the catalog can grow on the cluster)."""
+    from llmctl.errors import UnknownNameError
+    from llmctl.spec.hardware import resolve_gpu
+
+    if not gpu:
+        return
+    try:
+        spec = resolve_gpu(gpu)
+    except UnknownNameError:
+        return
+    if spec.plan_only:
+        raise InputError(
+            f"{plan} is a plan for {spec.name}, which llmctl's engine cannot run: {spec.plan_only}",
+            hint="plan it for a CUDA or ROCm GPU kind (llmctl plan ... --gpu KIND) to launch it",
+        )
 
 
 def _with_slurm_options(command: Callable[..., None]) -> Callable[..., None]:

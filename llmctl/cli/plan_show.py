@@ -20,6 +20,9 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         f"seq {req.seq_len}, global batch {req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), "
         f"{req.precision.name}"
     )
+    if req.gpu.plan_only:
+        note = f"note: {escape(req.gpu.name)} is plan-only: {escape(req.gpu.plan_only)}; `llmctl launch` refuses it"
+        c.print(note, soft_wrap=True)
     net = req.network
     inter = "-" if net.inter_node_gbytes_s is None else f"{net.inter_node_gbytes_s:.3g} GB/s per node"
     c.print(
