@@ -33,7 +33,7 @@ GlobalBatchOpt = Annotated[
         "--global-batch",
         parser=decimal_count,
         metavar="N",
-        help="Global batch in sequences, held fixed (default: max(128, GPUs)).",
+        help="Global batch in sequences, held fixed (default: 128 up to a multiple of the GPUs, or one per GPU).",
     ),
 ]
 GlobalBatchTokensOpt = Annotated[

@@ -65,7 +65,8 @@ COMPILE_SPEEDUP = 1.10
 # copy (~90% of peak on A100/H100): 0.7 of the catalog's hbm_gbytes_s is the stated assumption.
 HBM_EFFICIENCY = 0.7
 DEFAULT_GLOBAL_BATCH_SEQS = 128
-"""Default global batch when none is given: max(128 sequences, one per GPU)."""
+"""Default global batch when none is given: 128 sequences rounded up to a multiple of the GPUs (so that a node of 72
+or 48 splits it evenly), or one per GPU past 128."""
 TIGHT_MEMORY_FRACTION = 0.05
 """The plan warns when the chosen setup leaves less than this fraction of the GPU's memory free (beyond the allocator
 headroom the estimate already holds). The estimate matches torch.cuda.max_memory_allocated for the model types it is
@@ -311,7 +312,8 @@ class PlanRequest:
 
     @property
     def global_batch(self) -> int:
-        return self.global_batch_seqs or max(DEFAULT_GLOBAL_BATCH_SEQS, self.nodes * self.gpus_per_node)
+        world = self.nodes * self.gpus_per_node  # 128 sequences up to a multiple of the GPUs (72: 144), or one each
+        return self.global_batch_seqs or -(-max(DEFAULT_GLOBAL_BATCH_SEQS, world) // world) * world
 
     @property
     def capacity_bytes(self) -> int:

@@ -125,6 +125,9 @@ def test_default_global_batch_and_node_counts() -> None:
     assert seed_request(global_batch_seqs=None).global_batch == 128
     big = PlanRequest(spec=L7B, gpu=H100, nodes=1024, gpus_per_node=8, network=FAST_NET)
     assert big.global_batch == 8192
+    # 128 rounded up to a multiple of the GPUs: an NVL72 rack (72), 6 nodes of 8 (48), 3 x 2
+    for nodes, g, want in ((1, 72, 144), (6, 8, 144), (3, 2, 132), (2, 72, 144), (1, 3, 129)):
+        assert PlanRequest(spec=L7B, gpu=H100, nodes=nodes, gpus_per_node=g, network=FAST_NET).global_batch == want
     assert node_counts(1024) == [2**i for i in range(11)]
     assert node_counts(6) == [1, 2, 3, 4, 6]
     with pytest.raises(InputError, match="does not split evenly"):
