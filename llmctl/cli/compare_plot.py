@@ -62,11 +62,15 @@ def compare_plot(result: cmp.Comparison) -> ComparePlot:
 def figure(plot: ComparePlot) -> Any:
     """The matplotlib Figure of `plot` (Agg); the caller closes it."""
     plt = render.pyplot()
-    fig, ax = plt.subplots(figsize=(11, 7))
-    for s in plot.series:
+    fig, ax = plt.subplots(figsize=(13, 7.5))
+    colors = plt.get_cmap("tab20").colors
+    for i, s in enumerate(plot.series):
         xs, ys = [p[0] for p in s.points], [p[1] for p in s.points]
         style = {"alpha": 0.35} if s.excluded else {}
-        (line,) = ax.plot(xs, ys, marker="o", markersize=3, linewidth=1, label=s.gpu, **style)
+        marker = "osD^v<>"[i // len(colors) % 7]
+        (line,) = ax.plot(
+            xs, ys, marker=marker, markersize=3, linewidth=1, label=s.gpu, color=colors[i % len(colors)], **style
+        )
         for d, c, n in s.points:
             ax.annotate(str(n), (d, c), fontsize=6, xytext=(2, 2), textcoords="offset points", color=line.get_color())
         if s.pick is not None:
@@ -83,7 +87,7 @@ def figure(plot: ComparePlot) -> Any:
     ax.set_ylabel("cost, USD")
     ax.set_title(plot.title, fontsize=10)
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
-    ax.legend(fontsize=7, ncol=2, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     return fig
 

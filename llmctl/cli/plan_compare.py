@@ -93,7 +93,7 @@ def show(result: cmp.Comparison, plot: str | None) -> None:
         [
             ("GPU", "left"),
             ("GPUs", "right"),
-            ("fit from", "right"),
+            ("fits on", "right"),
             ("network", "left"),
             ("setup", "left"),
             ("tokens/s", "right"),
@@ -120,7 +120,7 @@ def show(result: cmp.Comparison, plot: str | None) -> None:
         t.add_row(
             r.gpu.name,
             shape,
-            "-" if d["fewest_gpus_that_fit"] is None else f"{d['fewest_gpus_that_fit']:,}",
+            _fits(d["fewest_gpus_that_fit"], d["fewest_gpus_without_offload"]),
             r.interconnect.name,
             escape(_setup(r)),
             "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,.0f}",
@@ -156,18 +156,29 @@ def _order(r: cmp.Row, ask: cmp.Ask) -> tuple:
     return (r.excluded is not None, cost is None, cost or 0.0, days or float("inf"), r.gpu.name)
 
 
+def _fits(fewest: int | None, on_gpu: int | None) -> str:
+    """'16', or '16 (1 offload)' where CPU offload fits fewer GPUs; '-' where none fits."""
+    if fewest is None:
+        return "-"
+    if on_gpu is None:
+        return f"{fewest:,} offload"
+    return f"{on_gpu:,}" + (f" ({fewest:,} offload)" if fewest < on_gpu else "")
+
+
 def _setup(r: cmp.Row) -> str:
     c = r.pick.candidate if r.pick else None
     if c is None:
         return "-"
     s = c.setup
-    parts = [s.strategy.replace("_shard", "")]
+    parts = [] if s.strategy == "full_shard" else [s.strategy.replace("_shard", "")]
     if s.tp > 1:
         parts.append(f"tp{s.tp}")
     if s.cp > 1:
         parts.append(f"cp{s.cp}")
     parts.append(f"mb{s.micro_batch_size}x{s.grad_accum_steps}")
-    parts.append(s.checkpointing)
+    parts.append(
+        {"none": "no-ckpt", "selective": "sel-ckpt", "full": "full-ckpt"}.get(s.checkpointing, s.checkpointing)
+    )
     if s.levers.offload:
         parts.append("offload")
     return " ".join(parts)

@@ -3,21 +3,26 @@ lowest cost per token), the setup, tokens/s, days and cost; rows over the deadli
 reason; the cheapest and the fastest named (torch-free).
 
 Each point of a row is the planner's own search (llmctl.plan.planner.plan) on exactly that many GPUs of the kind, on
-the kind's usual node (GPUs per node) and the inter-node network of its interconnect class
-(llmctl.spec.interconnect), with the global batch `llmctl plan` would use there. Two choices are pinned unless the
-user pins them otherwise, to keep a whole-catalog comparison within seconds: torch.compile on (the planner prices it
-faster at the same memory, so it picks it wherever it may), and, up to COMPARE_PIN_SEQ_LEN tokens, no context
-parallelism and the fastest attention kernel the GPU runs (flash, else SDPA; eager never wins on speed): a sequence
-that short fits one GPU's activations with checkpointing and TP. Past it both are searched (the ring runs on SDPA). Each row names the `llmctl plan` command that re-runs its point with the
-full search.
+the kind's usual node (GPUs per node) and the inter-node network of its interconnect class (llmctl.spec.interconnect),
+with the global batch `llmctl plan` would use there. Unless the user pins them, three choices are pinned to keep a
+whole-catalog comparison within seconds: torch.compile on (the planner prices it faster at the same memory, so it
+picks it wherever it may); CPU offload only where nothing fits without it (the planner's own rule, without its second
+search for offload winning on speed); and, up to COMPARE_PIN_SEQ_LEN tokens, no context parallelism and the fastest
+attention kernel the GPU runs (flash, else SDPA; eager never wins on speed): a sequence that short fits one GPU's
+activations with checkpointing and TP. Past it both are searched (the ring runs on SDPA). Each row names the
+`llmctl plan` command that re-runs its point with the full search (benchmarks/compare_speed.py checks that the full
+search picks the same counts at 70B).
 
 The GPU counts searched are the powers of two within a node, then whole nodes in powers of two (the counts clusters
-are rented and bought in). Per kind: the fewest that fit (the planner's DoesNotFitError says where to start); with a
-deadline, the fewest that finish in time, found by stepping up from the count that compute alone would need (the
-planner's upper bound on tokens/s: no recompute, no communication, the largest micro-batch); then larger counts while the cost still falls (more GPUs can cost less when they free the setup from
-recompute, CPU offload or TP). Without a deadline the same climb from the fewest that fit gives the lowest cost per
-token. The climb stops at the first count that costs more: a local search, exact where the cost per token has one
-minimum over the counts (tests/plan/test_compare.py checks it against every count on small cases).
+are rented and bought in). The fewest that fit come from the memory model (memory.min_gpus, as the planner answers
+when nothing fits: with CPU offload where only it fits). With a deadline: the fewest counts that finish in time, found
+by stepping up from the count that compute alone would need (the planner's upper bound on tokens/s: no recompute, no
+communication, the largest micro-batch), each step to the count the last one's tokens/s would need if it scaled
+linearly, then back down past counts a jump skipped; then larger counts while the cost still falls (more GPUs can cost
+less when they free the setup from recompute, CPU offload or TP). Without a deadline, the same climb twice: from the
+fewest that fit (CPU offload's counts) and from the fewest that fit without offload, the cheaper of the two lows. A
+climb stops at the first count that costs more: a local search, exact where the cost per token has one low in each
+regime (tests/plan/test_compare.py checks it against every count, offload's counts included).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmctl.errors import DoesNotFitError, InputError, LlmctlError
+from llmctl.plan import memory as mem
 from llmctl.plan import planner as pl
 from llmctl.plan.request import PlanRequest, build_request
 from llmctl.plan.search import parallel_bound
@@ -106,7 +112,9 @@ class Row:
     points: list[Point] = field(default_factory=list)
     """Every count probed, ascending (the plot draws them)."""
     pick: Point | None = None
-    fewest: Point | None = None
+    fewest_gpus: int | None = None
+    """The fewest GPUs of the kind that fit, on the counts searched (with CPU offload where only it fits)."""
+    fewest_without_offload: int | None = None
     excluded: str | None = None
     command: str = ""
 
@@ -119,7 +127,8 @@ class Row:
             "gpus": p.gpus if p else None,
             "nodes": p.nodes if p else None,
             "gpus_per_node": p.gpus_per_node if p else None,
-            "fewest_gpus_that_fit": self.fewest.gpus if self.fewest else None,
+            "fewest_gpus_that_fit": self.fewest_gpus,
+            "fewest_gpus_without_offload": self.fewest_without_offload,
             "interconnect": self.interconnect.name,
             "inter_node_gbps": self.interconnect.inter_node_gbps,
             "days": secs / DAY if secs is not None else None,
@@ -237,9 +246,15 @@ def requests_from(model: str, options: dict[str, Any], pins: dict[str, Any]) -> 
 
 def probe(make: Planner, kind: GPUSpec, gpus: int, per_node: int, net: Interconnect, price: PriceQuote | None) -> Point:
     """The planner on exactly `gpus` GPUs (one node of them below a node's worth, else whole nodes)."""
-    nodes, g = (1, gpus) if gpus <= per_node else (gpus // per_node, per_node)
+    nodes, g = shape(gpus, per_node)
     try:
-        result = pl.plan(make(kind.name, nodes, g, net, price.usd_per_gpu_hour if price else None))
+        req = make(kind.name, nodes, g, net, price.usd_per_gpu_hour if price else None)
+        try:  # CPU offload only where nothing fits without it (module docstring)
+            result = pl.plan(req if req.offload is not None else replace(req, offload=False))
+        except DoesNotFitError:
+            if req.offload is not None:
+                raise
+            result = pl.plan(replace(req, offload=True))
     except DoesNotFitError as e:
         return Point(gpus, nodes, g, None, e.message, e.fewest_gpus)
     except InputError as e:  # a pin or batch this count cannot take (e.g. --tp 8 on a 4-GPU node): not this count
@@ -247,6 +262,23 @@ def probe(make: Planner, kind: GPUSpec, gpus: int, per_node: int, net: Interconn
             raise
         return Point(gpus, nodes, g, None, e.message)
     return Point(gpus, nodes, g, result.chosen)
+
+
+def fewest_bounds(req: PlanRequest) -> tuple[int | None, int | None]:
+    """The fewest GPUs of the request's kind that fit (with CPU offload where it must, and without it), as the planner
+    itself answers when nothing fits (memory.min_gpus: full_shard, full checkpointing, micro-batch 1); None where no
+    count does."""
+    attn = req.spec.attention_kernel("flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa")
+    chunk = pl.auto_loss_chunk(req.spec) if req.tp in (None, 1) else 0
+    out = []
+    for offload in (False, True):
+        r = replace(req, offload=offload)
+        setup = r.setup("full_shard", 1, 1, 1, "full", attn, False, chunk)
+        host = r.host_capacity_bytes if offload else None
+        out.append(mem.min_gpus(req.spec, setup, r.capacity_bytes, "full_shard", host_memory_bytes=host).gpus)
+    gpu_only, offloaded = out
+    either = min((n for n in out if n), default=None)
+    return either, gpu_only if req.offload is not True else offloaded
 
 
 def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_cmd: str) -> Row:
@@ -264,20 +296,16 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
             seen[counts[i]] = probe(make, kind, counts[i], per_node, net, price)
         return seen[counts[i]]
 
-    def index_at_least(n: int) -> int | None:
-        return next((j for j, c in enumerate(counts) if c >= n), None)
+    def index_at_least(n: int | None) -> int | None:
+        return None if n is None else next((j for j, c in enumerate(counts) if c >= n), None)
 
-    i: int | None = 0
-    while i is not None and at(i).candidate is None:
-        jump = at(i).fewest_gpus
-        nxt = index_at_least(jump) if jump and jump > counts[i] else i + 1
-        i = nxt if nxt is not None and nxt < len(counts) else None
-    row.points = [seen[c] for c in sorted(seen)]
-    if i is None:
-        last = seen[max(seen)]
-        row.excluded = f"does not fit on up to {counts[-1]:,} GPUs: {last.problem}"
-        return row
-    row.fewest = at(i)
+    def first_fit(i: int | None) -> int | None:
+        """The first count from index i that fits (the planner's DoesNotFitError says how far to jump)."""
+        while i is not None and at(i).candidate is None:
+            jump = at(i).fewest_gpus
+            nxt = index_at_least(jump) if jump and jump > counts[i] else i + 1
+            i = nxt if nxt is not None and nxt < len(counts) else None
+        return i
 
     def score(p: Point) -> float:  # what the climb lowers: the cost, or GPU-hours without a price (same order)
         return p.gpu_hours(ask.tokens)
@@ -286,26 +314,36 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
         s = p.seconds(ask.tokens)
         return s is not None and (ask.deadline_s is None or s <= ask.deadline_s)
 
-    start = i
-    if ask.deadline_s is not None and not meets(at(i)):
+    either, on_gpu = fewest_bounds(make(kind.name, 1, per_node, net, None))
+    lowest = index_at_least(either) if either else 0  # no bound (e.g. only context parallelism fits): search from 1
+    if lowest is None:
+        row.excluded = f"does not fit on up to {counts[-1]:,} GPUs: the fewest that fit are {either:,}"
+        return row
+    row.fewest_gpus = counts[lowest]
+    if (k := index_at_least(on_gpu)) is not None:
+        row.fewest_without_offload = counts[k]
+    starts = []  # where the climbs start (the cost per token can have a low with CPU offload and one without)
+    if ask.deadline_s is None:
+        starts = [first_fit(lowest), first_fit(max(lowest, index_at_least(on_gpu) or lowest))]
+        start = starts[0]
+    else:
         # from the count that compute alone would need (an upper bound on tokens/s per GPU), up to the fewest that
         # meets the deadline
-        f = at(i)
-        req = make(kind.name, f.nodes, f.gpus_per_node, net, None)
-        attn = req.attention or "sdpa"
-        bound = parallel_bound(req, 1, 1, f.nodes, attn, bool(req.compile)) / f.gpus
+        req = make(kind.name, *shape(counts[lowest], per_node), net, None)
+        bound = parallel_bound(req, 1, 1, req.nodes, req.attention or "sdpa", bool(req.compile)) / counts[lowest]
         guess = index_at_least(math.ceil(ask.tokens / (ask.deadline_s * bound)))
-        j = len(counts) if guess is None else max(guess, i + 1)
+        j = len(counts) if guess is None else max(guess, lowest)
         while j < len(counts) and not meets(at(j)):
             # next: the count this one's tokens/s would need if it scaled linearly (it scales less: rarely past it)
             tps = at(j).candidate.predicted.tokens_per_s if at(j).candidate else 0.0
             need = counts[j] * ask.tokens / (ask.deadline_s * tps) if tps > 0 else 0.0
             nxt = index_at_least(math.ceil(need)) if need else j + 1
             j = len(counts) if nxt is None else max(nxt, j + 1)
-        while j < len(counts) and j - 1 > i and counts[j - 1] not in seen and meets(at(j - 1)):
+        while j < len(counts) and j - 1 >= lowest and counts[j - 1] not in seen and meets(at(j - 1)):
             j -= 1  # a jump past a count that meets it too (more than linear: recompute or offload dropped)
-        if j == len(counts):
-            fits = [p for p in seen.values() if p.candidate]
+        start = j if j < len(counts) else None
+        fits = [p for p in seen.values() if p.candidate]
+        if start is None and fits:
             best = max(fits, key=lambda p: p.candidate.predicted.tokens_per_s)  # type: ignore[union-attr]
             row.points, row.pick = [seen[c] for c in sorted(seen)], best
             days = best.seconds(ask.tokens) / DAY  # type: ignore[operator]
@@ -315,11 +353,24 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
             )
             row.command = command(model_cmd, kind, best, net)
             return row
-        start = j
-    best_j = start
-    j = start + 1
-    while j < len(counts) and at(j).candidate is not None and score(at(j)) < score(at(best_j)):
-        best_j, j = j, j + 1
+        if start is None and guess is None:
+            row.excluded = (
+                f"cannot meet the deadline: compute alone ({bound:,.0f} tokens/s per GPU at most: no recompute, no "
+                f"communication) would need more than the {counts[-1]:,} GPUs searched"
+            )
+            return row
+    row.points = [seen[c] for c in sorted(seen)]
+    if start is None:
+        last = seen[max(seen)] if seen else None
+        row.excluded = f"does not fit on up to {counts[-1]:,} GPUs" + (f": {last.problem}" if last else "")
+        return row
+    lows = []
+    for s0 in dict.fromkeys(x for x in [*starts, start] if x is not None):
+        best_j, j = s0, s0 + 1  # larger counts while they cost less
+        while j < len(counts) and at(j).candidate is not None and score(at(j)) < score(at(best_j)):
+            best_j, j = j, j + 1
+        lows.append(best_j)
+    best_j = min(lows, key=lambda x: (score(at(x)), x))
     row.pick = at(best_j)
     row.points = [seen[c] for c in sorted(seen)]
     row.command = command(model_cmd, kind, row.pick, net)
@@ -330,6 +381,11 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
         elif cost > ask.budget_usd:
             row.excluded = f"over budget: ${cost:,.0f} > ${ask.budget_usd:,.0f}"
     return row
+
+
+def shape(gpus: int, per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a count: one node of them below a node's worth, else whole nodes."""
+    return (1, gpus) if gpus <= per_node else (gpus // per_node, per_node)
 
 
 def command(model_cmd: str, kind: GPUSpec, p: Point, net: Interconnect) -> str:

@@ -113,7 +113,7 @@ def test_fewest_that_fit_is_the_smallest_count_that_fits(every_point: dict[str, 
     got = run(cmp.Ask(20 * 10**9, max_gpus=MAX_GPUS))
     for row in got.rows:
         first = next(p for p in every_point[row.gpu.name] if p.candidate)
-        assert row.fewest is not None and row.fewest.gpus == first.gpus
+        assert row.fewest_gpus == first.gpus
 
 
 def test_deadline_nobody_meets_excludes_every_row() -> None:
@@ -157,3 +157,28 @@ def test_resolve_kinds() -> None:
     assert len(cmp.resolve_kinds("all")) == len(cmp.gpu_catalog())
     with pytest.raises(cmp.InputError):
         cmp.resolve_kinds(" , ")
+
+
+@pytest.mark.parametrize("deadline_days", [None, 20.0])
+def test_offload_counts_match_brute_force(deadline_days: float | None) -> None:
+    """An 8B model on 24 GB cards: the fewest counts fit only with CPU offload, so the search starts where it fits
+    without it and walks down too; every count planned by brute force must agree."""
+    model, kinds, prices, tokens = "llama-3.1-8b", ["L4", "A10G"], {"L4": 0.8, "A10G": 1.0}, 2 * 10**9
+    options = {**OPTIONS, "tokens": "2B"}
+    make = cmp.requests_from(model, options, {})
+    deadline = deadline_days * cmp.DAY if deadline_days else None
+    points = {}
+    for k in kinds:
+        g = resolve_gpu(k)
+        quote = FakePrices(prices).quote(k, "on-demand")
+        net = cmp.default_interconnect(g)
+        points[k] = [cmp.probe(make, g, n, g.node_gpus, net, quote) for n in cmp.gpu_counts(g.node_gpus, 32)]
+    assert any(p.candidate and p.candidate.setup.levers.offload for pts in points.values() for p in pts)
+    want = brute_force(points, tokens, deadline)
+    got = cmp.compare(
+        model, options, {}, [resolve_gpu(k) for k in kinds], cmp.Ask(tokens, deadline, max_gpus=32), FakePrices(prices)
+    )  # type: ignore[arg-type]
+    for row in got.rows:
+        first = next(p for p in points[row.gpu.name] if p.candidate)
+        assert row.fewest_gpus == first.gpus
+        assert row.pick is not None and row.pick.gpus == want[row.gpu.name].gpus, [p.gpus for p in row.points]
