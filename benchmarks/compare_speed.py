@@ -34,20 +34,7 @@ from llmctl.plan import planner as pl  # noqa: E402
 from llmctl.spec.models import MAX_TOKENS, parse_count  # noqa: E402
 from llmctl.spec.prices import load_prices  # noqa: E402
 
-OPTIONS = {
-    "params": None,
-    "net": None,
-    "intra_gbps": None,
-    "seq_len": None,
-    "global_batch": None,
-    "global_batch_tokens": None,
-    "precision": "auto",
-    "loss_chunk": None,
-    "attention": None,
-    "overlap": 0.5,
-    "calibrate": None,
-    "gpus_per_node": None,
-}
+OPTIONS = cmp.PLAN_OPTIONS
 
 
 def timed_compare(model: str, tokens: int, deadline_s: float | None, max_gpus: int) -> tuple[float, cmp.Comparison]:

@@ -96,11 +96,4 @@ def write(result: cmp.Comparison, path: Path) -> None:
     plot = compare_plot(result)
     if not plot.series:
         raise InputError(f"--plot {path}: no row has both a price and a setup that fits: nothing to draw")
-    plt = render.pyplot()
-    fig = figure(plot)
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as e:
-        raise InputError(f"--plot {path}: cannot write it: {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
+    render.save_figure(figure(plot), path)

@@ -129,14 +129,7 @@ def figure(plot: MemoryPlot) -> Any:
 
 def write(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, path: str) -> None:
     p = render.plot_path(path)
-    plt = render.pyplot()
-    fig = figure(memory_plot(spec, setup, gpu))
-    try:
-        fig.savefig(p, dpi=110)
-    except OSError as e:
-        raise InputError(f"--plot {path}: cannot write it: {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
+    render.save_figure(figure(memory_plot(spec, setup, gpu)), p)
 
 
 def _with_strategy(setup: TrainSetup, strategy: str) -> TrainSetup | None:

@@ -67,7 +67,9 @@ def run(
         options.get("gpus_per_node"),
     )
     kinds = cmp.resolve_kinds(compare)
-    result = cmp.compare(model, options, pins, kinds, ask, prices)
+    result = cmp.compare(
+        model, options, pins, kinds, ask, prices, model_cmd=" ".join([model, *plan_flags(options, pins)])
+    )
     if plot is not None:
         from llmctl.cli.compare_plot import write
 
@@ -79,6 +81,49 @@ def run(
         render.print_json(out)
         return
     show(result, str(plot) if plot else None)
+
+
+def plan_flags(options: dict[str, Any], pins: dict[str, Any]) -> list[str]:
+    """The flags of this comparison that a row's `llmctl plan` repeats (what every row was planned with)."""
+    out = []
+    for key, flag in (
+        ("params", "--params"),
+        ("seq_len", "--seq-len"),
+        ("global_batch", "--global-batch"),
+        ("global_batch_tokens", "--global-batch-tokens"),
+        ("tokens", "--tokens"),
+        ("loss_chunk", "--loss-chunk"),
+        ("attention", "--attention"),
+        ("tp", "--tp"),
+        ("cp", "--cp"),
+        ("calibrate", "--calibrate"),
+        ("intra_gbps", "--intra-gbps"),
+    ):
+        if options.get(key) is not None:
+            out += [flag, str(options[key])]
+    for key, flag, default in (
+        ("precision", "--precision", "auto"),
+        ("optimizer_states", "--optimizer-states", "auto"),
+        ("memory_margin", "--memory-margin", 0.0),
+        ("overlap", "--overlap", cmp.cm.DEFAULT_OVERLAP),
+    ):
+        if options.get(key) not in (None, default):
+            out += [flag, str(options[key])]
+    if options.get("offload") is not None:
+        out.append("--offload" if options["offload"] else "--no-offload")
+    ft = options.get("finetune")
+    if ft is not None and ft.adapters:
+        out += ["--finetune", ft.method, "--lora-rank", str(ft.rank), "--lora-alpha", f"{ft.alpha:g}"]
+    for key, flag in (
+        ("strategy", "--strategy"),
+        ("micro_batch", "--micro-batch"),
+        ("checkpointing", "--checkpointing"),
+    ):
+        if pins.get(key) is not None:
+            out += [flag, str(pins[key])]
+    if pins.get("compile") is not None:
+        out.append("--compile" if pins["compile"] else "--no-compile")
+    return out
 
 
 def show(result: cmp.Comparison, plot: str | None) -> None:
@@ -136,7 +181,8 @@ def show(result: cmp.Comparison, plot: str | None) -> None:
     else:
         c.print(f"cheapest: {escape(result.why_cheapest) or 'none'}", soft_wrap=True)
     c.print(f"fastest: {escape(result.why_fastest)}", soft_wrap=True)
-    for r in (result.cheapest, result.fastest):
+    picks = [result.cheapest] + ([result.fastest] if result.fastest is not result.cheapest else [])
+    for r in picks:
         if r is not None and r.command:
             c.print(f"full search of {r.gpu.name}'s row: {escape(r.command)}", soft_wrap=True)
     c.print(escape(result.prices_note), soft_wrap=True)
@@ -157,12 +203,12 @@ def _order(r: cmp.Row, ask: cmp.Ask) -> tuple:
 
 
 def _fits(fewest: int | None, on_gpu: int | None) -> str:
-    """'16', or '16 (1 offload)' where CPU offload fits fewer GPUs; '-' where none fits."""
+    """'16', or '16 (1 offl)' where CPU offload fits fewer GPUs; '-' where none fits."""
     if fewest is None:
         return "-"
     if on_gpu is None:
-        return f"{fewest:,} offload"
-    return f"{on_gpu:,}" + (f" ({fewest:,} offload)" if fewest < on_gpu else "")
+        return f"{fewest:,} offl"
+    return f"{on_gpu:,}" + (f" ({fewest:,} offl)" if fewest < on_gpu else "")
 
 
 def _setup(r: cmp.Row) -> str:
@@ -175,7 +221,7 @@ def _setup(r: cmp.Row) -> str:
         parts.append(f"tp{s.tp}")
     if s.cp > 1:
         parts.append(f"cp{s.cp}")
-    parts.append(f"mb{s.micro_batch_size}x{s.grad_accum_steps}")
+    parts.append(f"mb{s.micro_batch_size}" + (f"x{s.grad_accum_steps}" if s.grad_accum_steps > 1 else ""))
     parts.append(
         {"none": "no-ckpt", "selective": "sel-ckpt", "full": "full-ckpt"}.get(s.checkpointing, s.checkpointing)
     )

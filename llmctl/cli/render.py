@@ -58,3 +58,14 @@ def pyplot():
     except ImportError:
         raise InputError("--plot needs matplotlib", hint="pip install 'llmctl[plot]'") from None
     return plt
+
+
+def save_figure(fig: Any, path: Path | str) -> None:
+    """Write a matplotlib figure as PNG (110 dpi) and close it; a folder that cannot take it is one line."""
+    plt = pyplot()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise InputError(f"--plot {path}: cannot write it: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from llmctl.errors import DoesNotFitError, InputError, LlmctlError
+from llmctl.plan import comm as cm
 from llmctl.plan import memory as mem
 from llmctl.plan import planner as pl
 from llmctl.plan.request import PlanRequest, build_request
@@ -49,6 +50,22 @@ DEFAULT_MAX_GPUS = 32768
 on 16,384 H100s, Dubey et al. 2024, arXiv:2407.21783)."""
 COMPARE_PIN_SEQ_LEN = 16384
 """Up to this sequence length a comparison pins the fastest attention kernel (module docstring)."""
+PLAN_OPTIONS = {
+    "params": None,
+    "net": None,
+    "intra_gbps": None,
+    "seq_len": None,
+    "global_batch": None,
+    "global_batch_tokens": None,
+    "tokens": None,
+    "precision": "auto",
+    "loss_chunk": None,
+    "attention": None,
+    "overlap": cm.DEFAULT_OVERLAP,
+    "calibrate": None,
+    "gpus_per_node": None,
+}
+"""`llmctl plan`'s options (by name, as build_request reads them) at their defaults, for callers outside the CLI."""
 HOUR = 3600.0
 DAY = 86400.0
 
@@ -249,10 +266,10 @@ def probe(make: Planner, kind: GPUSpec, gpus: int, per_node: int, net: Interconn
     nodes, g = shape(gpus, per_node)
     try:
         req = make(kind.name, nodes, g, net, price.usd_per_gpu_hour if price else None)
-        try:  # CPU offload only where nothing fits without it (module docstring)
+        try:  # CPU offload only where nothing fits without it (module docstring); never with adapters
             result = pl.plan(req if req.offload is not None else replace(req, offload=False))
         except DoesNotFitError:
-            if req.offload is not None:
+            if req.offload is not None or req.finetune.adapters:
                 raise
             result = pl.plan(replace(req, offload=True))
     except DoesNotFitError as e:
@@ -271,12 +288,12 @@ def fewest_bounds(req: PlanRequest) -> tuple[int | None, int | None]:
     attn = req.spec.attention_kernel("flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa")
     chunk = pl.auto_loss_chunk(req.spec) if req.tp in (None, 1) else 0
     out = []
-    for offload in (False, True):
+    for offload in (False, True) if not req.finetune.adapters else (False,):  # adapters: no offload (PlanRequest)
         r = replace(req, offload=offload)
         setup = r.setup("full_shard", 1, 1, 1, "full", attn, False, chunk)
         host = r.host_capacity_bytes if offload else None
         out.append(mem.min_gpus(req.spec, setup, r.capacity_bytes, "full_shard", host_memory_bytes=host).gpus)
-    gpu_only, offloaded = out
+    gpu_only, offloaded = (*out, None)[:2]
     either = min((n for n in out if n), default=None)
     return either, gpu_only if req.offload is not True else offloaded
 

@@ -16,21 +16,7 @@ MODEL = "llama-3.2-1b"
 KINDS = ["A100-80GB", "H100-SXM", "L4"]
 PRICES = {"A100-80GB": 1.9, "H100-SXM": 3.1, "L4": 0.55}
 MAX_GPUS = 64
-OPTIONS = {
-    "params": None,
-    "net": None,
-    "intra_gbps": None,
-    "seq_len": 2048,
-    "global_batch": None,
-    "global_batch_tokens": None,
-    "tokens": "20B",
-    "precision": "auto",
-    "loss_chunk": None,
-    "attention": None,
-    "overlap": 0.5,
-    "calibrate": None,
-    "gpus_per_node": None,
-}
+OPTIONS = {**cmp.PLAN_OPTIONS, "seq_len": 2048, "tokens": "20B"}
 
 
 class FakePrices:

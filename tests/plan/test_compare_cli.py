@@ -51,7 +51,7 @@ def test_table_names_the_picks_and_the_prices() -> None:
     assert r.exit_code == 0, r.output
     assert "cheapest:" in r.output and "fastest:" in r.output
     assert "prices: on-demand, shipped table (prices.yaml)" in r.output
-    assert "llmctl plan llama-3.2-1b --gpu" in r.output  # the row's full-search command
+    assert "full search of" in r.output and "llmctl plan llama-3.2-1b --tokens 5B --gpu" in r.output
 
 
 def test_prices_file_replaces_an_entry(tmp_path: Path) -> None:
@@ -144,3 +144,39 @@ def test_parsers() -> None:
         parse_deadline("0d")
     with pytest.raises(InputError):
         parse_budget("-5")
+
+
+def test_lora_comparison_plans_adapters_without_offload() -> None:
+    """--finetune lora: every row plans adapters (no CPU offload: the engine runs adapters without it), and the 8B
+    model fits on fewer 24 GB cards than full training needs."""
+    args = ["plan", "llama-3.1-8b", "--tokens", "1B", "--compare", "L4,A100-80GB", "--json"]
+    full = json.loads(runner.invoke(app, args).stdout)
+    r = runner.invoke(app, [*args, "--finetune", "lora"])
+    assert r.exit_code == 0, r.output
+    lora = json.loads(r.stdout)
+    for row in lora["comparison"]:
+        assert row["excluded"] is None, row["excluded"]
+        assert row["fewest_gpus_that_fit"] == row["fewest_gpus_without_offload"]  # no offload with adapters
+        assert "CPU offload" not in row["setup"]
+    by = {row["gpu"]: row for row in full["comparison"]}
+    l4 = next(row for row in lora["comparison"] if row["gpu"] == "L4")
+    assert l4["fewest_gpus_that_fit"] < by["L4"]["fewest_gpus_without_offload"]
+
+
+def test_row_command_reproduces_the_row() -> None:
+    """The `llmctl plan` a row names carries every flag the row was planned with (shape, network, sequence, batch):
+    run with the full search it predicts at least the row's tokens/s, and here (a 1B model, where the pins are what
+    the full search picks anyway) the same."""
+    args = ["plan", "llama-3.2-1b", "--tokens", "5B", "--seq-len", "1024", "--global-batch", "256"]
+    r = runner.invoke(app, [*args, "--compare", "A100-80GB,L4", "--deadline", "12h", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = [row for row in json.loads(r.stdout)["comparison"] if row["excluded"] is None]
+    assert rows and any(row["nodes"] > 1 for row in rows)
+    for row in rows:
+        cmd = row["command"].split()[1:]
+        assert "--seq-len" in cmd and "--global-batch" in cmd
+        full = runner.invoke(app, [*cmd, "--json", "--no-write"])
+        assert full.exit_code == 0, full.output
+        chosen = json.loads(full.stdout)["chosen"]
+        assert chosen["gpus"] == row["gpus"]
+        assert chosen["tokens_per_s"] == pytest.approx(row["tokens_per_s"], rel=1e-6)
