@@ -321,6 +321,39 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/plan/test_lora_memory.py",),
         "the estimate gives the frozen base gradients",
     ),
+    # --- plan --compare: cost, deadline, the count search -----------------------------------------------------------
+    M(
+        "compare-cost-per-node",
+        "llmctl/plan/compare.py",
+        "return None if s is None or price is None else self.gpus * s / HOUR * price.usd_per_gpu_hour",
+        "return None if s is None or price is None else self.gpus_per_node * s / HOUR * price.usd_per_gpu_hour",
+        ("tests/plan/test_compare.py", "tests/plan/test_compare_cli.py"),
+        "a row's cost counts one node's GPUs, not all of them",
+    ),
+    M(
+        "compare-deadline-ignored",
+        "llmctl/plan/compare.py",
+        "return s is not None and (ask.deadline_s is None or s <= ask.deadline_s)",
+        "return s is not None",
+        ("tests/plan/test_compare.py",),
+        "a count that finishes after the deadline counts as meeting it",
+    ),
+    M(
+        "compare-no-climb",
+        "llmctl/plan/compare.py",
+        "while j < len(counts) and at(j).candidate is not None and score(at(j)) < score(at(best_j)):",
+        "while False:",
+        ("tests/plan/test_compare.py",),
+        "the first count that fits (or meets the deadline) is taken without trying larger, cheaper ones",
+    ),
+    M(
+        "compare-one-regime",
+        "llmctl/plan/compare.py",
+        "starts = [first_fit(lowest), first_fit(max(lowest, index_at_least(on_gpu) or lowest))]",
+        "starts = [first_fit(max(lowest, index_at_least(on_gpu) or lowest))]",
+        ("tests/plan/test_compare.py",),
+        "without a deadline only the counts that fit without CPU offload are climbed",
+    ),
     # --- packed instruction data: masks, document boundaries, the step's loss normalisation ------------------------
     M(
         "packed-divisor-no-dp",
