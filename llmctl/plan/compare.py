@@ -18,7 +18,8 @@ are rented and bought in). The fewest that fit come from the memory model (memor
 when nothing fits: with CPU offload where only it fits). With a deadline: the fewest counts that finish in time, found
 by stepping up from the count that compute alone would need (the planner's upper bound on tokens/s: no recompute, no
 communication, the largest micro-batch), each step to the count the last one's tokens/s would need if it scaled
-linearly, then back down past counts a jump skipped; then larger counts while the cost still falls (more GPUs can cost
+linearly, then back down past counts a jump skipped (never below the first guess: no count below it can meet the
+deadline even at compute's bound); then larger counts while the cost still falls (more GPUs can cost
 less when they free the setup from recompute, CPU offload or TP). Without a deadline, the same climb twice: from the
 fewest that fit (CPU offload's counts) and from the fewest that fit without offload, the cheaper of the two lows. A
 climb stops at the first count that costs more: a local search, exact where the cost per token has one low in each
@@ -356,7 +357,8 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
             need = counts[j] * ask.tokens / (ask.deadline_s * tps) if tps > 0 else 0.0
             nxt = index_at_least(math.ceil(need)) if need else j + 1
             j = len(counts) if nxt is None else max(nxt, j + 1)
-        while j < len(counts) and j - 1 >= lowest and counts[j - 1] not in seen and meets(at(j - 1)):
+        floor = max(lowest, guess or 0)  # below the guess even compute alone would miss the deadline
+        while j < len(counts) and j - 1 >= floor and counts[j - 1] not in seen and meets(at(j - 1)):
             j -= 1  # a jump past a count that meets it too (more than linear: recompute or offload dropped)
         start = j if j < len(counts) else None
         fits = [p for p in seen.values() if p.candidate]
