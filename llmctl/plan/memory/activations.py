@@ -333,8 +333,29 @@ def layer_saved_bytes(
     first: bool = False,
 ) -> int:
     """Bytes a block keeps for backward in a mode (partial:K: use stage_activation_bytes, it differs per layer); one
-    rank's under tp, where the first block (`first`) checkpointed holds the whole sequence as its input."""
+    rank's under tp, where the first block (`first`) checkpointed holds the whole sequence as its input. Cached per
+    spec (the stage sums and the recompute buffer ask it for every micro-batch the planner tries)."""
     layer = layer or spec.layers[0]
+    which = layer_kind_of(spec, layer)
+    if which is None:  # not one of the spec's blocks: not cached
+        return _layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing, layer, tp, first)
+    key = ("layer_saved_bytes", b, s, act_bytes, attention, checkpointing, which, tp, first)
+    return fl._memo(
+        spec, key, lambda: _layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing, layer, tp, first)
+    )
+
+
+def _layer_saved_bytes(
+    spec: ModelSpec,
+    b: int,
+    s: int,
+    act_bytes: int,
+    attention: str,
+    checkpointing: str,
+    layer: Layer,
+    tp: int,
+    first: bool,
+) -> int:
     if checkpointing == "full":
         if spec.measured is not None:  # what the checkpoint keeps, measured (the block input, or more)
             return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "full")
@@ -344,6 +365,23 @@ def layer_saved_bytes(
             return measured_saved_bytes(spec, layer, b, s, act_bytes, attention, "none")
         return sum(selective_layer_terms(spec, b, s, act_bytes, attention, layer, tp, first).values())
     return layer_activation_bytes(spec, b, s, act_bytes, attention, layer, tp=tp)
+
+
+def layer_kinds(spec: ModelSpec) -> list[int]:
+    """For each of the spec's blocks, the index of its first equal block (cached per spec): a key for the per-block
+    sums that costs nothing to hash, where a Layer's own hash walks its whole description."""
+
+    def kinds() -> list[int]:
+        first: dict[Layer, int] = {}
+        return [first.setdefault(layer, i) for i, layer in enumerate(spec.layers)]
+
+    return fl._memo(spec, ("layer_kinds",), kinds)
+
+
+def layer_kind_of(spec: ModelSpec, layer: Layer) -> int | None:
+    """layer_kinds' index of one of the spec's own block objects (None for a Layer the spec does not hold)."""
+    ids = fl._memo(spec, ("layer_ids",), lambda: {id(la): k for la, k in zip(spec.layers, layer_kinds(spec))})
+    return ids.get(id(layer))
 
 
 def stage_activation_bytes(
@@ -364,15 +402,24 @@ def _stage_activation_bytes(
     blocks = [spec.layers[i % spec.num_layers] for i in range(layers)]
     if ckpt_modes.partial_every(checkpointing):
         whole = set(ckpt_modes.whole_layers(checkpointing, layers))
+        # equal blocks in the same mode keep the same bytes: count them (by their kind: a Layer's hash walks it)
+        kind = layer_kinds(spec)
+        kinds: dict[tuple[int, str, bool], tuple[Layer, int]] = {}
+        for i in range(layers):
+            layer = blocks[i]
+            key = (kind[i % spec.num_layers], "full" if i in whole else "none", i == 0)
+            kinds[key] = (layer, kinds[key][1] + 1 if key in kinds else 1)
         return sum(
-            layer_saved_bytes(spec, b, s, act_bytes, attention, "full" if i in whole else "none", layer, tp, i == 0)
-            for i, layer in enumerate(blocks)
+            n * layer_saved_bytes(spec, b, s, act_bytes, attention, mode, layer, tp, first)
+            for (_, mode, first), (layer, n) in kinds.items()
         )
-    counts: dict[Layer, int] = {}
-    for layer in blocks:
-        counts[layer] = counts.get(layer, 0) + 1
+    kind = layer_kinds(spec)
+    counts: dict[int, tuple[Layer, int]] = {}
+    for i in range(layers):
+        k = kind[i % spec.num_layers]
+        counts[k] = (blocks[i], counts[k][1] + 1 if k in counts else 1)
     total = sum(
-        n * layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing, la, tp) for la, n in counts.items()
+        n * layer_saved_bytes(spec, b, s, act_bytes, attention, checkpointing, la, tp) for la, n in counts.values()
     )
     if tp > 1 and checkpointing != "none" and blocks:
         # The first block checkpointed holds the whole sequence as its input, not its shard.
@@ -416,7 +463,9 @@ def shared_activation_bytes(
     SDPA mask is that layer's: block_activation_terms). Under tp every rank builds them from the whole sequence: the
     same bytes on each. `position_rows`: the rows of the position ids the model is given (context parallelism passes
     each sequence's own part of them, b rows: the tables are b x s x rotary dim)."""
-    windows = {la.attention.window for la in spec.layers if not la.attention.chunked}
+    windows = fl._memo(
+        spec, ("attention_windows",), lambda: {la.attention.window for la in spec.layers if not la.attention.chunked}
+    )
     sliding = any(windows)
     # SDPA: the sliding-window layers' masks are the layers' own (block_activation_terms); flash takes the window.
     mask = (2 if sliding and len(windows) > 1 else 1) * act_bytes * b * s * s if attention == "eager" else 0
