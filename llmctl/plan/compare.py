@@ -235,6 +235,9 @@ def requests_from(model: str, options: dict[str, Any], pins: dict[str, Any]) -> 
     """The planner request of one point from `llmctl plan`'s options (build_request: every check of a single plan),
     with the point's kind, shape and network, and the comparison's pins (module docstring)."""
 
+    specs: list[Any] = []  # the model, resolved once: the planner's caches (flops._memo, the memory search's) are
+    # per spec object, so every point after the first reuses what the first computed for the same model
+
     def make(kind: str, nodes: int, per_node: int, net: Interconnect, price: float | None) -> PlanRequest:
         o = {
             **options,
@@ -249,6 +252,9 @@ def requests_from(model: str, options: dict[str, Any], pins: dict[str, Any]) -> 
             "objective": "throughput",
         }
         req, _ = build_request(model, o, pins.get("strategy"), pins.get("micro_batch"), pins.get("checkpointing"))
+        if not specs:
+            specs.append(req.spec)
+        spec = specs[0] if req.spec == specs[0] else req.spec
         compile_ = pins.get("compile")
         attention, cp = req.attention, req.cp
         if req.seq_len <= COMPARE_PIN_SEQ_LEN and cp is None:
@@ -257,7 +263,7 @@ def requests_from(model: str, options: dict[str, Any], pins: dict[str, Any]) -> 
                 fast = "flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa"
                 attention = req.spec.attention_kernel(fast)
         compile_ = True if compile_ is None else compile_
-        return replace(req, nodes_exact=True, compile=compile_, attention=attention, cp=cp)
+        return replace(req, spec=spec, nodes_exact=True, compile=compile_, attention=attention, cp=cp, explain=False)
 
     return make
 

@@ -536,7 +536,7 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
     pruned.update(ring_pruned)
     if not best:
         _nothing_fits(req, rejected, offload_pinned)
-    ranked = sorted(best.values(), key=lambda c: sort_key(req, c))
+    ranked = sorted(best.values(), key=lambda c: sort_key(req, c))[: None if req.explain else 1]
     mem_cache: dict[TrainSetup, int] = {}
     filled = []
     for c in ranked:

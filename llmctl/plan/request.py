@@ -184,6 +184,8 @@ class PlanRequest:
     """Pin CPU offload on (--offload) or off (--no-offload); None: off, and on only where no setup fits the GPUs
     without it (llmctl.plan.planner.plan)."""
     node_memory_gib: float | None = None
+    explain: bool = True
+    """Size and explain every ranked candidate; False: the chosen one only (llmctl.plan.compare needs no more)."""
     nodes_exact: bool = False
     """Search only `nodes` nodes (llmctl.plan.compare probes each count once); False: every count up to it
     (llmctl.plan.search.node_counts: on a slow network fewer nodes can win)."""

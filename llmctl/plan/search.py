@@ -14,6 +14,7 @@ from llmctl.plan.request import PlanRequest
 from llmctl.plan.request import node_counts as node_counts  # re-exported (the planner, llmctl.tune)
 from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
 from llmctl.spec.hardware import GIB
+from llmctl.spec.models import ModelSpec
 from llmctl.spec.setup import CP_ROTATES, TrainSetup
 
 
@@ -96,15 +97,40 @@ def family_key(strategy: str, n: int, ckpt: str, attn: str, chunk: int, tp: int,
     return (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
 
 
+_SHARED: dict[tuple, tuple[ModelSpec, dict, dict, dict]] = {}
+
+
+def _shared_caches(req: PlanRequest) -> tuple[dict, dict, dict]:
+    """The memory search's caches, shared by every request whose memory answers are the same: the same spec (by
+    identity, held by the entry), GPU capacity, precision, optimizer states, GPUs per node, sequence, offload and
+    training method. The cached values depend on nothing else (estimates of setups built from those; the micro-batch
+    search's limit is part of its key), so plans of one GPU kind at several node counts (llmctl.plan.compare, tune)
+    reuse hybrid and no_shard's searches, which do not depend on the node count."""
+    key = (
+        id(req.spec),
+        req.capacity_bytes,
+        req.precision,
+        req.optimizer_states,
+        req.gpus_per_node,
+        req.seq_len,
+        bool(req.offload),
+        req.finetune,
+    )
+    entry = _SHARED.get(key)
+    if entry is None or entry[0] is not req.spec:
+        if len(_SHARED) >= 8:
+            _SHARED.clear()
+        entry = _SHARED[key] = (req.spec, {}, {}, {})
+    return entry[1], entry[2], entry[3]
+
+
 class MemorySearch:
     """The largest micro-batch per setup (memory.max_micro_batch), cached: memory depends on the shard degree, not on
     the node count, for hybrid and no_shard, so those share one search."""
 
     def __init__(self, req: PlanRequest) -> None:
         self.req = req
-        self.cache: dict[tuple, tuple[int, int]] = {}
-        self.needs: dict[tuple, int] = {}
-        self.wholes: dict[tuple, bool] = {}
+        self.cache, self.needs, self.wholes = _shared_caches(req)
         self.hosts: dict[tuple, str | None] = {}
 
     def host_problem(self, strategy: str, n: int, tp: int = 1, cp: int = 1) -> str | None:
@@ -147,11 +173,26 @@ class MemorySearch:
     ) -> int:
         """Bytes per GPU at micro-batch 1 (cached; a full_shard's on its node count, the others' on one or two), with
         gradient accumulation (the gradients live in the forward) unless `accumulating` is False."""
+        return self.need_estimate(strategy, n, ckpt, attn, chunk, tp, cp, rotate, accumulating).device_bytes
+
+    def need_estimate(
+        self,
+        strategy: str,
+        n: int,
+        ckpt: str,
+        attn: str,
+        chunk: int,
+        tp: int = 1,
+        cp: int = 1,
+        rotate: str = "allgather",
+        accumulating: bool = True,
+    ) -> mem.MemoryEstimate:
+        """need's estimate itself (cached): max_micro_batch starts from it."""
         key = (*family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate), accumulating)
         if key not in self.needs:
             acc = 2 if accumulating else 1
             setup = self.req.setup(strategy, n, 1, acc, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
-            self.needs[key] = mem.estimate(self.req.spec, setup).device_bytes
+            self.needs[key] = mem.estimate(self.req.spec, setup)
         return self.needs[key]
 
     def ring_bound(
@@ -247,16 +288,17 @@ class MemorySearch:
         """(largest micro-batch that fits up to the one-node per-rank batch, bytes per GPU at micro-batch 1).
         Memory depends neither on the per-rank batch nor, between SDPA and flash, on the kernel; full_shard's depends
         on the node count, and its search stops at that count's per-rank batch (what the planner asks)."""
-        key = family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate)
+        req = self.req
+        dp = (n if strategy == "full_shard" else 1) * req.gpus_per_node // (tp * cp)
+        limit = max(1, req.global_batch // max(1, dp))
+        key = (*family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate), limit)
         if key not in self.cache:
-            req = self.req
             # With accumulation (gradients live in the forward); max_mb adds the whole batch without it.
             setup = req.setup(strategy, n, 1, 2, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
-            need = self.need(strategy, n, ckpt, attn, chunk, tp, cp, rotate)
+            one = self.need_estimate(strategy, n, ckpt, attn, chunk, tp, cp, rotate)
+            need = one.device_bytes
             cap = req.capacity_bytes
-            dp = (n if strategy == "full_shard" else 1) * req.gpus_per_node // (tp * cp)
-            limit = max(1, req.global_batch // max(1, dp))
-            fitted = mem.max_micro_batch(req.spec, setup, cap, limit=limit) if need <= cap else 0
+            fitted = mem.max_micro_batch(req.spec, setup, cap, limit=limit, one=one) if need <= cap else 0
             self.cache[key] = (fitted, need)
         return self.cache[key]
 

@@ -432,6 +432,7 @@ def max_micro_batch(
     device_memory_bytes: int,
     limit: int = 65536,
     host_memory_bytes: int | None = None,
+    one: MemoryEstimate | None = None,
 ) -> int:
     """Largest micro-batch that fits (0 if none). Memory is non-decreasing in b and close to linear (activations grow
     with b, states do not; the chunked loss's lines stop growing at one chunk): a first guess from the slope between
@@ -440,7 +441,8 @@ def max_micro_batch(
     def fit(b: int) -> bool:
         return fits(estimate(spec, replace(setup, micro_batch_size=b)), device_memory_bytes)
 
-    one = estimate(spec, replace(setup, micro_batch_size=1))
+    if one is None or one.setup.micro_batch_size != 1:  # `one`: the caller's estimate at micro-batch 1, if it has it
+        one = estimate(spec, replace(setup, micro_batch_size=1))
     if not fits(one, device_memory_bytes, host_memory_bytes):  # the host's bytes do not grow with the micro-batch
         return 0
     if limit < 2:
