@@ -1,11 +1,12 @@
-# Two commands on a fresh machine: `make demo` (install + a local CPU run of the whole flow) and `make test`.
+# Two commands on a fresh machine: `make demo` (install + a local CPU run of the whole flow) and `make test`
+# (ruff, the docs build, pytest).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 # torch is pinned to the CPU build that lies on this machine's disk; an unpinned torch pulls a CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test test-gpu mutants lint bench clean
+.PHONY: install demo test docs test-gpu mutants lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,7 +24,13 @@ test: install
 	bash scripts/system-deps.sh
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(MAKE) docs
 	$(VENV)/bin/pytest -q
+
+# The docs site (mkdocs.yml, docs/): strict, so a broken link, anchor or nav entry fails `make test`. The command
+# reference, plan-file schema and GPU catalog are generated from the code by docs/hooks.py. Into site/ (git-ignored).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 # The GPU tier (tests/gpu, pytest -m gpu): on a machine without CUDA it prints why nothing ran and exits 0. It runs
 # with the venv's python when there is one, else the machine's python3 (a GPU image's own CUDA torch).
@@ -42,4 +49,4 @@ bench: install
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build dist
+	rm -rf $(VENV) .pytest_cache .ruff_cache build dist site

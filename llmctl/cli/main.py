@@ -75,9 +75,26 @@ app = typer.Typer(
     help="From 'train model M on hardware H' to a running, well-tuned training job.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (docs/getting-started.md)
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"llmctl {version('llmctl')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="Print llmctl's version and exit.", callback=_print_version, is_eager=True
+    ),
+) -> None:
+    pass
 
 
 def _register() -> None:
