@@ -251,10 +251,10 @@ def requests_from(model: str, options: dict[str, Any], pins: dict[str, Any]) -> 
             "price": price,
             "objective": "throughput",
         }
-        req, _ = build_request(model, o, pins.get("strategy"), pins.get("micro_batch"), pins.get("checkpointing"))
+        pinned = (pins.get("strategy"), pins.get("micro_batch"), pins.get("checkpointing"))
+        req, _ = build_request(model, o, *pinned, spec=specs[0] if specs else None)
         if not specs:
             specs.append(req.spec)
-        spec = specs[0] if req.spec == specs[0] else req.spec
         compile_ = pins.get("compile")
         attention, cp = req.attention, req.cp
         if req.seq_len <= COMPARE_PIN_SEQ_LEN and cp is None:
@@ -263,7 +263,7 @@ def requests_from(model: str, options: dict[str, Any], pins: dict[str, Any]) -> 
                 fast = "flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa"
                 attention = req.spec.attention_kernel(fast)
         compile_ = True if compile_ is None else compile_
-        return replace(req, spec=spec, nodes_exact=True, compile=compile_, attention=attention, cp=cp, explain=False)
+        return replace(req, nodes_exact=True, compile=compile_, attention=attention, cp=cp, explain=False)
 
     return make
 

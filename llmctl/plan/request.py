@@ -384,12 +384,13 @@ def build_request(
     micro_batch: int | None = None,
     checkpointing: str | None = None,
     compile_: bool | None = None,
+    spec: ModelSpec | None = None,
 ) -> tuple[PlanRequest, Calibration | None]:
     """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes, gpus_per_node,
     cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
     precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp, cp, optimizer_states, offload, finetune; gpus,
     memory_margin, tp, cp, optimizer_states and offload may be absent) and the pinned decisions, every value checked in one order
-    (the first bad one is the one line); with the calibration read from `calibrate`. `llmctl tune MODEL` builds its
+    (the first bad one is the one line); with the calibration read from `calibrate`. `spec`: MODEL resolved already. `llmctl tune MODEL` builds its
     request here too."""
     gpus = o.get("gpus")
     if gpus is not None and o["nodes"] is not None:
@@ -422,7 +423,7 @@ def build_request(
         raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
     if seq_len is not None and seq_len < 1:
         raise InputError(f"--seq-len must be a positive integer, got {seq_len}")
-    spec = models.resolve_model(model, o["params"])
+    spec = spec or models.resolve_model(model, o["params"])  # `spec`: MODEL already resolved (llmctl.plan.compare)
     if seq_len is None:
         seq_len = default_seq_len(spec)
     if gbt is not None:
