@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
@@ -159,21 +160,9 @@ class MemorySearch:
                 )
         return self.hosts[key]
 
-    def need(
-        self,
-        strategy: str,
-        n: int,
-        ckpt: str,
-        attn: str,
-        chunk: int,
-        tp: int = 1,
-        cp: int = 1,
-        rotate: str = "allgather",
-        accumulating: bool = True,
-    ) -> int:
-        """Bytes per GPU at micro-batch 1 (cached; a full_shard's on its node count, the others' on one or two), with
-        gradient accumulation (the gradients live in the forward) unless `accumulating` is False."""
-        return self.need_estimate(strategy, n, ckpt, attn, chunk, tp, cp, rotate, accumulating).device_bytes
+    def need(self, *family: Any, **kw: Any) -> int:
+        """Bytes per GPU at micro-batch 1: need_estimate's device bytes (the same arguments)."""
+        return self.need_estimate(*family, **kw).device_bytes
 
     def need_estimate(
         self,
@@ -187,7 +176,9 @@ class MemorySearch:
         rotate: str = "allgather",
         accumulating: bool = True,
     ) -> mem.MemoryEstimate:
-        """need's estimate itself (cached): max_micro_batch starts from it."""
+        """The estimate at micro-batch 1 (cached; a full_shard's on its node count, the others' on one or two), with
+        gradient accumulation (the gradients live in the forward) unless `accumulating` is False; max_micro_batch
+        starts from it."""
         key = (*family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate), accumulating)
         if key not in self.needs:
             acc = 2 if accumulating else 1
