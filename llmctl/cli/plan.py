@@ -193,8 +193,9 @@ def plan_command(
     flags = {"deadline": deadline, "budget": budget, "prices": prices, "price_basis": price_basis, "plot": plot}
     flags["interconnect"] = interconnect
     chosen = {"--gpu": gpu, "--gpus": gpus, "--nodes": nodes, "--cluster": cluster, "--net": net, "--price": price}
-    chosen |= {"--objective": None if objective == "throughput" else objective, "-o/--output": output}
-    if plan_compare.wanted(compare, chosen, flags):
+    chosen["--objective"] = None if objective == "throughput" else objective
+    file_flags = [f for f, given in (("-o", output), ("--force", force), ("--no-write", no_write)) if given] + run_flags
+    if plan_compare.wanted(compare, chosen, flags, file_flags):
         pins = {"strategy": strategy, "micro_batch": micro_batch, "checkpointing": checkpointing, "compile": compile_}
         return plan_compare.run(model, options, pins, compare, flags, json_out)  # type: ignore[arg-type]
     req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)

@@ -17,9 +17,10 @@ COMPARE_ONLY = ("--deadline", "--budget", "--prices", "--price-basis", "--interc
 """Flags that mean something only with --compare."""
 
 
-def wanted(compare: str | None, chosen: dict[str, Any], flags: dict[str, Any]) -> bool:
-    """Whether this is a comparison; one line for a flag that needs --compare (`flags`, by option name), or one that
-    --compare decides itself (`chosen`, by flag: None when not given)."""
+def wanted(compare: str | None, chosen: dict[str, Any], flags: dict[str, Any], file_flags: list[str]) -> bool:
+    """Whether this is a comparison; one line for a flag that needs --compare (`flags`, by option name), one that
+    --compare decides itself (`chosen`, by flag: None when not given), or one about the plan file a comparison does
+    not write (`file_flags`, given ones)."""
     given = {f"--{k.replace('_', '-')}" for k, v in flags.items() if v is not None and v != "on-demand"}
     if compare is None:
         stray = [f for f in COMPARE_ONLY if f in given]
@@ -31,6 +32,11 @@ def wanted(compare: str | None, chosen: dict[str, Any], flags: dict[str, Any]) -
         raise InputError(
             f"--compare chooses the GPU kind, count and price itself: drop {clash[0]}",
             hint="pin GPUs per node with --gpus-per-node and the network with --interconnect",
+        )
+    if file_flags:
+        raise InputError(
+            f"{', '.join(file_flags)}: a comparison writes no plan file",
+            hint="run the `llmctl plan` a row prints, with these flags, to write the plan of that row",
         )
     return True
 

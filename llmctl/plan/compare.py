@@ -93,6 +93,8 @@ class Ask:
             raise InputError("--deadline must be a positive duration")
         if self.budget_usd is not None and not self.budget_usd > 0:
             raise InputError("--budget must be a positive number of USD")
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:
+            raise InputError(f"--gpus-per-node must be a positive integer, got {self.gpus_per_node}")
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class Point:
     problem: str | None = None
     fewest_gpus: int | None = None
     """Where nothing fits: the smallest count the planner found that would (DoesNotFitError.fewest_gpus)."""
+    bad_input: bool = False
+    """`problem` is a flag this count cannot take (an InputError), not memory."""
 
     def seconds(self, tokens: int) -> float | None:
         c = self.candidate
@@ -134,6 +138,8 @@ class Row:
     """The fewest GPUs of the kind that fit, on the counts searched (with CPU offload where only it fits)."""
     fewest_without_offload: int | None = None
     excluded: str | None = None
+    bad_input: bool = False
+    """Excluded because no count of the kind can take the flags (compare raises it when every kind is so)."""
     command: str = ""
 
     def as_dict(self, ask: Ask) -> dict[str, Any]:
@@ -161,7 +167,7 @@ class Row:
             "setup": c.label if c else None,
             "plan": c.as_dict() if c else None,
             "excluded": self.excluded,
-            "plan_only": self.gpu.plan_only if hasattr(self.gpu, "plan_only") else None,
+            "plan_only": self.gpu.plan_only,
             "command": self.command or None,
             "points": [
                 {
@@ -284,7 +290,7 @@ def probe(make: Planner, kind: GPUSpec, gpus: int, per_node: int, net: Interconn
     except InputError as e:  # a pin or batch this count cannot take (e.g. --tp 8 on a 4-GPU node): not this count
         if e.message.startswith(("unknown", "cannot read")):
             raise
-        return Point(gpus, nodes, g, None, e.message)
+        return Point(gpus, nodes, g, None, str(e), bad_input=True)  # with its hint: it may be the one line
     return Point(gpus, nodes, g, result.chosen)
 
 
@@ -338,7 +344,13 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
         s = p.seconds(ask.tokens)
         return s is not None and (ask.deadline_s is None or s <= ask.deadline_s)
 
-    either, on_gpu = fewest_bounds(make(kind.name, 1, per_node, net, None))
+    try:
+        either, on_gpu = fewest_bounds(make(kind.name, 1, per_node, net, None))
+    except InputError as e:  # a flag this kind cannot take at any count (checked again per count below)
+        if e.message.startswith(("unknown", "cannot read")):
+            raise
+        row.excluded, row.bad_input = str(e), True
+        return row
     lowest = index_at_least(either) if either else 0  # no bound (e.g. only context parallelism fits): search from 1
     if lowest is None:
         row.excluded = f"does not fit on up to {counts[-1]:,} GPUs: the fewest that fit are {either:,}"
@@ -387,7 +399,11 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
     row.points = [seen[c] for c in sorted(seen)]
     if start is None:
         last = seen[max(seen)] if seen else None
-        row.excluded = f"does not fit on up to {counts[-1]:,} GPUs" + (f": {last.problem}" if last else "")
+        row.bad_input = bool(seen) and all(p.bad_input for p in seen.values())
+        if row.bad_input and last is not None:
+            row.excluded = f"no count takes these flags: {last.problem}"
+        else:
+            row.excluded = f"does not fit on up to {counts[-1]:,} GPUs" + (f": {last.problem}" if last else "")
         return row
     lows = []
     for s0 in dict.fromkeys(x for x in [*starts, start] if x is not None):
@@ -436,10 +452,11 @@ def compare(
         try:
             rows.append(kind_row(make, kind, ask, prices, model_cmd or model))
         except LlmctlError as e:
-            if isinstance(e, InputError) and len(kinds) == 1:
-                raise
             net = resolve_interconnect(ask.interconnect) if ask.interconnect else default_interconnect(kind)
-            rows.append(Row(kind, net, prices.quote(kind.name, ask.basis), excluded=e.message))
+            quote = prices.quote(kind.name, ask.basis)
+            rows.append(Row(kind, net, quote, excluded=str(e), bad_input=isinstance(e, InputError)))
+    if rows and all(r.bad_input for r in rows):  # the flags themselves are wrong: one line, exit 2, no table
+        raise InputError(rows[0].excluded or "no GPU kind can take these flags")
     ok = [r for r in rows if r.pick is not None and r.excluded is None]
     priced = [r for r in ok if r.pick.cost(ask.tokens, r.price) is not None]  # type: ignore[union-attr]
     cheapest = min(priced, key=lambda r: r.pick.cost(ask.tokens, r.price), default=None)  # type: ignore[union-attr,return-value]

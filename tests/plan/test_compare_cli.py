@@ -180,3 +180,36 @@ def test_row_command_reproduces_the_row() -> None:
         chosen = json.loads(full.stdout)["chosen"]
         assert chosen["gpus"] == row["gpus"]
         assert chosen["tokens_per_s"] == pytest.approx(row["tokens_per_s"], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--seq-len", "0"], "--seq-len must be a positive integer"),
+        (["--precision", "fp9"], "unknown precision 'fp9'"),
+        (["--global-batch", "0"], "global batch must be >= 1"),
+        (["--memory-margin", "2"], "--memory-margin must be a fraction"),
+        (["--overlap", "3"], "--overlap must be in [0, 1]"),
+        (["--micro-batch", "0"], "--micro-batch must be >= 1"),
+        (["--gpus-per-node", "0"], "--gpus-per-node must be a positive integer"),
+        (["--tp", "3"], "--tp 3 does not divide"),
+        (["--calibrate", "/nope/metrics.jsonl"], "/nope/metrics.jsonl"),
+        (["--data", "x"], "--data: a comparison writes no plan file"),
+        (["-o", "p.yaml"], "-o: a comparison writes no plan file"),
+        (["--no-write"], "--no-write: a comparison writes no plan file"),
+    ],
+)
+def test_a_bad_flag_is_one_line_not_a_table_of_excluded_rows(extra: list[str], needle: str) -> None:
+    """A flag no kind can take is the user's mistake: one line, exit 2 (before, every row was excluded with it and
+    the command exited 0)."""
+    one_line_error([*BASE, *extra], needle)
+
+
+def test_a_flag_some_kinds_cannot_take_excludes_only_them() -> None:
+    r = runner.invoke(
+        app, ["plan", "llama-3.2-1b", "--tokens", "1B", "--compare", "H100-SXM,RTX-6000-Ada", "--tp", "8", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    rows = {row["gpu"]: row for row in json.loads(r.stdout)["comparison"]}
+    assert rows["H100-SXM"]["excluded"] is None and rows["H100-SXM"]["plan"]["tp"] == 8
+    assert "--tp 8 does not divide" in rows["RTX-6000-Ada"]["excluded"]  # 4 GPUs per node
