@@ -32,6 +32,7 @@ from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
 from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
 from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers, one_row
 from llmctl.engine.evaluate import Evaluator
+from llmctl.engine.kernel_profile import StepProfiler
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
 from llmctl.engine.lora import check_installed as check_lora_installed
@@ -558,9 +559,14 @@ class Trainer:
         self._check_pending = plan.logging.check_after_steps > 0
         self._new_window(time.perf_counter())
         every_eval = plan.logging.eval_interval_steps
+        profiler = StepProfiler.from_env(Path(plan.logging.dir), self.device.type)
         while self.step < total:
+            if profiler is not None:
+                profiler.before(self.step + 1)
             out = self.train_step(batches)
             step = self.step
+            if profiler is not None:
+                profiler.after(step, self.env.rank)
             if step % plan.logging.interval_steps == 0 or step == total:
                 losses[step] = self.log_step(out)
             if self.evaluator is not None and ((every_eval and step % every_eval == 0) or step == total):

@@ -23,8 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SEQ_LENS = (1024, 2048, 4096, 8192, 16384)
-HEAD_DIMS = (64, 128)
+SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
+HEAD_DIMS = (64, 128, 256)
+EAGER_MAX_SEQ = 2048
+"""Eager attention (two matmuls around an fp32 softmax, as Hugging Face's eager path) materializes batch x heads x
+seq^2 scores: measured up to this length only."""
 TOKENS = 16384
 """Tokens per attention call (batch x seq): every point does the same number of query tokens, so the points differ
 by sequence length only."""
@@ -44,9 +47,17 @@ GEMMS: dict[str, tuple[int, int, int]] = {
     # A 1B model's (Llama-3.2-1B) projections.
     "o_1b": (8192, 2048, 2048),
     "mlp_up_1b": (8192, 2048, 16384),
+    # Llama-3.2-3B's (hidden 3072, not a power of two) at 4,096 tokens.
+    "qkv_3b": (4096, 3072, 5120),
+    "mlp_up_3b": (4096, 3072, 16384),
+    "mlp_down_3b": (4096, 8192, 3072),
     # Large square: the GPU's best case.
     "square_8192": (8192, 8192, 8192),
 }
+GEMM_SWEEP_M = (2048, 8192, 32768)
+GEMM_SWEEP_KN = ((512, 4096), (4096, 512), (1024, 1024), (2048, 2048), (2048, 8192), (8192, 2048), (4096, 4096))
+"""A grid over the rows (tokens) and the reduction / output widths, bf16 only: what the planner's GEMM efficiency by
+shape is checked against (a model's projections sit between these points)."""
 
 
 def _timer(fn: Callable[[], Any], warmup: int, iters: int, repeats: int) -> float:
@@ -123,6 +134,15 @@ def attention_points(warmup: int = 3, iters: int = 5, repeats: int = 3) -> list[
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         kernels[name] = run
+
+    def eager(q: Any, k: Any, v: Any) -> Any:
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        mask = torch.ones(s, s, device=q.device, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
+
+    kernels["eager"] = eager
     try:
         from flash_attn import flash_attn_func  # type: ignore[import-not-found]
 
@@ -140,6 +160,8 @@ def attention_points(warmup: int = 3, iters: int = 5, repeats: int = 3) -> list[
             grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
             fwd_flops = attention_flops(batch, heads, seq, head_dim)
             for name, kernel in kernels.items():
+                if name == "eager" and seq > EAGER_MAX_SEQ:
+                    continue
                 point: dict[str, Any] = {"kernel": name, "head_dim": head_dim, "heads": heads, "seq": seq}
                 point["batch"] = batch
                 point.update(_attention_times(kernel, (q, k, v), grad, fwd_flops, warmup, iters, repeats))
@@ -174,6 +196,16 @@ def gemm_points(warmup: int = 5, iters: int = 20, repeats: int = 3) -> list[dict
             except Exception as e:  # noqa: BLE001 - a shape _scaled_mm refuses: recorded
                 points.append({"shape": name, "dtype": "fp8", "error": f"{type(e).__name__}: {e}"[:200]})
         del a, b
+    for m in GEMM_SWEEP_M:
+        for k, n in GEMM_SWEEP_KN:
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+            s = _timer(lambda a=a, b=b: a @ b.t(), warmup, iters, repeats)
+            name = f"sweep_m{m}_k{k}_n{n}"
+            points.append(
+                {"shape": name, "m": m, "k": k, "n": n, "dtype": "bf16", "s": s, "tflops": 2.0 * m * n * k / s / 1e12}
+            )
+            del a, b
     return points
 
 
@@ -193,7 +225,21 @@ def memory_points(warmup: int = 3, iters: int = 10, repeats: int = 3) -> list[di
         "rms_norm": (lambda: F.rms_norm(x, (hidden,), w), 2 * x.numel() * 2),
         "silu_mul": (lambda: F.silu(x) * x, 3 * x.numel() * 2),
         "cross_entropy_fwd": (lambda: F.cross_entropy(logits.float(), target), logits.numel() * (2 + 4 + 4)),
+        "add": (lambda: x + x, 3 * x.numel() * 2),
+        "rope": (lambda: rope(x), 0),
     }
+    half = hidden // 2
+    cos, sin = (
+        torch.randn(tokens, half, device="cuda", dtype=torch.bfloat16),
+        torch.randn(tokens, half, device="cuda", dtype=torch.bfloat16),
+    )
+
+    def rope(t: Any) -> Any:  # Hugging Face's rotate_half form, eager: each read, product and sum its own kernel
+        t1, t2 = t[:, :half], t[:, half:]
+        return torch.cat((t1 * cos - t2 * sin, t2 * cos + t1 * sin), dim=-1)
+
+    # rope's bytes: what its eager kernels read and write (4 products, 2 sums, the concatenation)
+    ops["rope"] = (ops["rope"][0], (4 * 3 + 2 * 3 + 2) * tokens * half * 2)
     points = []
     for name, (fn, nbytes) in ops.items():
         try:

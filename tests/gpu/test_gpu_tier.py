@@ -140,7 +140,7 @@ def test_kernel_throughput(run_dir: Path, report: dict[str, Any]) -> None:
     }
     record(report, "kernels", summary)
     assert square > 50, f"an 8192^3 bf16 matmul ran at {square:.1f} TFLOP/s"
-    assert {p["head_dim"] for p in flash} == {64, 128}, "SDPA's flash backend ran no point"
+    assert {64, 128} <= {p["head_dim"] for p in flash}, "SDPA's flash backend ran no point"
     # Backward does more work per FLOP than forward (FlashAttention-2, section 4): its throughput is lower.
     assert all(p["bwd_tflops"] < 1.2 * p["fwd_tflops"] for p in flash)
     if has_float8()[0]:
@@ -167,6 +167,7 @@ SPEED = {
     "bf16-mixed": (BIG, SEQ, "bf16-mixed", 16),
     "fp8-tensorwise": (BIG, SEQ, "fp8-tensorwise", 16),
     "1b-8k-bf16-mixed": (BIG, 8192, "bf16-mixed", 10),
+    "1b-32k-bf16-mixed": (BIG, 32768, "bf16-mixed", 4),
     "3b-fp8-tensorwise": ("llama-3.2-3b", SEQ, "fp8-tensorwise", 10),
     "3b-bf16-mixed": ("llama-3.2-3b", SEQ, "bf16-mixed", 10),
     "1b-lora-bf16-mixed": (BIG, SEQ, "bf16-mixed", 16, ("--finetune", "lora")),
@@ -331,3 +332,44 @@ def test_fsdp_by_tp_on_two_gpus(run_dir: Path, report: dict[str, Any]) -> None:
     steps = events(folder / "logs" / "metrics.jsonl", "step")
     record(report, "tiny_fsdp_tp", {"losses": [steps[0]["loss"], steps[-1]["loss"]]})
     assert falls(steps)
+
+
+SPLIT = {
+    # id: (model, sequence length, micro-batch, optimizer steps (global batch 8 sequences), more plan flags)
+    "1b-2k": (BIG, SEQ, 8, ()),
+    "1b-8k": (BIG, 8192, 2, ()),
+    "3b-2k": ("llama-3.2-3b", SEQ, 2, ()),
+    "3b-2k-lora": ("llama-3.2-3b", SEQ, 4, ("--finetune", "lora")),
+}
+
+
+@pytest.mark.parametrize("name", list(SPLIT))
+def test_step_split_against_the_plan(name: str, run_dir: Path, report: dict[str, Any]) -> None:
+    """GPU time by kind of kernel (llmctl.engine.kernel_profile, steps 4-5 under torch.profiler) against the plan's
+    predicted step split for the same setup (`llmctl plan --json`, chosen.step_split_s): recorded per kind."""
+    if not has_bf16():
+        pytest.skip(f"bf16 needs compute capability 8.0+ (this GPU: {capability()})")
+    model, seq, mb, more = SPLIT[name]
+    folder = run_dir / f"split-{name}"
+    pins = ("--micro-batch", str(mb), "--checkpointing", "none", "--precision", "bf16-mixed", *more)
+    plan = big_plan(folder, *pins, steps=6, model=model, seq=seq)
+    predicted = json.loads(
+        run(
+            ["-m", "llmctl", "plan", model, "--gpu", gpu_kind(), "--gpus", "1", "--seq-len", str(seq)]
+            + ["--global-batch", "8", "--attention", attention(), "--json", "--no-write", *pins],
+            300,
+        ).stdout
+    )["chosen"]
+    steps = events(engine(plan, extra_env={"LLMCTL_PROFILE_STEPS": "4:5"}), "step")
+    prof = json.loads((folder / "kernel_profile.json").read_text())
+    got = {
+        "setup": f"{model} at {seq} tokens, mb {mb}, {' '.join(more) or 'full'}",
+        "measured_s": prof["gpu_s_per_step"],
+        "measured_wall_s": prof["wall_s_per_step"],
+        "predicted_s": predicted["step_split_s"],
+        "predicted_step_s": predicted["step_time_s"],
+        "step_time_s_logged": [s.get("step_time_s") for s in steps[-2:]],
+        "top_kernels": prof["top_kernels"][:12],
+    }
+    record(report, f"split/{name}", got)
+    assert prof["gpu_s_per_step"].get("matmul", 0) > 0 and prof["gpu_s_per_step"].get("attention", 0) > 0
