@@ -354,6 +354,47 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/plan/test_compare.py",),
         "without a deadline only the counts that fit without CPU offload are climbed",
     ),
+    # --- the step by kind of kernel (issue 32) ------------------------------------------------------------------------
+    M(
+        "kernel-attn-bwd-factor",
+        "llmctl/plan/kernel_time.py",
+        "f, b = work / (rf * 1e12), kt.FA_BACKWARD_FLOPS * work / (rb * 1e12)",
+        "f, b = work / (rf * 1e12), 2 * work / (rb * 1e12)",
+        ("tests/plan/test_kernel_time.py", "tests/plan/test_measured_h100.py"),
+        "attention backward counted as 2x forward instead of the FlashAttention papers' 2.5x",
+    ),
+    M(
+        "kernel-sdpa-fa2-on-hopper",
+        "llmctl/spec/kernels.py",
+        'if attention == "sdpa" and gpu.architecture in SDPA_CUDNN_ARCHS:',
+        "if False:",
+        ("tests/spec/test_kernels.py", "tests/plan/test_kernel_time.py"),
+        "SDPA priced at FlashAttention-2 on Hopper, where the profile shows cuDNN's kernel",
+    ),
+    M(
+        "kernel-no-fsdp-copies",
+        "llmctl/plan/kernel_time.py",
+        "return gathers * per_gather + trained * (cb + rb) + accumulate",
+        "return trained * (cb + rb)",
+        ("tests/plan/test_kernel_time.py", "tests/plan/test_measured_h100.py"),
+        "FSDP2's all-gather copies and gradient sums dropped",
+    ),
+    M(
+        "kernel-memory-bwd-once",
+        "llmctl/plan/kernel_time.py",
+        "bwd = 2 * (sum(per_layer) + final + EMBED_FWD * h) + LOSS_BWD * spec.vocab_size / setup.tp",
+        "bwd = (sum(per_layer) + final + EMBED_FWD * h) + LOSS_BWD * spec.vocab_size / setup.tp",
+        ("tests/plan/test_kernel_time.py",),
+        "memory-bound backward moves the forward's bytes once instead of twice",
+    ),
+    M(
+        "kernel-gemm-no-overhead",
+        "llmctl/spec/kernels.py",
+        "return 2.0 * m * k * n / (e * peak_tflops * 1e12) + g.overhead_s",
+        "return 2.0 * m * k * n / (e * peak_tflops * 1e12)",
+        ("tests/spec/test_kernels.py", "tests/plan/test_kernel_time.py"),
+        "small matmuls as fast as large ones (no launch-and-tail time)",
+    ),
     # --- packed instruction data: masks, document boundaries, the step's loss normalisation ------------------------
     M(
         "packed-divisor-no-dp",

@@ -99,6 +99,8 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
         + (f" + CPU offload {ch.offload_s:.2f} s" if cs.levers.offload else "")
     )
+    if result.step_split:
+        c.print(f"[bold]step split[/bold]: {escape(result.step_split)}")
     if result.precision_choice:
         c.print(f"[bold]precision[/bold]: {escape(result.precision_choice)}")
     if result.finetune_choice:

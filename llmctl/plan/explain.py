@@ -12,6 +12,7 @@ from llmctl.families.tensor_parallel import plan_problem
 from llmctl.plan import float8 as f8
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
+from llmctl.plan.explain_kernels import attention_rates
 from llmctl.plan.request import PlanRequest
 from llmctl.plan.timing import Candidate, compute_times, evaluate, float8_cast_s
 from llmctl.spec import checkpointing as ckpt_modes
@@ -146,10 +147,10 @@ def why_lost(c: Candidate, best: Candidate, req: PlanRequest) -> str:
         causes.append(
             f"recompute adds {extra:.0%} compute time" + (f" vs {best_extra:.0%}" if best_extra > 0.005 else "")
         )
-    if s.attention != b.attention:
+    if s.attention != b.attention and attention_rates(req, s.attention) != attention_rates(req, b.attention):
         causes.append(
-            f"{s.attention} attention runs at {req.efficiency.kernel[s.attention]:.0%} of peak vs "
-            f"{req.efficiency.kernel[b.attention]:.0%} for {b.attention}"
+            f"{s.attention} attention: {attention_rates(req, s.attention)[0]} vs {b.attention}: "
+            f"{attention_rates(req, b.attention)[0]}"
         )
     if b.compile and not s.compile:
         causes.append("no torch.compile")
@@ -232,6 +233,12 @@ def _tp_memory(req: PlanRequest, c: Candidate) -> tuple[str, bool]:
     return text, fits
 
 
+def _width(req: PlanRequest, c: Candidate, tp: int) -> float:
+    """The matmul rate at tp over tp = 1 for c's micro-batch (Efficiency.tp_width_factor)."""
+    tokens = c.setup.micro_batch_size * req.seq_len // c.setup.cp
+    return req.efficiency.tp_width_factor(req.spec, tp, req.gpu, tokens, req.compute_dtype)
+
+
 def _split(c: Candidate) -> str:
     q = c.predicted
     dp = q.comm_exposed_s - q.tp_comm_exposed_s - q.cp_comm_exposed_s
@@ -274,7 +281,7 @@ def explain_tp_choice(
         mine = p.tokens_per_s if req.objective == "throughput" else p.tokens_per_s_per_gpu
         return (
             f"tensor parallelism cannot win here: even without communication or recompute, TP {t} reaches at most "
-            f"{bound:,.0f} {metric} (its row-wise matmuls at x{req.efficiency.tp_width_factor(req.spec, t):.3f} "
+            f"{bound:,.0f} {metric} (its matmuls at x{_width(req, chosen, t):.3f} "
             f"efficiency), below the chosen {mine:,.0f}"
         )
     if other is None:
@@ -285,9 +292,9 @@ def explain_tp_choice(
         f"its step is {_split(other)} + {_s(other.predicted.tp_comm_exposed_s)} TP (chosen: {_split(chosen)})",
         _tp_costs(req, other, "would cost"),
     ]
-    width = req.efficiency.tp_width_factor(req.spec, o.tp)
+    width = _width(req, other, o.tp)
     if width < 0.995:
-        reasons.append(f"its row-wise matmuls reduce over 1/{o.tp} of the width (x{width:.3f} efficiency)")
+        reasons.append(f"its matmuls are 1/{o.tp} as wide (x{width:.3f} efficiency)")
     rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len)[0]
     if rep:
         share = rep / fl.model_flops_per_token(req.spec, req.seq_len)
@@ -374,11 +381,10 @@ def explain_cp_choice(
     o = other.setup
     tp = f" (here with TP {s.tp})" if s.tp > 1 else ""
     reasons = [f"a whole {req.seq_len:,}-token sequence fits without it{tp}"]
-    if s.attention != o.attention:
-        eff = req.efficiency.kernel
+    if s.attention != o.attention and attention_rates(req, s.attention) != attention_rates(req, o.attention):
         reasons.append(
-            f"ring attention runs on {o.attention} ({eff[o.attention]:.0%} of peak) where this setup runs "
-            f"{s.attention} ({eff[s.attention]:.0%})"
+            f"ring attention runs on {o.attention} ({attention_rates(req, o.attention)[0]}) where this setup runs "
+            f"{s.attention} ({attention_rates(req, s.attention)[0]})"
         )
     reasons.append(_cp_ring(req, other))
     return f"CP {o.cp} lost: the best with CP ({_short(other)}) predicts {_gap(req, other, chosen)}; " + "; ".join(

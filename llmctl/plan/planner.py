@@ -52,6 +52,7 @@ from llmctl.plan.explain import (
     why_lost,
 )
 from llmctl.plan.explain_finetune import explain_finetune
+from llmctl.plan.explain_kernels import efficiency_basis, step_split
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
 from llmctl.plan.search import MemorySearch, OffloadFamily, offload_can_win, parallel_bound
 from llmctl.plan.search import divisors as divisors  # re-exported (llmctl.tune.space)
@@ -96,6 +97,7 @@ class PlanResult:
     """Why context parallelism was used or not: what one sequence's activations need without it, what the ring costs."""
     precision_choice: str = ""
     """What --precision auto chose on a GPU without bf16 and why; under float8, what runs on its tensor cores."""
+    step_split: str = ""  # the chosen step by kind of kernel, with each rate's basis (llmctl.plan.explain_kernels)
     finetune_choice: str = ""  # with adapters: full, LoRA and QLoRA compared here (llmctl.plan.explain_finetune)
     offload_choice: str = ""  # under CPU offload: why it is on, what GPU and host hold, what it costs (else empty)
 
@@ -130,7 +132,7 @@ class PlanResult:
     def as_dict(self, top: int, calibration: Calibration | None = None) -> dict[str, Any]:
         """What `llmctl plan --json` prints (the top candidates, and the calibration the request used)."""
         req, cal, result = self.request, calibration, self
-        spec, gpu_spec, network, eff = req.spec, req.gpu, req.network, req.efficiency
+        spec, gpu_spec, network = req.spec, req.gpu, req.network
 
         return {
             "model": spec.name,
@@ -149,14 +151,7 @@ class PlanResult:
                 "inter_node_gbytes_s": network.inter_node_gbytes_s,
             },
             "overlap": req.overlap,
-            "efficiency": {
-                "kernel": eff.kernel,
-                "gpu": gpu_spec.efficiency,
-                "tokens_half": eff.tokens_half,
-                "hidden_half": eff.hidden_half,
-                "compile_speedup": eff.compile_speedup,
-                "calibration": eff.calibration,
-            },
+            "efficiency": efficiency_basis(req),
             "calibration": None
             if cal is None
             else {
@@ -172,6 +167,7 @@ class PlanResult:
             "variants_considered": len(result.variants),
             "why_lost": [result.why_lost[i] for i in range(1, min(top, len(result.candidates)))],
             "memory_choice": result.memory_choice,
+            "step_split": result.step_split,
             "tp_choice": result.tp_choice,
             "cp_choice": result.cp_choice,
             "precision": req.precision.name,
@@ -456,7 +452,7 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
             # Ring attention: compile only ever speeds a step up in this model (COMPILE_SPEEDUP, and async TP), so only
             # the faster is timed; the all-gather rotation, where it fits, replaces the all-to-all's when its ring
             # hides as much (equal predictions keep it: torch's and torchtitan's default).
-            comp = max(compiles) if req.efficiency.compile_speedup >= 1 else min(compiles)
+            comp = max(compiles)
             async_tp = tp > 1 and comp and req.async_tp
             setup = req.setup(strategy, n, mb, per_rank // mb, ckpt, attn, comp, chunk, tp, async_tp, cp, rotate)
             c = evaluate(req, setup)
@@ -562,9 +558,8 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
     tp_choice = explain_tp_choice(req, fam[0], filled, tps, tp_pruned)
     cp_choice = explain_cp_choice(req, fam[0], filled, cps, pruned)
     precision_choice = explain_precision(req, fam[0])
-    return PlanResult(
-        req, fam[0], fam, why, filled, rejected, evaluated, choice, tp_choice, cp_choice, precision_choice
-    )
+    explained = (choice, tp_choice, cp_choice, precision_choice, step_split(req, fam[0]))
+    return PlanResult(req, fam[0], fam, why, filled, rejected, evaluated, *explained)
 
 
 def _nothing_fits(req: PlanRequest, rejected: list[str], offload_pinned: bool = True) -> None:

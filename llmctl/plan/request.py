@@ -11,11 +11,12 @@ from llmctl.errors import InputError
 from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import plan_problem
 from llmctl.plan import comm as cm
+from llmctl.plan import kernel_time
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration, read_calibration
 from llmctl.plan.network import network_for
 from llmctl.spec import checkpointing as ckpt_modes
-from llmctl.spec import hardware, models
+from llmctl.spec import hardware, kernels, models
 from llmctl.spec.finetune import FULL, Finetune
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
@@ -28,42 +29,17 @@ OBJECTIVES = ("throughput", "cost")
 DEFAULT_SEQ_LEN = 2048
 """`plan --seq-len` when not given; a model that learns one embedding per position (GPT-2's wpe: what
 llmctl.spec.planfile refuses to run past) gets at most its positions."""
-ROW_WISE = ("o_proj", "down_proj")
-"""The projections a tensor-parallel plan splits by rows (reduction width K / tp; llmctl.families.tensor_parallel)."""
 
-# --- achievable efficiency: the fraction of dense peak a training step reaches, in hardware FLOPs ---------------
-# Per attention kernel, for large GEMMs (hidden >= 4096, >= 4k tokens per micro-batch), bf16 on A100/H100.
-# flash: docs/sources.md#fsdp-seed measured 16,000 tok/s for Llama-2-7B (s=1024, checkpointing) on 4 A100s = 0.70 of peak in
-#   hardware FLOPs; torchtitan reports ~0.55-0.60 MFU-equivalent for Llama-3-8B on H100. We take 0.72 before shape
-#   effects (~0.67 after them for Llama-2-7B at 32k tokens per micro-batch).
-# sdpa: torch's SDPA dispatches to a FlashAttention-2 kernel for bf16 on sm80+, but Hugging Face's sdpa path adds
-#   transposes/contiguous copies and a masked fallback: ~10% below flash (HF "GPU inference/training" docs).
-# eager: that run's throughput before flash-attention was 8,000 tok/s (half of 16,000): s^2 softmax in fp32,
-#   memory-bound, so about half the flash efficiency at s=1024.
-KERNEL_EFFICIENCY = {"flash": 0.72, "sdpa": 0.65, "eager": 0.37}
-# GEMM shape: efficiency rises with the rows of each GEMM (tokens per micro-batch, m) and with the hidden size
-# (h): a saturating m/(m + TOKENS_HALF) x h/(h + HIDDEN_HALF) (NVIDIA "Matrix Multiplication Background" guide:
-# small M or K leave the tensor cores under-fed; arithmetic intensity grows with each dimension). TOKENS_HALF is
-# for the whole step, not one GEMM: launch overheads, norms and elementwise kernels also amortise over m
-# (mb=1 x 1024 tokens -> 0.8 of the large-batch rate, 4k tokens -> 0.94, 32k -> 0.99).
-TOKENS_HALF = 256
-HIDDEN_HALF = 256
-# Tensor cores need dims that are multiples of 64 on A100 (docs/sources.md#fsdp-seed: "our tensor shapes must be a multiple of
-# 64"); hidden or MLP sizes that are not run at a reduced rate. The engine pads the vocabulary itself.
+# --- achievable efficiency ---------------------------------------------------------------------------------------
+# The step's compute is priced by kind of kernel (llmctl.plan.kernel_time, from llmctl/spec/presets/kernels.yaml with
+# each table's source): matmuls by shape, attention by kernel, head dimension and length, memory-bound ops by bytes.
+# Tensor cores need dims that are multiples of 64 on A100 (docs/sources.md#fsdp-seed: "our tensor shapes must be a
+# multiple of 64"); hidden or MLP sizes that are not run their matmuls at a reduced rate. The engine pads the
+# vocabulary itself.
 MISALIGNED_PENALTY = 0.85
-# Tensor parallelism narrows each rank's matmuls: column-wise ones (q/k/v, gate/up) keep their reduction width K = h
-# and lose output columns, row-wise ones (o_proj, down_proj) reduce over K / tp. We apply the same saturating factor
-# K / (K + HIDDEN_HALF) to the row-wise matmuls' K, relative to tp = 1, weighted by their FLOPs (`tp_width_factor`);
-# column-wise matmuls keep their rate (the GEMM's M, the tokens, and K are unchanged). An assumption built on the
-# factor above, not a measurement.
-# Per GPU kind, relative to A100 (where the kernel factors come from): the catalog's `efficiency` field
-# (spec/presets/gpus.yaml, each with its source).
-# torch.compile fuses norms, rotary and SwiGLU elementwise ops: torchtitan reports ~1.1x on Llama-3-8B.
-COMPILE_SPEEDUP = 1.10
-# Memory-bound kernels (norms, rotary, activations, elementwise products: what selective checkpointing regenerates)
-# stream their tensors through device memory. Unfused, as PyTorch eager runs them, they reach well below a STREAM-like
-# copy (~90% of peak on A100/H100): 0.7 of the catalog's hbm_gbytes_s is the stated assumption.
-HBM_EFFICIENCY = 0.7
+# Memory-bound kernels (norms, rotary, activations, elementwise products) stream their tensors through device memory
+# at this fraction of the catalog's hbm_gbytes_s, measured (presets/kernels.yaml, memory_bound_efficiency).
+HBM_EFFICIENCY = kernels.memory_bound_efficiency()
 DEFAULT_GLOBAL_BATCH_SEQS = 128
 """Default global batch when none is given: 128 sequences rounded up to a multiple of the GPUs (so that a node of 72
 or 48 splits it evenly), or one per GPU past 128."""
@@ -89,56 +65,33 @@ def node_counts(total: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Efficiency:
-    """The achievable-efficiency factors, all overridable; `calibration` multiplies them (--calibrate)."""
+    """The matmuls' achievable efficiency (from the kernel tables), and what a user can override: the penalty for
+    shapes that are not multiples of 64, and `calibration`, which multiplies every compute rate (--calibrate)."""
 
-    kernel: dict[str, float] = field(default_factory=lambda: dict(KERNEL_EFFICIENCY))
-    tokens_half: float = TOKENS_HALF
-    hidden_half: float = HIDDEN_HALF
     misaligned_penalty: float = MISALIGNED_PENALTY
-    compile_speedup: float = COMPILE_SPEEDUP
     calibration: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.calibration <= 0 or self.compile_speedup <= 0:
-            raise InputError("efficiency calibration and compile speedup must be positive")
+        if self.calibration <= 0:
+            raise InputError("efficiency calibration must be positive")
 
-    def of(
-        self,
-        attention: str,
-        tokens_per_micro_batch: int,
-        spec: ModelSpec,
-        compile_: bool,
-        gpu: GPUSpec | None = None,
-        tp: int = 1,
-    ) -> float:
-        """Fraction of peak (hardware FLOPs) one GPU reaches; never above 1. `gpu` None: the baseline GPU (1.0).
-        With tensor parallelism the tp ranks run the whole micro-batch's tokens through narrower matmuls."""
-        m, h = tokens_per_micro_batch, spec.hidden_size
-        e = self.kernel[attention] * m / (m + self.tokens_half) * h / (h + self.hidden_half)
-        e *= self.tp_width_factor(spec, tp)
-        e *= gpu.efficiency if gpu is not None else 1.0
+    def of(self, tokens_per_micro_batch: int, spec: ModelSpec, gpu: GPUSpec, dtype: str = "bf16", tp: int = 1) -> float:
+        """Fraction of `dtype`'s dense peak the model's matmuls reach on one GPU (kernel_time.gemm_efficiency) for a
+        micro-batch of that many tokens per rank, each rank of a tp group running its slices; never above 1."""
+        e = kernel_time.gemm_efficiency(gpu, spec, tokens_per_micro_batch, tp, gpu.peak_tflops(dtype))
         if spec.hidden_size % 64 or spec.intermediate_size % 64:
             e *= self.misaligned_penalty
-        if compile_:
-            e *= self.compile_speedup
-        return min(1.0, e * self.calibration)
+        return min(1.0, e * gpu.efficiency * self.calibration)
 
-    def tp_width_factor(self, spec: ModelSpec, tp: int) -> float:
-        """The rate of a layer's matmuls split over tp ranks relative to tp = 1 (TP note above): row-wise o_proj and
-        down_proj reduce over K / tp, at (K/tp) / (K/tp + hidden_half) against K / (K + hidden_half)."""
+    def tp_width_factor(self, spec: ModelSpec, tp: int, gpu: GPUSpec, tokens: int, dtype: str = "bf16") -> float:
+        """The rate of the model's matmuls split over tp ranks relative to tp = 1 (row-wise ones reduce over K / tp,
+        the others produce 1/tp of the outputs: narrower matmuls, kernel_time.gemm_efficiency)."""
         if tp <= 1 or spec.measured is not None:
             return 1.0
-
-        def width(k: float) -> float:
-            return k / (k + self.hidden_half)
-
-        total = scaled = 0.0
-        for layer, n in spec.layer_groups:
-            for name, k, out in layer.matmuls(spec.hidden_size):
-                w = n * k * out
-                total += w
-                scaled += w * (width(k / tp) / width(k) if name in ROW_WISE else 1.0)
-        return scaled / total if total else 1.0
+        peak = gpu.peak_tflops(dtype)
+        return kernel_time.gemm_efficiency(gpu, spec, tokens, tp, peak) / kernel_time.gemm_efficiency(
+            gpu, spec, tokens, 1, peak
+        )
 
 
 @dataclass(frozen=True)

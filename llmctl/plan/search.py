@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from llmctl.plan import kernel_time
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
 from llmctl.plan.explain import sort_key
@@ -63,7 +64,7 @@ def offload_can_win(req: PlanRequest, best: Candidate, families: list[OffloadFam
     offload adds time to it; elsewhere its step plus the host step bounds the family. Cheapest tests first: the
     compute alone, then the memory, then the whole step."""
     target = -sort_key(req, best)[0]
-    compiles = [req.compile] if req.compile is not None else [req.efficiency.compile_speedup >= 1]
+    compiles = [req.compile] if req.compile is not None else [True]  # compile fuses memory-bound ops: never slower
     ckpt = req.checkpointing or "none"
     search = MemorySearch(replace(req, offload=True))
     for f in families:
@@ -80,7 +81,9 @@ def offload_can_win(req: PlanRequest, best: Candidate, families: list[OffloadFam
             continue  # fits without offload: searched as it is
         if search.host_problem(f.strategy, f.nodes, f.tp, f.cp):
             continue  # the host cannot hold its states
-        if _metric(req, setup, evaluate(req, setup).predicted.step_time_s + host) > target:
+        # the GPU's own optimizer step, which offload moves to the host, leaves the bound
+        gpu_step = kernel_time.optimizer_seconds(req.gpu, req.spec, setup) / req.efficiency.calibration
+        if _metric(req, setup, evaluate(req, setup).predicted.step_time_s - gpu_step + host) > target:
             return True
     return False
 

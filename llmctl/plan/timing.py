@@ -1,8 +1,10 @@
-"""Timing one setup: compute from FLOPs over the GPU's peak x achievable efficiency, plus the communication compute
-does not hide (llmctl.plan.comm); a candidate is a setup plus this prediction (torch-free).
+"""Timing one setup: compute by kind of kernel (llmctl.plan.kernel_time: matmuls at their shape's rate, attention at
+its kernel's measured rate, memory-bound ops and FSDP2's copies as bytes over bandwidth, the optimizer step), plus the
+communication compute does not hide (llmctl.plan.comm); a candidate is a setup plus this prediction (torch-free).
 
-Step time = accumulation x (forward + backward of one micro-batch) + exposed communication. Memory comes from
-llmctl.plan.memory only; this module never re-derives a byte.
+Step time = accumulation x (forward + backward of one micro-batch) + optimizer step + exposed communication; the
+prediction keeps the step split by kind (`Prediction.split`). Memory comes from llmctl.plan.memory only; this module
+never re-derives a byte of the memory estimate.
 
 Tensor parallelism (tp ranks share one micro-batch): each rank runs 1/tp of the split FLOPs (attention, dense MLPs,
 LM head) and all of what the group replicates (MoE blocks: llmctl.plan.flops.tp_replicated_flops_per_token), at the
@@ -40,9 +42,9 @@ from typing import Any
 from llmctl.plan import comm as cm
 from llmctl.plan import float8 as f8
 from llmctl.plan import flops as fl
+from llmctl.plan import kernel_time, ring
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
-from llmctl.plan import ring
 from llmctl.plan.memory import adapters as lora
 from llmctl.plan.request import HBM_EFFICIENCY, PlanRequest
 from llmctl.spec import checkpointing as ckpt_modes
@@ -57,7 +59,8 @@ class Prediction:
     """What the planner's model predicts for one setup on the request's cluster."""
 
     efficiency: float
-    """Fraction of the GPU's dense peak reached (hardware FLOPs)."""
+    """Fraction of the compute dtype's dense peak the model's matmuls reach for this micro-batch (shape efficiency,
+    llmctl.plan.kernel_time.gemm_efficiency); attention and memory-bound work have their own rates."""
     compute_s: float
     """Compute seconds per optimizer step."""
     comm_total_s: float
@@ -81,6 +84,18 @@ class Prediction:
     comm_ops: list[cm.CommOp] = field(default_factory=list, compare=False, repr=False)
     budget_time_s: float | None = None
     budget_cost_usd: float | None = None
+    split: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
+    """Seconds per optimizer step by kind (STEP_KINDS): the compute's kernels, then what compute does not hide."""
+
+
+STEP_KINDS = {
+    "matmul": "matmuls",
+    "attention": "attention",
+    "memory": "memory-bound ops",
+    "framework": "FSDP copies and optimizer step",
+    "comm": "exposed communication",
+    "offload": "CPU offload",
+}
 
 
 @dataclass(frozen=True)
@@ -129,6 +144,7 @@ class Candidate:
             "bottleneck": p.bottleneck,
             "budget_time_s": p.budget_time_s,
             "budget_cost_usd": p.budget_cost_usd,
+            "step_split_s": dict(p.split),
             # Only under CPU offload, so that the answers without it stay as they were.
             **({"offload": True, "offload_s": p.offload_s} if s.levers.offload else {}),
         }
@@ -191,11 +207,40 @@ def _recompute_per_rank(
     return (again - rep) / tp + rep
 
 
-def compute_times(req: PlanRequest, setup: TrainSetup) -> tuple[float, float, float]:
-    """(efficiency, forward s, backward s) of one micro-batch on one GPU (the slowest rank of a cp group). Backward
-    carries the recomputation. Under context parallelism a rank runs its S/cp tokens of each sequence through the
-    matmuls, and its share of the sequence's attention (fl.cp_attention_imbalance: equal with the head-tail load
-    balance, the last rank's (2cp - 1)/cp of the average without)."""
+@dataclass(frozen=True)
+class ComputeSplit:
+    """One micro-batch on one rank (the slowest of a cp group), seconds by kind of kernel (llmctl.plan.kernel_time);
+    forward + backward of these is the micro-batch's compute."""
+
+    matmul_fwd_s: float
+    matmul_bwd_s: float
+    """The matmuls' backward, with what checkpointing re-runs of them."""
+    attention_fwd_s: float
+    attention_bwd_s: float
+    """Attention's backward, with what checkpointing re-runs of its forward."""
+    memory_fwd_s: float
+    memory_bwd_s: float
+    """Memory-bound ops (norms, activations, rotary, the loss, adapters; selective checkpointing's regenerated
+    tensors, float8's casts, QLoRA's dequantization), with the recomputed blocks' forward ones in backward."""
+    framework_s: float
+    """FSDP2's copies around its collectives (counted in backward)."""
+
+    @property
+    def fwd_s(self) -> float:
+        return self.matmul_fwd_s + self.attention_fwd_s + self.memory_fwd_s
+
+    @property
+    def bwd_s(self) -> float:
+        return self.matmul_bwd_s + self.attention_bwd_s + self.memory_bwd_s + self.framework_s
+
+
+def compute_split(req: PlanRequest, setup: TrainSetup) -> tuple[float, ComputeSplit]:
+    """(matmul efficiency, split) of one micro-batch on one GPU. The matmul FLOPs (the model's and the recomputed,
+    after float8, tensor-parallel and LoRA adjustments) run at the GPU's peak x the matmuls' shape efficiency
+    (kernel_time.gemm_efficiency); attention's scores and values at the kernel table's rate for its head dimension
+    and length (kernel_time.attention_seconds); the rest is bytes over bandwidth. Under context parallelism a rank
+    runs its S/cp tokens of each sequence through the matmuls and its share of the sequence's attention
+    (fl.cp_attention_imbalance)."""
     mb, ckpt, attention, chunked, tp = (
         setup.micro_batch_size,
         setup.checkpointing,
@@ -203,45 +248,87 @@ def compute_times(req: PlanRequest, setup: TrainSetup) -> tuple[float, float, fl
         setup.loss_chunk_tokens > 0,
         setup.tp,
     )
+    spec, gpu = req.spec, req.gpu
     tokens = mb * req.seq_len // setup.cp  # this rank's tokens per micro-batch (the rows of its GEMMs)
-    eff = req.efficiency.of(attention, tokens, req.spec, setup.compile, req.gpu, tp=tp)
-    rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * eff
+    eff = req.efficiency.of(tokens, spec, gpu, req.compute_dtype, tp=tp)
+    rate = gpu.peak_tflops(req.compute_dtype) * 1e12 * eff
     # float8: every FLOP below is priced at the compute dtype's rate, the converted linears' with `saving` of their
     # time taken off (their FLOPs at the fp8 peak); a float8 FLOP splits forward/backward 1:2 as the others do.
     saving = float8_saving(req, setup)
-    model = fl.model_flops_per_token(req.spec, req.seq_len)
-    linear, linear_rep = f8.linear_flops_per_token(req.spec) if saving else (0, 0)
+    model = fl.model_flops_per_token(spec, req.seq_len)
+    linear, linear_rep = f8.linear_flops_per_token(spec) if saving else (0, 0)
     model -= saving * linear
     imbalance = fl.cp_attention_imbalance(setup.cp, setup.cp_load_balance)
     if imbalance != 1.0:
-        model += (imbalance - 1) * fl.attention_flops_per_token(req.spec, req.seq_len)
+        model += (imbalance - 1) * fl.attention_flops_per_token(spec, req.seq_len)
     if tp > 1:  # each rank: 1/tp of what the group splits, all of what it replicates
-        rep = fl.tp_replicated_flops_per_token(req.spec, req.seq_len)[0] - saving * linear_rep
+        rep = fl.tp_replicated_flops_per_token(spec, req.seq_len)[0] - saving * linear_rep
         model = (model - rep) / tp + rep
     again = _recompute_per_rank(req, ckpt, attention, chunked, tp, imbalance, saving)
-    # forward 2N + attention/3 of 6N + attention (Kaplan et al. 2020), backward the rest
+    # Attention's FLOPs leave the matmul count: the kernel table times them.
+    model -= fl.attention_flops_per_token(spec, req.seq_len) * imbalance / tp
+    again -= fl.recompute_attention_flops_per_token(spec, req.seq_len, ckpt, attention) * imbalance / tp
+    # forward 2N of 6N (Kaplan et al. 2020), backward the rest
     model_fwd, model_bwd = model / 3, model * 2 / 3
     ft = setup.finetune
     if ft.adapters:  # tp = 1, no float8 (TrainSetup refuses them with adapters): the method's own split
-        fwd_ft, bwd_ft = fl.method_flops_per_token(req.spec, req.seq_len, ft)
-        full_fwd, full_bwd = fl.method_flops_per_token(req.spec, req.seq_len)
+        fwd_ft, bwd_ft = fl.method_flops_per_token(spec, req.seq_len, ft)
+        full_fwd, full_bwd = fl.method_flops_per_token(spec, req.seq_len)
         model_fwd, model_bwd = model_fwd + fwd_ft - full_fwd, model_bwd + bwd_ft - full_bwd
-        again += fl.adapter_recompute_flops_per_token(req.spec, ckpt, ft)
-    fwd = tokens * model_fwd / rate
-    redo = tokens * again / rate
+        again += fl.adapter_recompute_flops_per_token(spec, ckpt, ft)
+    attn_fwd, attn_bwd, attn_again = kernel_time.attention_seconds(
+        gpu, spec, setup, req.seq_len, req.compute_dtype, imbalance
+    )
+    cal = req.efficiency.calibration
+    k = cal * gpu.efficiency  # the catalog's discount on the kernel tables' rates, and --calibrate
+    attn_fwd, attn_bwd, attn_again = attn_fwd / k, attn_bwd / k, attn_again / k
+    mem = kernel_time.memory_time(gpu, spec, setup, tokens, cal)
+    mm_fwd = tokens * model_fwd / rate
+    redo = tokens * again / rate + attn_again + mem.recompute_s
     if ckpt == "selective":
         # Selective re-runs a subset of what full re-runs: never more time than full's recompute (a GPU with little
         # memory bandwidth for its FLOPs, e.g. L40S with eager attention, would otherwise price it above).
-        full = _recompute_per_rank(req, "full", attention, chunked, tp, imbalance, saving)
-        redo = min(redo + recompute_memory_s(req, setup), tokens * full / rate)
-    bwd = tokens * model_bwd / rate + redo
+        full = replace(setup, checkpointing="full")
+        full_attn = kernel_time.attention_seconds(gpu, spec, full, req.seq_len, req.compute_dtype, imbalance)[2] / k
+        full_again = _recompute_per_rank(req, "full", attention, chunked, tp, imbalance, saving)
+        full_again -= fl.recompute_attention_flops_per_token(spec, req.seq_len, "full", attention) * imbalance / tp
+        full_mem = kernel_time.memory_time(gpu, spec, full, tokens, cal).recompute_s
+        redo = min(redo + recompute_memory_s(req, setup), tokens * full_again / rate + full_attn + full_mem)
+    mm_bwd = tokens * model_bwd / rate
+    mem_fwd, mem_bwd = mem.fwd_s, mem.bwd_s
     if ft.method == "qlora":
         deq_fwd, deq_bwd = qlora_dequant_s(req, setup)
-        fwd, bwd = fwd + deq_fwd, bwd + deq_bwd
+        mem_fwd, mem_bwd = mem_fwd + deq_fwd, mem_bwd + deq_bwd
     if saving:
         cast_fwd, cast_bwd = float8_cast_s(req, setup, tokens)
-        fwd, bwd = fwd + cast_fwd, bwd + cast_bwd
-    return eff, fwd, bwd
+        mem_fwd, mem_bwd = mem_fwd + cast_fwd, mem_bwd + cast_bwd
+    # What checkpointing re-runs is counted with the kind it re-runs, in backward: its matmuls, its attention, its
+    # memory-bound ops (redo holds all three; split by their shares for the step split).
+    regen = recompute_memory_s(req, setup)  # selective's regenerated tensors (0 otherwise)
+    r_mm, r_attn, r_mem = _share(redo, tokens * again / rate, attn_again, mem.recompute_s + regen)
+    return eff, ComputeSplit(
+        matmul_fwd_s=mm_fwd,
+        matmul_bwd_s=mm_bwd + r_mm,
+        attention_fwd_s=attn_fwd,
+        attention_bwd_s=attn_bwd + r_attn,
+        memory_fwd_s=mem_fwd,
+        memory_bwd_s=mem_bwd + r_mem,
+        framework_s=mem.framework_s,
+    )
+
+
+def _share(total: float, *parts: float) -> tuple[float, ...]:
+    """`total` split in proportion to `parts` (all to the last when they sum to 0)."""
+    s = sum(parts)
+    if s <= 0:
+        return (*(0.0 for _ in parts[:-1]), total)
+    return tuple(total * p / s for p in parts)
+
+
+def compute_times(req: PlanRequest, setup: TrainSetup) -> tuple[float, float, float]:
+    """(matmul efficiency, forward s, backward s) of one micro-batch on one GPU (compute_split)."""
+    eff, split = compute_split(req, setup)
+    return eff, split.fwd_s, split.bwd_s
 
 
 def qlora_dequant_s(req: PlanRequest, setup: TrainSetup) -> tuple[float, float]:
@@ -389,7 +476,8 @@ def adapter_shape(spec: ModelSpec, setup: TrainSetup, shape: cm.CommShape) -> cm
 def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Candidate:
     """Predict one setup (no fit check: the caller decides what fits)."""
     g = setup.gpus_per_node
-    eff, fwd, bwd = compute_times(req, setup)
+    eff, parts = compute_split(req, setup)
+    fwd, bwd = parts.fwd_s, parts.bwd_s
     # The engine all-gathers parameters in the compute dtype and reduces gradients in the reduce dtype.
     shape = cm.CommShape(
         params=req.spec.params,
@@ -408,8 +496,17 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
     c = cm.combine(c, t)
     r = cp_comm(req, setup, eff)
     c = cm.combine(c, r)
-    compute = accum * (fwd + bwd)
+    optimizer_s = kernel_time.optimizer_seconds(req.gpu, req.spec, setup) / req.efficiency.calibration
+    compute = accum * (fwd + bwd) + optimizer_s
     offload_s = off.exposed_s if off is not None else 0.0
+    split = {
+        "matmul": accum * (parts.matmul_fwd_s + parts.matmul_bwd_s),
+        "attention": accum * (parts.attention_fwd_s + parts.attention_bwd_s),
+        "memory": accum * (parts.memory_fwd_s + parts.memory_bwd_s),
+        "framework": accum * parts.framework_s + optimizer_s,
+        "comm": c.exposed_s,
+        "offload": offload_s,
+    }
     step = compute + c.exposed_s + offload_s
     gpus = setup.gpus
     tokens_step = setup.tokens_per_step
@@ -441,6 +538,7 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         comm_ops=c.ops,
         budget_time_s=budget_t,
         budget_cost_usd=cost,
+        split=split,
     )
     return Candidate(setup, predicted)
 

@@ -91,7 +91,9 @@ class GPUSpec:
     flash_attention: bool = True
     """flash-attention 2 runs on it."""
     efficiency: float = 1.0
-    """Achievable fraction of peak relative to A100 (the planner's kernel factors were measured there)."""
+    """A discount on the kernel tables' matmul and attention rates for this GPU (llmctl/spec/presets/kernels.yaml):
+    1.0 takes them as they are; below 1 where this GPU's software stack is known to reach less than the table it
+    falls back to (efficiency_source says why)."""
     efficiency_source: str = ""
     aliases: tuple[str, ...] = ()
     node_gpus: int = 8

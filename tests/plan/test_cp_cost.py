@@ -12,7 +12,8 @@ from llmctl.plan import comm as cm
 from llmctl.plan import flops as fl
 from llmctl.plan import ring
 from llmctl.plan.request import PlanRequest
-from llmctl.plan.timing import compute_times, evaluate
+from llmctl.plan.timing import compute_split, evaluate
+from llmctl.spec import kernels as kt
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
 
@@ -66,19 +67,20 @@ def test_attention_imbalance_without_the_head_tail_split() -> None:
 def test_each_rank_computes_its_share_and_the_slowest_rank_sets_the_step() -> None:
     req = request()
     flat, four = setup(req, cp=1), setup(req, cp=4)
-    e1, f1, b1 = compute_times(req, flat)
-    e4, f4, b4 = compute_times(req, four)
-    # The same FLOPs per token over a quarter of the tokens, at the efficiency of a quarter of the GEMM rows.
-    assert f4 * 4 * e4 == pytest.approx(f1 * e1, rel=1e-12)
-    assert b4 * 4 * e4 == pytest.approx(b1 * e1, rel=1e-12)
+    e1, s1 = compute_split(req, flat)
+    e4, s4 = compute_split(req, four)
+    # The same matmul FLOPs per token over a quarter of the tokens, at the efficiency of a quarter of the GEMM rows.
+    assert s4.matmul_fwd_s * 4 * e4 == pytest.approx(s1.matmul_fwd_s * e1, rel=1e-12)
+    assert s4.matmul_bwd_s * 4 * e4 == pytest.approx(s1.matmul_bwd_s * e1, rel=1e-12)
+    # Attention: a quarter of the queries, each over the whole sequence, at the kernel's rate for S/4-long calls.
+    kernel = kt.kernel_for(four.attention, H100)
+    r1, r4 = (kt.attention_rate(H100, kernel, 128, n)[0] for n in (S, S // 4))
+    assert s4.attention_fwd_s * 4 == pytest.approx(s1.attention_fwd_s * r1 / r4, rel=1e-9)
     # Without load balance the last rank runs 3/4 more attention (forward, and again in the full recompute).
-    e, f, b = compute_times(req, replace(four, cp_load_balance=False))
-    rate = H100.peak_tflops("bf16") * 1e12 * e
-    tokens = S // 4
-    attention = fl.attention_flops_per_token(L8B, S)  # forward + backward, PaLM's 12 x L x a x d x S
-    assert e == e4
-    assert f - f4 == pytest.approx(tokens * 0.75 * attention / 3 / rate, rel=1e-9)
-    assert b - b4 == pytest.approx(tokens * 0.75 * (attention * 2 / 3 + attention / 3) / rate, rel=1e-9)
+    e, f = compute_split(req, replace(four, cp_load_balance=False))
+    assert e == e4 and f.matmul_fwd_s == pytest.approx(s4.matmul_fwd_s, rel=1e-12)
+    assert f.attention_fwd_s == pytest.approx(s4.attention_fwd_s * 7 / 4, rel=1e-9)
+    assert f.attention_bwd_s == pytest.approx(s4.attention_bwd_s * 7 / 4, rel=1e-9)
 
 
 # --- the ring's exchanges, by hand ------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def test_1m_tokens_only_fit_split_over_context_parallel_ranks(nodes: int) -> Non
     r = pl.plan(request(nodes, M1))
     consistent(r)
     s = r.chosen.setup
-    assert s.cp >= 16 and s.loss_chunk_tokens > 0  # long context: the chunked loss stays on (tp 1)
+    assert s.cp >= 16 and (s.loss_chunk_tokens > 0 or s.tp > 1)  # long context: the loss chunked, or on vocab shards
     assert "no setup without CP fits" in r.cp_choice and f"CP {s.cp}: at 1,048,576 tokens" in r.cp_choice
     with pytest.raises(DoesNotFitError, match="no setup satisfies --cp 1"):
         pl.plan(request(nodes, M1, cp=1))
@@ -87,12 +87,16 @@ def test_128k_tokens_pick_cp_where_nothing_without_it_and_tp_fits(nodes: int) ->
 
 
 @pytest.mark.parametrize("nodes", [1, 8])
-def test_32k_tokens_fit_without_cp_and_it_says_why_cp_lost(nodes: int) -> None:
+def test_32k_tokens_fit_without_cp_and_it_says_how_cp_compares(nodes: int) -> None:
+    """32k tokens fit without CP (with recompute); CP 2 may still win by sparing the recompute of attention, which
+    runs at the kernel's measured rate (a third of the matmuls' on H100): either way the explanation compares."""
     r = pl.plan(request(nodes, K32))
     consistent(r)
-    assert r.chosen.setup.cp == 1
-    assert any(c.setup.cp > 1 for c in r.variants)  # searched, and lost
-    assert r.cp_choice.startswith("CP ") and "lost" in r.cp_choice and "fits without it" in r.cp_choice
+    assert any(c.setup.cp > 1 for c in r.variants) and any(c.setup.cp == 1 for c in r.variants)
+    if r.chosen.setup.cp == 1:
+        assert r.cp_choice.startswith("CP ") and "lost" in r.cp_choice and "fits without it" in r.cp_choice
+    else:
+        assert "the best without CP" in r.cp_choice and "fewer tokens/s" in r.cp_choice
 
 
 def test_the_plan_file_records_cp_and_the_chunked_loss() -> None:

@@ -76,8 +76,12 @@ def test_lora_step_is_faster_and_qlora_pays_the_dequantization():
     full = evaluate(req, replace(setup, finetune=Finetune())).predicted
     lora = evaluate(req, setup).predicted
     qlora = evaluate(req, replace(setup, finetune=Finetune("qlora"))).predicted
-    # full checkpointing re-runs the forward (2N) in both: (4N + 2N) / (6N + 2N) = 3/4, plus attention
-    assert 0.75 < lora.compute_s / full.compute_s < 0.8
+    # full checkpointing re-runs the forward (2N) in both: the matmuls (4N + 2N) / (6N + 2N) = 3/4 of full training's;
+    # the adapters' own arithmetic (scale, add, their input gradients) is memory-bound and adds bytes; attention and
+    # its recompute are the same.
+    assert 0.74 < lora.split["matmul"] / full.split["matmul"] < 0.76
+    assert lora.split["memory"] > full.split["memory"] and lora.split["attention"] == full.split["attention"]
+    assert lora.compute_s < full.compute_s
     assert qlora.compute_s > lora.compute_s
     # NF4 read (0.516 B) + bf16 written per block weight, forward, backward and the full recompute: 3 passes
     from llmctl.plan.memory.adapters import NF4_BYTES_PER_WEIGHT, quantized_params
@@ -101,7 +105,7 @@ def test_planner_searches_tp_1_only_and_explains_the_methods():
     outcomes = {o.method: o for o in compare_methods(req, result.chosen)}
     assert outcomes["full"].tokens_per_s is None
     assert outcomes["lora"].tokens_per_s == pytest.approx(result.chosen.predicted.tokens_per_s)
-    assert outcomes["qlora"].min_gpus < outcomes["lora"].min_gpus < outcomes["full"].min_gpus
+    assert outcomes["qlora"].min_gpus <= outcomes["lora"].min_gpus < outcomes["full"].min_gpus
     assert "finetune_choice" in result.as_dict(3)
 
 

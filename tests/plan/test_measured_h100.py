@@ -100,6 +100,107 @@ def test_the_float8_caveat_quotes_the_measured_runs() -> None:
     pairs = [("speed/fp8-tensorwise", "speed/bf16-mixed"), ("speed/3b-fp8-tensorwise", "speed/3b-bf16-mixed")]
     for (_, got, want), (fp8, bf16) in zip(f8.MEASURED_H100, pairs):
         assert got == pytest.approx(runs[fp8]["tokens_per_s"] / runs[bf16]["tokens_per_s"], rel=1e-3)
-        predicted = runs[fp8]["tokens_per_s_predicted"] / runs[bf16]["tokens_per_s_predicted"]
-        assert want == pytest.approx(predicted, rel=1e-3)
-        assert got < 1.1 < want  # no real gain measured where the model promised one
+        # the planner's prediction for the same setups, as it is now (predicted_run: measured / predicted)
+        r8, _, g8 = predicted_run(fp8)
+        r16, _, g16 = predicted_run(bf16)
+        assert want == pytest.approx((g8["tokens_per_s"] / r8) / (g16["tokens_per_s"] / r16), rel=1e-3)
+        assert got < want < 1.2  # the model still promises a little more than ran
+
+
+# --- speed: the plan's step time against the engine's (the same setups, pinned) -----------------------------------
+SPEEDS = {
+    # result key: (model, tokens, precision, finetune)
+    "speed/bf16-mixed": ("llama-3.2-1b", 2048, "bf16-mixed", "full"),
+    "speed/fp8-tensorwise": ("llama-3.2-1b", 2048, "fp8-tensorwise", "full"),
+    "speed/1b-8k-bf16-mixed": ("llama-3.2-1b", 8192, "bf16-mixed", "full"),
+    "speed/1b-32k-bf16-mixed": ("llama-3.2-1b", 32768, "bf16-mixed", "full"),
+    "speed/3b-bf16-mixed": ("llama-3.2-3b", 2048, "bf16-mixed", "full"),
+    "speed/3b-fp8-tensorwise": ("llama-3.2-3b", 2048, "fp8-tensorwise", "full"),
+    "speed/1b-lora-bf16-mixed": ("llama-3.2-1b", 2048, "bf16-mixed", "lora"),
+    "speed/3b-lora-bf16-mixed": ("llama-3.2-3b", 2048, "bf16-mixed", "lora"),
+}
+
+
+def predicted_run(key: str) -> tuple[float, dict, dict]:
+    """(measured / predicted tokens/s, the predicted split, the measured record) for a tier run, its setup pinned as
+    the run had it (one H100, global batch 8 sequences, SDPA)."""
+    import re
+
+    from llmctl.plan import comm as cm
+    from llmctl.plan.request import PlanRequest
+    from llmctl.plan.timing import evaluate
+    from llmctl.spec.finetune import Finetune
+    from llmctl.spec.hardware import resolve_gpu
+
+    got = MEASURED["results"][key]
+    model, seq, precision, method = SPEEDS.get(key) or SPLITS[key]
+    m = re.match(r"mb (\d+)x(\d+), (\w+), (\w+), compile (\w+)", got.get("setup", ""))
+    mb, acc, ck, attn, comp = (
+        (int(m[1]), int(m[2]), m[3], m[4], m[5] == "True") if m else (*SPLIT_MB[key], "sdpa", True)
+    )
+    ft = Finetune(method) if method != "full" else Finetune()
+    req = PlanRequest(
+        spec=models.resolve_model(model),
+        gpu=resolve_gpu("H100-SXM"),
+        nodes=1,
+        gpus_per_node=1,
+        network=cm.Network(360.0, 50.0),
+        seq_len=seq,
+        global_batch_seqs=8,
+        precision=precision,
+        finetune=ft,
+    )
+    setup = TrainSetup(
+        precision=precision,
+        gpus_per_node=1,
+        micro_batch_size=mb,
+        grad_accum_steps=acc,
+        seq_len=seq,
+        checkpointing=ck,
+        attention=attn,
+        compile=comp,
+        finetune=ft,
+    )
+    p = evaluate(req, setup).predicted
+    measured_tps = got.get("tokens_per_s") or 8 * seq / got["measured_wall_s"]
+    return measured_tps / p.tokens_per_s, p.split, got
+
+
+@pytest.mark.parametrize("key", [k for k in SPEEDS if "lora" not in k])
+def test_full_training_tokens_per_s_within_15_percent_of_the_h100(key: str) -> None:
+    """Kernel tables and byte counts, none fitted to these runs: 1B and 3B, 2k to 32k tokens, bf16 and float8
+    (measured / predicted 0.88-1.08 when this was written; one efficiency for every kernel gave 0.54-1.23)."""
+    ratio, _, _ = predicted_run(key)
+    assert 0.85 < ratio < 1.15, ratio
+
+
+@pytest.mark.parametrize("key", [k for k in SPEEDS if "lora" in k])
+def test_lora_is_over_predicted_where_the_run_is_launch_bound(key: str) -> None:
+    """The planner prices GPU work; the LoRA runs left the H100 idle part of each step (3B: 0.59 s of GPU time in a
+    0.98 s step, split/3b-2k-lora), which it does not model: it over-predicts them, by 16-30% here. Stated, and held
+    to that band so that a change in either direction is seen."""
+    ratio, _, _ = predicted_run(key)
+    assert 0.65 < ratio < 0.9, ratio
+
+
+SPLITS = {
+    "split/1b-2k": ("llama-3.2-1b", 2048, "bf16-mixed", "full"),
+    "split/1b-8k": ("llama-3.2-1b", 8192, "bf16-mixed", "full"),
+    "split/3b-2k": ("llama-3.2-3b", 2048, "bf16-mixed", "full"),
+}
+SPLIT_MB = {"split/1b-2k": (8, 1, "none"), "split/1b-8k": (2, 4, "none"), "split/3b-2k": (2, 4, "none")}
+
+
+@pytest.mark.parametrize("key", list(SPLITS))
+def test_step_split_by_kind_against_the_h100_profile(key: str) -> None:
+    """GPU seconds per step by kind of kernel (torch.profiler, llmctl.engine.kernel_profile) against the predicted
+    split: matmuls within 15%, attention within 25% (SDPA ran cuDNN's kernel, as kernels.kernel_for says), the
+    memory-bound ops with FSDP's copies and the optimizer within 30% of the profile's elementwise, copy and
+    optimizer kernels."""
+    _, split, got = predicted_run(key)
+    m = got["measured_s"]
+    assert split["matmul"] == pytest.approx(m["matmul"], rel=0.15)
+    assert split["attention"] == pytest.approx(m["attention"], rel=0.25)
+    rest = m["memory"] + m.get("copy", 0) + m.get("optimizer", 0)
+    assert split["memory"] + split["framework"] == pytest.approx(rest, rel=0.30)
+    assert all("cudnn" in k["name"] for k in got["top_kernels"] if k["kind"] == "attention")
