@@ -74,10 +74,10 @@ class StepProfiler:
         text = os.environ.get(PROFILE_ENV)
         if not text:
             return None
+        first, last = parse_steps(text)  # a bad value is an error on any machine
         if device_type != "cuda":
             print(f"llmctl: {PROFILE_ENV} ignored: the kernel profile is taken on CUDA runs", file=sys.stderr)
             return None
-        first, last = parse_steps(text)
         return cls(first, last, log_dir / "kernel_profile.json")
 
     def before(self, step: int) -> None:

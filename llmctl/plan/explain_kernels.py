@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmctl.plan import kernel_time
 from llmctl.plan.request import PlanRequest
 from llmctl.plan.timing import STEP_KINDS, Candidate
 from llmctl.spec import kernels as kt
@@ -78,14 +77,3 @@ def step_split(req: PlanRequest, chosen: Candidate) -> str:
         note = notes.get(kind)
         parts.append(f"{STEP_KINDS[kind]} {secs:.2f} s ({secs / total:.0%}" + (f", {note})" if note else ")"))
     return "; ".join(parts)
-
-
-def fsdp_copy_share(req: PlanRequest, chosen: Candidate) -> float:
-    """The FSDP copies' share of the chosen step (for tests and the explanation's 'framework' line)."""
-    s = chosen.setup
-    return (
-        s.grad_accum_steps
-        * kernel_time.fsdp_copy_bytes(req.spec, s)
-        / (req.gpu.hbm_gbytes_s * 1e9 * kt.memory_bound_efficiency())
-        / max(chosen.predicted.step_time_s, 1e-12)
-    )

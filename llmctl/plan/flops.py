@@ -76,7 +76,11 @@ def recompute_attention_flops_per_token(
     every whole-checkpointed block's, and under selective only eager attention's (a fused kernel's output is kept)."""
     if checkpointing == "none":
         return 0
+    key = ("recompute_attention", seq_len, checkpointing, attention == "eager")
+    return _memo(spec, key, lambda: _recompute_attention(spec, seq_len, checkpointing, attention))
 
+
+def _recompute_attention(spec: ModelSpec, seq_len: int, checkpointing: str, attention: str) -> int:
     def attn_fwd(layer: Layer) -> float:  # as _recompute_flops
         at = layer.attention
         return 2 * at.num_heads * at.span(seq_len) * (at.head_dim + at.v_head_dim)

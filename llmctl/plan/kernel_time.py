@@ -110,29 +110,53 @@ def _attn_layer(layer: Layer, seq_len: int, cp: int) -> tuple[float, float, floa
 
 
 def attention_seconds(
-    req_gpu: GPUSpec, spec: ModelSpec, setup: TrainSetup, seq_len: int, dtype: str, imbalance: float = 1.0
+    req_gpu: GPUSpec,
+    spec: ModelSpec,
+    setup: TrainSetup,
+    seq_len: int,
+    dtype: str,
+    imbalance: float = 1.0,
+    checkpointing: str | None = None,
 ) -> tuple[float, float, float]:
     """(forward, backward, recomputed forward) seconds of one micro-batch's attention scores and values on one rank:
     its heads (num_heads / tp) of its queries (micro-batch x seq / cp), `imbalance` the slowest cp rank's share
     (llmctl.plan.flops.cp_attention_imbalance). Fused kernels at the kernel table's rate; eager attention as the score
     matrix's passes through memory. Recompute: the whole-checkpointed blocks' forward again, and under selective
-    eager attention's (a fused kernel's output is kept)."""
+    eager attention's (a fused kernel's output is kept); `checkpointing` overrides the setup's. Every term is linear
+    in the queries: the per-query seconds are cached per model, GPU and shape (the planner asks thousands of times)."""
+    ckpt = checkpointing or setup.checkpointing
     kernel = kt.kernel_for(setup.attention, req_gpu)
     peak = req_gpu.peak_tflops(dtype)
+    key = ("attention", req_gpu.name, req_gpu.architecture, req_gpu.hbm_gbytes_s, peak, dtype, kernel)
+    key += (seq_len, setup.cp, setup.tp, ckpt, imbalance)
+    f, b, r = fl._memo(
+        spec, key, lambda: _attention_per_query(req_gpu, spec, kernel, peak, dtype, seq_len, setup, ckpt, imbalance)
+    )
     queries = setup.micro_batch_size * seq_len / setup.cp
+    return queries * f, queries * b, queries * r
+
+
+def _attention_per_query(
+    req_gpu: GPUSpec,
+    spec: ModelSpec,
+    kernel: str,
+    peak: float,
+    dtype: str,
+    seq_len: int,
+    setup: TrainSetup,
+    ckpt: str,
+    imbalance: float,
+) -> tuple[float, float, float]:
     tp = setup.tp
     if spec.measured is not None:  # no per-layer layout: the spec's heads and width, full attention
-        layers = [(None, spec.num_layers)]
+        layers: list[tuple[Layer | None, int]] = [(None, spec.num_layers)]
     else:
         layers = list(spec.layer_groups)
-    whole = (
-        set(ckpt_modes.whole_layers(setup.checkpointing, spec.num_layers)) if setup.checkpointing != "none" else set()
-    )
     redo_share: dict[Layer | None, int] = {}  # blocks whose attention forward runs again, per kind of block
-    if setup.checkpointing == "selective":
+    if ckpt == "selective":
         redo_share = {la: (n if kernel == "eager" else 0) for la, n in layers}
-    else:
-        for i in whole:
+    elif ckpt != "none":
+        for i in ckpt_modes.whole_layers(ckpt, spec.num_layers):
             la = spec.layers[i] if spec.measured is None else None
             redo_share[la] = redo_share.get(la, 0) + 1
     fwd = bwd = redo = 0.0
@@ -144,10 +168,10 @@ def attention_seconds(
             per_q, length, dim = _attn_layer(layer, seq_len, setup.cp)
             heads, span = layer.attention.num_heads, seq_len
         if kernel == "eager":
-            f, b = kt.eager_seconds(req_gpu, heads / tp, queries, span, dim, peak)
+            f, b = kt.eager_seconds(req_gpu, heads / tp, 1.0, span, dim, peak)
         else:
             rf, rb, _ = kt.attention_rate(req_gpu, kernel, dim, length, dtype)
-            work = queries * per_q / tp * imbalance
+            work = per_q / tp * imbalance
             f, b = work / (rf * 1e12), kt.FA_BACKWARD_FLOPS * work / (rb * 1e12)
         fwd, bwd, redo = fwd + n * f, bwd + n * b, redo + redo_share.get(layer, 0) * f
     return fwd, bwd, redo
@@ -192,21 +216,17 @@ def _adapter_bytes(spec: ModelSpec, setup: TrainSetup, index: int) -> tuple[floa
     return fi * i + fo * o + drop, bi * i + bo * o + drop
 
 
-def memory_bytes_per_token(spec: ModelSpec, setup: TrainSetup) -> tuple[float, float, float]:
-    """(forward, backward, recomputed forward) memory-bound bytes per token on one rank."""
-    key = (
-        "membytes",
-        setup.compile,
-        setup.attention,
-        setup.compute_bytes,
-        setup.tp,
-        setup.finetune,
-        setup.checkpointing,
-    )
-    return fl._memo(spec, key, lambda: _memory_bytes(spec, setup))
+def memory_bytes_per_token(
+    spec: ModelSpec, setup: TrainSetup, checkpointing: str | None = None
+) -> tuple[float, float, float]:
+    """(forward, backward, recomputed forward) memory-bound bytes per token on one rank; `checkpointing` overrides
+    the setup's."""
+    ckpt = checkpointing or setup.checkpointing
+    key = ("membytes", setup.compile, setup.attention, setup.compute_bytes, setup.tp, setup.finetune, ckpt)
+    return fl._memo(spec, key, lambda: _memory_bytes(spec, setup, ckpt))
 
 
-def _memory_bytes(spec: ModelSpec, setup: TrainSetup) -> tuple[float, float, float]:
+def _memory_bytes(spec: ModelSpec, setup: TrainSetup, ckpt: str) -> tuple[float, float, float]:
     h = spec.hidden_size
     per_layer: list[float] = []
     adapters_f = adapters_b = 0.0
@@ -226,20 +246,28 @@ def _memory_bytes(spec: ModelSpec, setup: TrainSetup) -> tuple[float, float, flo
     bwd = 2 * (sum(per_layer) + final + EMBED_FWD * h) + LOSS_BWD * spec.vocab_size / setup.tp
     b = setup.compute_bytes / 2
     fwd, bwd = fwd + adapters_f * b, bwd + adapters_b * b
-    if setup.checkpointing in ("none", "selective"):
+    if ckpt in ("none", "selective"):
         again = 0.0
     else:
-        again = sum(per_layer[i] for i in ckpt_modes.whole_layers(setup.checkpointing, spec.num_layers))
+        again = sum(per_layer[i] for i in ckpt_modes.whole_layers(ckpt, spec.num_layers))
     return fwd, bwd, again
 
 
-def memory_time(gpu: GPUSpec, spec: ModelSpec, setup: TrainSetup, tokens: int, calibration: float = 1.0) -> MemoryTime:
+def memory_time(
+    gpu: GPUSpec,
+    spec: ModelSpec,
+    setup: TrainSetup,
+    tokens: int,
+    calibration: float = 1.0,
+    checkpointing: str | None = None,
+) -> MemoryTime:
     """One micro-batch's memory-bound seconds on one rank (`tokens`: its tokens), FSDP2's copies included; a
-    calibration (--calibrate) scales the bandwidth as it scales every compute rate."""
+    calibration (--calibrate) scales the bandwidth as it scales every compute rate; `checkpointing` overrides the
+    setup's."""
     bw = _bw(gpu) * calibration
     if bw <= 0:
         return MemoryTime(0.0, 0.0, 0.0, 0.0)
-    f, b, again = memory_bytes_per_token(spec, setup)
+    f, b, again = memory_bytes_per_token(spec, setup, checkpointing)
     return MemoryTime(tokens * f / bw, tokens * b / bw, tokens * again / bw, fsdp_copy_bytes(spec, setup) / bw)
 
 

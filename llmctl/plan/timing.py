@@ -288,23 +288,23 @@ def compute_split(req: PlanRequest, setup: TrainSetup) -> tuple[float, ComputeSp
     if ckpt == "selective":
         # Selective re-runs a subset of what full re-runs: never more time than full's recompute (a GPU with little
         # memory bandwidth for its FLOPs, e.g. L40S with eager attention, would otherwise price it above).
-        full = replace(setup, checkpointing="full")
-        full_attn = kernel_time.attention_seconds(gpu, spec, full, req.seq_len, req.compute_dtype, imbalance)[2] / k
+        full_attn = kernel_time.attention_seconds(gpu, spec, setup, req.seq_len, req.compute_dtype, imbalance, "full")
+        full_attn = full_attn[2] / k
         full_again = _recompute_per_rank(req, "full", attention, chunked, tp, imbalance, saving)
         full_again -= fl.recompute_attention_flops_per_token(spec, req.seq_len, "full", attention) * imbalance / tp
-        full_mem = kernel_time.memory_time(gpu, spec, full, tokens, cal).recompute_s
-        redo = min(redo + recompute_memory_s(req, setup), tokens * full_again / rate + full_attn + full_mem)
+        full_mem = kernel_time.memory_time(gpu, spec, setup, tokens, cal, "full").recompute_s
+        redo = min(redo + recompute_memory_s(req, setup) / cal, tokens * full_again / rate + full_attn + full_mem)
     mm_bwd = tokens * model_bwd / rate
     mem_fwd, mem_bwd = mem.fwd_s, mem.bwd_s
     if ft.method == "qlora":
-        deq_fwd, deq_bwd = qlora_dequant_s(req, setup)
+        deq_fwd, deq_bwd = (t / cal for t in qlora_dequant_s(req, setup))
         mem_fwd, mem_bwd = mem_fwd + deq_fwd, mem_bwd + deq_bwd
     if saving:
-        cast_fwd, cast_bwd = float8_cast_s(req, setup, tokens)
+        cast_fwd, cast_bwd = (t / cal for t in float8_cast_s(req, setup, tokens))
         mem_fwd, mem_bwd = mem_fwd + cast_fwd, mem_bwd + cast_bwd
     # What checkpointing re-runs is counted with the kind it re-runs, in backward: its matmuls, its attention, its
     # memory-bound ops (redo holds all three; split by their shares for the step split).
-    regen = recompute_memory_s(req, setup)  # selective's regenerated tensors (0 otherwise)
+    regen = recompute_memory_s(req, setup) / cal  # selective's regenerated tensors (0 otherwise)
     r_mm, r_attn, r_mem = _share(redo, tokens * again / rate, attn_again, mem.recompute_s + regen)
     return eff, ComputeSplit(
         matmul_fwd_s=mm_fwd,

@@ -48,7 +48,8 @@ def test_a_cpu_run_ignores_it_in_one_line(monkeypatch: pytest.MonkeyPatch, capsy
         == "llmctl: LLMCTL_PROFILE_STEPS ignored: the kernel profile is taken on CUDA runs"
     )
     monkeypatch.setenv(kp.PROFILE_ENV, "9:1")
-    with pytest.raises(InputError):
-        kp.StepProfiler.from_env(Path("."), "cuda")
+    for device in ("cuda", "cpu"):  # a bad value fails on any machine, not only where it would be used
+        with pytest.raises(InputError):
+            kp.StepProfiler.from_env(Path("."), device)
     monkeypatch.delenv(kp.PROFILE_ENV)
     assert kp.StepProfiler.from_env(Path("."), "cuda") is None
