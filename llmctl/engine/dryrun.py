@@ -88,7 +88,8 @@ def estimated_lines(plan: Plan) -> dict[str, int]:
     setup = TrainSetup(
         precision=p.precision, optimizer="adamw", engine="fsdp2", tp=p.tp, gpus_per_node=p.tp, finetune=p.finetune
     )
-    if p.optimizer_states != "auto":  # 8-bit states are exact per rank of the plan's world, not per parameter
+    # 8-bit states are exact per rank of the plan's world, not per parameter; an NF4 base's scale blocks depend on it
+    if p.optimizer_states != "auto" or p.finetune.method == "qlora":
         setup = dataclasses.replace(p, optimizer="adamw", engine="fsdp2")
     held, _ = mem.stage_params(spec, setup)  # after the tp split (norms replicated)
     shard = plan.parallel_dims.fsdp_shard
@@ -114,7 +115,7 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
 
     from llmctl.engine.data import RankData
     from llmctl.engine.loggers import check_installed
-    from llmctl.engine.materialize import WeightFiles, local_block, slots
+    from llmctl.engine.materialize import WeightFiles, held_bytes, local_block, slots
     from llmctl.engine.model import build_meta_model, materialize, model_spec_for
     from llmctl.engine.optim import build_optimizer
     from llmctl.engine.parallelize import build_mesh, parallelize
@@ -163,7 +164,7 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
         optimizer = build_optimizer(model, plan.optimizer, "cpu")
         all_slots = slots(model)
         trained = [s for s in all_slots if s.param.requires_grad]  # LoRA: the adapters only
-        param_bytes = sum(s.local.numel() * s.local.element_size() for s in all_slots)
+        param_bytes = sum(held_bytes(s.local) for s in all_slots)  # an NF4 weight (QLoRA): its packed tensors
         # FSDP2's sharded gradients: the parameter's (fp32 master) dtype and shard, for the parameters that train
         grad_bytes = sum(s.local.numel() * s.local.element_size() for s in trained)
         opt_bytes = optimizer_state_bytes(optimizer)

@@ -42,21 +42,21 @@ def is_adapter(name: str) -> bool:
     return ".lora_A." in name or ".lora_B." in name
 
 
-def check_installed(ft: Finetune, cuda: bool) -> None:
-    """One line before anything is built: peft for lora; qlora is not run by the engine yet."""
+def check_installed(ft: Finetune) -> None:
+    """One line before anything is built: peft for lora and qlora, torchao's NF4 for qlora (engine/qlora.py; it
+    runs on a CPU rank too)."""
     if not ft.adapters:
         return
     if ft.method == "qlora":
-        need = "" if cuda else "; it also needs a CUDA GPU (bitsandbytes' 4-bit kernels) and this machine has none"
-        raise InputError(
-            "finetune.method qlora is planned (estimate-memory, plan) but not run by llmctl's engine yet" + need,
-            hint="use finetune.method lora (a bf16 base) to train",
-        )
+        from llmctl.engine.qlora import check_installed as check_nf4
+
+        check_nf4()
     import importlib.util
 
     if importlib.util.find_spec("peft") is None:
         raise InputError(
-            "finetune.method lora needs the peft package, which is not installed", hint="pip install 'llmctl[lora]'"
+            f"finetune.method {ft.method} needs the peft package, which is not installed",
+            hint="pip install 'llmctl[lora]'",
         )
 
 

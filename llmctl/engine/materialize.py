@@ -183,6 +183,20 @@ def draw_rows(slot: Slot, seed: int, kind: str, a: float, b: float) -> None:
             slot.local.copy_(host[:, slot.col_offset : slot.col_offset + slot.cols])
 
 
+def held_bytes(t: Any) -> int:
+    """Bytes a parameter's local shard holds: numel x element size, or for a subclass that packs several tensors (an
+    NF4 weight: 4-bit data, int8 absmaxes, their scales) the storage each keeps alive (a piece that is a view of the
+    whole weight holds the whole weight)."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    local = plain(t.to_local() if isinstance(t, DTensor) else t)
+    if is_traceable_wrapper_subclass(local):
+        names, _ = local.__tensor_flatten__()
+        return sum(getattr(local, n).untyped_storage().nbytes() for n in names)
+    return local.numel() * local.element_size()
+
+
 def storage_key(t: Any) -> tuple[int, tuple[int, ...]] | None:
     """Identify a parameter by where its local values live (so `p.data` and `p` match) and its global shape."""
     import torch
@@ -190,8 +204,10 @@ def storage_key(t: Any) -> tuple[int, tuple[int, ...]] | None:
 
     if not isinstance(t, torch.Tensor):
         return None
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     local = plain(t.to_local() if isinstance(t, DTensor) else t)
-    if local.device.type == "meta":
+    if local.device.type == "meta" or is_traceable_wrapper_subclass(local):  # an NF4 base weight: no one storage
         return None
     try:
         ptr = local.untyped_storage().data_ptr() + local.storage_offset() * local.element_size()
@@ -362,7 +378,10 @@ def load_weights(model: torch.nn.Module, files: WeightFiles, vocab_rows: int) ->
     from llmctl.engine.lora import is_adapter
 
     loaded, bytes_read = 0, 0
-    todo = [s for s in slots(model) if not is_adapter(s.name)]  # LoRA adapters are not in a base's files
+    from llmctl.engine.qlora import is_nf4
+
+    # LoRA adapters are not in a base's files; QLoRA's NF4 weights are read whole and quantized (llmctl.engine.qlora)
+    todo = [s for s in slots(model) if not is_adapter(s.name) and not is_nf4(s.param)]
     names = {s.name: s for s in todo}
     plan: dict[Path, list[tuple[Slot, str]]] = {}
     for s in todo:

@@ -215,9 +215,19 @@ def materialize(
     parameter: no random draws or weight reads are made (buffers such as RoPE's inv_freq are still computed)."""
     tied = _tied_pairs(model)
     offload = plan.setup.levers.offload  # FSDP2's CPUOffloadPolicy: the shards live on the host, buffers on the GPU
+    nf4: list = []
+    if plan.setup.finetune.method == "qlora":  # the block linears allocated in NF4, filled last (engine/qlora.py)
+        from llmctl.engine.qlora import placeholders
+
+        nf4 = placeholders(model)
     model.to_empty(device="cpu" if offload else device)
     _retie(model, tied)
     made = _fill(model, plan, weights, resuming)
+    if nf4:
+        from llmctl.engine.qlora import fill
+
+        n = fill(model, nf4, weights, plan.training.seed)
+        made = Materialized(made.source + f", {len(nf4)} linears ({n:,} weights) in NF4", made.detail)
     if offload and device.type != "cpu":
         _buffers_to(model, device)
     return made

@@ -168,7 +168,7 @@ class Trainer:
             log.info("precision %s on a CPU works but is slower than fp32 without AMX", s.precision.name)
         check_installed(plan.logging)
         check_optimizer_installed(plan.optimizer)  # 8-bit states need torchao: one line before anything is built
-        check_lora_installed(s.finetune, cuda)
+        check_lora_installed(s.finetune)
         self.metrics: MetricsLog | None = None
         self.step = 0
 

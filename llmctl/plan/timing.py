@@ -467,7 +467,9 @@ def adapter_shape(spec: ModelSpec, setup: TrainSetup, shape: cm.CommShape) -> cm
         return shape
     n = fl.adapter_count(spec, ft)
     base = fl._memo(
-        spec, ("base_bytes", ft.method, setup.compute_bytes), lambda: lora.base_bytes_per_param(spec, setup)
+        spec,
+        ("base_bytes", ft.method, setup.compute_bytes, setup.dims.fsdp_shard),
+        lambda: lora.base_bytes_per_param(spec, setup),
     )
     gathered = (base * spec.params + n * setup.compute_bytes) / (spec.params + n)
     return replace(shape, params=spec.params + n, param_bytes=gathered, grad_params=n)

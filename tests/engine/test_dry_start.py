@@ -238,3 +238,21 @@ def test_the_seed_v100_case_plans_fp16_and_starts(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     ratios = [ln.split()[-1] for ln in proc.stdout.splitlines() if ln.strip().startswith(("parameters", "grad", "opt"))]
     assert len(ratios) == 3 and all(r == "1.000" for r in ratios), proc.stdout
+
+
+def test_qlora_holds_what_estimate_memory_says(tmp_path: Path) -> None:
+    """QLoRA on 4 ranks: each block linear in NF4 (torchao's packed tensors, this tiny model's shapes at scale blocks
+    of 1 to 16 absmaxes), the rest in bf16, fp32 adapters with their gradients and AdamW states: what the engine
+    holds equals the ledger within 0.5% (the issue asks 3%). A base left in bf16 holds ~3x the NF4 bytes; one
+    quantized per shard, or sized at the paper's 256-absmax scale blocks, is off by more than the bound."""
+    over = {"hardware": {"nproc_per_node": 4}, "training": {"precision": "bf16-mixed"}}
+    plan = write_plan(tmp_path / "q", {**over, "finetune": {"method": "qlora", "lora_rank": 8}})
+    r = dry_start_json(plan, tmp_path / "q", "--allocate-all")
+    for line in r["lines"]:
+        assert line["allocated_bytes"] == line["bytes"], line
+        assert line["ratio"] == pytest.approx(1.0, abs=0.005), line
+    assert "linears" in r["init"] and "in NF4" in r["init"]
+    bf16 = write_plan(tmp_path / "l", {**over, "finetune": {"method": "lora", "lora_rank": 8}})
+    lora_params = next(x for x in dry_start_json(bf16, tmp_path / "l")["lines"] if x["line"] == "parameters")
+    qlora_params = next(x for x in r["lines"] if x["line"] == "parameters")
+    assert qlora_params["bytes"] < 0.8 * lora_params["bytes"]  # the embeddings and LM head stay bf16 in both

@@ -4,6 +4,7 @@ resume, export) are in tests/engine/test_weights_round_trip.py."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,13 +62,20 @@ def test_targets_that_match_nothing_are_one_line() -> None:
         build_meta_model(_plan(lora_targets=["w9"]), "sdpa")
 
 
-def test_qlora_is_refused_before_anything_is_built() -> None:
-    with pytest.raises(InputError, match="qlora is planned .* not run by llmctl's engine yet; it also needs a CUDA"):
-        lora.check_installed(Finetune("qlora"), cuda=False)
-    with pytest.raises(InputError, match=r"not run by llmctl's engine yet \(use finetune.method lora"):
-        lora.check_installed(Finetune("qlora"), cuda=True)
-    lora.check_installed(Finetune("lora"), cuda=False)
-    lora.check_installed(Finetune(), cuda=False)
+def test_a_missing_package_is_one_line_before_anything_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    lora.check_installed(Finetune("qlora"))
+    lora.check_installed(Finetune("lora"))
+    lora.check_installed(Finetune())
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "peft" else real(n, *a))
+    with pytest.raises(InputError, match=r"finetune.method qlora needs the peft package.*llmctl\[lora\]"):
+        lora.check_installed(Finetune("qlora"))
+    monkeypatch.setitem(sys.modules, "torchao.quantization.quantize_.workflows.nf4", None)
+    monkeypatch.setitem(sys.modules, "torchao.dtypes", None)
+    with pytest.raises(InputError, match=r"qlora needs torchao .*llmctl\[qlora\]"):
+        lora.check_installed(Finetune("qlora"))
 
 
 def _folder(tmp: Path, data: bytes) -> Path:

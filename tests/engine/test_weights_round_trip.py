@@ -99,15 +99,25 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return plans
 
 
-def transformers_step0_loss(plan_path: Path) -> float:
+def transformers_step0_loss(plan_path: Path, dtype: torch.dtype = torch.float32, nf4_shard: int = 0) -> float:
     """The mean loss of the plan's step-0 batch (every data-parallel rank's micro-batches) computed by transformers
-    in one process with from_pretrained of the same folder."""
+    in one process with from_pretrained of the same folder. `nf4_shard`: each block linear's weight replaced by its
+    NF4 round trip (torchao, the scale block the engine uses over that many ranks): QLoRA's base."""
     from transformers import AutoModelForCausalLM
+
+    from llmctl.engine.qlora import nf4_module
+    from llmctl.spec.nf4 import scaler_block
 
     plan = load_plan(plan_path)
     t = plan.training
-    model = AutoModelForCausalLM.from_pretrained(plan.model.weights, dtype=torch.float32, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(plan.model.weights, dtype=dtype, local_files_only=True)
     model.eval()
+    for layer in model.model.layers if nf4_shard else []:
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                s = scaler_block(tuple(m.weight.shape), nf4_shard)
+                q = nf4_module().to_nf4(m.weight.detach().to(torch.bfloat16), 64, s)
+                m.weight.data = q.get_original_weight().to(dtype)
     blocks, _ = build_source(plan.data, t.seq_len, t.seed, 320)
     dims = plan.parallel_dims
     per_batch = []
@@ -169,17 +179,29 @@ def test_each_rank_holds_its_shard_plus_one_layer_at_setup(runs: dict[str, Path]
 
 # --- LoRA ----------------------------------------------------------------------------------------------------------
 LORA = {"method": "lora", "lora_rank": 4, "lora_alpha": 8}
+QLORA = {**LORA, "method": "qlora"}
 LORA_RUNS: dict[str, dict[str, Any]] = {
     "lora-llama": {"hf": "llama", "steps": 6, "ckpt": "lora-llama/ckpt", "finetune": LORA},
     "lora-llama-a": {"hf": "llama", "steps": 3, "ckpt": "lora-legs", "finetune": LORA},
     "lora-llama-b": {"hf": "llama", "steps": 6, "ckpt": "lora-legs", "finetune": LORA},
     "lora-gpt2": {"hf": "gpt2", "steps": 3, "ckpt": "lora-gpt2/ckpt", "finetune": {**LORA, "lora_dropout": 0.1}},
+    # QLoRA: the same adapters on the base's block linears in NF4, bf16 (QLoRA dequantizes to a half dtype)
+    "qlora-llama": {
+        "hf": "llama",
+        "steps": 6,
+        "ckpt": "qlora-llama/ckpt",
+        "finetune": QLORA,
+        "precision": "bf16-mixed",
+    },
+    "qlora-llama-a": {"hf": "llama", "steps": 3, "ckpt": "qlora-legs", "finetune": QLORA, "precision": "bf16-mixed"},
+    "qlora-llama-b": {"hf": "llama", "steps": 6, "ckpt": "qlora-legs", "finetune": QLORA, "precision": "bf16-mixed"},
 }
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def lora_plans(root: Path, hf: dict[str, Path]) -> dict[str, Path]:
-    """fp32 (so logits compare within 1e-5), a constant learning rate (each leg's schedule is the whole run's)."""
+    """fp32 for LoRA (so logits compare within 1e-5), bf16 for QLoRA; a constant learning rate (each leg's schedule
+    is the whole run's)."""
     out = {}
     for name, r in LORA_RUNS.items():
         out[name] = write_plan(
@@ -187,7 +209,12 @@ def lora_plans(root: Path, hf: dict[str, Path]) -> dict[str, Path]:
             {
                 "model": {"preset": None, "overrides": {}, "weights": str(hf[r["hf"]])},
                 "hardware": {"nproc_per_node": 2},
-                "training": {"max_steps": r["steps"], "micro_batch_size": 2, "seq_len": 32},
+                "training": {
+                    "max_steps": r["steps"],
+                    "micro_batch_size": 2,
+                    "seq_len": 32,
+                    "precision": r.get("precision", "fp32"),
+                },
                 "finetune": r["finetune"],
                 "optimizer": {"lr": 1e-2, "warmup_steps": 0, "min_lr_ratio": 1.0},
                 "checkpoint": {"dir": str(root / r["ckpt"]), "interval_steps": 3, "keep_last": 2},
@@ -302,3 +329,49 @@ def test_lora_export_refuses_another_base(runs: dict[str, Path], tmp_path: Path)
     assert result.exit_code == 2
     assert "holds adapters trained on weights" in result.output and "not on this plan's base" in result.output
     assert not (tmp_path / "o").exists()
+
+
+# --- QLoRA ---------------------------------------------------------------------------------------------------------
+def test_qlora_trains_adapters_on_an_nf4_base(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The first step's loss is the NF4 base's as transformers computes it with each block linear replaced by its
+    torchao NF4 round trip (bit for bit here), and not the bf16 base's (9e-4 away): the engine quantized each weight
+    whole (a per-shard quantization, or another scale block, changes the loss by more than 1e-5). Then the loss
+    falls, the checkpoints hold only the adapters, and `llmctl export` writes a peft adapter that loads on the base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    plan_path = runs["qlora-llama"]
+    plan = load_plan(plan_path)
+    start = records(plan_path, "start")[0]
+    lora_start = records(runs["lora-llama"], "start")[0]
+    assert start["finetune"] == "qlora r4" and start["trainable_params"] == lora_start["trainable_params"]
+    assert "14 linears (90,624 weights) in NF4" in start["init"]  # 2 blocks x 7 linears, every one sharded in NF4
+    got = losses(plan_path)
+    assert sorted(got) == list(range(1, 7)) and got[6] < got[1] - 0.05, got
+    nf4_base = transformers_step0_loss(plan_path, torch.bfloat16, nf4_shard=2)
+    bf16_base = transformers_step0_loss(plan_path, torch.bfloat16)
+    assert got[1] == pytest.approx(nf4_base, abs=1e-5) and abs(got[1] - bf16_base) > 5e-4, (got[1], nf4_base, bf16_base)
+    step_dir = Path(plan.checkpoint.dir or "") / "step_00000006"
+    state = saved_state(step_dir, tmp_path)
+    assert state["model"] and all(".lora_A." in k or ".lora_B." in k for k in state["model"])
+    assert sum(v.numel() for v in state["model"].values()) == start["trainable_params"]
+    out = tmp_path / "adapter"
+    result = CliRunner().invoke(app, ["export", str(plan.checkpoint.dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    base = AutoModelForCausalLM.from_pretrained(plan.model.weights, dtype=torch.float32, local_files_only=True)
+    with torch.no_grad():
+        base_logits = base.eval()(BATCH).logits
+        tuned = PeftModel.from_pretrained(base, str(out)).eval()(BATCH).logits
+    assert (tuned - base_logits).abs().max() > 1e-3  # the adapters it trained, on the unquantized base
+
+
+def test_qlora_resume_is_bit_exact(runs: dict[str, Path]) -> None:
+    """The second leg quantizes its base again from the folder and takes the adapters from the step-3 checkpoint: the
+    same bf16 losses bit for bit (the NF4 base is the same tensor on every start, and was not changed by training)."""
+    ref = losses(runs["qlora-llama"])
+    legs = {k: v for leg in ("qlora-llama-a", "qlora-llama-b") for k, v in losses(runs[leg]).items()}
+    assert legs == ref
+    resumed = records(runs["qlora-llama-b"], "start")[0]
+    assert (
+        resumed["step"] == 3 and "LoRA adapters from the checkpoint" in resumed["init"] and "in NF4" in resumed["init"]
+    )

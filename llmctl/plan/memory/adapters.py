@@ -3,7 +3,7 @@ activations (torch-free).
 
 What llmctl's engine holds with adapters (peft's `inject_adapter_in_model` on the transformers model, then FSDP2):
 - the frozen base (every parameter that is not an adapter) in the compute dtype, sharded, requires_grad False; under
-  QLoRA the blocks' linear weights in bitsandbytes NF4 instead (NF4_BYTES_PER_WEIGHT);
+  QLoRA the blocks' linear weights in NF4 instead (torchao's NF4Tensor, sized by llmctl.spec.nf4);
 - the adapters A (r x in) and B (out x r) of each targeted linear in the param dtype (fp32 masters under bf16-mixed),
   sharded, with gradients in the reduce dtype and optimizer states: for them only;
 - FSDP2 all-gathers the frozen layer with its adapters (compute dtype) as in full training, and reduce-scatters only
@@ -28,6 +28,7 @@ import math
 
 from llmctl.plan import flops as fl
 from llmctl.plan.memory.ledger import StateLine, _largest_rank_bytes, optimizer_bytes_per_param
+from llmctl.spec import nf4
 from llmctl.spec import optimizer_states as ostates
 from llmctl.spec.finetune import Finetune, adapted_linears, adapter_params, targets_for
 from llmctl.spec.layers import Layer
@@ -35,10 +36,10 @@ from llmctl.spec.models import ModelSpec
 from llmctl.spec.precision import DTYPE_BYTES
 from llmctl.spec.setup import TrainSetup
 
-NF4_BYTES_PER_WEIGHT = 0.5 + 1 / 64 + 4 / (64 * 256)
-"""bitsandbytes NF4 with double quantization (QLoRA, Dettmers et al. 2023, arXiv:2305.14314 section 2; bitsandbytes
-Linear4bit, blocksize 64): 4 bits a weight, one 8-bit absmax per 64-weight block and one fp32 scale per 256 of those
-blocks (the paper's 4 + 8/64 + 32/(64*256) = 4.127 bits)."""
+NF4_BYTES_PER_WEIGHT = nf4.BYTES_PER_WEIGHT_BF16
+"""A large weight's NF4 bytes per value (llmctl.spec.nf4: 4-bit codes, an int8 absmax per 64, a bf16 scale per 256
+absmaxes; bitsandbytes keeps that scale in fp32, 4.127 bits against 4.125). The ledger sizes each weight exactly
+(`nf4_base_bytes`); the step time and the gathered layer use this."""
 
 # Linears grouped by the tensor they read (one saved input per group, q/k/v sharing the attention norm's output).
 ATTN_IN = frozenset(("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn"))
@@ -86,13 +87,33 @@ def quantized_params(spec: ModelSpec) -> int:
     return total
 
 
+def nf4_base_bytes(spec: ModelSpec, shard: int, compute_bytes: int) -> tuple[int, float]:
+    """QLoRA: (weights stored in NF4, their bytes over all ranks) as the engine stores them over an FSDP group of
+    `shard`: each block linear whose shape NF4 can split (llmctl.spec.nf4.scaler_block), at its own scale block."""
+    return fl._memo(spec, ("nf4_base_bytes", shard, compute_bytes), lambda: _nf4_base_bytes(spec, shard, compute_bytes))
+
+
+def _nf4_base_bytes(spec: ModelSpec, shard: int, compute_bytes: int) -> tuple[int, float]:
+    count, total = 0, 0.0
+    for layer, n in spec.layer_groups:
+        tensors = spec.layer_tensors(_index_of(spec, layer)) if spec.measured is None else []
+        for name, shape in tensors:
+            if not (name.endswith(".weight") and len(shape) == 2):
+                continue
+            b = nf4.nf4_bytes(tuple(shape), shard, compute_bytes)
+            if b is not None:
+                count += n * math.prod(shape)
+                total += n * b
+    return count, total
+
+
 def base_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
     """The frozen base's bytes per model parameter: the compute dtype's, the NF4 linears' under QLoRA."""
     cb = setup.compute_bytes
     if setup.finetune.method != "qlora":
         return float(cb)
-    q = quantized_params(spec)
-    return (q * NF4_BYTES_PER_WEIGHT + (spec.params - q) * cb) / spec.params
+    q, q_bytes = nf4_base_bytes(spec, setup.dims.fsdp_shard, cb)
+    return (q_bytes + (spec.params - q) * cb) / spec.params
 
 
 def gathered_layer_bytes(spec: ModelSpec, setup: TrainSetup, layer_params: float) -> float:
