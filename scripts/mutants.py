@@ -321,6 +321,30 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/plan/test_lora_memory.py",),
         "the estimate gives the frozen base gradients",
     ),
+    M(
+        "qlora-per-shard",
+        "llmctl/engine/qlora.py",
+        "part = own_rows(q, rows, first // rows)",
+        "part = nf4.to_nf4(full[first : first + rows].contiguous(), BLOCK, local.scaler_block_size)",
+        ("tests/engine/test_weights_round_trip.py",),
+        "each rank's NF4 piece keeps its own shard's absmax mean, not the whole weight's",
+    ),
+    M(
+        "qlora-view-piece",
+        "llmctl/engine/qlora.py",
+        "part = own_rows(q, rows, first // rows)",
+        "part = list(torch.split(q, rows, dim=0))[first // rows]",
+        ("tests/engine/test_dry_start.py",),
+        "each rank keeps a view of the whole NF4 weight (every rank holds all of it)",
+    ),
+    M(
+        "qlora-draw-name",
+        "llmctl/engine/qlora.py",
+        'names = {id(m): clean_name(n + ".weight") for n, m in model.named_modules()}',
+        'names = {id(m): n + ".weight" for n, m in model.named_modules()}',
+        ("tests/engine/test_qlora_units.py",),
+        "a random NF4 base drawn under peft's base_layer name: not the LoRA base of the same seed",
+    ),
     # --- plan --compare: cost, deadline, the count search -----------------------------------------------------------
     M(
         "compare-cost-per-node",

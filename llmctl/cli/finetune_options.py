@@ -18,7 +18,7 @@ FinetuneOpt = Annotated[
     typer.Option(
         "--finetune",
         help="full (every weight trains) | lora (adapters on a frozen base in the compute dtype) | qlora (adapters on "
-        "a frozen 4-bit NF4 base; bitsandbytes, CUDA).",
+        "a frozen 4-bit NF4 base; torchao, bf16 or fp16).",
     ),
 ]
 LoraRankOpt = Annotated[

@@ -207,15 +207,16 @@ def fill(model: torch.nn.Module, found: list[tuple[str, torch.nn.Module]], weigh
             local = w._local_tensor if isinstance(w, DTensor) else w
             device, dtype = local.device, local.dtype
             full = _full_values(names[id(module)], module, owners[id(module)], weights, prefixes, seed)
-            q = nf4.to_nf4(full.to(device=device, dtype=dtype), BLOCK, local.scaler_block_size)
-            del full
+            full = full.to(device=device, dtype=dtype)
+            q = nf4.to_nf4(full, BLOCK, local.scaler_block_size)
             if isinstance(w, DTensor):
                 shape, offset = compute_local_shape_and_global_offset(w.shape, w.device_mesh, w.placements)
-                rows = int(shape[0])
-                part = own_rows(q, rows, int(offset[0]) // rows)
+                rows, first = int(shape[0]), int(offset[0])
+                part = own_rows(q, rows, first // rows)
                 q = DTensor.from_local(
                     part, w.device_mesh, w.placements, run_check=False, shape=w.shape, stride=w.stride()
                 )
+            del full
             module.weight = torch.nn.Parameter(q, requires_grad=False)
             total += int(w.numel())
     log.info("qlora: %d block linears (%s weights) stored in NF4", len(found), f"{total:,}")

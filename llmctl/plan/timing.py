@@ -334,7 +334,7 @@ def compute_times(req: PlanRequest, setup: TrainSetup) -> tuple[float, float, fl
 def qlora_dequant_s(req: PlanRequest, setup: TrainSetup) -> tuple[float, float]:
     """(forward, backward) seconds of one micro-batch's NF4 dequantization on one rank: each block linear's weight read
     in NF4 (about 0.5 byte) and written in the compute dtype, once in forward, once in backward and once more in a
-    recomputed block (bitsandbytes dequantizes per call; memory-bound, over the catalog's bandwidth at HBM_EFFICIENCY
+    recomputed block (torchao's linear_nf4 dequantizes per call, as bitsandbytes does; memory-bound, over the catalog's bandwidth at HBM_EFFICIENCY
     as the other memory-bound kernels). FSDP's shards are dequantized whole on each rank: the bytes do not divide."""
     if req.gpu.hbm_gbytes_s <= 0:
         return 0.0, 0.0

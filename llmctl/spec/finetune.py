@@ -33,7 +33,7 @@ class Finetune:
 
     method: str = "full"
     """full: every weight trains; lora: adapters on a frozen base in the compute dtype; qlora: adapters on a frozen
-    4-bit NF4 base (bitsandbytes, CUDA only)."""
+    4-bit NF4 base (torchao's NF4Tensor, llmctl/engine/qlora.py)."""
     rank: int = 16
     alpha: float = 32.0
     """The adapters' output is scaled by alpha / rank."""

@@ -172,6 +172,7 @@ SPEED = {
     "3b-bf16-mixed": ("llama-3.2-3b", SEQ, "bf16-mixed", 10),
     "1b-lora-bf16-mixed": (BIG, SEQ, "bf16-mixed", 16, ("--finetune", "lora")),
     "3b-lora-bf16-mixed": ("llama-3.2-3b", SEQ, "bf16-mixed", 10, ("--finetune", "lora")),
+    "1b-qlora-bf16-mixed": (BIG, SEQ, "bf16-mixed", 16, ("--finetune", "qlora")),
 }
 
 
@@ -216,6 +217,7 @@ MEMORY_SETUPS = {
     "mb8-full-chunk4k": ("--micro-batch", "8", "--checkpointing", "full", "--loss-chunk", "4096"),
     "lora-mb8-none": ("--micro-batch", "8", "--checkpointing", "none", "--finetune", "lora"),
     "lora-mb8-full": ("--micro-batch", "8", "--checkpointing", "full", "--finetune", "lora"),
+    "qlora-mb8-full": ("--micro-batch", "8", "--checkpointing", "full", "--finetune", "qlora"),
 }
 
 

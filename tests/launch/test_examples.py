@@ -75,3 +75,14 @@ def test_the_lora_example_adapts_the_same_base() -> None:
     assert lo.model.weights == ft.model.weights and lo.setup.finetune.adapters and not ft.setup.finetune.adapters
     assert (lo.finetune.lora_rank, lo.finetune.lora_alpha) == (8, 16)
     assert lo.checkpoint.dir != ft.checkpoint.dir
+
+
+def test_the_qlora_example_is_the_lora_example_on_a_4bit_base() -> None:
+    """examples/qlora-cpu.yaml: the LoRA example's adapters, data and schedule on the same base, quantized to NF4,
+    in bf16 (QLoRA refuses an fp32 compute dtype), with its own checkpoint and log folders."""
+    lo = load_plan(REPO / "examples" / "lora-cpu.yaml")
+    q = load_plan(REPO / "examples" / "qlora-cpu.yaml")
+    assert q.setup.finetune.method == "qlora" and q.model.weights == lo.model.weights
+    assert (q.finetune.lora_rank, q.finetune.lora_alpha, q.training.max_steps) == (8, 16, lo.training.max_steps)
+    assert q.setup.precision.compute_dtype == "bf16"
+    assert q.checkpoint.dir != lo.checkpoint.dir and q.logging.dir != lo.logging.dir
