@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -75,7 +76,7 @@ class _Entry(BaseModel):
 @dataclass(frozen=True)
 class GPUSpec:
     """One accelerator kind: usable memory, dense peak TFLOP/s per dtype, memory bandwidth, intra-node link, and
-    what the planner needs to know about it (flash-attention support, achievable efficiency relative to A100)."""
+    what the planner needs to know about it (flash-attention support, a discount on the kernel tables)."""
 
     name: str
     memory_bytes: int
@@ -184,12 +185,36 @@ def parse_catalog(text: str, source: str) -> list[GPUSpec]:
     return out
 
 
+def _warn_old_efficiency(entries: list[GPUSpec], shipped: list[GPUSpec], path: str) -> None:
+    """`efficiency` changed meaning on 2026-11-27: it was the fraction of peak a step reaches relative to an A100
+    (0.5-0.75 in the catalog of the time); it is now a discount on the kernel tables (1.0 for every NVIDIA kind). An
+    entry below 0.8 (other than a shipped entry's own value, copied: MI355X's 0.73) was most likely written for the
+    old meaning and would under-predict by that factor: say so once (the catalog is read once per process), on
+    stderr, without refusing it."""
+    same = {(g.name.lower(), g.efficiency) for g in shipped}
+    low = [
+        f"{g.name} ({g.efficiency:g})"
+        for g in entries
+        if g.efficiency < 0.8 and (g.name.lower(), g.efficiency) not in same
+    ]
+    if low:
+        print(
+            f"llmctl: warning: {path}: efficiency {', '.join(low[:3])}{', ...' if len(low) > 3 else ''} now discounts "
+            "the kernel tables (1.0 takes them as they are; the shipped NVIDIA entries are 1.0), no longer the "
+            "fraction of peak relative to an A100: set 1.0 unless this GPU's software stack reaches less",
+            file=sys.stderr,
+        )
+
+
 @lru_cache(maxsize=4)
 def _catalog(extra_paths: str) -> dict[str, GPUSpec]:
     shipped = resources.files("llmctl.spec").joinpath("presets/gpus.yaml").read_text()
     entries = parse_catalog(shipped, "presets/gpus.yaml")
+    entries_shipped = list(entries)
     for path in filter(None, extra_paths.split(os.pathsep)):
-        entries += parse_catalog(read_input(path, f"GPU catalog (${CATALOG_ENV})"), path)
+        mine = parse_catalog(read_input(path, f"GPU catalog (${CATALOG_ENV})"), path)
+        _warn_old_efficiency(mine, entries_shipped, path)
+        entries += mine
     cat: dict[str, GPUSpec] = {}
     for g in entries:  # a later entry with the same name (a user's catalog) replaces the shipped one
         cat.pop(next((n for n in cat if n.lower() == g.name.lower()), ""), None)

@@ -132,6 +132,8 @@ def test_a_new_gpu_through_yaml_alone_plans(tmp_path: Path, monkeypatch: pytest.
     runner = CliRunner()
     r = runner.invoke(app, ["estimate", "--list-gpus"])
     assert r.exit_code == 0 and "Z1-96GB" in r.output
+    # 0.5 reads like the old meaning (fraction of peak relative to an A100): said once, on stderr, still planned
+    assert r.stderr.count("efficiency Z1-96GB (0.5) now discounts the kernel tables") == 1, r.stderr
     r = runner.invoke(
         app, ["plan", "llama-2-7b", "--gpu", "z1", "--gpus-per-node", "8", "--json", "--no-write", "--tp", "1"]
     )
@@ -147,6 +149,7 @@ def test_a_new_gpu_through_yaml_alone_plans(tmp_path: Path, monkeypatch: pytest.
     r2 = runner.invoke(
         app, ["plan", "llama-2-7b", "--gpu", "z1", "--gpus-per-node", "8", "--json", "--no-write", "--tp", "1"]
     )
+    assert "faster.yaml" not in r2.stderr and "gpus.yaml: efficiency" in r2.stderr  # 1.0: the new meaning
     c1, c2 = out["chosen"], json.loads(r2.stdout)["chosen"]
     assert c2["efficiency"] == pytest.approx(2 * c1["efficiency"])
     monkeypatch.setenv(hardware.CATALOG_ENV, str(tmp_path / "missing.yaml"))
