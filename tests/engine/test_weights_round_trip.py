@@ -195,6 +195,16 @@ LORA_RUNS: dict[str, dict[str, Any]] = {
     },
     "qlora-llama-a": {"hf": "llama", "steps": 3, "ckpt": "qlora-legs", "finetune": QLORA, "precision": "bf16-mixed"},
     "qlora-llama-b": {"hf": "llama", "steps": 6, "ckpt": "qlora-legs", "finetune": QLORA, "precision": "bf16-mixed"},
+    # HSDP over 2 x 2: the NF4 pieces cut over the shard group of 2, replicated across the other
+    "qlora-llama-hybrid": {
+        "hf": "llama",
+        "steps": 2,
+        "ckpt": "qlora-hybrid/ckpt",
+        "finetune": QLORA,
+        "precision": "bf16-mixed",
+        "hardware": {"nodes": 2, "nproc_per_node": 2},
+        "parallel": {"sharding": "hybrid_shard"},
+    },
 }
 LLAMA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -208,7 +218,8 @@ def lora_plans(root: Path, hf: dict[str, Path]) -> dict[str, Path]:
             root / name,
             {
                 "model": {"preset": None, "overrides": {}, "weights": str(hf[r["hf"]])},
-                "hardware": {"nproc_per_node": 2},
+                "hardware": r.get("hardware", {"nproc_per_node": 2}),
+                "parallel": r.get("parallel", {}),
                 "training": {
                     "max_steps": r["steps"],
                     "micro_batch_size": 2,
@@ -334,7 +345,7 @@ def test_lora_export_refuses_another_base(runs: dict[str, Path], tmp_path: Path)
 # --- QLoRA ---------------------------------------------------------------------------------------------------------
 def test_qlora_trains_adapters_on_an_nf4_base(runs: dict[str, Path], tmp_path: Path) -> None:
     """The first step's loss is the NF4 base's as transformers computes it with each block linear replaced by its
-    torchao NF4 round trip (bit for bit here), and not the bf16 base's (9e-4 away): the engine quantized each weight
+    torchao NF4 round trip (bit for bit here, FULL and HSDP), and not the bf16 base's (9e-4 away): the engine quantized each weight
     whole (a per-shard quantization, or another scale block, changes the loss by more than 1e-5). Then the loss
     falls, the checkpoints hold only the adapters, and `llmctl export` writes a peft adapter that loads on the base."""
     from peft import PeftModel
@@ -348,9 +359,15 @@ def test_qlora_trains_adapters_on_an_nf4_base(runs: dict[str, Path], tmp_path: P
     assert "14 linears (90,624 weights) in NF4" in start["init"]  # 2 blocks x 7 linears, every one sharded in NF4
     got = losses(plan_path)
     assert sorted(got) == list(range(1, 7)) and got[6] < got[1] - 0.05, got
-    nf4_base = transformers_step0_loss(plan_path, torch.bfloat16, nf4_shard=2)
-    bf16_base = transformers_step0_loss(plan_path, torch.bfloat16)
-    assert got[1] == pytest.approx(nf4_base, abs=1e-5) and abs(got[1] - bf16_base) > 5e-4, (got[1], nf4_base, bf16_base)
+    for name in ("qlora-llama", "qlora-llama-hybrid"):  # FULL over 2 ranks, HSDP 2 x 2: a shard group of 2 in both
+        first = losses(runs[name])[1]
+        nf4_base = transformers_step0_loss(runs[name], torch.bfloat16, nf4_shard=2)
+        bf16_base = transformers_step0_loss(runs[name], torch.bfloat16)
+        assert first == pytest.approx(nf4_base, abs=1e-5) and abs(first - bf16_base) > 5e-4, (
+            first,
+            nf4_base,
+            bf16_base,
+        )
     step_dir = Path(plan.checkpoint.dir or "") / "step_00000006"
     state = saved_state(step_dir, tmp_path)
     assert state["model"] and all(".lora_A." in k or ".lora_B." in k for k in state["model"])
