@@ -1,10 +1,11 @@
 """QLoRA in the engine: the frozen base's block linears stored in 4-bit NormalFloat (NF4), sharded by FSDP2.
 
 torchao's `NF4Tensor` (the QLoRA format of Dettmers et al., 2023, arXiv:2305.14314: blocks of 64 weights with one
-absmax each, the absmaxes double-quantized to int8 in blocks of 256 around their mean) is the weight, and it is
-FSDP2-aware: `fsdp_pre_all_gather` hands FSDP2 its packed 4-bit data and scalers, so a layer's base is all-gathered
-in NF4 (0.52 bytes per weight) and dequantized to the compute dtype only inside `F.linear` (torchao's
-`linear_nf4`, forward and backward; frozen, so no weight gradient). This is torchtune's QLoRA path; torchao is
+absmax each, the absmaxes double-quantized to int8 around their mean, one scale per 256 of them where the shards
+allow it: llmctl.spec.nf4.scaler_block) is the weight, and it is FSDP2-aware: `fsdp_pre_all_gather` hands FSDP2
+its packed 4-bit data and scalers, so a layer's base is all-gathered in NF4 (0.52 bytes per weight) and dequantized
+to the compute dtype only inside `F.linear` (torchao's `linear_nf4`, forward and backward; frozen, so no weight
+gradient). This is torchtune's QLoRA path; torchao is
 chosen over bitsandbytes because bitsandbytes' Params4bit is not a tensor FSDP2 can shard and all-gather in 4 bits,
 and because NF4 dequantization is plain torch: it runs on a CPU rank too (so CPU tests run the real thing).
 
@@ -19,7 +20,8 @@ How they get values without a full model on any rank:
    the model's own init drawn as the bf16 path draws it, llmctl.engine.materialize) is quantized once, the same on
    every rank, and this rank's rows of it become the parameter. Quantizing the whole tensor (not each shard) matters:
    NF4's double quantization subtracts the mean of all the tensor's absmaxes, and FSDP2's all-gather rebuilds the
-   tensor with the rank's copy of that mean. Peak memory: one bf16 weight at a time.
+   tensor with the rank's copy of that mean. Peak memory: one whole weight at a time (fp32 on the host, then in the
+   compute dtype on the device while it is quantized).
 FSDP2 takes the new parameters at its lazy init (`FSDPParam.reset_sharded_param` and `_init_extensions`: the
 mechanism torchtune's `load_state_dict(assign=True)` uses).
 """
@@ -40,11 +42,11 @@ log = logging.getLogger("llmctl.engine")
 
 
 def nf4_module() -> Any:
-    """torchao's NF4 module (its path moved in torchao 0.13)."""
+    """torchao's NF4 module (its path moved between torchao releases)."""
     try:
         from torchao.quantization.quantize_.workflows.nf4 import nf4_tensor
     except ImportError:
-        from torchao.dtypes import nf4tensor as nf4_tensor  # torchao <= 0.12
+        from torchao.dtypes import nf4tensor as nf4_tensor  # older torchao
     return nf4_tensor
 
 
