@@ -3,8 +3,9 @@
 
 For each method: the fewest GPUs of the request's kind that fit it (FSDP full_shard at micro-batch 1 with full
 checkpointing, the setup that needs the least memory: llmctl.plan.memory.min_gpus), and its predicted tokens/s on the
-chosen setup's GPUs: the chosen setup trained that way, else sharded (full_shard where it replicates), with full checkpointing, else one sequence per micro-batch
-with full checkpointing and accumulation; "does not fit" where none does. A handful of estimates and timings, not a
+chosen setup's GPUs: the chosen setup trained that way, else sharded (full_shard where it replicates), with selective
+then full checkpointing, else one sequence per micro-batch with full checkpointing and accumulation; "does not fit"
+where none does. A handful of estimates and timings, not a
 search per method: the plan stays fast.
 """
 
@@ -58,6 +59,7 @@ def compare_methods(req: PlanRequest, chosen: Candidate) -> list[MethodOutcome]:
         tried = [
             (base, ""),
             (sharded, what.removesuffix(", ")),
+            (replace(sharded, checkpointing="selective"), f"{what}selective checkpointing"),
             (replace(sharded, checkpointing="full"), f"{what}full checkpointing"),
             (
                 replace(sharded, checkpointing="full", micro_batch_size=1, grad_accum_steps=per_rank),

@@ -124,3 +124,29 @@ def test_request_refuses_what_adapters_do_not_run_with():
         request(tp=2)
     with pytest.raises(InputError, match="CPU offload"):
         request(offload=True)
+
+
+def test_another_method_is_timed_with_selective_checkpointing_before_full():
+    """70B QLoRA on 8 A100-80GB picks no checkpointing at micro-batch 1; LoRA does not fit that way. It is timed with
+    selective checkpointing (the planner's usual pick), not straight with full recompute (a third slower)."""
+    from dataclasses import replace
+
+    from llmctl.plan.timing import evaluate
+    from llmctl.spec.hardware import resolve_gpu
+
+    req = PlanRequest(
+        spec=resolve_model("llama-3.1-70b"),
+        gpu=resolve_gpu("A100-80GB"),
+        nodes=1,
+        gpus_per_node=8,
+        network=NET,
+        finetune=Finetune("qlora", 16),
+        seq_len=2048,
+        global_batch_seqs=32,
+    )
+    chosen = pl.plan(req).chosen
+    assert chosen.setup.checkpointing == "none"
+    lora = {o.method: o for o in compare_methods(req, chosen)}["lora"]
+    assert lora.how == "selective checkpointing", lora
+    full_ckpt = replace(chosen.setup, finetune=Finetune("lora", 16), checkpointing="full")
+    assert lora.tokens_per_s > 1.05 * evaluate(req, full_ckpt).predicted.tokens_per_s
