@@ -68,3 +68,17 @@ def test_estimate_and_plan_report_it(tmp_path: Path) -> None:
     got = json.loads(r.stdout)["host_memory"]
     assert got["capacity_bytes_per_node"] == 8 * GIB and got["fits"] is False  # 8 ranks of ~1.5 GiB
     assert got["bytes_per_node"] == 8 * sum(got["per_rank_bytes"].values())
+
+
+def test_qlora_loads_each_block_linear_whole_on_every_rank() -> None:
+    """QLoRA quantizes every block linear whole on each rank (llmctl.engine.qlora.fill): the largest one (70B's MLP,
+    28,672 x 8,192) in fp32, not a 64th of the embedding, is what building the model holds on the host."""
+    from llmctl.spec.finetune import Finetune
+
+    q = replace(SETUP, finetune=Finetune("qlora", 16))
+    h = host_memory(SPEC, q, mem.estimate(SPEC, q), capacity_per_gpu=None)
+    assert h.per_rank["model loading"] == 4 * 28_672 * 8_192
+    lora = replace(SETUP, finetune=Finetune("lora", 16))
+    assert host_memory(SPEC, lora, mem.estimate(SPEC, lora), None).per_rank[
+        "model loading"
+    ] == 4 * largest_tensor_shard(SPEC, lora)

@@ -6,7 +6,8 @@ Per rank (a node runs one process per GPU):
 - building the model: llmctl's engine reads only this rank's rows of each tensor (safetensors are memory-mapped:
   page cache, not the process's) and fills one tensor at a time; a random init draws the rank's shard of one
   tensor into an fp32 host buffer before copying it to the GPU (llmctl.engine.materialize.draw_rows). The largest
-  tensor's shard in fp32 bounds both;
+  tensor's shard in fp32 bounds both; under QLoRA each rank also reads every block linear whole in fp32 to quantize
+  it (llmctl.engine.qlora.fill), so the largest block linear in fp32 does;
 - checkpoint staging: torch.distributed.checkpoint's FileSystemWriter copies each tensor to the host as it writes it,
   up to `per_thread_copy_ahead` (10 MB by default) ahead (torch/distributed/checkpoint/filesystem.py,
   _OverlappingCpuLoader): the largest state tensor's shard plus 10 MB;
@@ -109,7 +110,12 @@ def host_memory(
     per_rank = {"process": PROCESS_BYTES}
     if gpu:
         per_rank["CUDA runtime"] = CUDA_RUNTIME_HOST_BYTES
-    per_rank["model loading"] = 4 * tensor
+    loading = 4 * tensor
+    if setup.finetune.method == "qlora":  # each rank reads every block linear whole, in fp32, to quantize it
+        from llmctl.plan.memory.adapters import dequantized_linear_bytes
+
+        loading = max(loading, 4 * dequantized_linear_bytes(spec, setup) // setup.compute_bytes)
+    per_rank["model loading"] = loading
     per_rank["checkpoint staging"] = tensor * setup.precision.param_bytes + COPY_AHEAD_BYTES
     per_rank["micro-batches"] = 2 * 3 * 8 * setup.micro_batch_size * (setup.seq_len // setup.cp + 1)
     gpn = setup.gpus_per_node
