@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -115,17 +117,35 @@ def torchrun_cmd(script: Path, args: list[str], nproc: int) -> list[str]:
     return [*cmd, *args]
 
 
+HEAP_ABORT = re.compile(
+    r"^(malloc\(\)|free\(\)|realloc\(\)|munmap_chunk\(\)|malloc_consolidate\(\)|double free or corruption|corrupted size)"
+    r"[^\n]*",
+    re.M,
+)
+"""glibc's own abort message for a corrupted heap (e.g. "malloc(): unaligned tcache chunk detected")."""
+
+
 def torchrun_script(
     script: Path, args: list[str], nproc: int, tmp: Path, extra_env: dict[str, str] | None = None, timeout: float = 600
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        torchrun_cmd(script, args, nproc),
-        cwd=REPO,
-        env=engine_env(tmp, extra_env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """One torchrun of `script`. Run again once, with a warning in pytest's summary, when a rank died of glibc's
+    heap-corruption abort: seen once in CI (2026-11-27, the 4-rank TP/CP launch, rank 1, "malloc(): unaligned tcache
+    chunk detected") and in none of 6 reruns, a fault inside torch/gloo on CPU ranks, not in what the tests check. A
+    crash that comes back fails as before."""
+    for attempt in (1, 2):
+        proc = subprocess.run(
+            torchrun_cmd(script, args, nproc),
+            cwd=REPO,
+            env=engine_env(tmp, extra_env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        abort = HEAP_ABORT.search(proc.stdout + proc.stderr)
+        if proc.returncode == 0 or abort is None or attempt == 2:
+            return proc
+        warnings.warn(f"{script.name}: a rank aborted ({abort.group(0)}); the launch is run once more", stacklevel=2)
+    return proc
 
 
 def read_results(out: Path) -> dict[str, Any]:
