@@ -173,6 +173,8 @@ SPEED = {
     "1b-lora-bf16-mixed": (BIG, SEQ, "bf16-mixed", 16, ("--finetune", "lora")),
     "3b-lora-bf16-mixed": ("llama-3.2-3b", SEQ, "bf16-mixed", 10, ("--finetune", "lora")),
     "1b-qlora-bf16-mixed": (BIG, SEQ, "bf16-mixed", 16, ("--finetune", "qlora")),
+    # FSDP2's CPUOffloadPolicy: the states on the host, the AdamW step on the CPU, the copies over PCIe
+    "1b-offload-bf16-mixed": (BIG, SEQ, "bf16-mixed", 6, ("--offload",)),
 }
 
 
@@ -218,6 +220,7 @@ MEMORY_SETUPS = {
     "lora-mb8-none": ("--micro-batch", "8", "--checkpointing", "none", "--finetune", "lora"),
     "lora-mb8-full": ("--micro-batch", "8", "--checkpointing", "full", "--finetune", "lora"),
     "qlora-mb8-full": ("--micro-batch", "8", "--checkpointing", "full", "--finetune", "qlora"),
+    "offload-mb8-full": ("--micro-batch", "8", "--checkpointing", "full", "--offload"),
 }
 
 
@@ -231,6 +234,7 @@ def test_memory_estimate_against_the_allocator(name: str, run_dir: Path, report:
     doc = yaml.safe_load(plan.read_text())
     t, ft = doc["training"], doc.get("finetune") or {"method": "full"}
     method = ["--finetune", ft["method"]] + (["--lora-rank", str(ft["lora_rank"])] if ft["method"] != "full" else [])
+    method += ["--offload"] if (doc.get("parallel") or {}).get("offload") else []
     est = json.loads(
         run(
             ["-m", "llmctl", "estimate-memory", BIG, "--gpu", gpu_kind(), "--gpus", "1", "--seq-len", str(SEQ)]
