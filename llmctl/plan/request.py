@@ -17,7 +17,7 @@ from llmctl.plan.calibrate import Calibration, read_calibration
 from llmctl.plan.network import network_for
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import hardware, kernels, models
-from llmctl.spec.finetune import FULL, Finetune
+from llmctl.spec.finetune import FULL, Finetune, method_problem
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.optimizer_states import canonical_states
@@ -193,6 +193,9 @@ class PlanRequest:
             raise InputError(
                 f"--finetune {self.finetune.method}: tensor parallelism is not wired for adapters", hint="use --tp 1"
             )
+        problem = method_problem(self.spec, self.finetune)
+        if problem:
+            raise InputError(problem[0], hint=problem[1])
         if self.finetune.adapters and self.offload:
             raise InputError(
                 f"--finetune {self.finetune.method}: CPU offload is planned for full training only",

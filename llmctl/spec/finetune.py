@@ -133,6 +133,17 @@ def targets_problem(spec: ModelSpec, finetune: Finetune) -> str | None:
     return f"LoRA targets {', '.join(targets)} match no linear of {spec.name}'s blocks"
 
 
+def method_problem(spec: ModelSpec, finetune: Finetune) -> tuple[str, str] | None:
+    """(why, hint) when llmctl's engine cannot train `spec` this way, else None: QLoRA's NF4 base on GPT-2's Conv1D
+    blocks (torchao's NF4 runs F.linear, not Conv1D's addmm: engine/qlora.py), or adapter targets that match no
+    linear."""
+    if finetune.method == "qlora" and spec.is_gpt2:
+        why = f"qlora: {spec.name}'s block matmuls are Conv1D layers, which llmctl's NF4 base does not run"
+        return why, "use --finetune lora"
+    problem = targets_problem(spec, finetune)
+    return None if problem is None else (problem, "leave finetune.lora_targets out for the family's defaults")
+
+
 def plan_fields(ft: Finetune) -> dict[str, object]:
     """The plan file's `finetune:` fields of a method (targets only when not the family's default)."""
     return {

@@ -150,3 +150,19 @@ def test_another_method_is_timed_with_selective_checkpointing_before_full():
     assert lora.how == "selective checkpointing", lora
     full_ckpt = replace(chosen.setup, finetune=Finetune("lora", 16), checkpointing="full")
     assert lora.tokens_per_s > 1.05 * evaluate(req, full_ckpt).predicted.tokens_per_s
+
+
+def test_what_the_engine_cannot_run_is_refused_at_plan_time():
+    """QLoRA on GPT-2 (Conv1D blocks: the engine's NF4 base runs F.linear only) and targets that match nothing are
+    one line when planned, not after torchrun has started; another method's line says why it is not run."""
+    gpt2 = resolve_model("gpt2-xl")
+    with pytest.raises(InputError, match="qlora: gpt2-xl's block matmuls are Conv1D") as e:
+        request(spec=gpt2, finetune=Finetune("qlora", 16))
+    assert e.value.hint == "use --finetune lora"
+    with pytest.raises(InputError, match="LoRA targets w9 match no linear") as e:
+        request(finetune=Finetune("lora", 16, targets=("w9",)))
+    assert "lora_targets" in (e.value.hint or "")
+    req = request(spec=gpt2, finetune=Finetune("lora", 16))
+    outcomes = {o.method: o for o in compare_methods(req, pl.plan(req).chosen)}
+    assert "Conv1D" in outcomes["qlora"].why_not and outcomes["qlora"].tokens_per_s is None
+    assert outcomes["lora"].tokens_per_s and not outcomes["lora"].why_not
