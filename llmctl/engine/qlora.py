@@ -158,8 +158,14 @@ def _full_values(name: str, module: torch.nn.Module, owner: Any, weights: Any, p
         key = weights.find([name], prefixes)
         if key is None:
             raise SpecError(f"model.weights: {weights.folder} has no tensor {name}")
-        with safe_open(str(weights.where[key]), framework="pt") as f:
-            full = f.get_tensor(key).float()
+        path = weights.where[key]
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                full = f.get_tensor(key).float()
+        except Exception as e:  # a damaged or unreadable file: one line, as materialize.load_weights says it
+            raise SpecError(
+                f"model.weights: cannot read {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            ) from None
         if tuple(full.shape) != shape:
             raise SpecError(
                 f"model.weights: {key} has shape {list(full.shape)} but the config's model has {list(shape)}"

@@ -128,3 +128,19 @@ def test_a_random_base_is_the_nf4_of_the_lora_base_of_the_same_seed() -> None:
     assert bw.float().std() > 0.01  # the init drew (std 0.02), not zeros
     norm = "model.layers.0.input_layernorm.weight"
     assert torch.equal(q.get_parameter(norm), b.get_parameter(norm))  # the rest of the base: as LoRA's
+
+
+def test_an_unreadable_weights_file_is_one_line(tmp_path) -> None:
+    """A block linear is read whole from model.weights to be quantized: a damaged file is one SpecError line naming
+    it (exit 2), as the rest of the base's loading says it, not a safetensors traceback."""
+    from pathlib import Path
+
+    from llmctl.engine.materialize import WeightFiles
+
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    name = "model.layers.0.mlp.down_proj.weight"
+    files = WeightFiles(Path(tmp_path), {name: bad})
+    module = torch.nn.Linear(4, 4)
+    with pytest.raises(SpecError, match=r"model.weights: cannot read .*model.safetensors: \w+"):
+        qlora._full_values(name, module, None, files, (), 0)
