@@ -61,8 +61,8 @@ from llmctl.plan.timing import Candidate, cp_comm, evaluate
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GIB
 from llmctl.spec.models import ModelSpec
-from llmctl.spec.parallel import ENGINE_STRATEGIES
-from llmctl.spec.setup import ATTENTIONS, TrainSetup, sequence_split_problem
+from llmctl.spec.parallel import ENGINE_STRATEGIES, sequence_split_problem
+from llmctl.spec.setup import ATTENTIONS, TrainSetup
 
 # Chunked loss: one chunk's logits are about 2^26 elements (512 MiB for the fp32 log-softmax and its gradient in
 # backward): 512 tokens for Llama 3's 128k vocabulary, 2048 for Llama 2's 32k; never below 256 tokens (smaller

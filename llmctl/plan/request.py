@@ -21,9 +21,9 @@ from llmctl.spec.finetune import FULL, Finetune, method_problem
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.optimizer_states import canonical_states
-from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
+from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy, sequence_split_problem
 from llmctl.spec.precision import PrecisionPolicy, for_gpu
-from llmctl.spec.setup import ATTENTIONS, MemoryLevers, TrainSetup, canonical, sequence_split_problem
+from llmctl.spec.setup import ATTENTIONS, MemoryLevers, TrainSetup, canonical
 
 OBJECTIVES = ("throughput", "cost")
 DEFAULT_SEQ_LEN = 2048

@@ -23,6 +23,7 @@ import yaml
 from llmctl.errors import SpecError, UnknownNameError, suggest
 from llmctl.families import ANALYTICAL_MODEL_TYPES, MAX_LAYERS, Family, Features, family_of, read_family
 from llmctl.fileio import load_json
+from llmctl.spec import attention as attn
 from llmctl.spec.layers import Attention, Layer, Mlp, layer_active_params, layer_params
 
 SUPPORTED_MODEL_TYPES = ANALYTICAL_MODEL_TYPES
@@ -32,7 +33,6 @@ Tensor = tuple[str, tuple[int, ...]]
 OTHER_FEATURES = Features()
 """A model_type outside the families (measured on fake tensors) is read as a Llama-like block where a feature is
 asked for."""
-KERNEL_FALLBACK = {"flash": "sdpa", "sdpa": "eager"}
 
 
 @dataclass(frozen=True)
@@ -185,12 +185,12 @@ class ModelSpec:
             return self.features.flash_attention
         return True
 
-    def attention_kernel(self, requested: str) -> str:
+    def attention_kernel(self, requested: str) -> attn.Attention:
         """The kernel the engine runs for `requested` (eager, sdpa, flash): it, or the next one down (flash, sdpa,
         eager) that this model has, as llmctl.engine.model.fit_attention falls back."""
-        kernel = requested
+        kernel = attn.attention(requested)
         while not self.runs_kernel(kernel):
-            kernel = KERNEL_FALLBACK[kernel]
+            kernel = attn.FALLBACK[kernel]
         return kernel
 
     # --- tensors, the way transformers lays them out -------------------------------------------------------

@@ -41,6 +41,22 @@ STRATEGY_ALIASES = {
     "hsdp": "hybrid_shard",
 }
 
+
+def sequence_split_problem(seq_len: int, tp: int, cp: int, load_balance: bool = True) -> str | None:
+    """Why a sequence of `seq_len` tokens cannot be split over cp ranks (into 2cp chunks with the head-tail load
+    balance) and then each rank's part over tp ranks (sequence parallelism), or None (`ParallelDims.sequence_problem`
+    for a whole layout; this for degrees the planner has not made a layout of yet)."""
+    chunks = 2 * cp if cp > 1 and load_balance else cp
+    if seq_len % (chunks * tp) == 0:
+        return None
+    if cp == 1:
+        return f"seq len {seq_len} is not divisible by tp {tp} (sequence parallelism splits it evenly)"
+    how = f"{chunks} chunks for cp {cp}" + (" (head-tail load balance)" if load_balance else "")
+    if tp > 1:
+        how += f", each rank's part split again by tp {tp}"
+    return f"seq len {seq_len} is not divisible by {chunks * tp} ({how})"
+
+
 # Where a collective's group runs: inside one node; one ring over ranks of several nodes; or one of the concurrent
 # groups that have one rank per node (HYBRID's cross-node all-reduce) and so share each node's NICs.
 SCOPES = ("intra", "cross", "inter")
@@ -131,17 +147,57 @@ class ParallelDims:
     def world_size(self) -> int:
         return self.pp * self.dp_replicate * self.dp_shard * self.cp * self.tp
 
+    # --- which dimensions are on (torchtitan's `*_enabled`): code asks these, not `tp > 1` ----------------------
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        return self.cp > 1
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pp > 1
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep > 1
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        return self.dp_replicate > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        return self.dp_shard > 1
+
+    @property
+    def batch_sharers(self) -> int:
+        """Ranks that share one micro-batch: a cp ring holds one sequence split, a tp group the same tokens."""
+        return self.cp * self.tp
+
+    @property
+    def sequence_shards(self) -> int:
+        """Parts one sequence's residual stream is split into, one per rank of a cp x tp block (ring attention over
+        cp, then sequence parallelism over tp)."""
+        return self.cp * self.tp
+
+    def sequence_divisor(self, load_balance: bool = True) -> int:
+        """What a sequence length must be a multiple of: 2cp head-tail chunks (cp chunks without the load balance),
+        each rank's part split again by tp (sequence parallelism)."""
+        chunks = 2 * self.cp if self.cp_enabled and load_balance else self.cp
+        return chunks * self.tp
+
+    def sequence_problem(self, seq_len: int, load_balance: bool = True) -> str | None:
+        """Why a sequence of `seq_len` tokens cannot be split over the cp ranks (2cp chunks with the head-tail load
+        balance) and then each rank's part over the tp ranks (sequence parallelism), or None."""
+        return sequence_split_problem(seq_len, self.tp, self.cp, load_balance)
+
     @property
     def dp(self) -> int:
         """Data-parallel size: how many different micro-batches are trained at once."""
         return self.dp_replicate * self.dp_shard
-
-    def check_world(self, world_size: int, what: str = "the run") -> None:
-        if self.world_size != world_size:
-            raise InputError(
-                f"the parallel degrees (pp {self.pp} x dp_replicate {self.dp_replicate} x dp_shard {self.dp_shard} "
-                f"x cp {self.cp} x tp {self.tp} = {self.world_size}) do not match the {world_size} ranks of {what}"
-            )
 
     @property
     def strategy(self) -> str:

@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import InputError, UnknownNameError
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.attention import Attention, attention
 from llmctl.spec.finetune import Finetune
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.optimizer_states import canonical_states
-from llmctl.spec.parallel import ParallelDims, canonical_strategy
+from llmctl.spec.parallel import ParallelDims, canonical_strategy, sequence_split_problem
 from llmctl.spec.precision import PrecisionPolicy, policy
 from llmctl.units import GIB
 
@@ -42,20 +43,6 @@ CP_ROTATES = ("allgather", "alltoall")
 DEFAULT_CUDA_CONTEXT_BYTES = 1 * GIB
 # Caching-allocator fragmentation: reserved/allocated is typically 1.05-1.15 in FSDP training.
 DEFAULT_HEADROOM_FRACTION = 0.10
-
-
-def sequence_split_problem(seq_len: int, tp: int, cp: int, load_balance: bool = True) -> str | None:
-    """Why a sequence of `seq_len` tokens cannot be split over cp ranks (into 2cp chunks with the head-tail load
-    balance) and then each rank's part over tp ranks (sequence parallelism), or None."""
-    chunks = 2 * cp if cp > 1 and load_balance else cp
-    if seq_len % (chunks * tp) == 0:
-        return None
-    if cp == 1:
-        return f"seq len {seq_len} is not divisible by tp {tp} (sequence parallelism splits it evenly)"
-    how = f"{chunks} chunks for cp {cp}" + (" (head-tail load balance)" if load_balance else "")
-    if tp > 1:
-        how += f", each rank's part split again by tp {tp}"
-    return f"seq len {seq_len} is not divisible by {chunks * tp} ({how})"
 
 
 def canonical(value: str, allowed: tuple[str, ...], what: str, aliases: dict[str, str] | None = None) -> str:
@@ -119,7 +106,7 @@ class TrainSetup:
     seq_len: int = 2048
     checkpointing: str = "none"
     """none | selective | partial:K | full (llmctl.spec.checkpointing)."""
-    attention: str = "sdpa"
+    attention: Attention | str = Attention.SDPA
     """eager | sdpa | flash, or auto (what the engine picks on the hardware: `kernel`)."""
     compile: bool = False
     loss_chunk_tokens: int = 0
@@ -151,7 +138,7 @@ class TrainSetup:
         object.__setattr__(self, "strategy", canonical_strategy(self.strategy))
         object.__setattr__(self, "engine", canonical(self.engine, ENGINES, "engine"))
         object.__setattr__(self, "checkpointing", ckpt_modes.parse(self.checkpointing))
-        object.__setattr__(self, "attention", canonical(self.attention, ("auto", *ATTENTIONS), "attention"))
+        object.__setattr__(self, "attention", attention(self.attention))
         for name in ("nodes", "gpus_per_node", "tp", "cp", "pp", "ep", "micro_batch_size", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
