@@ -69,7 +69,7 @@ def lora_config(spec: ModelSpec, ft: Finetune) -> Any:
         lora_dropout=ft.dropout,
         target_modules=list(targets_for(spec, ft)),
         bias="none",
-        fan_in_fan_out=spec.is_gpt2,  # GPT-2's Conv1D stores (in, out) weights (peft would set it and warn)
+        fan_in_fan_out=spec.features.conv1d,  # GPT-2's Conv1D stores (in, out) weights (peft would set it and warn)
         task_type="CAUSAL_LM",
     )
 

@@ -36,6 +36,12 @@ class Features:
     """What one norm keeps for backward. hf_rmsnorm: LlamaRMSNorm's fp32 upcast input, fp32 rsqrt and the output in
     the compute dtype; fp32_weight: the weight multiplied in fp32 (OLMo 2, gpt-oss: `(w * x).to(dtype)`), so the
     normalised output stays fp32; gemma: `x * (1 + w)` in fp32, plus the (1 + w) vector; layernorm: GPT-2's."""
+    learned_positions: bool = False
+    """One learned embedding per position (GPT-2's wpe): a sequence longer than max_position_embeddings indexes past
+    the table."""
+    conv1d: bool = False
+    """The block's projections are transformers' Conv1D, which stores weights as (in, out) (GPT-2): peft adapts them
+    with fan_in_fan_out, and a weight's rows are its inputs."""
     rotary: bool = True
     """Rotary position embeddings (rotating pairs of dimensions: head_dim must be even)."""
     rotary_tables: int = 1

@@ -38,7 +38,14 @@ FAMILIES = (
         "gpt2",
         "gpt2",
         read,
-        Features(block="gpt2", norm="layernorm", rotary=False, heads_split_hidden=True),
+        Features(
+            block="gpt2",
+            norm="layernorm",
+            rotary=False,
+            heads_split_hidden=True,
+            learned_positions=True,
+            conv1d=True,
+        ),
         {
             "model_type": "gpt2",
             "n_embd": 64,

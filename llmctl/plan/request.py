@@ -330,7 +330,7 @@ class PlanRequest:
 
 def default_seq_len(spec: ModelSpec) -> int:
     """The sequence length a plan trains at when none is asked for (DEFAULT_SEQ_LEN)."""
-    return min(DEFAULT_SEQ_LEN, spec.max_position_embeddings) if spec.is_gpt2 else DEFAULT_SEQ_LEN
+    return min(DEFAULT_SEQ_LEN, spec.max_position_embeddings) if spec.features.learned_positions else DEFAULT_SEQ_LEN
 
 
 def build_request(

@@ -100,7 +100,7 @@ def adapted_linears(spec: ModelSpec, targets: tuple[str, ...], index: int = 0) -
             continue
         module = name.removesuffix(".weight")
         if _matches(module, targets):
-            fan_in, fan_out = (shape[0], shape[1]) if spec.is_gpt2 else (shape[1], shape[0])
+            fan_in, fan_out = (shape[0], shape[1]) if spec.features.conv1d else (shape[1], shape[0])
             out.append((module, fan_in, fan_out))
     return out
 
@@ -137,7 +137,7 @@ def method_problem(spec: ModelSpec, finetune: Finetune) -> tuple[str, str] | Non
     """(why, hint) when llmctl's engine cannot train `spec` this way, else None: QLoRA's NF4 base on GPT-2's Conv1D
     blocks (torchao's NF4 runs F.linear, not Conv1D's addmm: engine/qlora.py), or adapter targets that match no
     linear."""
-    if finetune.method == "qlora" and spec.is_gpt2:
+    if finetune.method == "qlora" and spec.features.conv1d:
         why = f"qlora: {spec.name}'s block matmuls are Conv1D layers, which llmctl's NF4 base does not run"
         return why, "use --finetune lora"
     problem = targets_problem(spec, finetune)

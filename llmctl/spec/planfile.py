@@ -494,7 +494,7 @@ class Plan(_Strict):
             problem = cp_problem(spec, self.training.seq_len)
             if problem:
                 raise ValueError(f"parallel.cp: {problem}")
-        if spec.is_gpt2 and self.training.seq_len > spec.max_position_embeddings:
+        if spec.features.learned_positions and self.training.seq_len > spec.max_position_embeddings:
             # GPT-2 learns one embedding per position (wpe): a longer sequence indexes past the table.
             raise ValueError(
                 f"training.seq_len {self.training.seq_len} is longer than the model's "
