@@ -44,6 +44,16 @@ class InputError(LlmctlError):
     exit_code = 2
 
 
+class RuleError(InputError):
+    """A training setup a rule between decisions refuses (llmctl.spec.rules); `decisions` names what it constrains
+    (a plan file's error names their keys, a command's their flags), `rule` which rule."""
+
+    def __init__(self, message: str, hint: str | None = None, decisions: tuple[str, ...] = (), rule: str = "") -> None:
+        super().__init__(message, hint=hint)
+        self.decisions = decisions
+        self.rule = rule
+
+
 class UnknownNameError(InputError):
     """A name (model preset, GPU kind, option value) that is not in a known set."""
 

@@ -152,7 +152,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- the planner's search -----------------------------------------------------------------------------------------
     M(
         "pareto-equal",
-        "llmctl/plan/planner.py",
+        "llmctl/plan/search.py",
         "if not mbs or mbs[-1] < largest:",
         "if not mbs or mbs[-1] <= largest:",
         ("tests/plan/test_planner_variants.py",),
@@ -161,7 +161,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "whole-batch",
         "llmctl/plan/search.py",
-        "if most < per_gpu and self.whole_fits(strategy, n, ckpt, attn, chunk, per_gpu, tp, cp, rotate):",
+        "if most < per_gpu and self.whole_fits(choice, per_gpu):",
         "if False:",
         ("tests/plan/test_planner_variants.py",),
         "the whole per-rank batch without accumulation never tried",

@@ -2,53 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from llmctl.cli import estimate_plot, render
 from llmctl.cli import estimate_show as show
-from llmctl.cli.finetune_options import (
-    DEFAULT_ALPHA,
-    DEFAULT_RANK,
-    FinetuneOpt,
-    LoraAlphaOpt,
-    LoraRankOpt,
-    finetune_from,
-)
-from llmctl.cli.options import (
-    AttentionOpt,
-    CheckpointingOpt,
-    CpOpt,
-    EngineOpt,
-    GpuOpt,
-    GpusOpt,
-    GpusPerNodeOpt,
-    GradAccumOpt,
-    JsonOpt,
-    LossChunkOpt,
-    MicroBatchOpt,
-    ModelArg,
-    NodesOpt,
-    OffloadOpt,
-    OptimizerOpt,
-    OptimizerStatesOpt,
-    ParamsOpt,
-    PpOpt,
-    PrecisionOpt,
-    SeqLenOpt,
-    StrategyOpt,
-    TpOpt,
-)
+from llmctl.cli.decision_options import with_decisions
+from llmctl.cli.options import GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, ModelArg, NodesOpt, ParamsOpt
 from llmctl.errors import InputError
-from llmctl.families.context_parallel import cp_problem
 from llmctl.plan import memory as mem
-from llmctl.spec import hardware, models
+from llmctl.spec import decisions as dec
+from llmctl.spec import hardware, models, rules
+from llmctl.spec.finetune import from_flags
 from llmctl.spec.optimizer_states import caveat_note
+from llmctl.spec.parallel import canonical_strategy
 from llmctl.spec.precision import for_gpu
-from llmctl.spec.setup import ATTENTIONS, DEFAULT_HEADROOM_FRACTION, ENGINES, MemoryLevers, TrainSetup, canonical
+from llmctl.spec.setup import DEFAULT_HEADROOM_FRACTION, TrainSetup
+from llmctl.units import GIB
+
+POSITIVE = {
+    "seq_len": "--seq-len",
+    "micro_batch_size": "--micro-batch",
+    "grad_accum_steps": "--grad-accum",
+    "tp": "--tp",
+    "cp": "--cp",
+    "pp": "--pp",
+}
+"""Decisions that must be at least 1, checked first and named by their flag."""
 
 
+@with_decisions("estimate", "value", after="gpus_per_node")
 def estimate_memory(
     model: ModelArg = None,
     params: ParamsOpt = None,
@@ -56,24 +40,6 @@ def estimate_memory(
     gpus: GpusOpt = None,
     nodes: NodesOpt = None,
     gpus_per_node: GpusPerNodeOpt = None,
-    strategy: StrategyOpt = "full_shard",
-    precision: PrecisionOpt = "auto",
-    optimizer: OptimizerOpt = "adamw",
-    optimizer_states: OptimizerStatesOpt = "auto",
-    seq_len: SeqLenOpt = 2048,
-    micro_batch: MicroBatchOpt = 1,
-    grad_accum: GradAccumOpt = 1,
-    checkpointing: CheckpointingOpt = "none",
-    loss_chunk: LossChunkOpt = 0,
-    attention: AttentionOpt = "sdpa",
-    engine: EngineOpt = "fsdp2",
-    tp: TpOpt = 1,
-    cp: CpOpt = 1,
-    pp: PpOpt = 1,
-    offload: OffloadOpt = False,
-    finetune: FinetuneOpt = "full",
-    lora_rank: LoraRankOpt = DEFAULT_RANK,
-    lora_alpha: LoraAlphaOpt = DEFAULT_ALPHA,
     headroom: Annotated[
         float, typer.Option("--headroom", help="Allocator fragmentation headroom, a fraction of peak allocated.")
     ] = DEFAULT_HEADROOM_FRACTION,
@@ -86,6 +52,7 @@ def estimate_memory(
     ] = None,
     list_models: Annotated[bool, typer.Option("--list-models", help="List the model presets and exit.")] = False,
     list_gpus: Annotated[bool, typer.Option("--list-gpus", help="List the GPU catalog and exit.")] = False,
+    decisions: dict[str, Any] | None = None,
 ) -> None:
     """Per-GPU memory of training MODEL: model states by component, activations, peak; fit and GPU count."""
     if list_models or list_gpus:
@@ -94,67 +61,35 @@ def estimate_memory(
         if list_gpus:
             show.list_gpus()
         return
-    for flag, v in (
-        ("--seq-len", seq_len),
-        ("--micro-batch", micro_batch),
-        ("--grad-accum", grad_accum),
-        ("--tp", tp),
-        ("--cp", cp),
-        ("--pp", pp),
-    ):
-        if v < 1:  # named by its flag here; the memory model's own check names the field
-            raise InputError(f"{flag} must be a positive integer, got {v}")
+    d = dict(decisions or {})
+    for name, flag in POSITIVE.items():
+        if d[name] < 1:  # named by its flag here; the setup's own check names the field
+            raise InputError(f"{flag} must be a positive integer, got {d[name]}")
     spec = models.resolve_model(model, params)
-    if cp > 1 and (problem := cp_problem(spec, seq_len)):
-        raise InputError(f"--cp {cp}: {problem}", hint="use --cp 1")
-    asked = canonical(attention, ATTENTIONS, "attention")
-    if spec.attention_kernel(asked) != asked:  # what the engine will run (Gemma 2 and gpt-oss have no SDPA path)
-        attention = spec.attention_kernel(asked)
-        render.err_console.print(
-            f"note: {spec.name} ({spec.model_type}) has no {asked} attention in transformers; the engine runs "
-            f"{attention}, estimated here",
-            soft_wrap=True,
-        )
     gpu_spec = hardware.resolve_gpu(gpu) if gpu else None
     # The GPU kind's usual node (8 when no kind is given): what --gpus and --nodes fill, and the node the "how many
     # GPUs" answer counts in. Nothing given estimates one GPU.
     node_gpus = gpus_per_node or (gpu_spec.node_gpus if gpu_spec else 8)
     if gpus is None and nodes is None:
+        if gpus_per_node is None and canonical_strategy(d["strategy"]) == "hybrid_shard":
+            raise InputError("hybrid_shard needs --nodes N --gpus-per-node G")
         n_nodes, gpn = hardware.cluster_shape(None, None, gpus_per_node, 1)
     else:
         n_nodes, gpn = hardware.cluster_shape(gpus, nodes, gpus_per_node, node_gpus)
-    if (
-        strategy.strip().lower().replace("-", "_") in ("hybrid_shard", "hybrid", "hsdp")
-        and gpus_per_node is None
-        and gpus is None
-        and nodes is None
-    ):
-        raise InputError("hybrid_shard needs --nodes N --gpus-per-node G")
-    if offload and canonical(engine, ENGINES, "engine") != "fsdp2":
-        raise InputError(f"--offload is FSDP2's CPU offload (CPUOffloadPolicy), not --engine {engine}'s")
-    precision_policy, precision_why = for_gpu(precision, gpu_spec)  # auto: fp16-mixed on a V100, and why
-    setup = TrainSetup(
-        precision=precision_policy,
-        optimizer=optimizer,
-        optimizer_states=optimizer_states,
-        strategy=strategy,
-        engine=engine,
-        nodes=n_nodes,
-        gpus_per_node=gpn,
-        tp=tp,
-        cp=cp,
-        pp=pp,
-        micro_batch_size=micro_batch,
-        grad_accum_steps=grad_accum,
-        seq_len=seq_len,
-        checkpointing=checkpointing,
-        attention=attention,
-        loss_chunk_tokens=loss_chunk,
-        headroom_fraction=headroom,
-        cuda_context_bytes=int(cuda_context_gib * render.GIB),
-        levers=MemoryLevers(offload=offload),
-        finetune=finetune_from(finetune, lora_rank, lora_alpha),
-    )
+    d["precision"], precision_why = for_gpu(d["precision"], gpu_spec)  # auto: fp16-mixed on a V100, and why
+    method = from_flags({k: d.pop(k) for k in ("finetune", "lora_rank", "lora_alpha")})
+    base = TrainSetup(finetune=method, headroom_fraction=headroom, cuda_context_bytes=int(cuda_context_gib * GIB))
+    setup = dec.with_values(base, **d, nodes=n_nodes, gpus_per_node=gpn)
+    if (err := rules.model_problem(setup, spec, only=("ring attention",))) is not None:
+        raise InputError(f"--cp {setup.cp}: {err.message}", hint="use --cp 1")
+    kernel = setup.kernel(gpu_spec, spec)
+    if setup.attention.fixed and kernel != setup.attention:  # what the engine runs (Gemma 2, gpt-oss: no SDPA path)
+        render.err_console.print(
+            f"note: {spec.name} ({spec.model_type}) has no {setup.attention} attention in transformers; the engine runs "
+            f"{kernel}, estimated here",
+            soft_wrap=True,
+        )
+        setup = dec.with_values(setup, attention=kernel)
     if precision_why:
         render.err_console.print(f"note: --precision auto is {precision_why}")
     if states_note := caveat_note(setup.optimizer_states):

@@ -15,7 +15,8 @@ from typing import Annotated, Any
 
 import typer
 
-from llmctl.cli.launch_show import AllocateAllOpt, DryCpOpt, DryTpOpt, run_dry_start
+from llmctl.cli.decision_options import with_decisions
+from llmctl.cli.launch_show import AllocateAllOpt, run_dry_start
 from llmctl.cli.options import JobsDirOpt
 from llmctl.errors import InputError
 from llmctl.launch import jobs
@@ -114,6 +115,7 @@ AllowNoCheckpointOpt = Annotated[
 ]
 
 
+@with_decisions("dry-start", "override", after="allocate_all")
 def launch(
     plan: PlanArg,
     slurm: SlurmOpt = False,
@@ -128,13 +130,12 @@ def launch(
     dry_run: DryRunOpt = False,
     dry_start: DryStartOpt = False,
     allocate_all: AllocateAllOpt = False,
-    tp: DryTpOpt = None,
-    cp: DryCpOpt = None,
     no_preflight: NoPreflightOpt = False,
     preflight_strict: PreflightStrictOpt = False,
     spare_nodes: SpareNodesOpt = 0,
     allow_synthetic: AllowSyntheticOpt = False,
     allow_no_checkpoint: AllowNoCheckpointOpt = False,
+    decisions: dict[str, Any] | None = None,
     **slurm_options: Any,
 ) -> None:
     """Run a plan: torchrun on this machine, or a SLURM job (sbatch template or submitit) that survives
@@ -144,8 +145,9 @@ def launch(
     from llmctl.launch.slurm_options import SlurmOptions
     from llmctl.spec.planfile import load_plan
 
-    if dry_start or allocate_all or tp is not None or cp is not None:
-        run_dry_start(plan, dry_start, dry_run, allocate_all, tp, cp)
+    overrides = {k: v for k, v in (decisions or {}).items() if v is not None}
+    if dry_start or allocate_all or overrides:
+        run_dry_start(plan, dry_start, dry_run, allocate_all, overrides)
         return
     backend = backends.get_backend(backends.resolve_executor(executor, slurm))
     preflight = PreflightOptions(enabled=not no_preflight, strict=preflight_strict, spare_nodes=spare_nodes)

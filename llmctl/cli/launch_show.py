@@ -10,15 +10,6 @@ import typer
 
 from llmctl.errors import InputError
 
-DryTpOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--tp",
-        min=1,
-        max=4096,
-        help="With --dry-start: size rank 0 at this tensor-parallel degree, not the plan's parallel.tp.",
-    ),
-]
 AllocateAllOpt = Annotated[
     bool,
     typer.Option(
@@ -27,33 +18,29 @@ AllocateAllOpt = Annotated[
         "the shard in total) instead of only sizing them.",
     ),
 ]
-DryCpOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--cp",
-        min=1,
-        max=4096,
-        help="With --dry-start: size rank 0 at this context-parallel degree, not the plan's parallel.cp.",
-    ),
-]
 
 
-def run_dry_start(
-    plan: Path, dry_start: bool, dry_run: bool, allocate_all: bool, tp: int | None, cp: int | None
-) -> None:
-    """`launch PLAN --dry-start [--allocate-all] [--tp N] [--cp N]`: rank 0's setup here, printed."""
+def run_dry_start(plan: Path, dry_start: bool, dry_run: bool, allocate_all: bool, overrides: dict[str, Any]) -> None:
+    """`launch PLAN --dry-start [--allocate-all] [--tp N] [--cp N] ...`: rank 0's setup here, printed; `overrides`:
+    decisions given on the command line (by name), sized instead of the plan's."""
     from llmctl.launch.dry_start import dry_start as run
+    from llmctl.spec.decisions import declared
     from llmctl.spec.planfile import load_plan
+    from llmctl.spec.setup import TrainSetup
 
-    for flag, given in (("--allocate-all", allocate_all), ("--tp", tp is not None), ("--cp", cp is not None)):
-        if given and not dry_start:
-            raise InputError(f"{flag} only applies with --dry-start", hint="set parallel.tp/cp in the plan to run it")
+    flags = {d.name: d for d in declared(TrainSetup)}
+    if allocate_all and not dry_start:
+        raise InputError("--allocate-all only applies with --dry-start")
+    for name in overrides:
+        if not dry_start:
+            d = flags[name]
+            raise InputError(f"{d.flag} only applies with --dry-start", hint=f"set {d.key} in the plan to run it")
     if dry_run:
         raise InputError("--dry-run and --dry-start are different checks: give one")
     load_plan(plan)  # a bad plan fails here, in a fraction of a second
-    at = "".join(f" at {k} {v}" for k, v in (("tp", tp), ("cp", cp)) if v is not None)
+    at = "".join(f" at {flags[k].flag.lstrip('-')} {v}" for k, v in overrides.items())
     typer.echo(f"dry start of {plan}{at}: rank 0's setup in this machine's memory ...", err=True)
-    typer.echo(render_dry_start(run(plan, allocate_all, tp, cp)))
+    typer.echo(render_dry_start(run(plan, allocate_all, overrides)))
 
 
 def render_dry_start(r: dict[str, Any]) -> str:

@@ -7,9 +7,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from llmctl.spec.optimizer_states import HELP as STATES_HELP
-from llmctl.spec.precision import PRECISION_HELP
-
 # --- sizes with suffixes ---------------------------------------------------------------------------------------------
 # Lengths in tokens (--seq-len, --loss-chunk) are powers of two in practice and spelled in binary thousands: "128k"
 # context is 131,072 tokens (Llama 3.1's config.json max_position_embeddings; Qwen2.5's 32k is 32,768). Counts
@@ -72,122 +69,9 @@ GpusPerNodeOpt = Annotated[
         metavar="N",
     ),
 ]
-StrategyOpt = Annotated[
-    str,
-    typer.Option(
-        "--strategy", help="no_shard (DDP) | zero1 | shard_grad_op (ZeRO-2) | full_shard (ZeRO-3) | hybrid_shard."
-    ),
-]
-PrecisionOpt = Annotated[
-    str, typer.Option("--precision", help=PRECISION_HELP + ". Default auto: bf16-mixed, fp16 where a GPU lacks bf16.")
-]
-OptimizerOpt = Annotated[
-    str,
-    typer.Option("--optimizer", help="adamw | adamw-8bit | adafactor | lion | sgd | none (inference: weights only)."),
-]
-OptimizerStatesOpt = Annotated[
-    str,
-    typer.Option(
-        "--optimizer-states",
-        help="What AdamW's two moments are kept in: " + STATES_HELP + ". bf16 and 8bit save memory; the caveat on "
-        "convergence is printed. Never picked unless asked.",
-    ),
-]
 SeqLenOpt = Annotated[
     int,
     typer.Option("--seq-len", parser=length_count, metavar="LEN", help="Sequence length in tokens (4096, 4k, 128k)."),
-]
-PlanSeqLenOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--seq-len",
-        parser=length_count,
-        metavar="LEN",
-        help="Sequence length in tokens (4096, 4k, 128k); default 2048, or a GPT-2's 1024 learned positions.",
-    ),
-]
-MicroBatchOpt = Annotated[
-    int, typer.Option("--micro-batch", help="Micro-batch size (sequences per data-parallel rank: per GPU at tp 1).")
-]
-GradAccumOpt = Annotated[
-    int,
-    typer.Option(
-        "--grad-accum",
-        help="Micro-batches per optimizer step (with 1, the engine holds no gradients in the forward: it frees them "
-        "after each step).",
-    ),
-]
-CheckpointingOpt = Annotated[
-    str,
-    typer.Option(
-        "--checkpointing",
-        help="Activation checkpointing: none | selective (attention output and every other matmul kept, the rest "
-        "recomputed) | partial:K (every K-th block recomputed whole) | full (block inputs kept).",
-    ),
-]
-LossChunkOpt = Annotated[
-    int,
-    typer.Option(
-        "--loss-chunk",
-        parser=length_count,
-        metavar="LEN",
-        help="LM head + loss over chunks of N tokens (4k = 4,096; only one chunk's b*s*V logits exist); 0: whole logits.",
-    ),
-]
-AttentionOpt = Annotated[
-    str, typer.Option("--attention", help="eager (keeps the s^2 scores) | sdpa | flash (no s^2 term).")
-]
-EngineOpt = Annotated[
-    str,
-    typer.Option(
-        "--engine", help="fsdp2 (llmctl's engine: no persistent half copy) | zero (DeepSpeed-style 18-byte ledger)."
-    ),
-]
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel degree (divides weights and activations).")]
-TpPinOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--tp",
-        metavar="N",
-        help="Pin the tensor-parallel degree (sequence parallel, inside a node; 1: off). Default: try 1, 2, 4, 8 "
-        "where they divide the GPUs per node and the model's heads, kv heads and MLP width.",
-    ),
-]
-CpOpt = Annotated[
-    int,
-    typer.Option(
-        "--cp",
-        metavar="N",
-        help="Context-parallel degree: each sequence split over N GPUs (ring attention on SDPA, head-tail load "
-        "balance); states shard over data-parallel x cp ranks.",
-    ),
-]
-CpPinOpt = Annotated[
-    Optional[int],
-    typer.Option(
-        "--cp",
-        metavar="N",
-        help="Pin the context-parallel degree (ring attention: each sequence split over N GPUs; 1: off). Default: "
-        "try 1, 2, 4, 8, ... where they split the GPUs and the sequence and the model's attention allows.",
-    ),
-]
-PpOpt = Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree (divides layers).")]
-OffloadOpt = Annotated[
-    bool,
-    typer.Option(
-        "--offload",
-        help="CPU offload (FSDP2's CPUOffloadPolicy): parameters, gradients and optimizer states in host memory, "
-        "checked against the node's memory where the GPU catalog knows it.",
-    ),
-]
-OffloadPinOpt = Annotated[
-    Optional[bool],
-    typer.Option(
-        "--offload/--no-offload",
-        help="Pin CPU offload on or off (FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer states in "
-        "host memory). Default: off, tried only when no setup fits the GPUs without it.",
-        show_default=False,
-    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 JobsDirOpt = Annotated[

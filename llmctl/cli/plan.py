@@ -5,7 +5,7 @@ recorded."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -20,17 +20,9 @@ from llmctl.cli.compare_options import (
     PriceBasisOpt,
     PricesOpt,
 )
-from llmctl.cli.finetune_options import (
-    DEFAULT_ALPHA,
-    DEFAULT_RANK,
-    FinetuneOpt,
-    LoraAlphaOpt,
-    LoraRankOpt,
-    finetune_from,
-)
+from llmctl.cli.decision_options import with_decisions
 from llmctl.cli.options import (
     CheckpointEveryOpt,
-    CpPinOpt,
     DataOpt,
     GpuOpt,
     GpusOpt,
@@ -39,15 +31,10 @@ from llmctl.cli.options import (
     MemoryMarginOpt,
     ModelArg,
     NodesOpt,
-    OffloadPinOpt,
-    OptimizerStatesOpt,
     ParamsOpt,
-    PlanSeqLenOpt,
-    PrecisionOpt,
     RunDirOpt,
     SyntheticOpt,
     TokenizerOpt,
-    TpPinOpt,
 )
 from llmctl.cli.plan_checks import check_flags as _check_flags
 from llmctl.cli.plan_options import (
@@ -67,6 +54,7 @@ from llmctl.spec import planfile as pf
 from llmctl.spec.optimizer_states import caveat_note
 
 
+@with_decisions("plan", "pin", after="memory_margin")
 def plan_command(
     model: ModelArg = None,
     params: ParamsOpt = None,
@@ -78,7 +66,6 @@ def plan_command(
     net: NetOpt = None,
     intra_gbps: IntraGbpsOpt = None,
     inter_gbps: InterGbpsOpt = None,
-    seq_len: PlanSeqLenOpt = None,
     global_batch: GlobalBatchOpt = None,
     global_batch_tokens: GlobalBatchTokensOpt = None,
     tokens: Annotated[
@@ -89,35 +76,6 @@ def plan_command(
         str, typer.Option("--objective", help="throughput | cost (cost per token; needs --price).")
     ] = "throughput",
     memory_margin: MemoryMarginOpt = 0.0,
-    precision: PrecisionOpt = "auto",
-    optimizer_states: OptimizerStatesOpt = "auto",
-    strategy: Annotated[
-        Optional[str], typer.Option("--strategy", help="Pin: full_shard | hybrid_shard | no_shard.")
-    ] = None,
-    micro_batch: Annotated[
-        Optional[int],
-        typer.Option("--micro-batch", help="Pin the micro-batch (per data-parallel rank: a TP group shares one)."),
-    ] = None,
-    checkpointing: Annotated[
-        Optional[str], typer.Option("--checkpointing", help="Pin: none | selective | partial:K | full.")
-    ] = None,
-    loss_chunk: Annotated[
-        Optional[int],
-        typer.Option("--loss-chunk", help="Pin the loss chunk in tokens (0: whole logits; default: try both)."),
-    ] = None,
-    attention: Annotated[Optional[str], typer.Option("--attention", help="Pin: eager | sdpa | flash.")] = None,
-    tp: TpPinOpt = None,
-    cp: CpPinOpt = None,
-    offload: OffloadPinOpt = None,
-    finetune: FinetuneOpt = "full",
-    lora_rank: LoraRankOpt = DEFAULT_RANK,
-    lora_alpha: LoraAlphaOpt = DEFAULT_ALPHA,
-    compile_: Annotated[
-        Optional[bool],
-        typer.Option(
-            "--compile/--no-compile", help="Pin torch.compile on or off (default: try both).", show_default=False
-        ),
-    ] = None,
     overlap: Annotated[
         float, typer.Option("--overlap", help="Fraction of overlappable communication hidden behind compute, 0..1.")
     ] = cm.DEFAULT_OVERLAP,
@@ -146,6 +104,7 @@ def plan_command(
     output: Annotated[Optional[str], typer.Option("-o", "--output", help="Where to write the plan.")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing plan file.")] = False,
     no_write: Annotated[bool, typer.Option("--no-write", help="Do not write a plan file.")] = False,
+    decisions: dict[str, Any] | None = None,
 ) -> None:
     """Choose full_shard vs hybrid_shard, tensor and context parallelism, micro-batch, accumulation, checkpointing and
     kernels for MODEL on a cluster."""
@@ -172,33 +131,24 @@ def plan_command(
         "net": net,
         "intra_gbps": intra_gbps,
         "inter_gbps": inter_gbps,
-        "seq_len": seq_len,
         "global_batch": global_batch,
         "global_batch_tokens": global_batch_tokens,
         "tokens": tokens,
         "price": price,
         "objective": objective,
-        "precision": precision,
-        "loss_chunk": loss_chunk,
-        "attention": attention,
         "overlap": overlap,
         "calibrate": calibrate,
         "memory_margin": memory_margin,
-        "tp": tp,
-        "cp": cp,
-        "optimizer_states": optimizer_states,
-        "offload": offload,
-        "finetune": finetune_from(finetune, lora_rank, lora_alpha),
     }
     flags = {"deadline": deadline, "budget": budget, "prices": prices, "price_basis": price_basis, "plot": plot}
     flags["interconnect"] = interconnect
     chosen = {"--gpu": gpu, "--gpus": gpus, "--nodes": nodes, "--cluster": cluster, "--net": net, "--price": price}
     chosen["--objective"] = None if objective == "throughput" else objective
     file_flags = [f for f, given in (("-o", output), ("--force", force), ("--no-write", no_write)) if given] + run_flags
+    d = dict(decisions or {})
     if plan_compare.wanted(compare, chosen, flags, file_flags):
-        pins = {"strategy": strategy, "micro_batch": micro_batch, "checkpointing": checkpointing, "compile": compile_}
-        return plan_compare.run(model, options, pins, compare, flags, json_out)  # type: ignore[arg-type]
-    req, cal = build_request(model, options, strategy, micro_batch, checkpointing, compile_)
+        return plan_compare.run(model, options, d, compare, flags, json_out)  # type: ignore[arg-type]
+    req, cal = build_request(model, options, d)
     result = pl.plan(req)
     out = result.as_dict(top, cal)
     if states_note := caveat_note(req.optimizer_states):  # only when asked: the planner never picks smaller states

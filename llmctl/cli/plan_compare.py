@@ -9,6 +9,7 @@ from rich.markup import escape
 
 from llmctl.cli import render
 from llmctl.cli.compare_options import check_basis, parse_budget, parse_deadline
+from llmctl.cli.decision_options import as_flags
 from llmctl.errors import InputError
 from llmctl.plan import compare as cmp
 from llmctl.spec.prices import load_prices
@@ -44,7 +45,7 @@ def wanted(compare: str | None, chosen: dict[str, Any], flags: dict[str, Any], f
 def run(
     model: str,
     options: dict[str, Any],
-    pins: dict[str, Any],
+    decisions: dict[str, Any],
     compare: str,
     flags: dict[str, Any],
     json_out: bool,
@@ -74,7 +75,7 @@ def run(
     )
     kinds = cmp.resolve_kinds(compare)
     result = cmp.compare(
-        model, options, pins, kinds, ask, prices, model_cmd=" ".join([model, *plan_flags(options, pins)])
+        model, options, decisions, kinds, ask, prices, model_cmd=" ".join([model, *plan_flags(options, decisions)])
     )
     if plot is not None:
         from llmctl.cli.compare_plot import write
@@ -89,47 +90,26 @@ def run(
     show(result, str(plot) if plot else None)
 
 
-def plan_flags(options: dict[str, Any], pins: dict[str, Any]) -> list[str]:
+def plan_flags(options: dict[str, Any], decisions: dict[str, Any]) -> list[str]:
     """The flags of this comparison that a row's `llmctl plan` repeats (what every row was planned with)."""
     out = []
     for key, flag in (
         ("params", "--params"),
-        ("seq_len", "--seq-len"),
         ("global_batch", "--global-batch"),
         ("global_batch_tokens", "--global-batch-tokens"),
         ("tokens", "--tokens"),
-        ("loss_chunk", "--loss-chunk"),
-        ("attention", "--attention"),
-        ("tp", "--tp"),
-        ("cp", "--cp"),
         ("calibrate", "--calibrate"),
         ("intra_gbps", "--intra-gbps"),
     ):
         if options.get(key) is not None:
             out += [flag, str(options[key])]
     for key, flag, default in (
-        ("precision", "--precision", "auto"),
-        ("optimizer_states", "--optimizer-states", "auto"),
         ("memory_margin", "--memory-margin", 0.0),
         ("overlap", "--overlap", cmp.cm.DEFAULT_OVERLAP),
     ):
         if options.get(key) not in (None, default):
             out += [flag, str(options[key])]
-    if options.get("offload") is not None:
-        out.append("--offload" if options["offload"] else "--no-offload")
-    ft = options.get("finetune")
-    if ft is not None and ft.adapters:
-        out += ["--finetune", ft.method, "--lora-rank", str(ft.rank), "--lora-alpha", f"{ft.alpha:g}"]
-    for key, flag in (
-        ("strategy", "--strategy"),
-        ("micro_batch", "--micro-batch"),
-        ("checkpointing", "--checkpointing"),
-    ):
-        if pins.get(key) is not None:
-            out += [flag, str(pins[key])]
-    if pins.get("compile") is not None:
-        out.append("--compile" if pins["compile"] else "--no-compile")
-    return out
+    return out + as_flags("plan", decisions)
 
 
 def show(result: cmp.Comparison, plot: str | None) -> None:

@@ -23,8 +23,9 @@ from llmctl.tune import workflow
 from llmctl.tune.run import say
 
 DEFAULT_DIR = workflow.DEFAULT_DIR
-MODEL_OPTIONS = workflow.PLAN_OPTIONS
-"""The plan options `tune MODEL` takes, declared once in `llmctl plan` (its signature is copied below)."""
+MODEL_OPTIONS = (*workflow.PLAN_OPTIONS, *workflow.DECISION_OPTIONS)
+"""The plan options `tune MODEL` takes, declared once in `llmctl plan` (its signature is copied below): its own and
+the decisions' flags but those tune tries as lists (llmctl.tune.workflow.OWN_DECISIONS)."""
 
 
 def tune_command(

@@ -14,14 +14,14 @@ from llmctl.childerrors import ChildErrors
 from llmctl.errors import RuntimeFailure
 
 
-def dry_start(plan: Path, allocate_all: bool = False, tp: int | None = None, cp: int | None = None) -> dict[str, Any]:
+def dry_start(plan: Path, allocate_all: bool = False, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run `python -m llmctl.engine --dry-start` in a process of its own (its fake process group and its peak
-    memory are its own); its report (llmctl.engine.dryrun), or the child's one error line raised. `tp`, `cp`: the
-    plan at that tensor- or context-parallel degree instead of its own (a copy in the temporary folder; the file is
-    not touched)."""
+    memory are its own); its report (llmctl.engine.dryrun), or the child's one error line raised. `overrides`:
+    decisions by name (tp, cp, ...) at which to size the plan instead of its own (a copy in the temporary folder; the
+    file is not touched)."""
     with tempfile.TemporaryDirectory(prefix="llmctl-dry-start-") as tmp:
-        if tp is not None or cp is not None:
-            plan = _at_degrees(plan, tp, cp, Path(tmp))
+        if overrides:
+            plan = _at(plan, overrides, Path(tmp))
         out, errors = Path(tmp) / "report.json", ChildErrors.in_folder(Path(tmp))
         env = errors.env()
         env.setdefault("TMPDIR", tmp)
@@ -36,20 +36,17 @@ def dry_start(plan: Path, allocate_all: bool = False, tp: int | None = None, cp:
         return json.loads(out.read_text())
 
 
-def _at_degrees(path: Path, tp: int | None, cp: int | None, folder: Path) -> Path:
-    """A copy of the plan at `path` with parallel.tp and parallel.cp replaced where given (validated as the plan
-    file would be: one line naming the key)."""
-    from dataclasses import replace
-
+def _at(path: Path, overrides: dict[str, Any], folder: Path) -> Path:
+    """A copy of the plan at `path` with these decisions replaced (validated as the plan file would be: one line
+    naming the key)."""
     from llmctl.errors import InputError, SpecError
+    from llmctl.spec.decisions import with_values
     from llmctl.spec.planfile import load_plan, save_plan
 
     plan = load_plan(path)
-    setup = plan.setup
-    degrees = {"tp": setup.tp if tp is None else tp, "cp": setup.cp if cp is None else cp}
-    at = " ".join(f"{k} {v}" for k, v in degrees.items() if (tp, cp)[k == "cp"] is not None)
+    at = " ".join(f"{k} {v}" for k, v in overrides.items())
     try:
-        moved = replace(setup, **degrees)
+        moved = with_values(plan.setup, **overrides)
     except InputError as e:
         raise SpecError(f"{path} at {at}: {e.message}") from None
     out = folder / path.name

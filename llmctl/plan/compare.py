@@ -39,8 +39,10 @@ from llmctl.plan import comm as cm
 from llmctl.plan import memory as mem
 from llmctl.plan import planner as pl
 from llmctl.plan.request import PlanRequest, build_request
-from llmctl.plan.search import parallel_bound
+from llmctl.plan.search import Choice, parallel_bound
+from llmctl.plan.space import auto_loss_chunk
 from llmctl.plan.timing import Candidate
+from llmctl.spec.attention import Attention
 from llmctl.spec.hardware import GPUSpec, gpu_catalog, resolve_gpu
 from llmctl.spec.interconnect import Interconnect, default_interconnect, resolve_interconnect
 from llmctl.spec.prices import BASES as BASES  # re-exported (the CLI's --price-basis)
@@ -55,18 +57,15 @@ PLAN_OPTIONS = {
     "params": None,
     "net": None,
     "intra_gbps": None,
-    "seq_len": None,
     "global_batch": None,
     "global_batch_tokens": None,
     "tokens": None,
-    "precision": "auto",
-    "loss_chunk": None,
-    "attention": None,
     "overlap": cm.DEFAULT_OVERLAP,
     "calibrate": None,
     "gpus_per_node": None,
 }
-"""`llmctl plan`'s options (by name, as build_request reads them) at their defaults, for callers outside the CLI."""
+"""`llmctl plan`'s options that are not decisions (by name, as build_request reads them) at their defaults, for
+callers outside the CLI; the decisions (pins and values, by decision name) are given apart."""
 HOUR = 3600.0
 DAY = 86400.0
 
@@ -257,19 +256,18 @@ def requests_from(model: str, options: dict[str, Any], pins: dict[str, Any]) -> 
             "price": price,
             "objective": "throughput",
         }
-        pinned = (pins.get("strategy"), pins.get("micro_batch"), pins.get("checkpointing"))
-        req, _ = build_request(model, o, *pinned, spec=specs[0] if specs else None)
+        req, _ = build_request(model, o, pins, spec=specs[0] if specs else None)
         if not specs:
             specs.append(req.spec)
-        compile_ = pins.get("compile")
-        attention, cp = req.attention, req.cp
+        attention, cp = req.pin("attention"), req.pin("cp")
         if req.seq_len <= COMPARE_PIN_SEQ_LEN and cp is None:
             cp = 1
             if attention is None:
-                fast = "flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa"
+                fast = Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA
                 attention = req.spec.attention_kernel(fast)
-        compile_ = True if compile_ is None else compile_
-        return replace(req, nodes_exact=True, compile=compile_, attention=attention, cp=cp, explain=False)
+        compile_ = True if req.pin("compile") is None else req.pin("compile")
+        pinned = replace(req, nodes_exact=True, explain=False)
+        return pinned.with_pins(compile=compile_, attention=attention, cp=cp)
 
     return make
 
@@ -280,11 +278,11 @@ def probe(make: Planner, kind: GPUSpec, gpus: int, per_node: int, net: Interconn
     try:
         req = make(kind.name, nodes, g, net, price.usd_per_gpu_hour if price else None)
         try:  # CPU offload only where nothing fits without it (module docstring); never with adapters
-            result = pl.plan(req if req.offload is not None else replace(req, offload=False))
+            result = pl.plan(req if req.pin("offload") is not None else req.with_pins(offload=False))
         except DoesNotFitError:
-            if req.offload is not None or req.finetune.adapters:
+            if req.pin("offload") is not None or req.finetune.adapters:
                 raise
-            result = pl.plan(replace(req, offload=True))
+            result = pl.plan(req.with_pins(offload=True))
     except DoesNotFitError as e:
         return Point(gpus, nodes, g, None, e.message, e.fewest_gpus)
     except InputError as e:  # a pin or batch this count cannot take (e.g. --tp 8 on a 4-GPU node): not this count
@@ -298,17 +296,18 @@ def fewest_bounds(req: PlanRequest) -> tuple[int | None, int | None]:
     """The fewest GPUs of the request's kind that fit (with CPU offload where it must, and without it), as the planner
     itself answers when nothing fits (memory.min_gpus: full_shard, full checkpointing, micro-batch 1); None where no
     count does."""
-    attn = req.spec.attention_kernel("flash" if req.precision.flash_attention and req.gpu.flash_attention else "sdpa")
-    chunk = pl.auto_loss_chunk(req.spec) if req.tp in (None, 1) else 0
+    fast = Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA
+    attn = req.spec.attention_kernel(fast)
+    chunk = auto_loss_chunk(req.spec) if req.pin("tp") in (None, 1) else 0
     out = []
     for offload in (False, True) if not req.finetune.adapters else (False,):  # adapters: no offload (PlanRequest)
-        r = replace(req, offload=offload)
-        setup = r.setup("full_shard", 1, 1, 1, "full", attn, False, chunk)
+        r = req.with_pins(offload=offload)
+        setup = r.candidate(checkpointing="full", attention=attn, loss_chunk_tokens=chunk)
         host = r.host_capacity_bytes if offload else None
         out.append(mem.min_gpus(req.spec, setup, r.capacity_bytes, "full_shard", host_memory_bytes=host).gpus)
     gpu_only, offloaded = (*out, None)[:2]
     either = min((n for n in out if n), default=None)
-    return either, gpu_only if req.offload is not True else offloaded
+    return either, gpu_only if req.pin("offload") is not True else offloaded
 
 
 def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_cmd: str) -> Row:
@@ -366,7 +365,10 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
         # from the count that compute alone would need (an upper bound on tokens/s per GPU), up to the fewest that
         # meets the deadline
         req = make(kind.name, *shape(counts[lowest], per_node), net, None)
-        bound = parallel_bound(req, 1, 1, req.nodes, req.attention or "sdpa", bool(req.compile)) / counts[lowest]
+        fastest = Choice(
+            "full_shard", req.nodes, attention=req.pin("attention") or "sdpa", compile=bool(req.pin("compile"))
+        )
+        bound = parallel_bound(req, fastest) / counts[lowest]
         guess = index_at_least(math.ceil(ask.tokens / (ask.deadline_s * bound)))
         j = len(counts) if guess is None else max(guess, lowest)
         while j < len(counts) and not meets(at(j)):

@@ -133,7 +133,8 @@ def train_from_local_weights(plan_obj: pf.Plan | None) -> pf.Plan | None:
     cfg = Path(plan_obj.model.config)
     folder = cfg if cfg.is_dir() else cfg.parent
     if any(folder.glob("*.safetensors")):
-        plan_obj.model = pf.ModelSection(weights=str(folder), pad_vocab_multiple=plan_obj.model.pad_vocab_multiple)
+        model = {"weights": str(folder), "pad_vocab_multiple": plan_obj.model.pad_vocab_multiple}
+        return pf.plan_from_dict({**plan_obj.model_dump(mode="json"), "model": model}, "the plan to write")
     return plan_obj
 
 
@@ -160,7 +161,7 @@ def run_plan(
         from llmctl.data.check import plan_data  # numpy, and transformers for a tokenizer folder: only when asked
 
         section, line = plan_data(data, result.request.spec.vocab_size, tokenizer, plan_obj.model.weights)
-        plan_obj.data = pf.DataSection(**section)
+        plan_obj = pf.plan_from_dict({**plan_obj.model_dump(mode="json"), "data": section}, "the plan to write")
         notes.append(f"data: {line}")
     ck = plan_obj.checkpoint
     step_s = result.chosen.predicted.step_time_s

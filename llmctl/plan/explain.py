@@ -5,7 +5,6 @@ modes would fit and cost, why tensor and context parallelism won or lost, and on
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import plan_problem
@@ -13,35 +12,13 @@ from llmctl.plan import float8 as f8
 from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
 from llmctl.plan.explain_kernels import attention_rates
+from llmctl.plan.ranking import recompute_cost, sort_key
 from llmctl.plan.request import PlanRequest
-from llmctl.plan.timing import Candidate, compute_times, evaluate, float8_cast_s
+from llmctl.plan.search import Choice, MemorySearch
+from llmctl.plan.timing import Candidate, evaluate, float8_cast_s
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GIB
 from llmctl.spec.setup import TrainSetup
-
-if TYPE_CHECKING:
-    from llmctl.plan.search import MemorySearch
-
-
-def sort_key(req: PlanRequest, c: Candidate) -> tuple[float, float]:
-    """Best first: most tokens/s (throughput), or most tokens/s per GPU (cost per token = GPUs x price / tokens/s)."""
-    p = c.predicted
-    if req.objective == "cost":
-        return (-p.tokens_per_s_per_gpu, -p.tokens_per_s)
-    return (-p.tokens_per_s, -p.tokens_per_s_per_gpu)
-
-
-def recompute_cost(req: PlanRequest, setup: TrainSetup) -> float:
-    """Extra compute time per micro-batch that the setup's checkpointing and chunked loss add (0.19 = 19% more)."""
-    base = sum(compute_times(req, replace(setup, checkpointing="none", loss_chunk_tokens=0))[1:])
-    mine = sum(compute_times(req, setup)[1:])
-    return mine / base - 1 if base else 0.0
-
-
-def recompute_seconds(req: PlanRequest, setup: TrainSetup) -> float:
-    """Backward seconds of one single-sequence micro-batch without compile: orders setups by their recompute (it
-    scales with the tokens, so the order holds at every micro-batch)."""
-    return compute_times(req, replace(setup, micro_batch_size=1, compile=False, async_tp=False))[2]
 
 
 def explain_precision(req: PlanRequest, chosen: Candidate) -> str:
@@ -91,9 +68,7 @@ def explain_memory_choice(
             continue
         alts = []
         for chunk in chunks if s.tp == 1 else [0]:
-            mbs = search.micro_batches(
-                s.strategy, s.nodes, mode, s.attention, chunk, per_gpu, [], s.tp, s.cp, s.cp_rotate
-            )
+            mbs = search.micro_batches(replace(Choice.of(s), checkpointing=mode, loss_chunk_tokens=chunk), per_gpu, [])
             for mb in mbs:
                 alt_setup = replace(
                     s, micro_batch_size=mb, grad_accum_steps=per_gpu // mb, checkpointing=mode, loss_chunk_tokens=chunk
@@ -257,12 +232,12 @@ def explain_tp_choice(
     tp > 1), with the memory it frees and the share of the step its collectives take. `pruned`: tp -> the bound of
     the families the planner did not search (llmctl.plan.planner.tp_bound)."""
     if tps == [1]:
-        if req.tp == 1:
+        if req.pin("tp") == 1:
             return "tensor parallelism: pinned off (--tp 1)"
         problem = plan_problem(req.spec, 2) if req.gpus_per_node % 2 == 0 else None
         why = problem or f"no degree of 2, 4 or 8 divides the {req.gpus_per_node} GPUs per node"
-        if req.loss_chunk_tokens:
-            why = f"--loss-chunk {req.loss_chunk_tokens} (TP computes the loss on vocabulary shards, unchunked)"
+        if req.pin("loss_chunk_tokens"):
+            why = f"--loss-chunk {req.pin('loss_chunk_tokens')} (TP computes the loss on vocabulary shards, unchunked)"
         if req.finetune.adapters:
             why = f"{req.finetune.method} adapters run at tp 1 in llmctl's engine"
         return f"tensor parallelism: not considered: {why}"
@@ -272,7 +247,7 @@ def explain_tp_choice(
         freed, _ = _tp_memory(req, chosen)
         text = f"TP {s.tp}{' (async)' if s.async_tp else ''} {freed}; {_tp_costs(req, chosen)}"
         if other is None:
-            return text + ("; no setup without TP fits" if req.tp is None else " (--tp pinned)")
+            return text + ("; no setup without TP fits" if req.pin("tp") is None else " (--tp pinned)")
         return text + f"; the best without TP ({_short(other)}) predicts {_gap(req, other, chosen)}"
     if other is None and pruned:
         t, bound = max(pruned.items(), key=lambda kv: kv[1])
@@ -337,15 +312,15 @@ def explain_cp_choice(
     `pruned`: (tp, cp) -> the bound of the families the planner did not search (llmctl.plan.planner.parallel_bound)."""
     s = chosen.setup
     if cps == [1]:
-        if req.cp == 1:
+        if req.pin("cp") == 1:
             return "context parallelism: pinned off (--cp 1)"
         problem = cp_problem(req.spec, req.seq_len)
         if problem:
             why = problem
         elif req.nodes * req.gpus_per_node < 2:
             why = "one GPU"
-        elif req.attention in ("flash", "eager"):
-            why = f"--attention {req.attention} (ring attention runs on SDPA)"
+        elif req.pin("attention") and not req.pin("attention").runs_ring:
+            why = f"--attention {req.pin('attention')} (ring attention runs on SDPA)"
         else:
             why = f"no power of two splits seq len {req.seq_len} into 2cp head-tail chunks"
         return f"context parallelism: not considered: {why}"
@@ -363,7 +338,7 @@ def explain_cp_choice(
             f"({chosen.predicted.memory_per_gpu_bytes / GIB:.1f} GiB in all, ring buffers included); {_cp_ring(req, chosen)}"
         )
         if other is None:
-            return text + ("; no setup without CP fits" if req.cp is None else " (--cp pinned)")
+            return text + ("; no setup without CP fits" if req.pin("cp") is None else " (--cp pinned)")
         return text + f"; the best without CP ({_short(other)}) predicts {_gap(req, other, chosen)}"
     if other is None:
         if pruned:

@@ -17,7 +17,8 @@ from llmctl.errors import LlmctlError
 from llmctl.plan import memory as mem
 from llmctl.plan.request import PlanRequest
 from llmctl.plan.timing import Candidate, evaluate
-from llmctl.spec.finetune import Finetune, method_problem
+from llmctl.spec.finetune import Finetune
+from llmctl.spec.rules import model_problem
 
 METHODS = ("full", "lora", "qlora")
 
@@ -47,12 +48,11 @@ def compare_methods(req: PlanRequest, chosen: Candidate) -> list[MethodOutcome]:
     s = chosen.setup
     per_rank = s.micro_batch_size * s.grad_accum_steps
     for method in METHODS:
-        problem = method_problem(req.spec, _finetune(req, method))
-        if problem:
-            out.append(MethodOutcome(method, None, None, why_not=problem[0]))
-            continue
         try:
             base = replace(s, finetune=_finetune(req, method))
+            if (err := model_problem(base, req.spec, only=("nf4 base", "lora targets"))) is not None:
+                out.append(MethodOutcome(method, None, None, why_not=err.message))
+                continue
             frugal = replace(base, strategy="full_shard", micro_batch_size=1, grad_accum_steps=1, checkpointing="full")
         except LlmctlError as e:
             out.append(MethodOutcome(method, None, None, why_not=e.message))

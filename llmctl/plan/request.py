@@ -4,12 +4,13 @@ from `llmctl plan`'s options (`build_request`, which `llmctl tune MODEL` uses to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from types import MappingProxyType
 from typing import Any
 
-from llmctl.errors import InputError
-from llmctl.families.context_parallel import cp_problem
-from llmctl.families.tensor_parallel import plan_problem
+from llmctl.errors import InputError, RuleError
 from llmctl.plan import comm as cm
 from llmctl.plan import kernel_time
 from llmctl.plan import memory as mem
@@ -17,13 +18,16 @@ from llmctl.plan.calibrate import Calibration, read_calibration
 from llmctl.plan.network import network_for
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import hardware, kernels, models
-from llmctl.spec.finetune import FULL, Finetune, method_problem
+from llmctl.spec.attention import attention
+from llmctl.spec.decisions import declared, on_command, with_values
+from llmctl.spec.finetune import FULL, Finetune, from_flags
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.optimizer_states import canonical_states
-from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy, sequence_split_problem
+from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
 from llmctl.spec.precision import PrecisionPolicy, for_gpu
-from llmctl.spec.setup import ATTENTIONS, MemoryLevers, TrainSetup, canonical
+from llmctl.spec.rules import model_problem
+from llmctl.spec.setup import MemoryLevers, TrainSetup
 
 OBJECTIVES = ("throughput", "cost")
 DEFAULT_SEQ_LEN = 2048
@@ -96,7 +100,8 @@ class Efficiency:
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """Everything the planner needs; pins (strategy, micro_batch, ...) are None when free."""
+    """Everything the planner needs. `pins`: the decisions the user fixed (llmctl.spec.decisions: a decision the
+    planner searches is searched when it is not pinned); the rest of a setup of the search is `base`."""
 
     spec: ModelSpec
     gpu: GPUSpec
@@ -112,18 +117,10 @@ class PlanRequest:
     """A policy, or its name or alias (turned into the policy); auto: the GPU's best (llmctl.spec.precision.for_gpu,
     fp16-mixed on a V100), with the reason in `precision_why`."""
     precision_why: str | None = None
-    strategy: str | None = None
-    micro_batch: int | None = None
-    checkpointing: str | None = None
-    attention: str | None = None
-    compile: bool | None = None
-    loss_chunk_tokens: int | None = None
-    """Pin: 0 whole logits, N chunks of N tokens; None: the planner tries both (auto_loss_chunk)."""
-    tp: int | None = None
-    """Pin the tensor-parallel degree (None: the planner tries llmctl.families.tensor_parallel.valid_tp)."""
-    cp: int | None = None
-    """Pin the context-parallel degree (None: the planner tries 1, 2, 4, 8, ... where they split the GPUs and the
-    sequence and the model's attention runs as ring attention: llmctl.families.context_parallel.cp_problem)."""
+    pins: Mapping[str, Any] = field(default_factory=dict)
+    """Decision name -> the pinned value (strategy, micro_batch_size, checkpointing, attention, compile,
+    loss_chunk_tokens, tp, cp, offload); a missing or None one is searched. CPU offload unpinned is off, and on only
+    where no setup fits the GPUs without it (llmctl.plan.planner.plan)."""
     overlap: float = cm.DEFAULT_OVERLAP
     efficiency: Efficiency = field(default_factory=Efficiency)
     sync_every_micro_batch: bool = True
@@ -133,10 +130,9 @@ class PlanRequest:
     optimizer_states: str = "auto"
     """What AdamW's moments are stored in, for every setup (llmctl.spec.optimizer_states): the planner never picks
     bf16 or 8bit by itself; only this (--optimizer-states) does."""
-    offload: bool | None = None
-    """Pin CPU offload on (--offload) or off (--no-offload); None: off, and on only where no setup fits the GPUs
-    without it (llmctl.plan.planner.plan)."""
     node_memory_gib: float | None = None
+    """Host memory per node (a cluster file's node_memory_gib) that CPU offload's states must fit in; None: the GPU
+    catalog's node_memory_gib_per_gpu for the kind, where it is known."""
     explain: bool = True
     """Size and explain every ranked candidate; False: the chosen one only (llmctl.plan.compare needs no more)."""
     nodes_exact: bool = False
@@ -145,8 +141,6 @@ class PlanRequest:
     finetune: Finetune = FULL
     """Full training, or LoRA / QLoRA adapters on a frozen base (--finetune): every setup searched trains this way
     (llmctl's engine runs adapters at tp 1, without CPU offload: the planner searches neither with them)."""
-    """Host memory per node (a cluster file's node_memory_gib) that CPU offload's states must fit in; None: the GPU
-    catalog's node_memory_gib_per_gpu for the kind, where it is known."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "gpus_per_node", "seq_len"):
@@ -154,8 +148,6 @@ class PlanRequest:
                 raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
         if self.global_batch_seqs is not None and self.global_batch_seqs < 1:
             raise InputError(f"global batch must be >= 1 sequence, got {self.global_batch_seqs}")
-        if self.micro_batch is not None and self.micro_batch < 1:
-            raise InputError(f"--micro-batch must be >= 1, got {self.micro_batch}")
         if self.token_budget is not None and self.token_budget < 1:
             raise InputError(f"token budget must be >= 1, got {self.token_budget}")
         if self.price_per_gpu_hour is not None and self.price_per_gpu_hour < 0:
@@ -176,85 +168,40 @@ class PlanRequest:
         object.__setattr__(self, "precision", p)
         object.__setattr__(self, "precision_why", self.precision_why or why)
         self.precision.check_engine()
-        if self.strategy is not None:
-            s = canonical_strategy(self.strategy)
-            if s not in ENGINE_STRATEGIES:
-                raise InputError(
-                    f"strategy {s} is not run by llmctl's engine", hint="one of: " + ", ".join(ENGINE_STRATEGIES)
-                )
-            object.__setattr__(self, "strategy", s)
-        if self.checkpointing is not None:
-            object.__setattr__(self, "checkpointing", ckpt_modes.parse(self.checkpointing))
-        if self.loss_chunk_tokens is not None and self.loss_chunk_tokens < 0:
-            raise InputError(f"--loss-chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
-        if self.attention is not None:
-            object.__setattr__(self, "attention", canonical(self.attention, ATTENTIONS, "attention"))
-        if self.finetune.adapters and (self.tp or 1) > 1:
-            raise InputError(
-                f"--finetune {self.finetune.method}: tensor parallelism is not wired for adapters", hint="use --tp 1"
-            )
-        problem = method_problem(self.spec, self.finetune)
-        if problem:
-            raise InputError(problem[0], hint=problem[1])
-        if self.finetune.adapters and self.offload:
-            raise InputError(
-                f"--finetune {self.finetune.method}: CPU offload is planned for full training only",
-                hint="drop --offload",
-            )
-        if self.tp is not None:
-            self._check_tp(self.tp)
-        if self.cp is not None:
-            self._check_cp(self.cp)
+        object.__setattr__(self, "pins", MappingProxyType(_canonical_pins(self.pins)))
+        check_pins(self)
 
-    def _check_tp(self, tp: int) -> None:
-        """A pinned tp: within one node, splittable for the model, and no chunked loss (TP uses loss parallel)."""
-        if tp < 1:
-            raise InputError(f"--tp must be a positive integer, got {tp}")
-        if self.gpus_per_node % tp:
-            raise InputError(
-                f"--tp {tp} does not divide the {self.gpus_per_node} GPUs per node (a TP group stays inside one node)",
-                hint="use a divisor of --gpus-per-node",
-            )
-        problem = plan_problem(self.spec, tp)
-        if problem:
-            raise InputError(f"--tp {tp}: {problem}", hint="use --tp 1, or no pin")
-        if self.seq_len % tp:
-            raise InputError(
-                f"--tp {tp} does not divide --seq-len {self.seq_len} (sequence parallelism splits it evenly)",
-                hint="use a sequence length that is a multiple of tp",
-            )
-        if tp > 1 and self.loss_chunk_tokens:
-            raise InputError(
-                f"--tp {tp} with --loss-chunk {self.loss_chunk_tokens}: tensor parallelism computes the loss on "
-                "vocabulary shards (loss parallel), not in chunks",
-                hint="drop --loss-chunk, or pass --loss-chunk 0",
-            )
+    def pin(self, name: str) -> Any:
+        """The pinned value of a decision (by its name in llmctl.spec.decisions), or None: searched."""
+        return self.pins.get(name)
 
-    def _check_cp(self, cp: int) -> None:
-        """A pinned cp: it (with a pinned tp) splits the GPUs and the sequence, and the model's attention runs as
-        ring attention (which needs SDPA: no flash or eager pin)."""
-        if cp < 1:
-            raise InputError(f"--cp must be a positive integer, got {cp}")
-        if cp == 1:
-            return
-        world, tp = self.nodes * self.gpus_per_node, self.tp or 1
-        if world % (cp * tp):
-            with_tp = f" x --tp {tp}" if tp > 1 else ""
-            raise InputError(
-                f"--cp {cp}{with_tp} does not divide the {world} GPUs ({self.nodes} x {self.gpus_per_node})",
-                hint="use a power of two that divides the GPUs",
-            )
-        problem = cp_problem(self.spec, self.seq_len)
-        if problem:
-            raise InputError(f"--cp {cp}: {problem}", hint="use --cp 1, or no pin")
-        split = sequence_split_problem(self.seq_len, tp, cp)
-        if split:
-            raise InputError(f"--cp {cp}: {split}", hint="use a sequence length that is a multiple of it")
-        if self.attention in ("flash", "eager"):
-            raise InputError(
-                f"--cp {cp} with --attention {self.attention}: context parallelism runs ring attention on SDPA",
-                hint="drop --attention, or pass --attention sdpa",
-            )
+    def with_pins(self, **pins: Any) -> PlanRequest:
+        """This request with these pins changed (None: searched)."""
+        return replace(self, pins={**self.pins, **pins})
+
+    def __hash__(self) -> int:  # the pins are a mapping: hash what tells requests apart most often
+        return hash((id(self.spec), self.gpu.name, self.nodes, self.gpus_per_node, self.seq_len))
+
+    @cached_property
+    def base(self) -> TrainSetup:
+        """What every setup of the search shares: this request's GPUs per node, sequence, precision, optimizer states
+        and training method on FSDP2 with AdamW, CPU offload where it is pinned on; a setup of the search is
+        `candidate(...)`, this with the decisions the search chose."""
+        return TrainSetup(
+            precision=self.precision,
+            optimizer="adamw",
+            optimizer_states=self.optimizer_states,
+            engine="fsdp2",
+            gpus_per_node=self.gpus_per_node,
+            seq_len=self.seq_len,
+            levers=MemoryLevers(offload=bool(self.pin("offload"))),
+            finetune=self.finetune,
+        )
+
+    def candidate(self, **choice: Any) -> TrainSetup:
+        """A setup of the search: `base` with the decisions chosen (by name: strategy, nodes, micro_batch_size,
+        grad_accum_steps, checkpointing, attention, compile, loss_chunk_tokens, tp, async_tp, cp, cp_rotate)."""
+        return with_values(self.base, **choice)
 
     @property
     def async_tp(self) -> bool:
@@ -287,45 +234,75 @@ class PlanRequest:
         """Host memory per GPU CPU offload's states may fill (None: not known, not checked)."""
         return mem.host_capacity_bytes(self.gpu, self.gpus_per_node, self.node_memory_gib)
 
-    def setup(
-        self,
-        strategy: str,
-        nodes: int,
-        micro_batch: int,
-        grad_accum: int = 1,
-        checkpointing: str = "none",
-        attention: str = "sdpa",
-        compile_: bool = False,
-        loss_chunk_tokens: int = 0,
-        tp: int = 1,
-        async_tp: bool = False,
-        cp: int = 1,
-        cp_rotate: str = "allgather",
-    ) -> TrainSetup:
-        """A setup of the search on this request's GPUs per node, sequence and precision (FSDP2, AdamW; context
-        parallelism with the head-tail load balance; CPU offload where the request pins it on)."""
-        return TrainSetup(
-            tp=tp,
-            async_tp=async_tp,
-            cp=cp,
-            cp_rotate=cp_rotate,
-            precision=self.precision,
-            optimizer="adamw",
-            optimizer_states=self.optimizer_states,
-            strategy=strategy,
-            engine="fsdp2",
-            nodes=nodes,
-            gpus_per_node=self.gpus_per_node,
-            micro_batch_size=micro_batch,
-            grad_accum_steps=grad_accum,
-            seq_len=self.seq_len,
-            checkpointing=checkpointing,
-            attention=attention,
-            compile=compile_,
-            loss_chunk_tokens=loss_chunk_tokens,
-            levers=MemoryLevers(offload=bool(self.offload)),
-            finetune=self.finetune,
+
+def _canonical_pins(pins: Mapping[str, Any]) -> dict[str, Any]:
+    """The pins given (None dropped), each in its one spelling; an unknown decision is a bug of the caller."""
+    known = {d.name for d in declared(TrainSetup)}
+    out: dict[str, Any] = {}
+    for name, v in pins.items():
+        if name not in known:
+            raise TypeError(f"no decision {name!r} to pin")
+        if v is None:
+            continue
+        if name == "strategy":
+            v = canonical_strategy(v)
+            if v not in ENGINE_STRATEGIES:
+                raise InputError(
+                    f"strategy {v} is not run by llmctl's engine", hint="one of: " + ", ".join(ENGINE_STRATEGIES)
+                )
+        elif name == "checkpointing":
+            v = ckpt_modes.parse(v)
+        elif name == "attention":
+            v = attention(v, allow_auto=False)
+        out[name] = v
+    return out
+
+
+def _flags(names: tuple[str, ...], req: PlanRequest) -> str:
+    """'--cp 2 with --attention flash': the pinned decisions a rule names, as the flags that pinned them."""
+    given = [
+        d.spell(req.pins[d.name]) for d in declared(TrainSetup) if d.name in names and d.flag and d.name in req.pins
+    ]
+    return " with ".join(given)
+
+
+def _refusal(err: RuleError, req: PlanRequest) -> InputError:
+    where = _flags(err.decisions, req)
+    return InputError(f"{where}: {err.message}" if where else err.message, hint=err.hint)
+
+
+def check_pins(req: PlanRequest) -> None:
+    """The pins against the rules (llmctl.spec.rules) as the search will meet them, one line naming the flags; and
+    the planner's own layouts: a TP group stays inside one node, a cp x tp block divides the GPUs."""
+    pins = req.pins
+    if pins.get("micro_batch_size", 1) < 1:
+        raise InputError(f"--micro-batch must be >= 1, got {pins['micro_batch_size']}")
+    for name, flag in (("tp", "--tp"), ("cp", "--cp")):
+        if pins.get(name, 1) < 1:
+            raise InputError(f"{flag} must be a positive integer, got {pins[name]}")
+    if pins.get("loss_chunk_tokens", 0) < 0:
+        raise InputError(f"--loss-chunk must be >= 0 tokens, got {pins['loss_chunk_tokens']}")
+    tp, cp = pins.get("tp", 1), pins.get("cp", 1)
+    if req.gpus_per_node % tp:
+        raise InputError(
+            f"--tp {tp} does not divide the {req.gpus_per_node} GPUs per node (a TP group stays inside one node)",
+            hint="use a divisor of --gpus-per-node",
         )
+    world = req.nodes * req.gpus_per_node
+    if world % (cp * tp):
+        with_tp = f" x --tp {tp}" if tp > 1 else ""
+        raise InputError(
+            f"--cp {cp}{with_tp} does not divide the {world} GPUs ({req.nodes} x {req.gpus_per_node})",
+            hint="use a power of two that divides the GPUs",
+        )
+    layout = {k: pins[k] for k in ("tp", "cp", "loss_chunk_tokens", "attention") if k in pins}
+    try:
+        probe = req.candidate(nodes=req.nodes, **layout)
+    except RuleError as e:
+        raise _refusal(e, req) from None
+    err = model_problem(probe, req.spec, only=("nf4 base", "lora targets", "tp plan", "ring attention"))
+    if err is not None:
+        raise _refusal(err, req)
 
 
 def default_seq_len(spec: ModelSpec) -> int:
@@ -333,21 +310,33 @@ def default_seq_len(spec: ModelSpec) -> int:
     return min(DEFAULT_SEQ_LEN, spec.max_position_embeddings) if spec.features.learned_positions else DEFAULT_SEQ_LEN
 
 
+PLAN_VALUES: dict[str, Any] = {
+    "precision": "auto",
+    "optimizer_states": "auto",
+    "seq_len": None,
+    "finetune": FULL.method,
+    "lora_rank": FULL.rank,
+    "lora_alpha": FULL.alpha,
+}
+"""The decisions a plan takes as values, not pins (llmctl.spec.decisions: no `search`), at `llmctl plan`'s defaults:
+the precision and optimizer states for the GPU, the sequence of the model (None: default_seq_len), the training
+method."""
+
+
 def build_request(
-    model: str,
-    o: dict[str, Any],
-    strategy: str | None = None,
-    micro_batch: int | None = None,
-    checkpointing: str | None = None,
-    compile_: bool | None = None,
-    spec: ModelSpec | None = None,
+    model: str, o: Mapping[str, Any], decisions: Mapping[str, Any] | None = None, spec: ModelSpec | None = None
 ) -> tuple[PlanRequest, Calibration | None]:
-    """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes, gpus_per_node,
-    cluster, net, intra_gbps, inter_gbps, seq_len, global_batch, global_batch_tokens, tokens, price, objective,
-    precision, loss_chunk, attention, overlap, calibrate, memory_margin, tp, cp, optimizer_states, offload, finetune; gpus,
-    memory_margin, tp, cp, optimizer_states and offload may be absent) and the pinned decisions, every value checked in one order
-    (the first bad one is the one line); with the calibration read from `calibrate`. `spec`: MODEL resolved already. `llmctl tune MODEL` builds its
-    request here too."""
+    """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes,
+    gpus_per_node, cluster, net, intra_gbps, inter_gbps, global_batch, global_batch_tokens, tokens, price, objective,
+    overlap, calibrate, memory_margin; gpus and memory_margin may be absent) and its decisions by name (`decisions`:
+    the pins, None where searched, and PLAN_VALUES; missing ones at their defaults), every value checked in one order
+    (the first bad one is the one line); with the calibration read from `calibrate`. `spec`: MODEL resolved already.
+    `llmctl tune MODEL` builds its request here too."""
+    d = {**PLAN_VALUES, **(decisions or {})}
+    flagged = on_command(TrainSetup, "plan")
+    misplaced = sorted(set(o) & ({x.name for x in flagged} | {x.param for x in flagged}))
+    if misplaced:  # a caller's bug: a decision among the options would be ignored
+        raise TypeError(f"decisions given as options: {misplaced}")
     gpus = o.get("gpus")
     if gpus is not None and o["nodes"] is not None:
         raise InputError("give either --gpus or --nodes (with --gpus-per-node), not both")
@@ -374,7 +363,7 @@ def build_request(
     if gpus is not None:  # a total: one node up to a node's worth (the file's, the flag's or the kind's), else nodes
         n, g = hardware.cluster_shape(gpus, None, o["gpus_per_node"], hw.gpus_per_node)
         hw = hw.model_copy(update={"nodes": n, "gpus_per_node": g})
-    seq_len, gb, gbt = o["seq_len"], o["global_batch"], o["global_batch_tokens"]
+    seq_len, gb, gbt = d["seq_len"], o["global_batch"], o["global_batch_tokens"]
     if gb is not None and gbt is not None:
         raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")
     if seq_len is not None and seq_len < 1:
@@ -400,21 +389,13 @@ def build_request(
         token_budget=budget,
         price_per_gpu_hour=hw.price_per_gpu_hour,
         objective=o["objective"].strip().lower(),
-        precision=o["precision"],
-        strategy=strategy,
-        micro_batch=micro_batch,
-        checkpointing=checkpointing,
-        attention=o["attention"],
-        compile=compile_,
-        loss_chunk_tokens=o["loss_chunk"],
-        tp=o.get("tp"),
-        cp=o.get("cp"),
+        precision=d["precision"],
+        pins={k: v for k, v in d.items() if k not in PLAN_VALUES},
         overlap=o["overlap"],
         efficiency=Efficiency(calibration=cal.factor) if cal else Efficiency(),
         memory_margin=o.get("memory_margin") or 0.0,
-        optimizer_states=o.get("optimizer_states") or "auto",
-        offload=o.get("offload"),
-        finetune=o.get("finetune") or FULL,
+        optimizer_states=d["optimizer_states"] or "auto",
+        finetune=from_flags(d),
         node_memory_gib=hw.node_memory_gib,
     )
     return req, cal

@@ -1,23 +1,75 @@
-"""The planner's memory search: the largest micro-batch that fits each setup of the search (memory.max_micro_batch),
-cached across the strategies and node counts that share it, the micro-batches worth timing, and the bound that lets the
-planner skip a context-parallel family that cannot win (torch-free)."""
+"""The planner's search (torch-free): a point of it is one immutable `Choice`; `Search` runs the families of a space
+(llmctl.plan.space) and keeps each family's best; `MemorySearch` finds the largest micro-batch that fits each choice
+(memory.max_micro_batch), cached across the strategies and node counts that share it, and the micro-batches worth
+timing; the bounds let the search skip a tensor- or context-parallel family that cannot win, and CPU offload where
+it cannot win."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, fields, replace
 
 from llmctl.plan import kernel_time
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
-from llmctl.plan.explain import sort_key
+from llmctl.plan.ranking import recompute_seconds, sort_key
 from llmctl.plan.request import PlanRequest
-from llmctl.plan.request import node_counts as node_counts  # re-exported (the planner, llmctl.tune)
+from llmctl.plan.space import Space, dp_ranks
 from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
+from llmctl.spec.attention import Attention
+from llmctl.spec.decisions import search_key
 from llmctl.spec.hardware import GIB
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.setup import CP_ROTATES, TrainSetup
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One point of the planner's search: the decisions it chooses (llmctl.spec.decisions with a `search` role, and
+    the nodes used), immutable; `setup(req)` is the TrainSetup (the request's `base` with these). The memory search
+    reads a choice at micro-batch 1; the planner times it at the largest micro-batch that fits."""
+
+    strategy: str
+    nodes: int
+    tp: int = 1
+    cp: int = 1
+    attention: str = "sdpa"
+    checkpointing: str = "none"
+    loss_chunk_tokens: int = 0
+    cp_rotate: str = "allgather"
+    compile: bool = False
+    async_tp: bool = False
+    micro_batch_size: int = 1
+    grad_accum_steps: int = 1
+
+    def setup(self, req: PlanRequest) -> TrainSetup:
+        return req.candidate(**{f: getattr(self, f) for f in _CHOICE_FIELDS})
+
+    @classmethod
+    def of(cls, setup: TrainSetup) -> Choice:
+        """The choice a setup of the search made."""
+        return cls(**{f: getattr(setup, f) for f in _CHOICE_FIELDS})
+
+    def at(self, micro_batch: int, per_rank: int) -> Choice:
+        """This choice at a micro-batch, accumulating the rest of the per-rank batch."""
+        return replace(self, micro_batch_size=micro_batch, grad_accum_steps=max(1, per_rank // micro_batch))
+
+    @property
+    def memory(self) -> tuple:
+        """What its memory depends on: a full_shard's node count (the others' on one or two), and between SDPA and
+        flash not the kernel (MemorySearch's caches)."""
+        kernel = "eager" if Attention(self.attention).keeps_scores else "fused"
+        n = self.nodes if self.strategy == "full_shard" else min(self.nodes, 2)
+        return (self.tp, self.cp, self.cp_rotate, self.strategy, n, self.checkpointing, kernel, self.loss_chunk_tokens)
+
+    def where(self) -> str:
+        """'full_shard x TP 2 on 1 node' (the search's rejection lines)."""
+        par = "".join(f" x {k} {v}" for k, v in (("CP", self.cp), ("TP", self.tp)) if v > 1)
+        return f"{self.strategy}{par} on {self.nodes} node{'s' if self.nodes > 1 else ''}"
+
+
+_CHOICE_FIELDS = tuple(f.name for f in fields(Choice))
 
 
 def divisors(n: int) -> list[int]:
@@ -25,61 +77,45 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def parallel_bound(req: PlanRequest, tp: int, cp: int, nodes: int, attn: str, compile_: bool) -> float:
-    """An upper bound on what a tp x cp > 1 family on `nodes` nodes predicts (tokens/s, or per GPU for the cost
-    objective): its compute alone at the largest micro-batch (the GEMM efficiency only grows with it), without
-    recompute or communication (both only add time)."""
-    g = req.gpus_per_node
-    per_rank = req.global_batch // (nodes * g // (tp * cp))
-    mb = req.micro_batch or per_rank
-    setup = req.setup("full_shard", nodes, mb, max(1, per_rank // mb), "none", attn, compile_, 0, tp, cp=cp)
+def parallel_bound(req: PlanRequest, choice: Choice) -> float:
+    """An upper bound on what a tp x cp > 1 family predicts (tokens/s, or per GPU for the cost objective): its compute
+    alone at the largest micro-batch (the GEMM efficiency only grows with it), without recompute or communication
+    (both only add time)."""
+    per_rank = req.global_batch // (choice.nodes * req.gpus_per_node // (choice.tp * choice.cp))
+    mb = req.pin("micro_batch_size") or per_rank
+    setup = (
+        replace(choice, strategy="full_shard", checkpointing="none", loss_chunk_tokens=0).at(mb, per_rank).setup(req)
+    )
     _, fwd, bwd = compute_times(req, setup)
     tps = setup.tokens_per_step / (setup.grad_accum_steps * (fwd + bwd))
     return tps if req.objective == "throughput" else tps / setup.gpus
 
 
-def tp_bound(req: PlanRequest, tp: int, nodes: int, attn: str, compile_: bool) -> float:
-    """parallel_bound without context parallelism."""
-    return parallel_bound(req, tp, 1, nodes, attn, compile_)
-
-
-@dataclass(frozen=True)
-class OffloadFamily:
-    """One (tp, cp, strategy, nodes) family of the search with the kernel and loss chunk of its fastest setup."""
-
-    tp: int
-    cp: int
-    strategy: str
-    nodes: int
-    attention: str
-    loss_chunk_tokens: int
-
-
-def offload_can_win(req: PlanRequest, best: Candidate, families: list[OffloadFamily]) -> bool:
+def offload_can_win(req: PlanRequest, best: Candidate, families: list[Choice]) -> bool:
     """Whether some CPU-offload setup could beat `best`, the best setup without offload. An offload setup takes at
     least as long as the same setup without it plus the host's optimizer step (llmctl.plan.offload: its copies and
     host work only add time), and that setup at best as long as its family's fastest: the whole per-rank batch
     without recompute, compiled (the search's own rule: a larger micro-batch and less recompute are faster). Where
     that fastest setup fits the GPUs without offload, the first search had it (or pruned its family as slower) and
     offload adds time to it; elsewhere its step plus the host step bounds the family. Cheapest tests first: the
-    compute alone, then the memory, then the whole step."""
+    compute alone, then the memory, then the whole step. `families`: each (tp, cp, strategy, nodes) family with the
+    kernel and loss chunk of its fastest setup."""
     target = -sort_key(req, best)[0]
-    compiles = [req.compile] if req.compile is not None else [True]  # compile fuses memory-bound ops: never slower
-    ckpt = req.checkpointing or "none"
-    search = MemorySearch(replace(req, offload=True))
+    comp = req.pin("compile") if req.pin("compile") is not None else True  # compile fuses memory-bound ops
+    ckpt = req.pin("checkpointing") or "none"
+    search = MemorySearch(req.with_pins(offload=True))
     for f in families:
         per_rank = req.global_batch // (f.nodes * req.gpus_per_node // (f.tp * f.cp))
-        mb = req.micro_batch or per_rank
-        async_tp = f.tp > 1 and compiles[0] and req.async_tp
-        setup = req.setup(f.strategy, f.nodes, mb, max(1, per_rank // mb), ckpt, f.attention, compiles[0])
-        setup = replace(setup, loss_chunk_tokens=f.loss_chunk_tokens, tp=f.tp, async_tp=async_tp, cp=f.cp)
+        mb = req.pin("micro_batch_size") or per_rank
+        fast = replace(f, checkpointing=ckpt, compile=comp, async_tp=f.tp > 1 and comp and req.async_tp)
+        setup = fast.at(mb, per_rank).setup(req)
         host = ol.offload_time(req.gpu, req.spec, replace(setup, levers=ol.ON), 0.0, 0.0, [], 1.0).optimizer_s
         _, fwd, bwd = compute_times(req, setup)
         if _metric(req, setup, setup.grad_accum_steps * (fwd + bwd) + host) <= target:
             continue
         if mem.estimate(req.spec, mem.memory_key(setup)).device_bytes <= req.capacity_bytes:
             continue  # fits without offload: searched as it is
-        if search.host_problem(f.strategy, f.nodes, f.tp, f.cp):
+        if search.host_problem(f):
             continue  # the host cannot hold its states
         # the GPU's own optimizer step, which offload moves to the host, leaves the bound
         gpu_step = kernel_time.optimizer_seconds(req.gpu, req.spec, setup) / req.efficiency.calibration
@@ -92,13 +128,6 @@ def _metric(req: PlanRequest, setup: TrainSetup, step_s: float) -> float:
     """What the objective ranks by for a step of `step_s`: tokens/s, or tokens/s per GPU (cost)."""
     tps = setup.tokens_per_step / step_s
     return tps if req.objective == "throughput" else tps / setup.gpus
-
-
-def family_key(strategy: str, n: int, ckpt: str, attn: str, chunk: int, tp: int, cp: int, rotate: str) -> tuple:
-    """What a family's memory depends on: a full_shard's node count (the others' on one or two), and between SDPA and
-    flash not the kernel (MemorySearch's caches)."""
-    kernel = "eager" if attn == "eager" else "fused"
-    return (tp, cp, rotate, strategy, n if strategy == "full_shard" else min(n, 2), ckpt, kernel, chunk)
 
 
 _SHARED: dict[tuple, tuple[ModelSpec, dict, dict, dict]] = {}
@@ -117,7 +146,7 @@ def _shared_caches(req: PlanRequest) -> tuple[dict, dict, dict]:
         req.optimizer_states,
         req.gpus_per_node,
         req.seq_len,
-        bool(req.offload),
+        bool(req.pin("offload")),
         req.finetune,
     )
     entry = _SHARED.get(key)
@@ -137,211 +166,333 @@ class MemorySearch:
         self.cache, self.needs, self.wholes = _shared_caches(req)
         self.hosts: dict[tuple, str | None] = {}
 
-    def host_problem(self, strategy: str, n: int, tp: int = 1, cp: int = 1) -> str | None:
+    def host_problem(self, choice: Choice) -> str | None:
         """Under CPU offload, why a family's states do not fit the host's memory per node (None: they fit, or the
         node's memory is not known). They depend on the shard degree only: not on the micro-batch, checkpointing or
         kernel (cached; a full_shard's on its node count, the others' on one or two)."""
         req, cap = self.req, self.req.host_capacity_bytes
-        key = (tp, cp, strategy, n if strategy == "full_shard" else min(n, 2))
+        f = Choice(choice.strategy, choice.nodes, choice.tp, choice.cp)
+        key = f.memory[:5]
         if cap is None:
             return None
         if key not in self.hosts:
-            est = mem.estimate(req.spec, req.setup(strategy, n, 1, 1, "full", "sdpa", False, 0, tp, cp=cp))
+            est = mem.estimate(req.spec, replace(f, checkpointing="full").setup(req))
             self.hosts[key] = None
             if est.host_bytes > cap:
                 g = req.gpus_per_node
-                par = "".join(f" x {k} {v}" for k, v in (("CP", cp), ("TP", tp)) if v > 1)
                 where = (
                     f"the cluster's node_memory_gib {req.node_memory_gib:g}"
                     if req.node_memory_gib is not None
                     else f"{req.gpu.name}'s node in the GPU catalog: {req.gpu.node_memory_gib_per_gpu} GiB per GPU"
                 )
                 self.hosts[key] = (
-                    f"{strategy}{par} on {n} node{'s' if n > 1 else ''} with CPU offload: host memory "
-                    f"{est.host_node_bytes / GIB:,.0f} GiB per node ({est.host_bytes / GIB:.1f} GiB per GPU: "
-                    f"parameters, gradients and optimizer states) > {cap * g / GIB:,.0f} GiB ({where})"
+                    f"{f.where()} with CPU offload: host memory {est.host_node_bytes / GIB:,.0f} GiB per node "
+                    f"({est.host_bytes / GIB:.1f} GiB per GPU: parameters, gradients and optimizer states) > "
+                    f"{cap * g / GIB:,.0f} GiB ({where})"
                 )
         return self.hosts[key]
 
-    def need(self, *family: Any, **kw: Any) -> int:
-        """Bytes per GPU at micro-batch 1: need_estimate's device bytes (the same arguments)."""
-        return self.need_estimate(*family, **kw).device_bytes
+    def need(self, choice: Choice, accumulating: bool = True) -> int:
+        """Bytes per GPU at micro-batch 1: need_estimate's device bytes."""
+        return self.need_estimate(choice, accumulating).device_bytes
 
-    def need_estimate(
-        self,
-        strategy: str,
-        n: int,
-        ckpt: str,
-        attn: str,
-        chunk: int,
-        tp: int = 1,
-        cp: int = 1,
-        rotate: str = "allgather",
-        accumulating: bool = True,
-    ) -> mem.MemoryEstimate:
+    def need_estimate(self, choice: Choice, accumulating: bool = True) -> mem.MemoryEstimate:
         """The estimate at micro-batch 1 (cached; a full_shard's on its node count, the others' on one or two), with
         gradient accumulation (the gradients live in the forward) unless `accumulating` is False; max_micro_batch
         starts from it."""
-        key = (*family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate), accumulating)
+        key = (*choice.memory, accumulating)
         if key not in self.needs:
-            acc = 2 if accumulating else 1
-            setup = self.req.setup(strategy, n, 1, acc, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
-            self.needs[key] = mem.estimate(self.req.spec, setup)
+            one = replace(
+                choice, compile=False, async_tp=False, micro_batch_size=1, grad_accum_steps=2 if accumulating else 1
+            )
+            self.needs[key] = mem.estimate(self.req.spec, one.setup(self.req))
         return self.needs[key]
 
     def ring_bound(
-        self,
-        tp: int,
-        cp: int,
-        n: int,
-        strategies: list[str],
-        options: list[tuple[str, int]],
-        chunks: list[int],
-        compile_: bool,
+        self, family: Choice, strategies: list[str], options: list[tuple[str, int]], chunks: list[int], compile_: bool
     ) -> float:
-        """An upper bound on what a cp > 1 family on `n` nodes predicts (tokens/s, or per GPU for the cost objective):
-        the options (checkpointing x loss chunk, cheapest recompute first) before the first that fits micro-batch 1
-        with some strategy cannot run; every setup of the family runs one of the rest, at most at the largest
-        micro-batch, and takes at least its compute time there plus its ring's exposed exchanges (FSDP's and TP's
-        communication only add). Infinite when none fits (the family's search then says why)."""
+        """An upper bound on what a cp > 1 family (`family`: its tp, cp and nodes) predicts (tokens/s, or per GPU for
+        the cost objective): the options (checkpointing x loss chunk, cheapest recompute first) before the first
+        that fits micro-batch 1 with some strategy cannot run; every setup of the family runs one of the rest, at
+        most at the largest micro-batch, and takes at least its compute time there plus its ring's exposed exchanges
+        (FSDP's and TP's communication only add). Infinite when none fits (the family's search then says why)."""
         req, g = self.req, self.req.gpus_per_node
+        tp, cp, n = family.tp, family.cp, family.nodes
         allowed = [o for o in options if (o[1] == 0 if tp > 1 else o[1] in chunks)]
         strats = [st for st in strategies if st != "hybrid_shard" or (n > 1 and g % (tp * cp) == 0)]
+        ring = replace(family, attention="sdpa", cp_rotate="alltoall")
 
         def fits(ckpt: str, chunk: int) -> bool:
             cap = req.capacity_bytes  # an upper bound: micro-batch 1 with no accumulation, the least memory
-            return any(self.need(st, n, ckpt, "sdpa", chunk, tp, cp, "alltoall", False) <= cap for st in strats)
+            at = replace(ring, checkpointing=ckpt, loss_chunk_tokens=chunk)
+            return any(self.need(replace(at, strategy=st), False) <= cap for st in strats)
 
         first = next((i for i, o in enumerate(allowed) if fits(*o)), None)
         if first is None:
             return float("inf")  # nothing fits: searched, so that its reasons are recorded
         per_rank = req.global_batch // (n * g // (tp * cp))
-        mb = req.micro_batch or per_rank
+        mb = req.pin("micro_batch_size") or per_rank
         least = float("inf")  # the least compute time per step of the options that can run
         for ckpt, chunk in allowed[first:]:
-            setup = req.setup("full_shard", n, mb, max(1, per_rank // mb), ckpt, "sdpa", compile_, chunk, tp, cp=cp)
+            at = replace(family, strategy="full_shard", attention="sdpa", compile=compile_, cp_rotate="allgather")
+            setup = replace(at, checkpointing=ckpt, loss_chunk_tokens=chunk).at(mb, per_rank).setup(req)
             eff, fwd, bwd = compute_times(req, setup)
             least = min(least, setup.grad_accum_steps * (fwd + bwd))
         # The ring's exposure without recompute (which only runs the forward ring again), at the largest micro-batch
         # (the fewest steps: least latency per token), by the rotation that hides more.
         flat = replace(setup, checkpointing="none")
-        ring = min(cp_comm(req, replace(flat, cp_rotate=r), eff).exposed_s for r in CP_ROTATES)
-        tps = setup.tokens_per_step / (least + ring)
+        exposed = min(cp_comm(req, replace(flat, cp_rotate=r), eff).exposed_s for r in CP_ROTATES)
+        tps = setup.tokens_per_step / (least + exposed)
         return tps if req.objective == "throughput" else tps / setup.gpus
 
-    def max_mb(
-        self,
-        strategy: str,
-        n: int,
-        ckpt: str,
-        attn: str,
-        chunk: int,
-        per_gpu: int,
-        tp: int = 1,
-        cp: int = 1,
-        rotate: str = "allgather",
-    ) -> int:
+    def max_mb(self, choice: Choice, per_gpu: int) -> int:
         """The largest micro-batch to try: the largest that fits with accumulation, or the whole per-rank batch when
         it fits as one micro-batch (no accumulation: no gradient lives in its forward, llmctl.plan.memory.estimate)."""
-        most = min(self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[0], per_gpu)
-        if most < per_gpu and self.whole_fits(strategy, n, ckpt, attn, chunk, per_gpu, tp, cp, rotate):
+        most = min(self._search(choice)[0], per_gpu)
+        if most < per_gpu and self.whole_fits(choice, per_gpu):
             return per_gpu
         return most
 
-    def whole_fits(
-        self,
-        strategy: str,
-        n: int,
-        ckpt: str,
-        attn: str,
-        chunk: int,
-        per_gpu: int,
-        tp: int = 1,
-        cp: int = 1,
-        rotate: str = "allgather",
-    ) -> bool:
+    def whole_fits(self, choice: Choice, per_gpu: int) -> bool:
         """Whether the per-rank batch fits as one micro-batch, without accumulation (cached)."""
-        key = (*family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate), per_gpu)
+        key = (*choice.memory, per_gpu)
         if key not in self.wholes:
             req = self.req
-            setup = req.setup(strategy, n, per_gpu, 1, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
-            self.wholes[key] = mem.estimate(req.spec, setup).device_bytes <= req.capacity_bytes
+            whole = replace(choice, compile=False, async_tp=False, micro_batch_size=per_gpu, grad_accum_steps=1)
+            self.wholes[key] = mem.estimate(req.spec, whole.setup(req)).device_bytes <= req.capacity_bytes
         return self.wholes[key]
 
-    def _search(
-        self,
-        strategy: str,
-        n: int,
-        ckpt: str,
-        attn: str,
-        chunk: int,
-        tp: int = 1,
-        cp: int = 1,
-        rotate: str = "allgather",
-    ) -> tuple[int, int]:
+    def _search(self, choice: Choice) -> tuple[int, int]:
         """(largest micro-batch that fits up to the one-node per-rank batch, bytes per GPU at micro-batch 1).
         Memory depends neither on the per-rank batch nor, between SDPA and flash, on the kernel; full_shard's depends
         on the node count, and its search stops at that count's per-rank batch (what the planner asks)."""
         req = self.req
-        dp = (n if strategy == "full_shard" else 1) * req.gpus_per_node // (tp * cp)
+        n = choice.nodes if choice.strategy == "full_shard" else 1
+        dp = n * req.gpus_per_node // (choice.tp * choice.cp)
         limit = max(1, req.global_batch // max(1, dp))
-        key = (*family_key(strategy, n, ckpt, attn, chunk, tp, cp, rotate), limit)
+        key = (*choice.memory, limit)
         if key not in self.cache:
             # With accumulation (gradients live in the forward); max_mb adds the whole batch without it.
-            setup = req.setup(strategy, n, 1, 2, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
-            one = self.need_estimate(strategy, n, ckpt, attn, chunk, tp, cp, rotate)
-            need = one.device_bytes
-            cap = req.capacity_bytes
+            one = self.need_estimate(choice)
+            setup = replace(choice, compile=False, async_tp=False, micro_batch_size=1, grad_accum_steps=2).setup(req)
+            need, cap = one.device_bytes, req.capacity_bytes
             fitted = mem.max_micro_batch(req.spec, setup, cap, limit=limit, one=one) if need <= cap else 0
             self.cache[key] = (fitted, need)
         return self.cache[key]
 
-    def micro_batches(
-        self,
-        strategy: str,
-        n: int,
-        ckpt: str,
-        attn: str,
-        chunk: int,
-        per_gpu: int,
-        rejected: list[str],
-        tp: int = 1,
-        cp: int = 1,
-        rotate: str = "allgather",
-    ) -> list[int]:
+    def micro_batches(self, choice: Choice, per_gpu: int, rejected: list[str]) -> list[int]:
         """The micro-batches to try (divisors of the per-rank batch that fit, or the pinned one), ascending; [] with
         the reason appended to `rejected` when none. `per_gpu`: sequences per data-parallel rank per step."""
         req, cap = self.req, self.req.capacity_bytes
-        max_mb = self.max_mb(strategy, n, ckpt, attn, chunk, per_gpu, tp, cp, rotate)
-        par = "".join(f" x {k} {v}" for k, v in (("CP", cp), ("TP", tp)) if v > 1)
-        on = f"{strategy}{par} on {n} node{'s' if n > 1 else ''}"
-        ring = f", {rotate} ring" if cp > 1 else ""
-        where = f"{on}, checkpointing {ckpt}, {attn}{ring}{f', loss chunks of {chunk}' if chunk else ''}"
+        max_mb = self.max_mb(choice, per_gpu)
+        on = choice.where()
+        ckpt, chunk, tp, cp = choice.checkpointing, choice.loss_chunk_tokens, choice.tp, choice.cp
+        ring = f", {choice.cp_rotate} ring" if cp > 1 else ""
+        where = f"{on}, checkpointing {ckpt}, {choice.attention}{ring}{f', loss chunks of {chunk}' if chunk else ''}"
         if max_mb == 0:
-            need = self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[1]
+            need = self._search(choice)[1]
             rejected.append(f"{where}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB")
             return []
-        most = min(self._search(strategy, n, ckpt, attn, chunk, tp, cp, rotate)[0], per_gpu)  # accumulating
-        if req.micro_batch is None:
+        most = min(self._search(choice)[0], per_gpu)  # accumulating
+        pinned = req.pin("micro_batch_size")
+        if pinned is None:
             return [d for d in divisors(per_gpu) if d <= most or d == max_mb]
-        if per_gpu % req.micro_batch:
+        if per_gpu % pinned:
             ranks = (
-                f"{n * req.gpus_per_node // (tp * cp)} data-parallel ranks"
+                f"{choice.nodes * req.gpus_per_node // (tp * cp)} data-parallel ranks"
                 if tp * cp > 1
-                else f"{n * req.gpus_per_node} GPUs"
+                else f"{choice.nodes * req.gpus_per_node} GPUs"
             )
             rejected.append(
-                f"{on}: micro-batch {req.micro_batch} does not divide the {per_gpu} sequences per "
+                f"{on}: micro-batch {pinned} does not divide the {per_gpu} sequences per "
                 f"{'data-parallel rank' if tp * cp > 1 else 'GPU'} (global batch {req.global_batch} over {ranks})"
             )
             return []
-        if req.micro_batch > most and req.micro_batch != max_mb:
-            acc = per_gpu // req.micro_batch
-            pinned = req.setup(strategy, n, req.micro_batch, acc, ckpt, attn, False, chunk, tp, cp=cp, cp_rotate=rotate)
-            need = mem.estimate(req.spec, pinned)
+        if pinned > most and pinned != max_mb:
+            at = replace(choice, compile=False, async_tp=False).at(pinned, per_gpu)
+            need = mem.estimate(req.spec, at.setup(req))
             rejected.append(
-                f"{where}: micro-batch {req.micro_batch} needs {need.device_bytes / GIB:.1f} GiB per GPU > "
-                f"{cap / GIB:.1f} GiB"
+                f"{where}: micro-batch {pinned} needs {need.device_bytes / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB"
             )
             return []
-        return [req.micro_batch]
+        return [pinned]
+
+
+class Search:
+    """One search of the planner over a space (llmctl.plan.space): each family (strategy, nodes, tp x cp, kernel) is
+    searched for the Pareto front of checkpointing x loss chunk at the largest micro-batch that fits, timed, and its
+    best kept under the search key (llmctl.spec.decisions.search_key). Families with TP are searched when their
+    compute bound could beat the best so far, then families with CP when theirs (with the least recompute that fits,
+    and the ring's exposed exchanges) could; the rest are `pruned` with their bound."""
+
+    def __init__(self, req: PlanRequest, space: Space) -> None:
+        self.req, self.space = req, space
+        self.rejected = space.rejected
+        self.memory = MemorySearch(req)
+        self.best: dict[tuple, Candidate] = {}
+        self.evaluated = 0
+        self.top = 0.0  # the best candidate's sort key so far (its first figure)
+        self.pruned: dict[tuple[int, int], float] = {}
+        self.saturated: dict[tuple, int] = {}  # (tp, strategy, nodes, kernel) -> least cp whose cheapest option fit all
+        pairs = list(itertools.product(space.checkpointing, sorted({0, *space.loss_chunks})))
+        self.order = {
+            a: sorted(
+                pairs,
+                key=lambda o, a=a: recompute_seconds(
+                    req, req.candidate(checkpointing=o[0], attention=a, loss_chunk_tokens=o[1])
+                ),
+            )
+            for a in space.attentions
+        }
+        """Per kernel: (checkpointing, loss chunk) options, cheapest recompute first."""
+
+    def run(self) -> None:
+        sp = self.space
+        # Without TP or CP every data-parallel family is searched: the table compares them.
+        for strategy in sp.strategies:
+            for n in sp.usable.get((1, 1), []):
+                for attn in sp.attentions:
+                    self.family(Choice(strategy, n, attention=attn))
+        self._tp_families()
+        ring_pruned = self._cp_families()
+        # What was pruned, against the best at the end of the search.
+        self._say_pruned(self.pruned, "even without communication or recompute")
+        self._say_pruned(ring_pruned, "with the least recompute that fits and no communication but the ring's", cp=True)
+        self.pruned.update(ring_pruned)
+
+    def _tp_families(self) -> None:
+        """With TP, a (tp, nodes, kernel) family is searched only if its compute alone (no communication, no
+        recompute, the largest micro-batch) could beat the best setup so far: most node counts of a large cluster
+        cannot."""
+        sp, comp = self.space, max(self.space.compiles)
+        bounds = sorted(
+            (
+                (parallel_bound(self.req, Choice("full_shard", n, tp, 1, attention=a, compile=comp)), tp, n, a)
+                for tp, cp in sp.degrees
+                if tp > 1 and cp == 1
+                for n in sp.usable[(tp, cp)]
+                for a in sp.attentions
+            ),
+            key=lambda b: -b[0],
+        )
+        for bound, tp, n, attn in bounds:
+            if self.best and bound < -self.top:
+                self.pruned[(tp, 1)] = max(self.pruned.get((tp, 1), 0.0), bound)
+                continue
+            for strategy in sp.strategies:
+                self.family(Choice(strategy, n, tp, 1, attention=attn))
+
+    def _cp_families(self) -> dict[tuple[int, int], float]:
+        """With CP, after every family without it: ring attention runs on SDPA, and a family is searched only if its
+        compute at the largest micro-batch with the least recompute that lets micro-batch 1 fit, plus its ring's
+        exposed exchanges (`MemorySearch.ring_bound`), could beat the best setup so far."""
+        sp, comp = self.space, max(self.space.compiles)
+        sdpa = Attention.SDPA
+        bounds = sorted(
+            (
+                (
+                    self.memory.ring_bound(
+                        Choice("full_shard", n, tp, cp), sp.strategies, self.order[sdpa], sp.loss_chunks, comp
+                    ),
+                    tp,
+                    cp,
+                    n,
+                )
+                for tp, cp in sp.degrees
+                if cp > 1 and sdpa in sp.attentions
+                for n in sp.usable[(tp, cp)]
+            ),
+            key=lambda b: -b[0],
+        )
+        ring_pruned: dict[tuple[int, int], float] = {}
+        for bound, tp, cp, n in bounds:
+            if self.best and bound < -self.top:
+                ring_pruned[(tp, cp)] = max(ring_pruned.get((tp, cp), 0.0), bound)
+                continue
+            for strategy in sp.strategies:
+                self.family(Choice(strategy, n, tp, cp, attention=sdpa))
+        return ring_pruned
+
+    def _say_pruned(self, pruned: dict[tuple[int, int], float], how: str, cp: bool = False) -> None:
+        metric = "tokens/s" if self.req.objective == "throughput" else "tokens/s per GPU"
+        for (tp, c), bound in pruned.items():
+            parts = (("CP", c), ("TP", tp)) if cp else (("TP", tp), ("CP", c))
+            what = " x ".join(f"{k} {v}" for k, v in parts if v > 1)
+            self.rejected.append(
+                f"{what} on some node counts: at most {bound:,.0f} {metric} {how}, below the best {-self.top:,.0f}"
+            )
+
+    def family(self, f: Choice) -> None:
+        """Search one (tp, cp, strategy, nodes, kernel) family: the Pareto front of checkpointing x loss chunk.
+        Cheapest recompute first, an option is worth its memory search and timing only if it fits a larger
+        micro-batch than every cheaper one (at an equal micro-batch the cheaper recompute is faster, at every
+        micro-batch, since both scale with its tokens); once one fits the whole per-rank batch, nothing dearer can
+        win. Thousands of dominated setups are never searched or timed."""
+        req, g = self.req, self.req.gpus_per_node
+        if f.strategy == "hybrid_shard" and (f.nodes < 2 or g % (f.tp * f.cp) or g // (f.tp * f.cp) < 2):
+            return  # one node, or a shard group of one rank: that is full_shard, or no_shard
+        if req.pin("offload") and (problem := self.memory.host_problem(f)):
+            self.rejected.append(problem)  # CPU offload's states do not fit the host's memory: no micro-batch helps
+            return
+        fam = (f.tp, f.strategy, f.nodes, f.attention)
+        if self.saturated.get(fam, f.cp) < f.cp:
+            # A smaller cp ran the whole per-rank batch in one micro-batch without recompute: a larger one runs the
+            # same tokens per GPU in GEMMs as large at best, and its ring only adds communication.
+            return
+        per_rank = req.global_batch // dp_ranks(req, f.nodes, f.tp, f.cp)
+        top = req.pin("micro_batch_size") or per_rank  # the largest micro-batch worth fitting
+        # Ring attention: the all-to-all rotation never holds more than the all-gather's buffers
+        # (llmctl.plan.memory.ring), so its memory search stands for both; the all-gather is timed beside it where it
+        # fits (equal predictions keep it: torch's and torchtitan's default).
+        f = replace(f, cp_rotate="alltoall" if f.cp > 1 else "allgather")
+        largest = 0
+        # (TP computes the loss on vocabulary shards, loss parallel: unchunked.)
+        options = [o for o in self.order[f.attention] if (o[1] == 0 if f.tp > 1 else o[1] in self.space.loss_chunks)]
+        for k, (ckpt, chunk) in enumerate(options):
+            if largest >= top:
+                break
+            option = replace(f, checkpointing=ckpt, loss_chunk_tokens=chunk)
+            mbs = self.memory.micro_batches(option, per_rank, self.rejected)
+            if k == 0 and mbs and mbs[-1] >= top:  # the cheapest option runs the whole batch at once
+                self.saturated[fam] = min(f.cp, self.saturated.get(fam, f.cp))
+            # At an equal micro-batch the order by recompute (priced at mb 1, without compile) can disagree with
+            # the timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
+            if not mbs or mbs[-1] < largest:
+                continue
+            largest = mbs[-1]
+            # Only the largest micro-batch that fits is timed: a step's compute time falls with the micro-batch
+            # (the GEMM-shape efficiency rises with the tokens per micro-batch) and so does its communication
+            # (fewer micro-batches, each hiding more behind longer compute).
+            self._time(option.at(largest, per_rank))
+
+    def _time(self, c: Choice) -> None:
+        """Time a choice at its micro-batch: each compile choice without CP; with CP only the faster (compile only
+        ever speeds a step up in this model: COMPILE_SPEEDUP, and async TP), and the all-gather rotation where it fits
+        and its ring hides as much as the all-to-all's (equal predictions keep it: torch's and torchtitan's
+        default)."""
+        req = self.req
+        if c.cp == 1:
+            for comp in self.space.compiles:
+                # async TP only hides communication
+                self.keep(
+                    evaluate(req, replace(c, compile=comp, async_tp=c.tp > 1 and comp and req.async_tp).setup(req))
+                )
+            return
+        comp = max(self.space.compiles)
+        setup = replace(c, compile=comp, async_tp=c.tp > 1 and comp and req.async_tp).setup(req)
+        timed = evaluate(req, setup)
+        gathered = replace(setup, cp_rotate="allgather")
+        if (
+            cp_comm(req, gathered, timed.predicted.efficiency).exposed_s <= timed.predicted.cp_comm_exposed_s
+            and mem.estimate(req.spec, mem.memory_key(gathered)).device_bytes <= req.capacity_bytes
+        ):
+            timed = evaluate(req, gathered)
+        self.keep(timed)
+
+    def keep(self, c: Candidate) -> None:
+        """Count a timed setup and keep it if it is its family's best so far."""
+        self.evaluated += 1
+        key = search_key(c.setup)
+        if key not in self.best or sort_key(self.req, c) < sort_key(self.req, self.best[key]):
+            self.best[key] = c
+        self.top = min(self.top, sort_key(self.req, c)[0])

@@ -12,10 +12,16 @@ nor the router, the embedding or the LM head.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
+from pydantic import AfterValidator, BeforeValidator
+
+from llmctl.bounds import GENERIC_FLOAT_LIMIT
 from llmctl.errors import InputError, UnknownNameError
+from llmctl.spec.decisions import decision
+from llmctl.spec.fields import Float, Int, Text
 
 if TYPE_CHECKING:
     from llmctl.spec.models import ModelSpec
@@ -27,21 +33,75 @@ GATED_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
 """The attention and MLP projections of a Llama-like block (transformers' module names; a shared expert's too)."""
 
 
+def _lower(v: Any) -> Any:
+    return v.strip().lower() if isinstance(v, str) else v
+
+
+def check_target_list(targets: list[str]) -> list[str]:
+    """A plan file's lora_targets, or ValueError (pydantic's one line): not empty, each a module name."""
+    if not targets:
+        raise ValueError("an empty list (leave it out for the family's default)")
+    try:
+        Finetune("lora", targets=tuple(targets))
+    except InputError as e:
+        raise ValueError(str(e)) from None
+    return targets
+
+
 @dataclass(frozen=True)
 class Finetune:
     """The training method (plan file: the `finetune:` section)."""
 
-    method: str = "full"
+    method: str = decision(
+        "full",
+        name="finetune",
+        key="finetune.method",
+        file_type=Annotated[Literal["full", "lora", "qlora"], BeforeValidator(_lower)],
+        flag="--finetune",
+        help="full (every weight trains) | lora (adapters on a frozen base in the compute dtype) | qlora (adapters on "
+        "a frozen 4-bit NF4 base; torchao, bf16 or fp16).",
+    )
     """full: every weight trains; lora: adapters on a frozen base in the compute dtype; qlora: adapters on a frozen
     4-bit NF4 base (torchao's NF4Tensor, llmctl/engine/qlora.py)."""
-    rank: int = 16
-    alpha: float = 32.0
-    """The adapters' output is scaled by alpha / rank."""
-    dropout: float = 0.0
-    """Dropout on each adapter's input (peft's lora_dropout; 0 keeps no copy of the input)."""
-    targets: tuple[str, ...] = ()
-    """Module names (the last part of the dotted name, as peft's target_modules) of the linears that get adapters;
-    empty: the family's default (`targets_for`)."""
+    rank: int = decision(
+        16,
+        name="lora_rank",
+        key="finetune.lora_rank",
+        file_type=Int,
+        bounds={"ge": 1, "le": MAX_RANK},
+        flag="--lora-rank",
+        metavar="R",
+        help="The adapters' rank r (with --finetune lora or qlora).",
+    )
+    alpha: float = decision(
+        32.0,
+        name="lora_alpha",
+        key="finetune.lora_alpha",
+        file_type=Float,
+        bounds={"gt": 0, "le": GENERIC_FLOAT_LIMIT},
+        flag="--lora-alpha",
+        metavar="A",
+        help="The adapters' alpha: their output is scaled by alpha / rank.",
+    )
+    dropout: float = decision(
+        0.0,
+        name="lora_dropout",
+        key="finetune.lora_dropout",
+        file_type=Float,
+        bounds={"ge": 0, "lt": 1},
+        help="Dropout on each adapter's input (peft's lora_dropout; 0 keeps no copy of the input).",
+    )
+    targets: tuple[str, ...] = decision(
+        (),
+        name="lora_targets",
+        key="finetune.lora_targets",
+        file_type=Annotated[list[Text], AfterValidator(check_target_list)] | None,
+        file_default=None,
+        to_file=lambda t: list(t) or None,
+        to_setup=lambda v: tuple(v or ()),
+        help="Module names that get adapters (peft's target_modules: the last part of the dotted name); none: the "
+        "model family's default (attention and MLP projections).",
+    )
 
     def __post_init__(self) -> None:
         m = self.method.strip().lower()
@@ -76,6 +136,20 @@ class Finetune:
 
 
 FULL = Finetune()
+
+
+def from_flags(values: Mapping[str, Any]) -> Finetune:
+    """The training method of the commands' flags by decision name (finetune, lora_rank, lora_alpha), each bad value
+    named by its flag (one line, exit 2)."""
+    method = str(values.get("finetune", FULL.method)).strip().lower()
+    rank, alpha = values.get("lora_rank", FULL.rank), values.get("lora_alpha", FULL.alpha)
+    if method == "full" and (rank != FULL.rank or alpha != FULL.alpha):
+        raise InputError("--lora-rank and --lora-alpha apply to adapters", hint="add --finetune lora (or qlora)")
+    if isinstance(rank, bool) or rank < 1:
+        raise InputError(f"--lora-rank must be a positive integer, got {rank}")
+    if not alpha > 0:
+        raise InputError(f"--lora-alpha must be a positive number, got {alpha}")
+    return Finetune(method, rank, alpha)
 
 
 def targets_for(spec: ModelSpec, finetune: Finetune) -> tuple[str, ...]:
@@ -131,36 +205,3 @@ def targets_problem(spec: ModelSpec, finetune: Finetune) -> str | None:
     if any(adapted_linears(spec, targets, i) for i in range(min(spec.num_layers, 64))):
         return None
     return f"LoRA targets {', '.join(targets)} match no linear of {spec.name}'s blocks"
-
-
-def method_problem(spec: ModelSpec, finetune: Finetune) -> tuple[str, str] | None:
-    """(why, hint) when llmctl's engine cannot train `spec` this way, else None: QLoRA's NF4 base on GPT-2's Conv1D
-    blocks (torchao's NF4 runs F.linear, not Conv1D's addmm: engine/qlora.py), or adapter targets that match no
-    linear."""
-    if finetune.method == "qlora" and spec.features.conv1d:
-        why = f"qlora: {spec.name}'s block matmuls are Conv1D layers, which llmctl's NF4 base does not run"
-        return why, "use --finetune lora"
-    problem = targets_problem(spec, finetune)
-    return None if problem is None else (problem, "leave finetune.lora_targets out for the family's defaults")
-
-
-def plan_fields(ft: Finetune) -> dict[str, object]:
-    """The plan file's `finetune:` fields of a method (targets only when not the family's default)."""
-    return {
-        "method": ft.method,
-        "lora_rank": ft.rank,
-        "lora_alpha": ft.alpha,
-        "lora_dropout": ft.dropout,
-        "lora_targets": list(ft.targets) or None,
-    }
-
-
-def check_target_list(targets: list[str]) -> list[str]:
-    """A plan file's lora_targets, or ValueError (pydantic's one line): not empty, each a module name."""
-    if not targets:
-        raise ValueError("an empty list (leave it out for the family's default)")
-    try:
-        Finetune("lora", targets=tuple(targets))
-    except InputError as e:
-        raise ValueError(str(e)) from None
-    return targets

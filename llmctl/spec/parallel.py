@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmctl.errors import InputError, UnknownNameError
+from llmctl.errors import InputError, RuleError, UnknownNameError
 
 # Strategy -> (how the data-parallel ranks are split, ZeRO stage: which states dp_shard splits)
 # (Rajbhandari et al. 2020, "ZeRO": stage 1 optimizer states, 2 + gradients, 3 + parameters).
@@ -56,6 +56,10 @@ def sequence_split_problem(seq_len: int, tp: int, cp: int, load_balance: bool = 
         how += f", each rank's part split again by tp {tp}"
     return f"seq len {seq_len} is not divisible by {chunks * tp} ({how})"
 
+
+LAYOUT = ("tp", "cp", "pp", "gpus_per_node")
+SHARD = ("shard_size", "strategy")
+"""The decisions a layout error names (llmctl.spec.rules)."""
 
 # Where a collective's group runs: inside one node; one ring over ranks of several nodes; or one of the concurrent
 # groups that have one rank per node (HYBRID's cross-node all-reduce) and so share each node's NICs.
@@ -123,22 +127,24 @@ class ParallelDims:
         world = nodes * gpus_per_node
         if world % (tp * pp * cp):
             cp_part = f" x cp={cp}" if cp > 1 else ""
-            raise InputError(f"{world} GPUs cannot be split into tp={tp}{cp_part} x pp={pp} groups")
+            raise RuleError(f"{world} GPUs cannot be split into tp={tp}{cp_part} x pp={pp} groups", decisions=LAYOUT)
         dp = world // (tp * pp * cp)
         layout, stage = _STRATEGIES[strategy]
         if shard_size is not None and layout != "hybrid":
-            raise InputError(f"a shard size is only meaningful with hybrid_shard, not {strategy}")
+            raise RuleError(f"a shard size is only meaningful with hybrid_shard, not {strategy}", decisions=SHARD)
         if layout == "replicate":
             return cls(dp, 1, tp, pp, stage, cp=cp, ep=ep)
         if layout == "shard":
             return cls(1, dp, tp, pp, stage, cp=cp, ep=ep)
         if shard_size is None:
             if gpus_per_node % (tp * cp):
-                raise InputError(f"hybrid_shard: tp={tp} x cp={cp} does not divide {gpus_per_node} GPUs per node")
+                msg = f"hybrid_shard: tp={tp} x cp={cp} does not divide {gpus_per_node} GPUs per node"
+                raise RuleError(msg, decisions=LAYOUT)
             shard_size = gpus_per_node // (tp * cp)
         if shard_size < 1 or dp % shard_size:
-            raise InputError(
-                f"hybrid_shard: a shard group of {shard_size} does not divide the {dp} data-parallel ranks"
+            raise RuleError(
+                f"hybrid_shard: a shard group of {shard_size} does not divide the {dp} data-parallel ranks",
+                decisions=SHARD,
             )
         return cls(dp // shard_size, shard_size, tp, pp, stage, cp=cp, ep=ep)
 

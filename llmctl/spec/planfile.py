@@ -9,32 +9,31 @@ one): a plan the engine would choke on hours later, or after torch has started, 
 from __future__ import annotations
 
 import os
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
+    create_model,
     model_validator,
 )
 
 from llmctl.bounds import GENERIC_FLOAT_LIMIT, GENERIC_INT_LIMIT, LIMITS, check
-from llmctl.errors import LlmctlError, SpecError, one_line
+from llmctl.errors import LlmctlError, RuleError, SpecError, one_line
 from llmctl.fileio import load_yaml, write_atomic
-from llmctl.spec import checkpointing as ckpt_modes
-from llmctl.spec.finetune import MAX_RANK, Finetune, check_target_list, plan_fields
+from llmctl.spec import decisions, rules
+from llmctl.spec.decisions import Decision
+from llmctl.spec.fields import Beta, Float, Int, Text, no_nul
 from llmctl.spec.models import MAX_PARAMS, MAX_TOKENS
-from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
-from llmctl.spec.optimizer_states import canonical_states
-from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
-from llmctl.spec.precision import PRECISION_HELP, policy
-from llmctl.spec.setup import MemoryLevers, TrainSetup
+from llmctl.spec.parallel import ParallelDims
+from llmctl.spec.setup import TrainSetup
 
 PLAN_VERSION = 1
 
@@ -53,8 +52,6 @@ step. Published AdamW recipes use at most ~1e-2."""
 MAX_PAD_VOCAB_MULTIPLE = 65_536
 """Megatron-LM pads to 128 x the tensor-parallel degree (1,024 at tp 8); past 64k the padding alone is a
 vocabulary's worth of LM-head rows that are never a target."""
-MAX_TEXT = 4096
-"""PATH_MAX on Linux (limits.h): no path, and so no name or field of a plan, is longer."""
 MAX_ECHO = 300
 """Characters of a user's key or value an error line repeats (a 1 MB unknown key is not worth a 1 MB line)."""
 
@@ -63,63 +60,39 @@ def _short(text: str, limit: int = MAX_ECHO) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _not_a_boolean(value: Any) -> Any:
-    # YAML reads yes/no/true/false/on/off as booleans and pydantic's lax mode would take them as 1/0: `nodes: yes`
-    # is a slip, not one node.
-    if isinstance(value, bool):
-        raise ValueError(f"expected a number, got the boolean {str(value).lower()}")
-    return value
-
-
-def _no_nul(value: str, where: str = "") -> str:
-    if "\x00" in value:
-        raise ValueError(f"{where + ': ' if where else ''}contains a NUL byte (\\x00), which no path or name can hold")
-    return value
-
-
-# Every Int and Float field states both bounds (tests/cli/test_fuzz_planfile.py checks it): its own cap, else the
-# command line's generic one (an integer that a float holds exactly, a float of magnitude <= 1e15). The bounds are
-# on each field rather than in these aliases: pydantic lets an alias's Field bounds replace the field's own.
-Int = Annotated[int, BeforeValidator(_not_a_boolean)]
-"""An integer, never a boolean."""
-Float = Annotated[float, BeforeValidator(_not_a_boolean)]
-"""A finite float (the models' allow_inf_nan=False), never a boolean."""
-Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_no_nul)]
-"""A name or path: not empty (an empty path would silently mean the current folder), no NUL, at most PATH_MAX."""
-
-Sharding = Literal["full_shard", "hybrid_shard", "no_shard"]
-"""llmctl.spec.parallel.ENGINE_STRATEGIES; older plans' `full` and `hybrid` are read as these."""
-
-
-def _precision(v: Any) -> Any:
-    """Any name or alias llmctl.spec.precision accepts, stored as the policy's own name (`fp16` -> fp16-mixed)."""
-    if not isinstance(v, str):
-        raise ValueError("expected a precision name (" + PRECISION_HELP + ")")
-    try:
-        return policy(v).name
-    except LlmctlError as e:
-        raise ValueError(str(e)) from None
-
-
-Precision = Annotated[str, BeforeValidator(_precision)]
-Attention = Literal["auto", "flash", "sdpa", "eager"]
-
-
-def _checkpointing(v: Any) -> Any:
-    if not isinstance(v, str):
-        raise ValueError(f"expected one of {ckpt_modes.SPELLINGS}")
-    try:
-        return ckpt_modes.parse(v)
-    except LlmctlError as e:
-        raise ValueError(str(e)) from None
-
-
-Checkpointing = Annotated[str, BeforeValidator(_checkpointing)]
-"""llmctl.spec.checkpointing: none | selective | partial:K | full."""
-
-
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    # Frozen: a plan is read, checked and its setup derived once (`Plan.setup`); a changed plan is a new one
+    # (`Plan.with_setup`, `plan_from_dict`), checked again.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _decision_field(d: Decision) -> tuple[Any, Any]:
+    """A decision as a plan-file field (llmctl.spec.decisions): its type, default, help and older keys."""
+    alias = AliasChoices(d.file_key, *d.aliases) if d.aliases else None
+    return d.file_type, Field(d.plan_file_default, description=d.help, validation_alias=alias, **d.bounds)
+
+
+def _section(
+    name: str,
+    doc: str,
+    key: str,
+    own: dict[str, tuple[Any, Any]] | None = None,
+    order: tuple[str, ...] = (),
+    validators: dict[str, Any] | None = None,
+) -> Any:
+    """A plan-file section: the setup's decisions filed under `key` (declared once, in llmctl.spec.setup) and the
+    section's own keys, in `order` (the keys not named there: decisions first, in their declared order)."""
+    fields = {d.file_key: _decision_field(d) for d in decisions.in_section(TrainSetup, key)}
+    fields.update(own or {})
+    ordered = [k for k in order if k in fields] + [k for k in fields if k not in order]
+    return create_model(  # type: ignore[call-overload]
+        name,
+        __base__=_Strict,
+        __doc__=doc,
+        __module__=__name__,
+        __validators__=validators or {},
+        **{k: fields[k] for k in ordered},
+    )
 
 
 def _check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -134,7 +107,7 @@ def _check_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
             except ValueError as e:
                 raise ValueError(f"{where}: {e}") from None
         elif isinstance(v, str):
-            _no_nul(v, where)
+            no_nul(v, where)
         elif isinstance(v, dict):
             stack += [(f"{where}.{k}", x) for k, x in v.items()]
         elif isinstance(v, list):
@@ -191,146 +164,90 @@ class DataSection(_Strict):
         return self
 
 
-class HardwareSection(_Strict):
-    """Where the plan was made for. gpu=None means CPU (gloo)."""
-
-    gpu: Text | None = None
-    """A GPU kind of the catalog; not checked here: the catalog can grow on the cluster ($LLMCTL_GPU_CATALOG)."""
-    nodes: Int = Field(1, ge=1, le=LIMITS["--nodes"])
-    nproc_per_node: Int = Field(1, ge=1, le=LIMITS["--nproc-per-node"])
-    """Processes (GPUs) per node."""
-
-
-class ParallelSection(_Strict):
-    """The friendly spelling of the parallel degrees; `Plan.parallel_dims` turns it into them (in one place)."""
-
-    sharding: Sharding = "full_shard"
-    """full_shard: FSDP2 over all ranks, dims (1, world); hybrid_shard: shard inside a node, replicate across
-    nodes (2-D mesh), dims (world / shard_size, shard_size); no_shard: replicate everywhere (DDP-like), (world, 1)."""
-    shard_size: Int | None = Field(None, ge=1, le=LIMITS["--gpus"])
-    """hybrid_shard: data-parallel ranks per shard group (default: those of one node, nproc_per_node / tp).
-    Replicate size = world / (tp x shard_size)."""
-    tp: Int = Field(1, ge=1, le=LIMITS["--tp"])
-    """Tensor-parallel degree, with sequence parallelism: tp consecutive ranks of a node split each layer's matmuls
-    and share one micro-batch (training.micro_batch_size is per data-parallel rank, as in torchtitan)."""
-    async_tp: bool = False
-    """Async TP (CUDA only, with training.compile): TP's collectives micro-pipelined with its matmuls."""
-    cp: Int = Field(1, ge=1, le=LIMITS["--cp"])
-    """Context-parallel degree: each sequence is split over cp ranks (ring attention; laid out between the
-    data-parallel ranks and tp, torchtitan's mesh order); a cp group shares one micro-batch and FSDP shards over
-    the data-parallel ranks x cp."""
-    cp_load_balance: bool = True
-    """Head-tail split of causal sequences (rank i holds chunks i and 2cp-1-i of 2cp), so every rank does equal
-    attention work."""
-    cp_rotate: Literal["allgather", "alltoall"] = "allgather"
-    """How keys/values go round the ring: one all-gather per attention (all held at once), or cp-1 neighbour
-    exchanges (torch's set_rotate_method)."""
-    offload: bool = False
-    """CPU offload (FSDP2's CPUOffloadPolicy): sharded parameters, gradients, optimizer states and the optimizer step
-    in host memory, each layer's shard copied to the GPU for its all-gather (llmctl.spec.setup.MemoryLevers)."""
-
-    @field_validator("sharding", mode="before")
-    @classmethod
-    def _one_spelling(cls, v: Any) -> Any:
-        if not isinstance(v, str):
-            return v
-        try:
-            return canonical_strategy(v, ENGINE_STRATEGIES)
-        except LlmctlError as e:
-            raise ValueError(str(e)) from None
+# --- the sections that hold the setup's decisions (their keys: llmctl.spec.setup) --------------------------------
+HardwareSection = _section(
+    "HardwareSection",
+    "Where the plan was made for. gpu=None means CPU (gloo).",
+    "hardware",
+    own={
+        "gpu": (
+            Text | None,
+            Field(
+                None,
+                description="A GPU kind of the catalog; not checked here: the catalog can grow on the cluster "
+                "($LLMCTL_GPU_CATALOG).",
+            ),
+        )
+    },
+    order=("gpu",),
+)
+ParallelSection = _section(
+    "ParallelSection",
+    "The friendly spelling of the parallel degrees; `Plan.setup` turns it into them (in one place).",
+    "parallel",
+)
+FinetuneSection = _section(
+    "FinetuneSection",
+    "Full training, or low-rank adapters on a frozen base (llmctl.spec.finetune). Written only when not full, so "
+    "older plans read and write as before.",
+    "finetune",
+)
 
 
-class FinetuneSection(_Strict):
-    """Full training, or low-rank adapters on a frozen base (llmctl.spec.finetune). Written only when not full, so
-    older plans read and write as before."""
-
-    method: Literal["full", "lora", "qlora"] = "full"
-    lora_rank: Int = Field(16, ge=1, le=MAX_RANK)
-    lora_alpha: Float = Field(32.0, gt=0, le=GENERIC_FLOAT_LIMIT)
-    """The adapters' output is scaled by lora_alpha / lora_rank."""
-    lora_dropout: Float = Field(0.0, ge=0, lt=1)
-    lora_targets: list[Text] | None = None
-    """Module names that get adapters (peft's target_modules); None: the model family's default (attention and MLP
-    projections)."""
-
-    @field_validator("method", mode="before")
-    @classmethod
-    def _lower(cls, v: Any) -> Any:
-        return v.strip().lower() if isinstance(v, str) else v
-
-    @field_validator("lora_targets")
-    @classmethod
-    def _targets(cls, v: list[str] | None) -> list[str] | None:
-        return v if v is None else check_target_list(v)
-
-    @property
-    def spec(self) -> Finetune:
-        return Finetune(self.method, self.lora_rank, self.lora_alpha, self.lora_dropout, tuple(self.lora_targets or ()))
+def _length(section: Any) -> Any:
+    if (section.max_steps is None) == (section.token_budget is None):
+        raise ValueError("give exactly one of training.max_steps and training.token_budget")
+    return section
 
 
-class TrainingSection(_Strict):
-    precision: Precision = "bf16-mixed"
-    micro_batch_size: Int = Field(1, ge=1, le=LIMITS["--micro-batch"])
-    grad_accum_steps: Int = Field(1, ge=1, le=LIMITS["--global-batch"])
-    """At most the largest global batch (in sequences): each accumulation step adds at least one sequence."""
-    seq_len: Int = Field(1024, ge=8, le=LIMITS["--seq-len"])
-    activation_checkpointing: Checkpointing = "none"
-    """none | selective | partial:K | full (llmctl.spec.checkpointing)."""
-    loss_chunk_tokens: Int = Field(0, ge=0, le=LIMITS["--loss-chunk"])
-    """0: the LM head and loss run on the whole micro-batch (b*s*V logits, and their fp32 copy, exist at once).
-    N > 0: over chunks of N tokens, each recomputed in backward, so only one chunk's logits exist at a time."""
-    attention: Attention = "auto"
-    compile: bool = False
-    max_steps: Int | None = Field(None, ge=1, le=MAX_STEPS)
-    token_budget: Int | None = Field(None, ge=1, le=MAX_TOKENS)
-    """Train for this many tokens instead of max_steps (steps = ceil(budget / tokens per step))."""
-    seed: Int = Field(0, ge=0, le=MAX_SEED)
-    grad_clip: Float | None = Field(1.0, gt=0, le=GENERIC_FLOAT_LIMIT)
-
-    @model_validator(mode="after")
-    def _length(self) -> TrainingSection:
-        if (self.max_steps is None) == (self.token_budget is None):
-            raise ValueError("give exactly one of training.max_steps and training.token_budget")
-        return self
+TrainingSection = _section(
+    "TrainingSection",
+    "How long and how the run trains: the setup's training decisions, its length, seed and clipping.",
+    "training",
+    own={
+        "max_steps": (Int | None, Field(None, ge=1, le=MAX_STEPS)),
+        "token_budget": (
+            Int | None,
+            Field(
+                None,
+                ge=1,
+                le=MAX_TOKENS,
+                description="Train for this many tokens instead of max_steps (steps = ceil(budget / tokens per step)).",
+            ),
+        ),
+        "seed": (Int, Field(0, ge=0, le=MAX_SEED)),
+        "grad_clip": (Float | None, Field(1.0, gt=0, le=GENERIC_FLOAT_LIMIT)),
+    },
+    validators={"_length": model_validator(mode="after")(_length)},
+)
 
 
-Beta = Annotated[float, BeforeValidator(_not_a_boolean), Field(ge=0, lt=1)]
-"""An Adam moment decay: torch.optim.AdamW refuses one outside [0, 1)."""
+def _decay(section: Any) -> Any:
+    # Decoupled weight decay multiplies every weight by (1 - lr * weight_decay) each step (Loshchilov & Hutter
+    # 2019, alg. 2; torch.optim.AdamW): at lr * weight_decay >= 1 the weights are zeroed or flip sign.
+    if section.lr * section.weight_decay >= 1:
+        raise ValueError(
+            f"optimizer.weight_decay {section.weight_decay:g} x optimizer.lr {section.lr:g} is >= 1: "
+            "each step would shrink the weights to zero or past it"
+        )
+    return section
 
 
-class OptimizerSection(_Strict):
-    name: Literal["adamw"] = "adamw"
-    lr: Float = Field(3e-4, gt=0, le=MAX_LR)
-    weight_decay: Float = Field(0.1, ge=0, le=GENERIC_FLOAT_LIMIT)
-    betas: tuple[Beta, Beta] = (0.9, 0.95)
-    eps: Float = Field(1e-8, gt=0, le=GENERIC_FLOAT_LIMIT)
-    warmup_steps: Int = Field(0, ge=0, le=MAX_STEPS)
-    min_lr_ratio: Float = Field(0.1, ge=0, le=1)
-    """Cosine decay ends at lr * min_lr_ratio."""
-    states: Literal["auto", "fp32", "bf16", "8bit"] = "auto"
-    """What the two moments are stored in (llmctl.spec.optimizer_states): auto (the precision's own), fp32, bf16, or
-    8bit (torchao's AdamW8bit, extra [fp8]). Written only when not auto, so older plans read and write as before."""
-
-    @field_validator("states", mode="before")
-    @classmethod
-    def _states(cls, v: Any) -> Any:
-        if not isinstance(v, str):
-            return v
-        try:
-            return canonical_states(v)
-        except LlmctlError as e:
-            raise ValueError(str(e)) from None
-
-    @model_validator(mode="after")
-    def _decay(self) -> OptimizerSection:
-        # Decoupled weight decay multiplies every weight by (1 - lr * weight_decay) each step (Loshchilov & Hutter
-        # 2019, alg. 2; torch.optim.AdamW): at lr * weight_decay >= 1 the weights are zeroed or flip sign.
-        if self.lr * self.weight_decay >= 1:
-            raise ValueError(
-                f"optimizer.weight_decay {self.weight_decay:g} x optimizer.lr {self.lr:g} is >= 1: "
-                "each step would shrink the weights to zero or past it"
-            )
-        return self
+OptimizerSection = _section(
+    "OptimizerSection",
+    "AdamW's hyper-parameters and schedule (linear warm-up, then cosine decay), and what its moments are kept in.",
+    "optimizer",
+    own={
+        "lr": (Float, Field(3e-4, gt=0, le=MAX_LR)),
+        "weight_decay": (Float, Field(0.1, ge=0, le=GENERIC_FLOAT_LIMIT)),
+        "betas": (tuple[Beta, Beta], Field((0.9, 0.95))),
+        "eps": (Float, Field(1e-8, gt=0, le=GENERIC_FLOAT_LIMIT)),
+        "warmup_steps": (Int, Field(0, ge=0, le=MAX_STEPS)),
+        "min_lr_ratio": (Float, Field(0.1, ge=0, le=1, description="Cosine decay ends at lr * min_lr_ratio.")),
+    },
+    order=("name", "lr", "weight_decay", "betas", "eps", "warmup_steps", "min_lr_ratio", "states"),
+    validators={"_decay": model_validator(mode="after")(_decay)},
+)
 
 
 class CheckpointSection(_Strict):
@@ -405,27 +322,12 @@ class Plan(_Strict):
     def _consistent(self) -> Plan:
         if self.version != PLAN_VERSION:
             raise ValueError(f"version {self.version} is not supported (this llmctl reads version {PLAN_VERSION})")
-        par = self.parallel
-        if self.world_size % par.tp:
-            raise ValueError(f"parallel.tp {par.tp} does not divide the world size {self.world_size}")
-        if self.world_size % (par.tp * par.cp):
-            raise ValueError(
-                f"parallel.cp {par.cp} x parallel.tp {par.tp} does not divide the world size {self.world_size}"
-            )
-        dp = self.world_size // (par.tp * par.cp)
-        if par.sharding == "hybrid_shard":
-            shard = par.shard_size or max(1, self.hardware.nproc_per_node // (par.tp * par.cp))
-            if dp % shard:
-                raise ValueError(f"parallel.shard_size {shard} does not divide the {dp} data-parallel ranks")
-        elif par.shard_size is not None:
-            raise ValueError("parallel.shard_size is only meaningful with parallel.sharding: hybrid_shard")
-        if self.training.attention == "flash" and not policy(self.training.precision).flash_attention:
-            raise ValueError("training.attention: flash needs bf16 or fp16 (flash-attention has no fp32 kernel)")
-        if self.finetune.method != "full":
-            try:
-                self.setup  # noqa: B018 - the setup's refusals of what adapters do not run with, as one line
-            except LlmctlError as e:
-                raise ValueError(f"finetune.method: {e}") from None
+        try:
+            setup = self.setup  # the setup's rules (llmctl.spec.rules), as one line naming the key
+        except RuleError as e:
+            raise ValueError(f"{file_key(e.decisions)}: {e}") from None
+        if (err := rules.engine_problem(setup)) is not None:
+            raise ValueError(f"{file_key(err.decisions)}: {err}")
         self._sizes()
         self._model()
         return self
@@ -439,7 +341,7 @@ class Plan(_Strict):
                 f"hardware.nodes {hw.nodes} x hardware.nproc_per_node {hw.nproc_per_node} = {world:,} ranks, "
                 f"more than {int(LIMITS['--gpus']):,}"
             )
-        dp = world // (self.parallel.tp * self.parallel.cp)  # data-parallel ranks (a tp x cp block shares a batch)
+        dp = self.setup.dims.dp  # data-parallel ranks (a tp x cp block shares a batch)
         sequences = t.micro_batch_size * t.grad_accum_steps * dp
         if sequences > LIMITS["--global-batch"]:
             raise ValueError(
@@ -482,58 +384,27 @@ class Plan(_Strict):
             raise ValueError(str(e)) from None
         if spec.params > MAX_PARAMS:
             raise ValueError(f"{where}: a model of {spec.params:,} parameters, more than {MAX_PARAMS:.0e}")
-        if self.parallel.tp > 1:
-            from llmctl.families.tensor_parallel import plan_problem
-
-            problem = plan_problem(spec, self.parallel.tp)
-            if problem:
-                raise ValueError(f"parallel.tp: {problem}")
-        if self.parallel.cp > 1:
-            from llmctl.families.context_parallel import cp_problem
-
-            problem = cp_problem(spec, self.training.seq_len)
-            if problem:
-                raise ValueError(f"parallel.cp: {problem}")
-        if spec.features.learned_positions and self.training.seq_len > spec.max_position_embeddings:
-            # GPT-2 learns one embedding per position (wpe): a longer sequence indexes past the table.
-            raise ValueError(
-                f"training.seq_len {self.training.seq_len} is longer than the model's "
-                f"{spec.max_position_embeddings} positions (n_positions; set it in model.overrides)"
-            )
+        if (err := rules.model_problem(self.setup, spec)) is not None:
+            raise ValueError(f"{file_key(err.decisions)}: {err}")
 
     @property
     def world_size(self) -> int:
         return self.hardware.nodes * self.hardware.nproc_per_node
 
-    @property
+    @cached_property
     def setup(self) -> TrainSetup:
-        """The plan's training setup: the one place the parallel, hardware and training sections become one."""
-        hw, par, t = self.hardware, self.parallel, self.training
-        default_shard = max(1, hw.nproc_per_node // (par.tp * par.cp))
-        shard = (par.shard_size or default_shard) if par.sharding == "hybrid_shard" else None
-        return TrainSetup(
-            tp=par.tp,
-            async_tp=par.async_tp,
-            cp=par.cp,
-            cp_load_balance=par.cp_load_balance,
-            cp_rotate=par.cp_rotate,
-            precision=t.precision,
-            optimizer=self.optimizer.name,
-            optimizer_states=self.optimizer.states,
-            strategy=par.sharding,
-            nodes=hw.nodes,
-            gpus_per_node=hw.nproc_per_node,
-            shard_size=shard,
-            micro_batch_size=t.micro_batch_size,
-            grad_accum_steps=t.grad_accum_steps,
-            seq_len=t.seq_len,
-            checkpointing=t.activation_checkpointing,
-            attention=t.attention,
-            compile=t.compile,
-            loss_chunk_tokens=t.loss_chunk_tokens,
-            levers=MemoryLevers(offload=par.offload),
-            finetune=self.finetune.spec,
-        )
+        """The plan's training setup: the one place the sections become one (each decision's key: its declaration in
+        llmctl.spec.setup). A hybrid shard group is spelled out (the plan's default: the data-parallel ranks of one
+        node)."""
+        given: dict[str, Any] = {}
+        for d in decisions.declared(TrainSetup):
+            if d.in_file:
+                v = getattr(getattr(self, d.section), d.file_key)
+                given[d.name] = d.to_setup(v) if d.to_setup else v
+        hybrid = given["strategy"] == "hybrid_shard"
+        default_shard = max(1, given["gpus_per_node"] // (given["tp"] * given["cp"]))
+        given["shard_size"] = (given["shard_size"] or default_shard) if hybrid else given["shard_size"]
+        return decisions.with_values(TrainSetup(), **given)
 
     def with_setup(self, setup: TrainSetup, source: str = "the plan") -> Plan:
         """This plan with `setup`'s layout and training decisions, everything else as it is (validated as a file
@@ -564,38 +435,25 @@ class Plan(_Strict):
         return -(-t.token_budget // self.tokens_per_step)
 
 
+def file_key(names: tuple[str, ...]) -> str:
+    """The plan-file key of the first of these decisions the plan file holds (`tp` -> parallel.tp)."""
+    keys = {d.name: d.key for d in decisions.declared(TrainSetup) if d.in_file}
+    return next((keys[n] for n in names if n in keys), "parallel")
+
+
 def setup_sections(setup: TrainSetup) -> dict[str, dict[str, Any]]:
     """The plan file's fields that a setup decides, by section: what `Plan.with_setup` and `llmctl plan` write (the
     inverse of `Plan.setup`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for d in decisions.declared(TrainSetup):
+        if d.in_file:
+            v = decisions.get(setup, d)
+            out.setdefault(d.section, {})[d.file_key] = d.to_file(v) if d.to_file else v
+    # A shard group of one node is the default; another size is spelled out.
+    one_node = max(1, setup.gpus_per_node // (setup.tp * setup.cp))
     hybrid = setup.strategy == "hybrid_shard"
-    return {
-        "hardware": {"nodes": setup.nodes, "nproc_per_node": setup.gpus_per_node},
-        "parallel": {
-            "sharding": setup.strategy,
-            # A shard group of one node is the default; another size is spelled out.
-            "shard_size": setup.shard_size
-            if hybrid and setup.shard_size not in (None, max(1, setup.gpus_per_node // (setup.tp * setup.cp)))
-            else None,
-            "tp": setup.tp,
-            "async_tp": setup.async_tp,
-            "cp": setup.cp,
-            "cp_load_balance": setup.cp_load_balance,
-            "cp_rotate": setup.cp_rotate,
-            "offload": setup.levers.offload,
-        },
-        "training": {
-            "precision": setup.precision.name,
-            "micro_batch_size": setup.micro_batch_size,
-            "grad_accum_steps": setup.grad_accum_steps,
-            "seq_len": setup.seq_len,
-            "activation_checkpointing": setup.checkpointing,
-            "loss_chunk_tokens": setup.loss_chunk_tokens,
-            "attention": setup.attention,
-            "compile": setup.compile,
-        },
-        "optimizer": {"states": setup.optimizer_states},
-        "finetune": plan_fields(setup.finetune),
-    }
+    out["parallel"]["shard_size"] = setup.shard_size if hybrid and setup.shard_size not in (None, one_node) else None
+    return out
 
 
 def _key(part: int | str) -> str:
@@ -633,10 +491,11 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
 
 def plan_to_yaml(plan: Plan) -> str:
     data = plan.model_dump(mode="json", exclude_none=False)
-    if data["optimizer"]["states"] == AUTO_STATES:
-        del data["optimizer"]["states"]  # the default: a plan that does not ask reads as plans always have
-    if not data["parallel"]["offload"]:
-        del data["parallel"]["offload"]  # likewise
+    for d in decisions.declared(TrainSetup):
+        # A decision written only when asked (offload, optimizer states, pp): at its default a plan reads as plans
+        # always have.
+        if d.in_file and not d.write_default and data[d.section].get(d.file_key) == d.plan_file_default:
+            del data[d.section][d.file_key]
     if data["finetune"]["method"] == "full":
         del data["finetune"]  # likewise
     return yaml.safe_dump(data, sort_keys=False)

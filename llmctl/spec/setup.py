@@ -4,6 +4,11 @@ The plan file reads and writes it (`Plan.setup`, `Plan.with_setup`), the memory 
 (a candidate is a setup plus its prediction), `llmctl tune` varies it and the engine runs it. torchtitan's JobConfig
 -> ParallelDims is the model: one object flows from the file to the mesh.
 
+Each field that is a training decision is declared here once, with `decision(...)` (llmctl.spec.decisions): its plan
+file key and type, its flag and help, what the planner does when it is not pinned. The plan file's sections, the
+commands' options, the planner's pins and search key are derived from these declarations; the rules between decisions
+are llmctl.spec.rules, which `__post_init__` asks.
+
 The data-parallel layout is given in its friendly spelling (a strategy over nodes x GPUs per node, with the tp, cp,
 pp and ep degrees) and turned into degrees once, in `__post_init__` (`dims`); everything downstream reads the
 degrees, never the strategy name (which stays for labels and the plan file). The precision is a `PrecisionPolicy`
@@ -13,16 +18,21 @@ degrees, never the strategy name (which stays for labels and the plan file). The
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from llmctl.bounds import LIMITS
 from llmctl.errors import InputError, UnknownNameError
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec import fields as ft
+from llmctl.spec import rules
 from llmctl.spec.attention import Attention, attention
+from llmctl.spec.decisions import decision, part
 from llmctl.spec.finetune import Finetune
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
+from llmctl.spec.optimizer_states import HELP as STATES_HELP
 from llmctl.spec.optimizer_states import canonical_states
-from llmctl.spec.parallel import ParallelDims, canonical_strategy, sequence_split_problem
-from llmctl.spec.precision import PrecisionPolicy, policy
+from llmctl.spec.parallel import ParallelDims, canonical_strategy
+from llmctl.spec.precision import PRECISION_HELP, PrecisionPolicy, policy
 from llmctl.units import GIB
 
 if TYPE_CHECKING:
@@ -32,10 +42,8 @@ if TYPE_CHECKING:
 OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "lion", "sgd", "none")
 ENGINES = ("fsdp2", "zero")
 """Which model-state ledger: llmctl's engine (torch FSDP2), or DeepSpeed/Megatron's ZeRO (a persistent half copy)."""
-ATTENTIONS = ("eager", "sdpa", "flash")
 CP_ROTATES = ("allgather", "alltoall")
 """How context parallelism's ring moves keys and values (torch.distributed.tensor.experimental.set_rotate_method)."""
-"""Attention kernels; a plan may also say `auto` (flash where it runs, else sdpa: `TrainSetup.kernel`)."""
 
 # CUDA context + cuBLAS/cuDNN workspaces + NCCL communicator buffers, outside the caching allocator.
 # PyTorch >= 1.13 with lazy module loading uses ~0.5-0.9 GiB of context (0.9 GB measured on an A100,
@@ -56,65 +64,274 @@ def canonical(value: str, allowed: tuple[str, ...], what: str, aliases: dict[str
 
 @dataclass(frozen=True)
 class MemoryLevers:
-    """What trades time or quality for memory beyond checkpointing (and the optimizer states' dtype): CPU offload now;
-    the adapter (LoRA) slot next."""
+    """What trades time or quality for memory beyond checkpointing (and the optimizer states' dtype)."""
 
-    offload: bool = False
+    offload: bool = decision(
+        False,
+        json="offload",
+        key="parallel.offload",
+        file_type=bool,
+        write_default=False,
+        flag="--offload",
+        help="CPU offload (FSDP2's CPUOffloadPolicy): parameters, gradients and optimizer states in host memory, "
+        "checked against the node's memory where the GPU catalog knows it.",
+        pin_help="Pin CPU offload on or off (FSDP2's CPUOffloadPolicy: parameters, gradients and optimizer states in "
+        "host memory). Default: off, tried only when no setup fits the GPUs without it.",
+        search="run",
+    )
     """Sharded parameters (the fp32 masters), their gradients and so the optimizer states and step in host memory
     (FSDP2's CPUOffloadPolicy): each layer's shard is copied to the GPU before its all-gather, each reduced gradient
-    shard copied back (plan file: parallel.offload)."""
+    shard copied back."""
 
 
 @dataclass(frozen=True)
 class TrainSetup:
     """How the model is trained and on how many GPUs."""
 
-    precision: PrecisionPolicy | str = "bf16-mixed"
+    # --- hardware: the cluster shape (the commands' --gpus/--nodes/--gpus-per-node or a cluster file give it) ------
+    nodes: int = decision(
+        1,
+        key="hardware.nodes",
+        file_type=ft.Int,
+        bounds={"ge": 1, "le": LIMITS["--nodes"]},
+        json="nodes",
+        help="Number of nodes.",
+    )
+    gpus_per_node: int = decision(
+        1,
+        key="hardware.nproc_per_node",
+        file_type=ft.Int,
+        bounds={"ge": 1, "le": LIMITS["--nproc-per-node"]},
+        help="Processes (GPUs) per node.",
+    )
+
+    # --- parallel ----------------------------------------------------------------------------------------------
+    strategy: str = decision(
+        "full_shard",
+        json="strategy",
+        key="parallel.sharding",
+        file_type=ft.Sharding,
+        flag="--strategy",
+        help="no_shard (DDP) | zero1 | shard_grad_op (ZeRO-2) | full_shard (ZeRO-3) | hybrid_shard.",
+        pin_help="Pin: full_shard | hybrid_shard | no_shard.",
+        cli_type=str,
+        search="key",
+    )
+    """The data-parallel layout's friendly name (llmctl.spec.parallel); `dims` holds its degrees. In a plan file:
+    full_shard, FSDP2 over all ranks, dims (1, world); hybrid_shard, shard inside a node and replicate across nodes
+    (2-D mesh); no_shard, replicate everywhere (DDP-like), (world, 1)."""
+    shard_size: int | None = decision(
+        None,
+        key="parallel.shard_size",
+        file_type=ft.Int | None,
+        bounds={"ge": 1, "le": LIMITS["--gpus"]},
+        help="hybrid_shard: data-parallel ranks per shard group (default: those of one node, nproc_per_node / tp). "
+        "Replicate size = world / (tp x shard_size).",
+    )
+    tp: int = decision(
+        1,
+        json="tp",
+        key="parallel.tp",
+        file_type=ft.Int,
+        bounds={"ge": 1, "le": LIMITS["--tp"]},
+        flag="--tp",
+        commands=("estimate", "plan", "dry-start"),
+        metavar="N",
+        help="Tensor-parallel degree, with sequence parallelism: tp consecutive ranks of a node split each layer's "
+        "matmuls and share one micro-batch (the micro-batch is per data-parallel rank, as in torchtitan).",
+        pin_help="Pin the tensor-parallel degree (sequence parallel, inside a node; 1: off). Default: try 1, 2, 4, 8 "
+        "where they divide the GPUs per node and the model's heads, kv heads and MLP width.",
+        search="key",
+    )
+    async_tp: bool = decision(
+        False,
+        json="async_tp",
+        key="parallel.async_tp",
+        file_type=bool,
+        help="Async TP (CUDA only, with training.compile): TP's all-gather and reduce-scatter micro-pipelined with "
+        "its matmuls (torch's symmetric memory; torchtitan's enable_async_tensor_parallel).",
+    )
+    cp: int = decision(
+        1,
+        json="cp",
+        key="parallel.cp",
+        file_type=ft.Int,
+        bounds={"ge": 1, "le": LIMITS["--cp"]},
+        flag="--cp",
+        commands=("estimate", "plan", "dry-start"),
+        metavar="N",
+        help="Context-parallel degree: each sequence split over N GPUs (ring attention on SDPA, head-tail load "
+        "balance); a cp group shares one micro-batch and states shard over data-parallel x cp ranks.",
+        pin_help="Pin the context-parallel degree (ring attention: each sequence split over N GPUs; 1: off). Default: "
+        "try 1, 2, 4, 8, ... where they split the GPUs and the sequence and the model's attention allows.",
+        search="key",
+    )
+    cp_load_balance: bool = decision(
+        True,
+        json="cp_load_balance",
+        key="parallel.cp_load_balance",
+        file_type=bool,
+        help="Head-tail split of causal sequences (rank i holds chunks i and 2cp-1-i of 2cp), so every rank does "
+        "equal attention work; off, the last rank does cp times the first's.",
+    )
+    cp_rotate: str = decision(
+        "allgather",
+        json="cp_rotate",
+        key="parallel.cp_rotate",
+        file_type=ft.Literal["allgather", "alltoall"],
+        help="How keys/values go round the ring: one all-gather per attention (all held at once), or cp-1 neighbour "
+        "exchanges (torch's set_rotate_method).",
+        search="best",
+    )
+    pp: int = decision(
+        1,
+        key="parallel.pp",
+        file_type=ft.Int,
+        bounds={"ge": 1, "le": LIMITS["--pp"]},
+        write_default=False,
+        flag="--pp",
+        commands=("estimate",),
+        help="Pipeline-parallel degree (divides layers; 1F1B: the first stage holds pp micro-batches in flight).",
+    )
+    ep: int = decision(
+        1,
+        key="parallel.ep",
+        file_type=ft.Int,
+        bounds={"ge": 1, "le": LIMITS["--tp"]},  # no --ep flag yet: the degrees' cap
+        write_default=False,
+        help="Expert-parallel degree (ranks borrowed from the data-parallel x cp ranks); 1 until expert parallelism "
+        "lands.",
+    )
+
+    # --- training ----------------------------------------------------------------------------------------------
+    precision: PrecisionPolicy | str = decision(
+        "bf16-mixed",
+        key="training.precision",
+        file_type=ft.Precision,
+        flag="--precision",
+        cli_type=str,
+        cli_default="auto",
+        to_file=lambda p: p.name,
+        help=PRECISION_HELP + ". Default auto: bf16-mixed, fp16 where a GPU lacks bf16.",
+    )
     """A policy, or its name (turned into the policy)."""
-    optimizer: str = "adamw"
-    optimizer_states: str = "auto"
+    micro_batch_size: int = decision(
+        1,
+        json="micro_batch",
+        key="training.micro_batch_size",
+        file_type=ft.Int,
+        bounds={"ge": 1, "le": LIMITS["--micro-batch"]},
+        flag="--micro-batch",
+        help="Micro-batch size (sequences per data-parallel rank: per GPU at tp 1).",
+        pin_help="Pin the micro-batch (per data-parallel rank: a TP group shares one).",
+        search="best",
+    )
+    grad_accum_steps: int = decision(
+        1,
+        json="grad_accum",
+        key="training.grad_accum_steps",
+        # At most the largest global batch (in sequences): each accumulation step adds at least one sequence.
+        file_type=ft.Int,
+        bounds={"ge": 1, "le": LIMITS["--global-batch"]},
+        flag="--grad-accum",
+        commands=("estimate",),
+        help="Micro-batches per optimizer step (with 1, the engine holds no gradients in the forward: it frees them "
+        "after each step).",
+    )
+    seq_len: int = decision(
+        2048,
+        key="training.seq_len",
+        file_type=ft.Int,
+        bounds={"ge": 8, "le": LIMITS["--seq-len"]},
+        file_default=1024,
+        flag="--seq-len",
+        metavar="LEN",
+        help="Sequence length in tokens (4096, 4k, 128k).",
+        pin_help="Sequence length in tokens (4096, 4k, 128k); default 2048, or a GPT-2's 1024 learned positions.",
+    )
+    checkpointing: str = decision(
+        "none",
+        json="checkpointing",
+        key="training.activation_checkpointing",
+        file_type=ft.Checkpointing,
+        flag="--checkpointing",
+        help="Activation checkpointing: none | selective (attention output and every other matmul kept, the rest "
+        "recomputed) | partial:K (every K-th block recomputed whole) | full (block inputs kept).",
+        pin_help="Pin: none | selective | partial:K | full.",
+        search="key",
+    )
+    """none | selective | partial:K | full (llmctl.spec.checkpointing)."""
+    loss_chunk_tokens: int = decision(
+        0,
+        json="loss_chunk_tokens",
+        key="training.loss_chunk_tokens",
+        file_type=ft.Int,
+        bounds={"ge": 0, "le": LIMITS["--loss-chunk"]},
+        flag="--loss-chunk",
+        metavar="LEN",
+        help="LM head + loss over chunks of N tokens (4k = 4,096; only one chunk's b*s*V logits exist, each "
+        "recomputed in backward); 0: whole logits.",
+        pin_help="Pin the loss chunk in tokens (0: whole logits; default: try both).",
+        search="key",
+    )
+    attention: Attention | str = decision(
+        Attention.SDPA,
+        json="attention",
+        key="training.attention",
+        file_type=ft.AttentionName,
+        file_default="auto",
+        flag="--attention",
+        cli_type=str,
+        help="eager (keeps the s^2 scores) | sdpa | flash (no s^2 term); a plan may say auto (flash where it runs, "
+        "else sdpa).",
+        pin_help="Pin: eager | sdpa | flash.",
+        search="key",
+    )
+    """eager | sdpa | flash, or auto (what the engine picks on the hardware: `kernel`)."""
+    compile: bool = decision(
+        False,
+        json="compile",
+        key="training.compile",
+        file_type=bool,
+        flag="--compile",
+        commands=("plan",),
+        help="torch.compile each decoder layer.",
+        pin_help="Pin torch.compile on or off (default: try both).",
+        search="key",
+    )
+
+    # --- optimizer ---------------------------------------------------------------------------------------------
+    optimizer: str = decision(
+        "adamw",
+        key="optimizer.name",
+        file_type=ft.Literal["adamw"],
+        flag="--optimizer",
+        commands=("estimate",),
+        help="adamw | adamw-8bit | adafactor | lion | sgd | none (inference: weights only).",
+    )
+    optimizer_states: str = decision(
+        "auto",
+        key="optimizer.states",
+        file_type=ft.States,
+        write_default=False,
+        flag="--optimizer-states",
+        help="What AdamW's two moments are kept in: " + STATES_HELP + ". bf16 and 8bit save memory; the caveat on "
+        "convergence is printed. Never picked unless asked.",
+    )
     """What AdamW's two moments are stored in: auto (the precision's optimizer_state_dtype) | fp32 | bf16 | 8bit
     (llmctl.spec.optimizer_states; a memory lever used only when asked); `states_dtype` resolves auto."""
-    strategy: str = "full_shard"
-    """The data-parallel layout's friendly name (llmctl.spec.parallel); `dims` holds its degrees."""
-    nodes: int = 1
-    gpus_per_node: int = 1
-    tp: int = 1
-    """Tensor-parallel degree, with sequence parallelism (the norms' inputs are split by tp too): the tp ranks of one
-    group are consecutive inside a node and share one micro-batch."""
-    async_tp: bool = False
-    """Async TP (torch's symmetric-memory micro-pipelining of TP's all-gather and reduce-scatter with the matmuls):
-    CUDA only, and needs compile (torchtitan's `enable_async_tensor_parallel`)."""
-    cp: int = 1
-    """Context-parallel degree: the sequence split over cp ranks (ring attention: each rank keeps its queries and the
-    keys/values rotate around the cp group), the cp ranks of one group share one micro-batch."""
-    cp_load_balance: bool = True
-    """Head-tail split of a causal sequence (rank i holds chunks i and 2cp-1-i of 2cp), so every rank does the same
-    attention work; off, the last rank does cp times the first's."""
-    cp_rotate: str = "allgather"
-    """How keys/values go round the ring: `allgather` (one all-gather of every rank's K/V per attention, all of them
-    held at once) or `alltoall` (one neighbour's K/V per step, cp-1 steps); torch's `set_rotate_method`."""
-    pp: int = 1
-    """Pipeline-parallel degree (1F1B: the first stage holds pp micro-batches in flight)."""
-    ep: int = 1
-    """Expert-parallel degree; 1 until expert parallelism lands."""
-    shard_size: int | None = None
-    """hybrid_shard: ranks per shard group (None: the data-parallel ranks of one node)."""
-    micro_batch_size: int = 1
-    """Sequences per data-parallel rank per forward/backward (a tp or cp group shares one micro-batch)."""
-    grad_accum_steps: int = 1
-    seq_len: int = 2048
-    checkpointing: str = "none"
-    """none | selective | partial:K | full (llmctl.spec.checkpointing)."""
-    attention: Attention | str = Attention.SDPA
-    """eager | sdpa | flash, or auto (what the engine picks on the hardware: `kernel`)."""
-    compile: bool = False
-    loss_chunk_tokens: int = 0
-    """0: whole logits; N: the LM head and loss over chunks of N tokens (llmctl.engine.loss)."""
-    engine: str = "fsdp2"
+
+    # --- what-ifs of estimate-memory and parts ---------------------------------------------------------------------
+    engine: str = decision(
+        "fsdp2",
+        key="",
+        flag="--engine",
+        commands=("estimate",),
+        help="fsdp2 (llmctl's engine: no persistent half copy) | zero (DeepSpeed-style 18-byte ledger).",
+    )
     """The model-state ledger (ENGINES): what keeps which copy of the weights."""
-    levers: MemoryLevers = field(default_factory=MemoryLevers)
-    finetune: Finetune = field(default_factory=Finetune)
+    levers: MemoryLevers = part(MemoryLevers)
+    finetune: Finetune = part(Finetune)
     """Full training, or LoRA / QLoRA adapters on a frozen base (llmctl.spec.finetune)."""
     fused_optimizer: bool = True
     """Fused AdamW (the GPU default) has no step temporaries; foreach materialises some."""
@@ -130,11 +347,6 @@ class TrainSetup:
             canonical(self.optimizer, OPTIMIZERS, "optimizer", {"adam": "adamw", "adamw8bit": "adamw-8bit"}),
         )
         object.__setattr__(self, "optimizer_states", canonical_states(self.optimizer_states))
-        if self.optimizer_states != AUTO_STATES and self.optimizer != "adamw":
-            raise InputError(
-                f"optimizer states {self.optimizer_states} apply to adamw's two moments, not {self.optimizer}",
-                hint="drop the optimizer states, or use the adamw optimizer",
-            )
         object.__setattr__(self, "strategy", canonical_strategy(self.strategy))
         object.__setattr__(self, "engine", canonical(self.engine, ENGINES, "engine"))
         object.__setattr__(self, "checkpointing", ckpt_modes.parse(self.checkpointing))
@@ -144,73 +356,17 @@ class TrainSetup:
                 raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
         if self.seq_len < 1:
             raise InputError(f"seq len must be a positive integer, got {self.seq_len}")
-        if self.ep > 1:
-            raise InputError("expert parallelism is not modelled yet (ep = 1)")
         object.__setattr__(self, "cp_rotate", canonical(self.cp_rotate, CP_ROTATES, "cp rotate method"))
         if self.loss_chunk_tokens < 0:
             raise InputError(f"loss chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
-        if self.tp > 1 and self.loss_chunk_tokens:
-            raise InputError(
-                "a chunked loss does not run with tensor parallelism (its loss is computed on vocabulary shards)",
-                hint="set the loss chunk to 0 with tp > 1",
-            )
-        if self.async_tp and (self.tp < 2 or not self.compile):
-            raise InputError("async TP needs tp > 1 and compile", hint="turn on compile, or drop async TP")
         if self.cuda_context_bytes < 0 or not 0 <= self.headroom_fraction < 1:
             raise InputError("CUDA context must be >= 0 and headroom in [0, 1)")
-        if self.strategy == "hybrid_shard" and self.nodes < 2 and self.shard_size is None:
-            raise InputError(
-                "hybrid_shard needs at least 2 nodes (on one node it is full_shard)",
-                hint="pass --nodes N --gpus-per-node G",
-            )
+        rules.check(self, rules.BEFORE_LAYOUT)
         dims = ParallelDims.from_strategy(
             self.strategy, self.nodes, self.gpus_per_node, self.tp, self.pp, self.shard_size, self.cp, self.ep
         )
         object.__setattr__(self, "dims", dims)
-        problem = sequence_split_problem(self.seq_len, self.tp, self.cp, self.cp_load_balance)
-        if problem:
-            raise InputError(problem, hint="choose a sequence length that is a multiple of it")
-        if self.cp > 1 and self.attention in ("flash", "eager"):
-            raise InputError(
-                f"context parallelism runs ring attention on PyTorch SDPA, not {self.attention}",
-                hint="use attention auto or sdpa with cp > 1 (SDPA's own flash kernel runs on GPUs)",
-            )
-        if self.engine == "fsdp2" and self.strategy == "zero1":
-            raise InputError("FSDP2 has no ZeRO-1 (optimizer-only sharding)", hint="use --engine zero")
-        if self.attention == "flash" and not self.precision.flash_attention:
-            raise InputError("flash attention needs bf16 or fp16", hint="use --attention sdpa with fp32")
-        if self.levers.offload and self.engine != "fsdp2":
-            raise InputError(
-                f"CPU offload is FSDP2's CPUOffloadPolicy: not run with engine {self.engine}", hint="use --engine fsdp2"
-            )
-        self._check_finetune()
-        if self.precision.float8 and self.tp > 1:
-            # torchao's float8 TP styles (Float8ColwiseParallel, ...) differ from the bf16 plan's; not wired yet
-            raise InputError(
-                f"precision {self.precision.name} with tensor parallelism (tp {self.tp}) is not run by llmctl's engine",
-                hint="use tp 1 with float8, or bf16-mixed with tp",
-            )
-
-    def _check_finetune(self) -> None:
-        """What llmctl's engine runs with adapters: FSDP2 data parallelism and cp, a half or fp32 compute dtype."""
-        ft = self.finetune
-        if not ft.adapters:
-            return
-        refusals = [
-            (self.engine != "fsdp2", f"the {self.engine} engine's ledger is full training's", "drop --engine zero"),
-            (self.tp > 1, f"tensor parallelism (tp {self.tp}) is not wired for adapters", "use tp 1 (FSDP, cp)"),
-            (self.pp > 1, "pipeline parallelism is not run by llmctl's engine", "use pp 1"),
-            (self.precision.float8, f"precision {self.precision.name} converts the frozen linears", "use bf16-mixed"),
-            (self.levers.offload, "CPU offload is planned for full training only", "drop --offload"),
-            (
-                ft.method == "qlora" and self.precision.compute_dtype == "fp32",
-                "QLoRA computes in bf16 or fp16 (its 4-bit base is dequantized to it)",
-                "use precision bf16-mixed",
-            ),
-        ]
-        for bad, why, hint in refusals:
-            if bad:
-                raise InputError(f"{ft.method}: {why}", hint=hint)
+        rules.check(self, rules.AFTER_LAYOUT)
 
     # --- derived ---------------------------------------------------------------------------------------------
     @property
@@ -262,25 +418,13 @@ class TrainSetup:
             f"{' compiled' if self.compile else ''}"
         )
 
-    def kernel(self, gpu: GPUSpec | None, spec: ModelSpec) -> str:
+    def kernel(self, gpu: GPUSpec | None, spec: ModelSpec) -> Attention:
         """The attention kernel the engine runs for this setup's `attention`: auto is flash-attention on a GPU that
         runs it in a half precision (where flash-attn is installed), else SDPA; then what the model has
         (Gemma 2 and gpt-oss have no SDPA path)."""
-        attention = self.attention
-        if attention == "auto":
+        kernel = self.attention
+        if not kernel.fixed:
             # Ring attention (cp > 1) runs on SDPA, whose CUDA flash kernel is flash-attention 2's algorithm.
-            flash = gpu is not None and gpu.flash_attention and self.precision.flash_attention and self.cp == 1
-            attention = "flash" if flash else "sdpa"
-        return spec.attention_kernel(attention)
-
-    def decisions(self) -> dict[str, Any]:
-        """The decisions a plan records for the run (the plan file's spelling)."""
-        return {
-            "strategy": self.strategy,
-            "micro_batch": self.micro_batch_size,
-            "grad_accum": self.grad_accum_steps,
-            "checkpointing": self.checkpointing,
-            "compile": self.compile,
-            "tp": self.tp,
-            "cp": self.cp,
-        }
+            flash = gpu is not None and gpu.flash_attention and self.precision.flash_attention
+            kernel = Attention.FLASH if flash and not self.dims.cp_enabled else Attention.SDPA
+        return spec.attention_kernel(kernel)

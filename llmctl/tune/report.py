@@ -14,6 +14,7 @@ from typing import Any
 from llmctl.plan.calibrate import TUNE_REPORT_KIND as KIND
 from llmctl.plan.calibrate import TUNE_REPORT_VERSION as VERSION
 from llmctl.plan.timing import Candidate, Prediction
+from llmctl.spec.decisions import as_json
 from llmctl.spec.setup import TrainSetup
 from llmctl.tune.space import REFERENCE_GPU
 
@@ -252,7 +253,7 @@ class Report:
                     "trial": t.number,
                     "label": t.setup.label,
                     "candidate": {
-                        **t.setup.decisions(),
+                        **as_json(t.setup),
                         "nodes": self.nodes,
                         "nproc_per_node": self.nproc_per_node,
                         "attention": self.attention,

@@ -20,12 +20,14 @@ from typing import Any
 
 from llmctl.errors import InputError
 from llmctl.plan import comm as cm
-from llmctl.plan import planner as pl
 from llmctl.plan.network import network_for
 from llmctl.plan.request import Efficiency, PlanRequest
+from llmctl.plan.search import divisors
+from llmctl.plan.space import checkpointing_modes
 from llmctl.plan.timing import Candidate, predict
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import planfile as pf
+from llmctl.spec.decisions import as_json
 from llmctl.spec.hardware import GIB, GPUSpec, make_cluster, resolve_gpu
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
@@ -44,7 +46,7 @@ DEFAULT_TOP = 3
 # --- setups and the space ------------------------------------------------------------------------------------------
 def differs_only_in(a: TrainSetup, b: TrainSetup, decision: str) -> bool:
     """Whether the two setups differ in `decision` (micro_batch carries grad_accum with it) and in nothing else."""
-    da, db = a.decisions(), b.decisions()
+    da, db = as_json(a), as_json(b)
     others = [d for d in DECISIONS if d != decision]
     return da[decision] != db[decision] and all(da[n] == db[n] for n in others)
 
@@ -114,15 +116,15 @@ def space_for(
                 raise InputError(
                     f"--micro-batch {mb} does not divide the {per_rank} sequences per rank "
                     f"(the global batch, held fixed, over {world} ranks)",
-                    hint="one of: " + ", ".join(map(str, pl.divisors(per_rank))),
+                    hint="one of: " + ", ".join(map(str, divisors(per_rank))),
                 )
         mbs = _unique(micro_batches)
     else:
-        mbs = tuple(pl.divisors(per_rank))
+        mbs = tuple(divisors(per_rank))
     if checkpointing:
         ckpts = _unique([ckpt_modes.parse(c) for c in checkpointing])
     else:
-        ckpts = _unique([*pl.checkpointing_modes(spec), base.checkpointing])
+        ckpts = _unique([*checkpointing_modes(spec), base.checkpointing])
     comps = (compile_,) if compile_ is not None else (False, True)
     return Space(base, strats, mbs, ckpts, comps)
 
@@ -175,9 +177,8 @@ def request_for_plan(
         seq_len=setup.seq_len,
         global_batch_seqs=setup.tokens_per_step // setup.seq_len,
         precision=setup.precision,
-        # Ring attention (cp > 1) runs on SDPA whatever `auto` would pick without it.
-        attention="sdpa" if setup.cp > 1 else setup.kernel(gpu, spec),
-        loss_chunk_tokens=setup.loss_chunk_tokens,
+        # Ring attention (cp > 1) runs on SDPA whatever `auto` would pick without it (TrainSetup.kernel).
+        pins={"attention": setup.kernel(gpu, spec), "loss_chunk_tokens": setup.loss_chunk_tokens},
         efficiency=efficiency or Efficiency(),
     )
 
@@ -187,9 +188,9 @@ def make_pool(req: PlanRequest, space: Space, device: str | None, first: TrainSe
     does not fit (on a named GPU); rank by predicted tokens/s. `first` (the planner's chosen setup) is put first when
     it is in the pool. Each candidate keeps its setup as the plan spells it (`attention: auto` stays auto)."""
     fitting, dropped = [], []
-    attention = req.attention or "sdpa"
+    attention = req.pin("attention") or "sdpa"
     for s in space.setups():
-        chunk = 0 if s.tp > 1 else req.loss_chunk_tokens or 0  # tp > 1 computes the loss on vocabulary shards
+        chunk = 0 if s.dims.tp_enabled else req.pin("loss_chunk_tokens") or 0  # tp > 1: loss on vocabulary shards
         priced = replace(s, precision=req.precision, attention=attention, loss_chunk_tokens=chunk)
         p = predict(req, priced).predicted
         if device is not None and p.memory_per_gpu_bytes > req.gpu.memory_bytes:

@@ -19,6 +19,8 @@ from llmctl.fileio import write_atomic
 from llmctl.plan import planner as pl
 from llmctl.plan.request import Efficiency, PlanRequest
 from llmctl.spec import planfile as pf
+from llmctl.spec.decisions import on_command
+from llmctl.spec.setup import TrainSetup
 from llmctl.tune import job as tune_job
 from llmctl.tune import run as tune_trials
 from llmctl.tune import space as tune_space
@@ -36,15 +38,11 @@ PLAN_OPTIONS = (
     "net",
     "intra_gbps",
     "inter_gbps",
-    "seq_len",
     "global_batch",
     "global_batch_tokens",
     "tokens",
     "price",
     "objective",
-    "precision",
-    "loss_chunk",
-    "attention",
     "overlap",
     "calibrate",
     "memory_margin",
@@ -54,7 +52,11 @@ PLAN_OPTIONS = (
     "run_dir",
     "checkpoint_every",
 )
-"""The `llmctl plan` options `tune MODEL` takes (by name, as build_request reads them)."""
+"""The `llmctl plan` options that are not decisions `tune MODEL` takes (by name, as build_request reads them)."""
+OWN_DECISIONS = ("strategy", "micro_batch_size", "checkpointing", "compile")
+"""The decisions tune varies itself (its --strategy, --micro-batch, --checkpointing lists and --compile pin)."""
+DECISION_OPTIONS = {d.param: d.name for d in on_command(TrainSetup, "plan") if d.name not in OWN_DECISIONS}
+"""The decisions' flags of `llmctl plan` that `tune MODEL` takes too (parameter name -> decision name)."""
 PLAN_FILE_OPTIONS = ("gpu", "calibrate", "net", "inter_gbps", "intra_gbps")
 """The ones that also apply to `tune PLAN.yaml`: the GPU kind to predict for, a calibration of the model, and the
 network (by default the one the plan records it was priced with)."""
@@ -132,8 +134,8 @@ def tune(r: TuneRequest, progress: Callable[[int, int, int], Any], say: Callable
         nproc_per_node=base.hardware.nproc_per_node,
         seq_len=req.seq_len,
         global_batch_seqs=req.global_batch,
-        attention=req.attention or "sdpa",
-        loss_chunk_tokens=req.loss_chunk_tokens or 0,
+        attention=req.pin("attention") or "sdpa",
+        loss_chunk_tokens=req.pin("loss_chunk_tokens") or 0,
         steps=r.steps,
         warmup=r.warmup,
         efficiency_calibration=req.efficiency.calibration,
@@ -246,15 +248,8 @@ def _from_model(
         raise InputError("--params gives no architecture for the engine to run", hint="pass a preset or a config.json")
     chosen = result.chosen.setup
     # The pool around the planner's choice: its kernel and loss kept, the four decisions free unless pinned.
-    req = dataclasses.replace(
-        req,
-        strategy=None,
-        micro_batch=None,
-        checkpointing=None,
-        compile=None,
-        attention=chosen.attention,
-        loss_chunk_tokens=chosen.loss_chunk_tokens,
-    )
+    unpinned = dict.fromkeys(OWN_DECISIONS)
+    req = req.with_pins(**unpinned, attention=chosen.attention, loss_chunk_tokens=chosen.loss_chunk_tokens)
     space = tune_space.space_for(chosen, req.spec, compile_=compile_, **pins)
     pool = tune_space.make_pool(req, space, req.gpu.name, first=chosen)
     return base, pool, f"{model} (planned for {req.nodes} x {req.gpus_per_node} {req.gpu.name})"
@@ -269,8 +264,11 @@ def _model_request(model: str, o: dict[str, Any], pins: dict[str, Any], compile_
         return values[0] if values and len(values) == 1 else None
 
     options = {n: o[n] for n in PLAN_OPTIONS}
-    strategy, micro_batch, checkpointing = (one(pins[k]) for k in ("strategies", "micro_batches", "checkpointing"))
-    return build_request(model, options, strategy, micro_batch, checkpointing, compile_)[0]
+    decisions = {name: o[param] for param, name in DECISION_OPTIONS.items() if param in o}
+    decisions.update(
+        zip(OWN_DECISIONS, (*(one(pins[k]) for k in ("strategies", "micro_batches", "checkpointing")), compile_))
+    )
+    return build_request(model, options, decisions)[0]
 
 
 def _efficiency(calibrate: str | None) -> Efficiency:
@@ -322,7 +320,6 @@ def _run_in_allocation(
     say: Callable[[str], None],
 ) -> None:
     """Submit one job that runs every trial (llmctl.tune.job), follow it to its end, fill in the trials."""
-    import dataclasses
 
     from llmctl.launch import jobs, slurm
 

@@ -59,7 +59,10 @@ def test_estimate_table_says_the_host_does_not_fit() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["estimate-memory", "llama-3.1-8b", "--offload", "--engine", "zero"], "--offload is FSDP2's CPU offload"),
+        (
+            ["estimate-memory", "llama-3.1-8b", "--offload", "--engine", "zero"],
+            "CPU offload is FSDP2's CPUOffloadPolicy: not run with engine zero",
+        ),
         (["plan", *SEVENTY_B, "--no-write"], "with CPU offload: llama-3.1-70b does not fit"),
         (["plan", *SEVENTY_B, "--no-write", "--no-offload"], "no setup satisfies --no-offload"),
     ],

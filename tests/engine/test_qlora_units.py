@@ -61,14 +61,14 @@ def test_held_bytes_and_the_memory_model_agree_per_piece() -> None:
     assert big == pytest.approx(nf4.BYTES_PER_WEIGHT_BF16, rel=1e-4) and 4.12 < 8 * big < 4.13  # bits per weight
 
 
-def _meta_model(preset: str = "llama-tiny"):
+def _meta_model(preset: str = "llama-tiny", method: str = "qlora"):
     from llmctl.engine.model import build_meta_model
     from llmctl.spec.planfile import plan_from_dict
 
     doc = {
         "model": {"preset": preset, "overrides": {"num_hidden_layers": 2}},
         "training": {"max_steps": 1, "seq_len": 32, "precision": "bf16-mixed"},
-        "finetune": {"method": "qlora", "lora_rank": 4},
+        "finetune": {"method": method, "lora_rank": 4},
     }
     return build_meta_model(plan_from_dict(doc), "sdpa")
 
@@ -83,8 +83,12 @@ def test_the_targets_are_every_frozen_block_linear_and_gpt2_is_refused() -> None
     qlora.placeholders(model)
     w = found[0][1].weight
     assert qlora.is_nf4(w) and w.device.type == "meta" and w._is_hf_initialized
+    # A GPT-2 preset is refused when the plan is read (llmctl.spec.rules); a model from a config or weights folder,
+    # which the plan cannot read, by the engine's own check of what it built.
+    with pytest.raises(SpecError, match="finetune.method: .*Conv1D layers.*--finetune lora"):
+        _meta_model("gpt2-tiny")
     with pytest.raises(SpecError, match="Conv1D layers.*finetune.method lora"):
-        qlora.targets(_meta_model("gpt2-tiny"))
+        qlora.targets(_meta_model("gpt2-tiny", method="lora"))
 
 
 def test_weights_that_cannot_be_sharded_stay_bf16_and_none_at_all_is_one_line(caplog) -> None:

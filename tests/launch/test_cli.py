@@ -267,7 +267,7 @@ def test_resize_that_breaks_the_plan_is_refused(workdir: Path) -> None:
     plan = workdir / "hybrid.yaml"
     plan.write_text(minimal_plan_yaml(nodes=2, nproc=4) + "parallel:\n  sharding: hybrid\n  shard_size: 4\n")
     code, out = invoke("launch", str(plan), "--slurm", "--nproc-per-node", "3", "--dry-run")
-    assert code == 2 and "shard_size 4 does not divide the 6 data-parallel ranks" in out, out
+    assert code == 2 and "a shard group of 4 does not divide the 6 data-parallel ranks" in out, out
 
 
 def test_submitit_dry_run_prints_submitits_script(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

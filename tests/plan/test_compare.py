@@ -16,7 +16,9 @@ MODEL = "llama-3.2-1b"
 KINDS = ["A100-80GB", "H100-SXM", "L4"]
 PRICES = {"A100-80GB": 1.9, "H100-SXM": 3.1, "L4": 0.55}
 MAX_GPUS = 64
-OPTIONS = {**cmp.PLAN_OPTIONS, "seq_len": 2048, "tokens": "20B"}
+OPTIONS = {**cmp.PLAN_OPTIONS, "tokens": "20B"}
+SEQ = {"seq_len": 2048}
+"""The decisions every comparison here is made with."""
 
 
 class FakePrices:
@@ -32,13 +34,13 @@ class FakePrices:
 
 def run(ask: cmp.Ask, prices: dict[str, float] = PRICES) -> cmp.Comparison:
     kinds = [resolve_gpu(k) for k in KINDS]
-    return cmp.compare(MODEL, OPTIONS, {}, kinds, ask, FakePrices(prices))  # type: ignore[arg-type]
+    return cmp.compare(MODEL, OPTIONS, SEQ, kinds, ask, FakePrices(prices))  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
 def every_point() -> dict[str, list[cmp.Point]]:
     """Brute force: the planner at every count of every kind (what the comparison's search must agree with)."""
-    make = cmp.requests_from(MODEL, OPTIONS, {})
+    make = cmp.requests_from(MODEL, OPTIONS, SEQ)
     out = {}
     for k in KINDS:
         g = resolve_gpu(k)
@@ -128,8 +130,8 @@ def test_a_kind_nothing_fits_on_is_excluded_with_the_reason() -> None:
     kinds = [resolve_gpu("L4")]
     got = cmp.compare(
         "llama-3.1-70b",
-        {**OPTIONS, "seq_len": 8192},
-        {"checkpointing": "none"},
+        OPTIONS,
+        {"seq_len": 8192, "checkpointing": "none"},
         kinds,
         cmp.Ask(10**9, max_gpus=8),
         FakePrices(PRICES),  # type: ignore[arg-type]
@@ -151,7 +153,7 @@ def test_offload_counts_match_brute_force(deadline_days: float | None) -> None:
     without it and walks down too; every count planned by brute force must agree."""
     model, kinds, prices, tokens = "llama-3.1-8b", ["L4", "A10G"], {"L4": 0.8, "A10G": 1.0}, 2 * 10**9
     options = {**OPTIONS, "tokens": "2B"}
-    make = cmp.requests_from(model, options, {})
+    make = cmp.requests_from(model, options, SEQ)
     deadline = deadline_days * cmp.DAY if deadline_days else None
     points = {}
     for k in kinds:
@@ -162,7 +164,7 @@ def test_offload_counts_match_brute_force(deadline_days: float | None) -> None:
     assert any(p.candidate and p.candidate.setup.levers.offload for pts in points.values() for p in pts)
     want = brute_force(points, tokens, deadline)
     got = cmp.compare(
-        model, options, {}, [resolve_gpu(k) for k in kinds], cmp.Ask(tokens, deadline, max_gpus=32), FakePrices(prices)
+        model, options, SEQ, [resolve_gpu(k) for k in kinds], cmp.Ask(tokens, deadline, max_gpus=32), FakePrices(prices)
     )  # type: ignore[arg-type]
     for row in got.rows:
         first = next(p for p in points[row.gpu.name] if p.candidate)

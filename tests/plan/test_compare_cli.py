@@ -85,11 +85,11 @@ def test_plot_written(tmp_path: Path) -> None:
 
 def test_plot_data_pareto() -> None:
     from llmctl.plan import compare as cmp
-    from tests.plan.test_compare import OPTIONS, FakePrices
+    from tests.plan.test_compare import OPTIONS, SEQ, FakePrices
 
     kinds = [cmp.resolve_gpu(k) for k in ("A100-80GB", "L4")]
     result = cmp.compare(
-        "llama-3.2-1b", OPTIONS, {}, kinds, cmp.Ask(5 * 10**9, max_gpus=16), FakePrices({"A100-80GB": 2, "L4": 0.5})
+        "llama-3.2-1b", OPTIONS, SEQ, kinds, cmp.Ask(5 * 10**9, max_gpus=16), FakePrices({"A100-80GB": 2, "L4": 0.5})
     )
     plot = compare_plot.compare_plot(result)
     pts = [(d, c) for s in plot.series for d, c, _ in s.points]

@@ -85,7 +85,7 @@ def test_plan_cp_pin_is_honoured(tmp_path: Path) -> None:
         ),
         ([*EST_128K, "--cp", "3"], "cannot be split into tp=1 x cp=3"),
         ([*EST_128K, "--cp", "0"], "--cp must be a positive integer, got 0"),
-        ([*EST_128K, "--cp", "2", "--attention", "flash"], "context parallelism runs ring attention on PyTorch SDPA"),
+        ([*EST_128K, "--cp", "2", "--attention", "flash"], "context parallelism runs ring attention on SDPA"),
         (
             ["estimate-memory", "gpt-oss-20b", "--gpu", "H100", "--gpus", "8", "--cp", "2"],
             "--cp 2: gpt_oss cannot use context parallelism",

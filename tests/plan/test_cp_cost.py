@@ -16,6 +16,7 @@ from llmctl.plan.timing import compute_split, evaluate
 from llmctl.spec import kernels as kt
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
+from tests.plan.requests import plan_request
 
 H100 = resolve_gpu("H100-SXM")
 L8B = resolve_model("llama-3.1-8b")  # 32 layers, 32 heads, 8 kv heads of 128, hidden 4096
@@ -27,7 +28,7 @@ A = cm.DEFAULT_ALPHA_INTRA_S
 def request(**kw) -> PlanRequest:
     args = dict(spec=L8B, gpu=H100, nodes=1, gpus_per_node=8, network=NET, seq_len=S, global_batch_seqs=16)
     args.update(kw)
-    return PlanRequest(**args)
+    return plan_request(**args)
 
 
 def setup(req: PlanRequest, cp: int = 4, **kw):
@@ -36,16 +37,16 @@ def setup(req: PlanRequest, cp: int = 4, **kw):
     strategy = args.pop("strategy", "full_shard")
     rotate = args.pop("rotate", "alltoall")
     tp = args.pop("tp", 1)
-    s = req.setup(
-        strategy,
-        args["nodes"],
-        args["micro_batch"],
-        args["grad_accum"],
-        args["checkpointing"],
-        args["attention"],
-        args["compile_"],
-        0 if tp > 1 else 512,  # TP computes the loss on vocabulary shards
-        tp,
+    s = req.candidate(
+        strategy=strategy,
+        nodes=args["nodes"],
+        micro_batch_size=args["micro_batch"],
+        grad_accum_steps=args["grad_accum"],
+        checkpointing=args["checkpointing"],
+        attention=args["attention"],
+        compile=args["compile_"],
+        loss_chunk_tokens=0 if tp > 1 else 512,
+        tp=tp,
         cp=cp,
         cp_rotate=rotate,
     )

@@ -16,6 +16,7 @@ from llmctl.plan.request import PlanRequest
 from llmctl.plan.timing import evaluate
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
+from tests.plan.requests import plan_request
 
 H100 = resolve_gpu("H100-SXM")
 L8B = resolve_model("llama-3.1-8b")
@@ -25,7 +26,7 @@ K32, K128, M1 = 32768, 131072, 1048576
 def request(nodes: int, seq_len: int, **kw) -> PlanRequest:
     """`llmctl plan llama-3.1-8b --gpu H100 --nodes N --gpus-per-node 8 [--inter-gbps 3200] --seq-len L`."""
     net = cm.Network(H100.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, 3200 / 8 if nodes > 1 else None)
-    return PlanRequest(spec=L8B, gpu=H100, nodes=nodes, gpus_per_node=8, network=net, seq_len=seq_len, **kw)
+    return plan_request(spec=L8B, gpu=H100, nodes=nodes, gpus_per_node=8, network=net, seq_len=seq_len, **kw)
 
 
 def consistent(r: pl.PlanResult) -> None:
@@ -139,12 +140,12 @@ def test_long_sequences_keep_the_chunked_loss_unless_tp() -> None:
 
 def test_models_ring_attention_cannot_split_are_not_searched_and_refused_when_pinned() -> None:
     mistral = resolve_model("gemma-2-9b")  # soft-capped scores: no SDPA kernel, no ring
-    req = PlanRequest(spec=mistral, gpu=H100, nodes=1, gpus_per_node=8, network=request(1, 8).network, seq_len=4096)
+    req = plan_request(spec=mistral, gpu=H100, nodes=1, gpus_per_node=8, network=request(1, 8).network, seq_len=4096)
     r = pl.plan(req)
     assert {c.setup.cp for c in r.variants} == {1}
     assert r.cp_choice.startswith("context parallelism: not considered: gemma2 cannot use context parallelism")
     with pytest.raises(InputError, match="--cp 2: gemma2 cannot use context parallelism"):
-        replace(req, cp=2)
+        req.with_pins(cp=2)
 
 
 @pytest.mark.parametrize(
@@ -181,9 +182,9 @@ def test_tune_prices_a_cp_plan_on_ring_attention() -> None:
 
     plan = to_plan(pl.plan(request(1, K128)))
     assert plan is not None
-    plan.training.attention = "auto"
+    plan = plan.with_setup(replace(plan.setup, attention="auto"))
     req = tune_space.request_for_plan(plan, L8B, H100)
-    assert req.attention == "sdpa"
+    assert req.pin("attention") == "sdpa"
     pool = tune_space.make_pool(req, tune_space.space_for(plan.setup, L8B, compile_=True), H100.name)
     assert pool.ranked and all(
         c.setup.cp == plan.parallel.cp and c.predicted.cp_comm_exposed_s > 0 for c in pool.ranked

@@ -20,6 +20,7 @@ from llmctl.spec import planfile as pf
 from llmctl.spec.finetune import Finetune, adapter_params
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
+from tests.plan.requests import plan_request
 
 H100 = resolve_gpu("H100-SXM")
 NET = cm.Network(H100.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, 8 * 400 / 8)
@@ -29,7 +30,7 @@ LORA = Finetune("lora", 16)
 
 
 def request(spec=L8B, finetune=LORA, gpus=8, **kw) -> PlanRequest:
-    return PlanRequest(spec=spec, gpu=H100, nodes=1, gpus_per_node=gpus, network=NET, finetune=finetune, **kw)
+    return plan_request(spec=spec, gpu=H100, nodes=1, gpus_per_node=gpus, network=NET, finetune=finetune, **kw)
 
 
 def test_lora_flops_are_about_two_thirds_of_full_plus_attention():
@@ -59,7 +60,7 @@ def test_mfu_full_unchanged_and_lora_counts_the_methods_flops():
 
 def test_fsdp_reduce_scatters_only_the_adapters():
     req = request()
-    setup = req.setup("full_shard", 1, 1, 1)
+    setup = req.candidate(strategy="full_shard", nodes=1, micro_batch_size=1, grad_accum_steps=1)
     lora = {o.name: o for o in evaluate(req, setup).predicted.comm_ops}
     full = {o.name: o for o in evaluate(req, replace(setup, finetune=Finetune())).predicted.comm_ops}
     per_layer = adapter_params(L8B, LORA) / L8B.num_layers
@@ -72,7 +73,7 @@ def test_fsdp_reduce_scatters_only_the_adapters():
 
 def test_lora_step_is_faster_and_qlora_pays_the_dequantization():
     req = request()
-    setup = req.setup("full_shard", 1, 2, 1, "full")
+    setup = req.candidate(strategy="full_shard", nodes=1, micro_batch_size=2, grad_accum_steps=1, checkpointing="full")
     full = evaluate(req, replace(setup, finetune=Finetune())).predicted
     lora = evaluate(req, setup).predicted
     qlora = evaluate(req, replace(setup, finetune=Finetune("qlora"))).predicted
@@ -134,7 +135,7 @@ def test_another_method_is_timed_with_selective_checkpointing_before_full():
     from llmctl.plan.timing import evaluate
     from llmctl.spec.hardware import resolve_gpu
 
-    req = PlanRequest(
+    req = plan_request(
         spec=resolve_model("llama-3.1-70b"),
         gpu=resolve_gpu("A100-80GB"),
         nodes=1,

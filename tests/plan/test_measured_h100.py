@@ -16,6 +16,7 @@ import pytest
 from llmctl.plan import memory as mem
 from llmctl.spec import models
 from llmctl.spec.setup import TrainSetup
+from tests.plan.requests import plan_request
 
 MEASURED = json.loads((Path(__file__).resolve().parents[2] / "docs/measurements/h100-gpu-tier.json").read_text())
 
@@ -127,7 +128,6 @@ def predicted_run(key: str) -> tuple[float, dict, dict]:
     import re
 
     from llmctl.plan import comm as cm
-    from llmctl.plan.request import PlanRequest
     from llmctl.plan.timing import evaluate
     from llmctl.spec.finetune import Finetune
     from llmctl.spec.hardware import resolve_gpu
@@ -139,7 +139,7 @@ def predicted_run(key: str) -> tuple[float, dict, dict]:
         (int(m[1]), int(m[2]), m[3], m[4], m[5] == "True") if m else (*SPLIT_MB[key], "sdpa", True)
     )
     ft = Finetune(method) if method != "full" else Finetune()
-    req = PlanRequest(
+    req = plan_request(
         spec=models.resolve_model(model),
         gpu=resolve_gpu("H100-SXM"),
         nodes=1,

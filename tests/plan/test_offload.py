@@ -17,6 +17,7 @@ from llmctl.plan import planner as pl
 from llmctl.plan.emit import to_plan
 from llmctl.plan.request import build_request
 from llmctl.plan.timing import evaluate
+from llmctl.spec.decisions import on_command
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import from_hf_config, resolve_model
 from llmctl.spec.planfile import plan_to_yaml
@@ -140,7 +141,16 @@ def test_copies_join_the_collectives_chain_and_later_copies_are_not_hidden() -> 
 
 def test_the_step_adds_what_offload_costs() -> None:
     req = _request("llama-3.1-8b", "A100-80GB", 8)
-    base = req.setup("full_shard", 1, 2, 8, "full", "flash", False, 0)
+    base = req.candidate(
+        strategy="full_shard",
+        nodes=1,
+        micro_batch_size=2,
+        grad_accum_steps=8,
+        checkpointing="full",
+        attention="flash",
+        compile=False,
+        loss_chunk_tokens=0,
+    )
     off, on = evaluate(req, base), evaluate(req, replace(base, levers=ON))
     p = on.predicted
     assert off.predicted.offload_s == 0 and off.predicted.offload is None and "offload" not in off.as_dict()
@@ -180,7 +190,9 @@ def _request(model: str, gpu: str, gpus: int, **extra):
         "calibrate": None,
         **extra,
     }
-    return build_request(model, options)[0]
+    names = {d.param: d.name for d in on_command(TrainSetup, "plan")}
+    decisions = {names[k]: options.pop(k) for k in list(options) if k in names}
+    return build_request(model, options, decisions)[0]
 
 
 def test_70b_on_8_a100_fits_only_with_offload_and_bf16_moments() -> None:
@@ -218,7 +230,7 @@ def test_offload_wins_where_the_states_squeeze_the_setups_without_it(monkeypatch
     plan_once = pl._plan
 
     def counted(req, offload_pinned=True):
-        searches.append(req.offload)
+        searches.append(req.pin("offload"))
         return plan_once(req, offload_pinned)
 
     monkeypatch.setattr(pl, "_plan", counted)

@@ -17,6 +17,7 @@ from llmctl.plan import planner as pl
 from llmctl.plan.emit import to_plan
 from llmctl.plan.memory.ledger import _largest_rank_bytes, adam_8bit_rank_bytes
 from llmctl.plan.request import build_request
+from llmctl.spec.decisions import on_command
 from llmctl.spec.models import from_hf_config, resolve_model
 from llmctl.spec.planfile import load_plan, plan_to_yaml
 from llmctl.spec.setup import TrainSetup
@@ -106,7 +107,9 @@ def _request(model: str, gpu: str, gpus: int, states: str | None, **extra):
     }
     if states is not None:
         options["optimizer_states"] = states
-    return build_request(model, options)[0]
+    names = {d.param: d.name for d in on_command(TrainSetup, "plan")}
+    decisions = {names[k]: options.pop(k) for k in list(options) if k in names}
+    return build_request(model, options, decisions)[0]
 
 
 def test_the_planner_uses_smaller_states_only_when_asked() -> None:

@@ -318,7 +318,7 @@ def test_calibrate_from_engine_metrics(tmp_path: Path) -> None:
         ([*SEED, "--global-batch", "5"], "does not split evenly"),
         ([*SEED, "--overlap", "2"], "--overlap must be in [0, 1]"),
         ([*SEED, "--objective", "speed"], "unknown objective"),
-        ([*SEED, "--micro-batch", "128"], "no setup satisfies --micro-batch 128"),
+        ([*SEED, "--micro-batch", "128"], "--micro-batch 128: full_shard on 1 node: micro-batch 128 does not divide"),
         ([*SEED, "--strategy", "zero1"], "not run by llmctl's engine"),
         ([*SEED, "--precision", "fp8"], "A100-80GB has no float8 tensor cores"),
         (

@@ -12,14 +12,17 @@ from llmctl.errors import DoesNotFitError, InputError, LlmctlError
 from llmctl.plan import comm as cm
 from llmctl.plan import memory as mem
 from llmctl.plan import planner as pl
+from llmctl.plan import space
 from llmctl.plan.calibrate import calibrate
 from llmctl.plan.emit import to_plan
-from llmctl.plan.explain import recompute_cost
+from llmctl.plan.ranking import recompute_cost
 from llmctl.plan.request import Efficiency, PlanRequest, node_counts
+from llmctl.plan.search import divisors
 from llmctl.plan.timing import Candidate, evaluate
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
 from llmctl.spec.setup import TrainSetup
+from tests.plan.requests import plan_request
 
 A100 = resolve_gpu("A100-80GB")
 H100 = resolve_gpu("H100-SXM")
@@ -44,7 +47,7 @@ def seed_request(**kw) -> PlanRequest:
         cp=1,
     )
     args.update(kw)
-    return PlanRequest(**args)
+    return plan_request(**args)
 
 
 def best(result: pl.PlanResult, **match) -> Candidate:
@@ -106,7 +109,7 @@ def test_fast_network_makes_full_shard_competitive() -> None:
 def test_fast_network_chooses_full_shard_when_hybrid_cannot_fit(model: str) -> None:
     spec = resolve_model(model)
     r = pl.plan(
-        PlanRequest(
+        plan_request(
             spec=spec, gpu=A100, nodes=4, gpus_per_node=8, network=FAST_NET, seq_len=4096, global_batch_seqs=128
         )
     )
@@ -118,16 +121,16 @@ def test_fast_network_chooses_full_shard_when_hybrid_cannot_fit(model: str) -> N
 def test_a_model_that_fits_nowhere_names_the_smallest_cluster() -> None:
     spec = resolve_model("llama-3.1-405b")
     with pytest.raises(DoesNotFitError, match=r"smallest cluster of H100-SXM that fits is \d+ nodes x 8"):
-        pl.plan(PlanRequest(spec=spec, gpu=H100, nodes=2, gpus_per_node=8, network=FAST_NET, seq_len=4096))
+        pl.plan(plan_request(spec=spec, gpu=H100, nodes=2, gpus_per_node=8, network=FAST_NET, seq_len=4096))
 
 
 def test_default_global_batch_and_node_counts() -> None:
     assert seed_request(global_batch_seqs=None).global_batch == 128
-    big = PlanRequest(spec=L7B, gpu=H100, nodes=1024, gpus_per_node=8, network=FAST_NET)
+    big = plan_request(spec=L7B, gpu=H100, nodes=1024, gpus_per_node=8, network=FAST_NET)
     assert big.global_batch == 8192
     # 128 rounded up to a multiple of the GPUs: an NVL72 rack (72), 6 nodes of 8 (48), 3 x 2
     for nodes, g, want in ((1, 72, 144), (6, 8, 144), (3, 2, 132), (2, 72, 144), (1, 3, 129)):
-        assert PlanRequest(spec=L7B, gpu=H100, nodes=nodes, gpus_per_node=g, network=FAST_NET).global_batch == want
+        assert plan_request(spec=L7B, gpu=H100, nodes=nodes, gpus_per_node=g, network=FAST_NET).global_batch == want
     assert node_counts(1024) == [2**i for i in range(11)]
     assert node_counts(6) == [1, 2, 3, 4, 6]
     with pytest.raises(InputError, match="does not split evenly"):
@@ -202,7 +205,9 @@ def test_more_gpus_never_raise_per_gpu_model_state_memory_under_full_shard(model
 def test_more_bandwidth_never_predicts_a_slower_step(strategy, mb, ckpt, attn, inter, factor, overlap) -> None:
     net = cm.Network(240.0, inter / 8)
     slow_req = seed_request(network=net, overlap=overlap)
-    setup = slow_req.setup(strategy, 2, mb, 16 // mb, ckpt, attn)
+    setup = slow_req.candidate(
+        strategy=strategy, nodes=2, micro_batch_size=mb, grad_accum_steps=16 // mb, checkpointing=ckpt, attention=attn
+    )
     slow = evaluate(slow_req, setup)
     fast = evaluate(seed_request(network=net.scaled(factor), overlap=overlap), setup)
     assert fast.predicted.step_time_s <= slow.predicted.step_time_s * (1 + 1e-9)
@@ -262,12 +267,12 @@ def test_recompute_flops_per_mode() -> None:
 
 
 def test_planner_modes_and_chunks() -> None:
-    assert pl.checkpointing_modes(L7B) == ["none", "partial:2", "partial:3", "partial:4", "selective", "full"]
+    assert space.checkpointing_modes(L7B) == ["none", "partial:2", "partial:3", "partial:4", "selective", "full"]
     tiny = replace(L7B, num_layers=2)
-    assert pl.checkpointing_modes(tiny) == ["none", "partial:2", "selective", "full"]
-    assert pl.auto_loss_chunk(resolve_model("llama-3.1-8b")) == 512  # 128k vocabulary
-    assert pl.auto_loss_chunk(L7B) == 2048  # 32k
-    assert pl.auto_loss_chunk(replace(L7B, vocab_size=256)) == 8192
+    assert space.checkpointing_modes(tiny) == ["none", "partial:2", "selective", "full"]
+    assert space.auto_loss_chunk(resolve_model("llama-3.1-8b")) == 512  # 128k vocabulary
+    assert space.auto_loss_chunk(L7B) == 2048  # 32k
+    assert space.auto_loss_chunk(replace(L7B, vocab_size=256)) == 8192
 
 
 def test_selective_is_chosen_when_full_recompute_buys_nothing() -> None:
@@ -291,7 +296,7 @@ def test_large_vocabulary_plans_a_chunked_loss_when_memory_is_short() -> None:
     chunking the loss does."""
     spec = resolve_model("llama-3.1-8b")
     one = cm.Network(H100.link_gbytes_s * cm.DEFAULT_LINK_EFFICIENCY, None)
-    req = PlanRequest(
+    req = plan_request(
         spec=spec,
         gpu=H100,
         nodes=1,
@@ -334,18 +339,18 @@ def test_more_modes_never_lower_the_chosen_throughput(model, gpu, nodes, seq, gb
 
     def chosen(**pins):
         try:
-            return pl.plan(PlanRequest(**kw, **pins)).chosen.predicted.tokens_per_s
+            return pl.plan(plan_request(**kw, **pins)).chosen.predicted.tokens_per_s
         except LlmctlError:
             return 0.0
 
     free = chosen()
-    pinned = [chosen(checkpointing=m) for m in pl.checkpointing_modes(spec)]
+    pinned = [chosen(checkpointing=m) for m in space.checkpointing_modes(spec)]
     assert free >= max(pinned) - 1e-6
     assert free == pytest.approx(max(pinned), rel=1e-9) or max(pinned) == 0.0
     assert free >= chosen(loss_chunk_tokens=0) - 1e-6
     # at an equal micro-batch, less recompute is never slower (what lets the planner skip dominated modes)
     try:
-        r = pl.plan(PlanRequest(**kw))
+        r = pl.plan(plan_request(**kw))
     except LlmctlError:
         return
     c = r.chosen
@@ -358,7 +363,7 @@ def test_more_modes_never_lower_the_chosen_throughput(model, gpu, nodes, seq, gb
     # and a larger micro-batch is never slower (why only the largest that fits is timed)
     if c.setup.micro_batch_size > 1:
         smaller = max(
-            d for d in pl.divisors(c.setup.micro_batch_size * c.setup.grad_accum_steps) if d < c.setup.micro_batch_size
+            d for d in divisors(c.setup.micro_batch_size * c.setup.grad_accum_steps) if d < c.setup.micro_batch_size
         )
         per_rank = c.setup.per_rank_batch
         slower = evaluate(r.request, replace(c.setup, micro_batch_size=smaller, grad_accum_steps=per_rank // smaller))

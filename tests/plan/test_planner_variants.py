@@ -13,7 +13,8 @@ import pytest
 
 from llmctl.plan import memory as mem
 from llmctl.plan import planner as pl
-from llmctl.plan.explain import recompute_seconds
+from llmctl.plan import space
+from llmctl.plan.ranking import recompute_seconds
 from llmctl.plan.search import divisors
 from llmctl.spec.models import resolve_model
 from tests.plan.test_planner import H100, seed_request
@@ -24,7 +25,19 @@ def largest_fitting(req, strategy: str, nodes: int, per_rank: int, ckpt: str, at
     fit = [
         d
         for d in divisors(per_rank)
-        if mem.estimate(req.spec, req.setup(strategy, nodes, d, per_rank // d, ckpt, attn, False, chunk)).device_bytes
+        if mem.estimate(
+            req.spec,
+            req.candidate(
+                strategy=strategy,
+                nodes=nodes,
+                micro_batch_size=d,
+                grad_accum_steps=per_rank // d,
+                checkpointing=ckpt,
+                attention=attn,
+                compile=False,
+                loss_chunk_tokens=chunk,
+            ),
+        ).device_bytes
         <= req.capacity_bytes
     ]
     return max(fit, default=0)
@@ -35,7 +48,20 @@ def expected_options(req, strategy: str, nodes: int, attn: str, options: list[tu
     fitting at least the micro-batch of every cheaper one, none past the first that fits the whole per-rank batch."""
     per_rank = req.global_batch // (nodes * req.gpus_per_node)
     ordered = sorted(
-        options, key=lambda o: recompute_seconds(req, req.setup("full_shard", 1, 1, 1, o[0], attn, False, o[1]))
+        options,
+        key=lambda o: recompute_seconds(
+            req,
+            req.candidate(
+                strategy="full_shard",
+                nodes=1,
+                micro_batch_size=1,
+                grad_accum_steps=1,
+                checkpointing=o[0],
+                attention=attn,
+                compile=False,
+                loss_chunk_tokens=o[1],
+            ),
+        ),
     )
     out, largest = {}, 0
     for ckpt, chunk in ordered:
@@ -64,8 +90,8 @@ def expected_options(req, strategy: str, nodes: int, attn: str, options: list[tu
 def test_the_variants_are_every_option_the_brute_force_keeps(case: dict) -> None:
     req = seed_request(attention="flash", compile=False, **case)
     result = pl.plan(req)
-    chunks = sorted({0, *pl._loss_chunks(req, req.spec, [])})  # the loss variants the planner tries
-    options = [(m, c) for m in pl.checkpointing_modes(req.spec) for c in chunks]
+    chunks = sorted({0, *space.loss_chunks(req, [])})  # the loss variants the planner tries
+    options = [(m, c) for m in space.checkpointing_modes(req.spec) for c in chunks]
     families = {(c.setup.strategy, c.setup.nodes) for c in result.variants}
     assert families
     for strategy, nodes in sorted(families):
@@ -93,9 +119,18 @@ def test_the_whole_batch_is_tried_without_accumulation() -> None:
     """One micro-batch a step holds no gradient in its forward: Llama-3.2-1B on one H100 fits micro-batch 9 only so."""
     spec = resolve_model("llama-3.2-1b")
     req = seed_request(spec=spec, gpu=H100, nodes=1, gpus_per_node=1, seq_len=2048, global_batch_seqs=9)
-    req = type(req)(**{**req.__dict__, "attention": "flash", "compile": False, "checkpointing": "none"})
+    req = req.with_pins(attention="flash", compile=False, checkpointing="none")
     assert largest_fitting(req, "full_shard", 1, 9, "none", "flash", 0) == 9
-    accumulating = req.setup("full_shard", 1, 9, 2, "none", "flash", False, 0)  # as if a second micro-batch came
+    accumulating = req.candidate(
+        strategy="full_shard",
+        nodes=1,
+        micro_batch_size=9,
+        grad_accum_steps=2,
+        checkpointing="none",
+        attention="flash",
+        compile=False,
+        loss_chunk_tokens=0,
+    )  # as if a second micro-batch came
     assert mem.estimate(spec, accumulating).device_bytes > req.capacity_bytes
     chosen = pl.plan(req).chosen.setup
     assert (chosen.micro_batch_size, chosen.grad_accum_steps) == (9, 1)

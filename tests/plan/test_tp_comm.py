@@ -13,6 +13,7 @@ from llmctl.plan.timing import compute_split, evaluate, tp_replicated_params
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
 from llmctl.spec.parallel import ParallelDims
+from tests.plan.requests import plan_request
 
 H100 = resolve_gpu("H100-SXM")
 L70B = resolve_model("llama-3.1-70b")
@@ -22,7 +23,7 @@ NET = cm.Network(intra_gbytes_s=360.0, inter_node_gbytes_s=None)  # one node: al
 def request(spec=L70B, **kw) -> PlanRequest:
     args = dict(spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=NET, seq_len=4096, global_batch_seqs=48)
     args.update(kw)
-    return PlanRequest(**args)
+    return plan_request(**args)
 
 
 def tp_ops(c) -> dict[str, tuple[int, float]]:
@@ -48,7 +49,18 @@ def test_tp8_full_checkpointing_matches_a_hand_count() -> None:
       all-reduce:      the embedding's output, forward                        -> 1
     none hidden (no async TP), all inside the node."""
     req = request()
-    setup = req.setup("full_shard", 1, 2, 3, "full", "flash", True, 0, tp=8, async_tp=False)
+    setup = req.candidate(
+        strategy="full_shard",
+        nodes=1,
+        micro_batch_size=2,
+        grad_accum_steps=3,
+        checkpointing="full",
+        attention="flash",
+        compile=True,
+        loss_chunk_tokens=0,
+        tp=8,
+        async_tp=False,
+    )
     c = evaluate(req, setup)
     A = 2 * 4096 * 8192 * 2
     ag, rs, ar = hand_time("all_gather", 8, A), hand_time("reduce_scatter", 8, A), hand_time("all_reduce", 8, A)
@@ -67,7 +79,22 @@ def test_tp8_full_checkpointing_matches_a_hand_count() -> None:
 @pytest.mark.parametrize(("ckpt", "recomputed"), [("none", 0), ("partial:4", 20), ("selective", 80), ("full", 80)])
 def test_recompute_collectives_follow_the_checkpointing_mode(ckpt: str, recomputed: int) -> None:
     req = request()
-    ops = tp_ops(evaluate(req, req.setup("full_shard", 1, 1, 1, ckpt, "flash", False, 0, tp=4)))
+    ops = tp_ops(
+        evaluate(
+            req,
+            req.candidate(
+                strategy="full_shard",
+                nodes=1,
+                micro_batch_size=1,
+                grad_accum_steps=1,
+                checkpointing=ckpt,
+                attention="flash",
+                compile=False,
+                loss_chunk_tokens=0,
+                tp=4,
+            ),
+        )
+    )
     assert ops.get("TP all-gather (recompute)", (0, 0))[0] == 2 * recomputed
     assert ops.get("TP reduce-scatter (recompute)", (0, 0))[0] == recomputed
     assert ops["TP all-gather (backward)"][0] == 2 * 80 + 1 and ops["TP reduce-scatter (backward)"][0] == 2 * 80 + 1
@@ -116,8 +143,36 @@ def test_async_tp_hides_each_collective_behind_its_matmul() -> None:
 
 def test_async_tp_is_priced_in_the_setup() -> None:
     req = request()
-    plain = evaluate(req, req.setup("full_shard", 1, 2, 3, "full", "flash", True, 0, tp=8, async_tp=False))
-    fused = evaluate(req, req.setup("full_shard", 1, 2, 3, "full", "flash", True, 0, tp=8, async_tp=True))
+    plain = evaluate(
+        req,
+        req.candidate(
+            strategy="full_shard",
+            nodes=1,
+            micro_batch_size=2,
+            grad_accum_steps=3,
+            checkpointing="full",
+            attention="flash",
+            compile=True,
+            loss_chunk_tokens=0,
+            tp=8,
+            async_tp=False,
+        ),
+    )
+    fused = evaluate(
+        req,
+        req.candidate(
+            strategy="full_shard",
+            nodes=1,
+            micro_batch_size=2,
+            grad_accum_steps=3,
+            checkpointing="full",
+            attention="flash",
+            compile=True,
+            loss_chunk_tokens=0,
+            tp=8,
+            async_tp=True,
+        ),
+    )
     assert fused.predicted.comm_total_s == pytest.approx(plain.predicted.comm_total_s)
     assert 0 <= fused.predicted.tp_comm_exposed_s < 0.5 * plain.predicted.tp_comm_exposed_s
     assert fused.predicted.tokens_per_s > plain.predicted.tokens_per_s
@@ -125,8 +180,27 @@ def test_async_tp_is_priced_in_the_setup() -> None:
 
 def test_each_rank_runs_a_tp_th_of_the_split_flops_and_all_of_the_moe() -> None:
     req = request()
-    s1 = req.setup("full_shard", 1, 2, 1, "none", "flash", False, 0)
-    s8 = req.setup("full_shard", 1, 2, 1, "none", "flash", False, 0, tp=8)
+    s1 = req.candidate(
+        strategy="full_shard",
+        nodes=1,
+        micro_batch_size=2,
+        grad_accum_steps=1,
+        checkpointing="none",
+        attention="flash",
+        compile=False,
+        loss_chunk_tokens=0,
+    )
+    s8 = req.candidate(
+        strategy="full_shard",
+        nodes=1,
+        micro_batch_size=2,
+        grad_accum_steps=1,
+        checkpointing="none",
+        attention="flash",
+        compile=False,
+        loss_chunk_tokens=0,
+        tp=8,
+    )
     e1, p1 = compute_split(req, s1)
     e8, p8 = compute_split(req, s8)
     width = req.efficiency.tp_width_factor(L70B, 8, req.gpu, 2 * 4096)

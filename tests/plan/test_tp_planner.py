@@ -3,18 +3,19 @@ how it explains the choice (llmctl.plan.planner, llmctl.plan.explain)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from llmctl.errors import InputError
 from llmctl.plan import comm as cm
-from llmctl.plan import kernel_time
+from llmctl.plan import kernel_time, space
 from llmctl.plan import planner as pl
+from llmctl.plan.ranking import sort_key
 from llmctl.plan.request import PlanRequest
+from llmctl.plan.search import Choice, parallel_bound
 from llmctl.plan.timing import evaluate
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
+from tests.plan.requests import plan_request
 
 A100 = resolve_gpu("A100-80GB")
 H100 = resolve_gpu("H100-SXM")
@@ -34,13 +35,13 @@ def seed(**kw) -> PlanRequest:
         cp=1,  # TP's search on the seed (CP's: tests/plan/test_cp_planner.py)
     )
     args.update(kw)
-    return PlanRequest(**args)
+    return plan_request(**args)
 
 
 def h100_70b(**kw) -> PlanRequest:
     args = dict(spec=resolve_model("llama-3.1-70b"), gpu=H100, nodes=32, gpus_per_node=8, network=IB_NET, seq_len=8192)
     args.update(kw)
-    return PlanRequest(**args)
+    return plan_request(**args)
 
 
 def test_tp_off_leaves_the_data_parallel_plan_as_it_was() -> None:
@@ -83,15 +84,17 @@ def test_seed_with_tp_explains_the_choice_with_numbers() -> None:
 @pytest.mark.parametrize("model", ["gpt2-xl", "phi-4", "deepseek-v3", "gpt-oss-20b", "olmo-2-7b"])
 def test_never_tp_for_a_family_without_a_plan(model: str) -> None:
     spec = resolve_model(model)
-    req = PlanRequest(spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, seq_len=1024, global_batch_seqs=64)
-    assert pl.tp_degrees(req, []) == [1]
+    req = plan_request(
+        spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, seq_len=1024, global_batch_seqs=64
+    )
+    assert space.tp_degrees(req, []) == [1]
     with pytest.raises(InputError, match="cannot use tensor parallelism"):
-        PlanRequest(spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, tp=2)
+        plan_request(spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, tp=2)
 
 
 def test_gpt2_plan_never_proposes_tp_and_says_why() -> None:
     spec = resolve_model("gpt2-xl")
-    r = pl.plan(PlanRequest(spec=spec, gpu=A100, nodes=1, gpus_per_node=4, network=SEED_NET, seq_len=1024))
+    r = pl.plan(plan_request(spec=spec, gpu=A100, nodes=1, gpus_per_node=4, network=SEED_NET, seq_len=1024))
     assert {c.setup.tp for c in r.variants} == {1}
     assert r.tp_choice.startswith("tensor parallelism: not considered: gpt2 cannot use tensor parallelism")
 
@@ -99,11 +102,13 @@ def test_gpt2_plan_never_proposes_tp_and_says_why() -> None:
 def test_never_a_degree_that_does_not_divide_the_kv_heads() -> None:
     """SmolLM3-3B: 16 heads but 4 kv heads: TP 8 would split a kv head."""
     spec = resolve_model("smollm3-3b")
-    req = PlanRequest(spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, seq_len=4096, global_batch_seqs=64)
+    req = plan_request(
+        spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, seq_len=4096, global_batch_seqs=64
+    )
     r = pl.plan(req)
-    assert {c.setup.tp for c in r.variants} <= {1, 2, 4} and 8 not in pl.tp_degrees(req, [])
+    assert {c.setup.tp for c in r.variants} <= {1, 2, 4} and 8 not in space.tp_degrees(req, [])
     with pytest.raises(InputError, match="tp 8 does not divide smollm3's num_key_value_heads 4"):
-        replace(req, tp=8)
+        req.with_pins(tp=8)
 
 
 def test_a_pinned_tp_is_honoured_or_refused_in_one_line() -> None:
@@ -150,10 +155,24 @@ def test_tp_families_that_cannot_win_are_skipped_by_their_compute_bound() -> Non
     req = h100_70b(nodes=1024, seq_len=4096)
     r = pl.plan(req)
     assert any(line.startswith("TP ") and "even without communication" in line for line in r.rejected)
-    bound = pl.tp_bound(req, 8, 64, "flash", True)
+    bound = parallel_bound(req, Choice("full_shard", 64, 8, attention="flash", compile=True))
     per_rank = req.global_batch // 64  # 64 data-parallel ranks: one per node
-    one = evaluate(req, req.setup("full_shard", 64, per_rank, 1, "none", "flash", True, 0, tp=8, async_tp=True))
-    assert one.predicted.tokens_per_s < bound < -pl.sort_key(req, r.chosen)[0]
+    one = evaluate(
+        req,
+        req.candidate(
+            strategy="full_shard",
+            nodes=64,
+            micro_batch_size=per_rank,
+            grad_accum_steps=1,
+            checkpointing="none",
+            attention="flash",
+            compile=True,
+            loss_chunk_tokens=0,
+            tp=8,
+            async_tp=True,
+        ),
+    )
+    assert one.predicted.tokens_per_s < bound < -sort_key(req, r.chosen)[0]
     # the bound leaves out the optimizer step (a smaller step: a higher bound)
     optimizer = kernel_time.optimizer_seconds(req.gpu, req.spec, one.setup)
     assert one.predicted.compute_s - optimizer == pytest.approx(req.global_batch * 4096 / bound)
@@ -161,8 +180,10 @@ def test_tp_families_that_cannot_win_are_skipped_by_their_compute_bound() -> Non
 
 def test_tp_that_does_not_divide_the_sequence_is_never_proposed() -> None:
     spec = resolve_model("llama-3.1-8b")
-    req = PlanRequest(spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, seq_len=4098, global_batch_seqs=64)
+    req = plan_request(
+        spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, seq_len=4098, global_batch_seqs=64
+    )
     rejected: list[str] = []
-    assert pl.tp_degrees(req, rejected) == [1, 2]  # 4098 = 2 x 2049
+    assert space.tp_degrees(req, rejected) == [1, 2]  # 4098 = 2 x 2049
     assert any("seq len 4098 does not divide" in r for r in rejected)
     assert {c.setup.tp for c in pl.plan(req).variants} <= {1, 2}

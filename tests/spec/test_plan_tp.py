@@ -43,10 +43,10 @@ def test_hybrid_shard_groups_count_data_parallel_ranks() -> None:
 @pytest.mark.parametrize(
     ("data", "needle"),
     [
-        (plan(tp=3), "parallel.tp 3 does not divide the world size 8"),
+        (plan(tp=3), "parallel.tp: 8 GPUs cannot be split into tp=3 x pp=1 groups"),
         (plan(tp=8), "tp 8 does not divide llama's num_key_value_heads 4"),
         (plan("gpt2", tp=2), "gpt2 cannot use tensor parallelism"),
-        (plan(tp=2, loss_chunk_tokens=256), "a chunked loss does not run with tensor parallelism"),
+        (plan(tp=2, loss_chunk_tokens=256), "tensor parallelism computes the loss on vocabulary shards"),
         (plan(tp=4, seq_len=130), "seq len 130 is not divisible by tp 4"),
     ],
     ids=["world", "kv-heads", "no-plan", "chunked-loss", "seq-len"],

@@ -10,13 +10,13 @@ import pytest
 from llmctl.errors import InputError, LlmctlError
 from llmctl.plan import comm as cm
 from llmctl.plan import memory as mem
-from llmctl.plan.request import PlanRequest
 from llmctl.plan.timing import evaluate
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
 from llmctl.spec.planfile import plan_from_dict, plan_to_yaml
 from llmctl.spec.precision import ENGINE_PRECISIONS, POLICIES, policy
 from llmctl.spec.setup import TrainSetup
+from tests.plan.requests import plan_request
 
 PLAN = {
     "name": "t",
@@ -109,7 +109,7 @@ def test_setup_validation_is_one_line() -> None:
     with pytest.raises(InputError, match=r"seq len 100 is not divisible by 8 \(4 chunks for cp 2 \(head-tail"):
         TrainSetup(cp=2, tp=2, gpus_per_node=4, seq_len=100)
     TrainSetup(cp=2, gpus_per_node=2, seq_len=102, cp_load_balance=False)  # 2 chunks without the load balance
-    with pytest.raises(InputError, match="ring attention on PyTorch SDPA, not flash"):
+    with pytest.raises(InputError, match="ring attention on SDPA, not flash"):
         TrainSetup(cp=2, gpus_per_node=2, attention="flash")
     with pytest.raises(InputError, match="unknown cp rotate method 'ring'"):
         TrainSetup(cp=2, gpus_per_node=2, cp_rotate="ring")
@@ -154,8 +154,20 @@ def test_the_cost_model_moves_gradients_in_the_reduce_dtype() -> None:
     net = cm.Network(240.0, 1.0)
 
     def comm_s(precision: str) -> float:
-        req = PlanRequest(spec=spec, gpu=a100, nodes=2, gpus_per_node=4, network=net, seq_len=1024, precision=precision)
-        return evaluate(req, req.setup("no_shard", 2, 1, 16, "full", "flash")).predicted.comm_total_s
+        req = plan_request(
+            spec=spec, gpu=a100, nodes=2, gpus_per_node=4, network=net, seq_len=1024, precision=precision
+        )
+        return evaluate(
+            req,
+            req.candidate(
+                strategy="no_shard",
+                nodes=2,
+                micro_batch_size=1,
+                grad_accum_steps=16,
+                checkpointing="full",
+                attention="flash",
+            ),
+        ).predicted.comm_total_s
 
     assert comm_s("bf16") == pytest.approx(comm_s("bf16-mixed") / 2, rel=0.01)
 

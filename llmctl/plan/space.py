@@ -1,0 +1,241 @@
+"""What the planner searches, from the request (torch-free): the values of each decision it chooses where the user did
+not pin it (llmctl.spec.decisions: strategy, tp, cp, attention, checkpointing, loss chunk, compile, and the nodes
+used), each narrowed by the same rules the plan file and the engine ask (llmctl.spec.rules, the families' tensor- and
+context-parallel predicates), and why values were left out (`rejected`, one line each, in the order found).
+
+Tensor-parallel degree (llmctl.families.tensor_parallel.valid_tp: 1, 2, 4, 8 inside a node, where the model's family
+has a plan and the degree divides its heads, kv heads and MLP width) x context-parallel degree (1, 2, 4, ... up to the
+cluster where the model's attention runs as ring attention, llmctl.families.context_parallel, and 2cp x tp splits the
+sequence) x strategy (full_shard, hybrid_shard, no_shard: what the engine runs) x nodes used (powers of two and
+divisors of the cluster's node count: on a slow network fewer nodes can win) x checkpointing x attention kernel x
+compile x loss chunk (0 with tp > 1: TP computes the loss on vocabulary shards; past LONG_CONTEXT_TOKENS only the
+chunked loss). The micro-batch and accumulation are found per family (llmctl.plan.search).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from llmctl.errors import InputError, RuleError
+from llmctl.families.context_parallel import cp_problem
+from llmctl.families.tensor_parallel import valid_tp
+from llmctl.plan import float8 as f8
+from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.attention import KERNELS, Attention
+from llmctl.spec.parallel import ENGINE_STRATEGIES, sequence_split_problem
+
+if TYPE_CHECKING:
+    from llmctl.plan.request import PlanRequest
+    from llmctl.spec.models import ModelSpec
+
+# Chunked loss: one chunk's logits are about 2^26 elements (512 MiB for the fp32 log-softmax and its gradient in
+# backward): 512 tokens for Llama 3's 128k vocabulary, 2048 for Llama 2's 32k; never below 256 tokens (smaller
+# GEMMs lose efficiency) nor above 8192.
+LOSS_CHUNK_ELEMENTS = 2**26
+LONG_CONTEXT_TOKENS = 32768
+"""Past this sequence length the planner keeps the loss chunked (tp = 1): the whole logits of one 32k-token sequence
+over Llama 3's 128k vocabulary are 7.8 GiB in bf16, 15.7 GiB upcast to fp32 and 15.7 GiB more for the fp32
+log-softmax."""
+
+TP_REFUSED = {
+    "loss parallel": lambda req: (
+        f"tensor parallelism: --loss-chunk {req.pin('loss_chunk_tokens')} (TP computes the loss unchunked)"
+    ),
+    "adapters": lambda req: f"tensor parallelism: {req.finetune.method} adapters run at tp 1 in llmctl's engine",
+    "float8 at tp 1": lambda req: f"tensor parallelism: {req.precision.name} runs at tp 1 in llmctl's engine",
+}
+"""How the search words a rule (llmctl.spec.rules) that leaves only tp 1."""
+
+
+def auto_loss_chunk(spec: ModelSpec) -> int:
+    """Tokens per loss chunk when the planner chunks the loss (LOSS_CHUNK_ELEMENTS)."""
+    c = 1 << max(0, (LOSS_CHUNK_ELEMENTS // max(1, spec.vocab_size)).bit_length() - 1)
+    return min(8192, max(256, c))
+
+
+def checkpointing_modes(spec: ModelSpec) -> list[str]:
+    """What the planner tries: none, partial:K (where they checkpoint a distinct number of layers), selective, full."""
+    out = ["none"]
+    seen = set()
+    for k in ckpt_modes.PLANNER_PARTIAL:
+        n = spec.num_layers // k
+        if 0 < n < spec.num_layers and n not in seen:
+            seen.add(n)
+            out.append(f"partial:{k}")
+    return out + ["selective", "full"]
+
+
+def tp_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:
+    """The tensor-parallel degrees to search: the pin, or valid_tp, each degree's setup asked to the rules (a
+    sequence it splits evenly, no pinned loss chunk, what the engine runs with adapters and float8)."""
+    if req.pin("tp") is not None:
+        return [req.pin("tp")]  # checked by PlanRequest
+    tps, refused = [1], {}
+    for t in valid_tp(req.spec, req.gpus_per_node)[1:]:
+        try:
+            req.candidate(nodes=req.nodes, tp=t, loss_chunk_tokens=req.pin("loss_chunk_tokens") or 0)
+        except RuleError as e:
+            refused.setdefault(e.rule, []).append(t)
+            continue
+        tps.append(t)
+    if "sequence split" in refused:
+        uneven = ", ".join(map(str, refused["sequence split"]))
+        rejected.append(f"tensor parallelism {uneven}: seq len {req.seq_len} does not divide")
+    for rule, words in TP_REFUSED.items():
+        if rule in refused:
+            rejected.append(words(req))
+            break
+    return tps
+
+
+def cp_degrees(req: PlanRequest, attns: list[Attention], rejected: list[str]) -> list[int]:
+    """The context-parallel degrees to search: the pin, or 1 and the powers of two up to the cluster's GPUs whose
+    ring the model's attention runs (llmctl.families.context_parallel.cp_problem) on a kernel that runs a ring (a
+    pinned flash or eager kernel rules it out), and whose 2cp head-tail chunks split the sequence (each rank's part
+    split again by some tp searched: parallel_degrees)."""
+    if req.pin("cp") is not None:
+        return [req.pin("cp")]  # checked by PlanRequest
+    world = req.nodes * req.gpus_per_node
+    if world < 2:
+        return [1]
+    problem = cp_problem(req.spec, req.seq_len)
+    if problem:
+        rejected.append(f"context parallelism: {problem}")
+        return [1]
+    if not any(a.runs_ring for a in attns):
+        rejected.append(f"context parallelism: ring attention runs on SDPA, not --attention {req.pin('attention')}")
+        return [1]
+    cps, cp = [1], 2
+    while cp <= world:
+        if world % cp == 0 and sequence_split_problem(req.seq_len, 1, cp) is None:
+            cps.append(cp)
+        cp *= 2
+    return cps
+
+
+def parallel_degrees(req: PlanRequest, tps: list[int], cps: list[int], rejected: list[str]) -> list[tuple[int, int]]:
+    """The (tp, cp) pairs to search: those that split the GPUs and the sequence (llmctl.spec.parallel)."""
+    world, out = req.nodes * req.gpus_per_node, []
+    for tp, cp in itertools.product(tps, cps):
+        if world % (tp * cp):
+            continue
+        problem = sequence_split_problem(req.seq_len, tp, cp)
+        if problem:
+            rejected.append(f"cp {cp} x tp {tp}: {problem}")
+            continue
+        out.append((tp, cp))
+    return out
+
+
+def loss_chunks(req: PlanRequest, rejected: list[str]) -> list[int]:
+    """The loss chunks to search (tp = 1; tp > 1 computes the loss on vocabulary shards): the pin, else whole logits
+    and auto_loss_chunk, but past LONG_CONTEXT_TOKENS only the chunked loss (it stays on: the logits of one long
+    sequence are many GiB, and a plan that runs at one length should not lose the chunks at the next)."""
+    if req.pin("loss_chunk_tokens") is not None:
+        return [req.pin("loss_chunk_tokens")]
+    if req.seq_len > LONG_CONTEXT_TOKENS:
+        rejected.append(
+            f"whole logits (--loss-chunk 0): past {LONG_CONTEXT_TOKENS:,} tokens the loss stays chunked "
+            f"(tp > 1: on vocabulary shards)"
+        )
+        return [auto_loss_chunk(req.spec)]
+    return [0, auto_loss_chunk(req.spec)]
+
+
+def attention_kernels(req: PlanRequest, rejected: list[str]) -> list[Attention]:
+    """The kernels to search: the pin, else every kernel, without flash where the precision or GPU has none, and
+    without what the model has no path for (a pinned one it has not is bad input)."""
+    pin = req.pin("attention")
+    attns = [pin] if pin else list(KERNELS)
+    gpu = req.gpu
+    if not req.precision.flash_attention or not gpu.flash_attention:
+        why = (
+            f"{req.compute_dtype} has no flash kernel"
+            if not req.precision.flash_attention
+            else f"flash-attention 2 does not run on {gpu.name}"
+        )
+        if pin == Attention.FLASH:
+            rejected.append(f"--attention flash: {why}")
+        attns = [a for a in attns if a != Attention.FLASH]
+    if pin and not req.spec.runs_kernel(pin):  # a pin the model cannot run: bad input
+        raise InputError(
+            f"--attention {pin}: {req.spec.name} ({req.spec.model_type}) has no {pin} path in transformers",
+            hint=f"use --attention {req.spec.attention_kernel(pin)}, or no pin",
+        )
+    return [a for a in attns if req.spec.runs_kernel(a)]
+
+
+def dp_ranks(req: PlanRequest, n: int, tp: int, cp: int) -> int:
+    """Data-parallel ranks on n nodes (0: tp x cp does not split them)."""
+    return n * req.gpus_per_node // (tp * cp) if (n * req.gpus_per_node) % (tp * cp) == 0 else 0
+
+
+@dataclass(frozen=True)
+class Space:
+    """The values the search tries for each decision it chooses, and why others were left out."""
+
+    strategies: list[str]
+    checkpointing: list[str]
+    loss_chunks: list[int]
+    attentions: list[Attention]
+    compiles: list[bool]
+    tps: list[int]
+    cps: list[int]
+    degrees: list[tuple[int, int]]
+    """(tp, cp) pairs that split the GPUs and the sequence."""
+    usable: dict[tuple[int, int], list[int]]
+    """(tp, cp) -> the node counts whose data-parallel ranks split the global batch."""
+    rejected: list[str] = field(default_factory=list)
+
+
+def space_for(req: PlanRequest) -> Space:
+    """The space of a request (the pins narrow it; the rules and the batch too)."""
+    spec, g, G = req.spec, req.gpus_per_node, req.global_batch
+    req.gpu.peak_tflops(req.compute_dtype)  # no native dtype (bf16 on V100): one clear error now
+    if req.precision.float8 and spec.measured is None and not f8.linear_count(spec):
+        # as the engine refuses it (llmctl.engine.float8.convert): float8 would buy nothing
+        raise InputError(
+            f"precision {req.precision.name}: {spec.name} has no linear layer float8 converts "
+            "(GPT-2's projections are Conv1D, not nn.Linear)",
+            hint="use --precision bf16-mixed",
+        )
+    rejected: list[str] = []
+    strategy, ckpt, comp = req.pin("strategy"), req.pin("checkpointing"), req.pin("compile")
+    chunks = loss_chunks(req, rejected)
+    attns = attention_kernels(req, rejected)
+    if strategy == "hybrid_shard" and req.nodes < 2:
+        rejected.append("--strategy hybrid_shard: needs at least 2 nodes (on one node it is full_shard)")
+    tps = tp_degrees(req, rejected)
+    cps = cp_degrees(req, attns, rejected)
+    degrees = parallel_degrees(req, tps, cps, rejected)
+    usable = {
+        (tp, cp): [n for n in req.node_options() if dp_ranks(req, n, tp, cp) and G % dp_ranks(req, n, tp, cp) == 0]
+        for tp, cp in degrees
+    }
+    if not any(usable.values()):
+        tp, cp = max(degrees, key=lambda d: d[0] * d[1]) if degrees else (max(tps), 1)
+        dp = max(1, g // (tp * cp))  # the fewest data-parallel ranks per node searched
+        ranks = f"{dp} GPUs per node" if dp == g else f"{dp} data-parallel ranks per node (tp {tp} x cp {cp})"
+        raise InputError(
+            f"global batch {G} sequences does not split evenly over {ranks} on any node count",
+            hint=f"use a multiple of {dp} (e.g. --global-batch {dp * max(1, round(G / dp))})",
+        )
+    for tp, cp in degrees:
+        dp = dp_ranks(req, req.nodes, tp, cp)
+        if dp and req.nodes not in usable[(tp, cp)]:
+            ranks = f"{dp} GPUs" if tp * cp == 1 else f"{dp} data-parallel ranks (tp {tp} x cp {cp})"
+            rejected.append(f"{req.nodes} nodes: global batch {G} is not a multiple of {ranks}")
+    return Space(
+        strategies=[strategy] if strategy else list(ENGINE_STRATEGIES),
+        checkpointing=[ckpt] if ckpt else checkpointing_modes(spec),
+        loss_chunks=chunks,
+        attentions=attns,
+        compiles=[comp] if comp is not None else [True, False],
+        tps=tps,
+        cps=cps,
+        degrees=degrees,
+        usable=usable,
+        rejected=rejected,
+    )

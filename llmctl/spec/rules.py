@@ -1,0 +1,244 @@
+"""The rules between training decisions, each in one place (torch-free).
+
+A rule says why a setup cannot be trained (one line, and a hint), or None. The setup asks the rules that need no
+model when it is built (`TrainSetup.__post_init__`: a plan file, a flag, a pin and the planner's search all build
+setups, so they all meet the same rule); the rules that need the model (`MODEL_RULES`: does the family split over tp,
+does its attention run as a ring, ...) are asked by the plan file's check, the planner's request and search, and the
+engine, through `model_problem`. `ENGINE_RULES` say what llmctl's engine runs of what the memory model can size
+(estimate-memory's what-ifs: ZeRO-1, pipeline stages, other optimizers).
+
+A rule names the decisions it constrains (`decisions`): a plan file's error names their keys, a command's their flags.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llmctl.errors import RuleError
+
+if TYPE_CHECKING:
+    from llmctl.spec.models import ModelSpec
+    from llmctl.spec.setup import TrainSetup
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    decisions: tuple[str, ...]
+    check: Callable[..., str | None]
+    """(setup) -> the problem, or None; MODEL_RULES' take (setup, spec)."""
+    hint: str | Callable[[Any], str] = ""
+
+    def problem(self, setup: TrainSetup, *model: ModelSpec) -> RuleError | None:
+        why = self.check(setup, *model)
+        if why is None:
+            return None
+        hint = self.hint(setup) if callable(self.hint) else self.hint
+        return RuleError(why, hint=hint or None, decisions=self.decisions, rule=self.name)
+
+
+# --- what a setup is, before its degrees are a layout ---------------------------------------------------------------
+def _states_need_adamw(s: TrainSetup) -> str | None:
+    if s.optimizer_states != "auto" and s.optimizer != "adamw":
+        return f"optimizer states {s.optimizer_states} apply to adamw's two moments, not {s.optimizer}"
+    return None
+
+
+def _no_ep(s: TrainSetup) -> str | None:
+    return "expert parallelism is not modelled yet (ep = 1)" if s.ep > 1 else None
+
+
+def _chunk_without_tp(s: TrainSetup) -> str | None:
+    if s.tp > 1 and s.loss_chunk_tokens:
+        return "tensor parallelism computes the loss on vocabulary shards (loss parallel), not in chunks"
+    return None
+
+
+def _async_tp(s: TrainSetup) -> str | None:
+    return "async TP needs tp > 1 and compile" if s.async_tp and (s.tp < 2 or not s.compile) else None
+
+
+def _hybrid_nodes(s: TrainSetup) -> str | None:
+    if s.strategy == "hybrid_shard" and s.nodes < 2 and s.shard_size is None:
+        return "hybrid_shard needs at least 2 nodes (on one node it is full_shard)"
+    return None
+
+
+BEFORE_LAYOUT = (
+    Rule(
+        "states need adamw",
+        ("optimizer_states",),
+        _states_need_adamw,
+        "drop the optimizer states, or use the adamw optimizer",
+    ),
+    Rule("no expert parallelism", ("ep",), _no_ep),
+    Rule("loss parallel", ("loss_chunk_tokens", "tp"), _chunk_without_tp, "set the loss chunk to 0 with tp > 1"),
+    Rule("async tp", ("async_tp", "tp", "compile"), _async_tp, "turn on compile, or drop async TP"),
+    Rule("hybrid nodes", ("strategy", "nodes"), _hybrid_nodes, "pass --nodes N --gpus-per-node G"),
+)
+
+
+# --- what a layout runs ------------------------------------------------------------------------------------------------
+def _sequence(s: TrainSetup) -> str | None:
+    return s.dims.sequence_problem(s.seq_len, s.cp_load_balance)
+
+
+def _ring_on_sdpa(s: TrainSetup) -> str | None:
+    if s.dims.cp_enabled and not s.attention.runs_ring:
+        return f"context parallelism runs ring attention on SDPA, not {s.attention}"
+    return None
+
+
+def _fsdp2_no_zero1(s: TrainSetup) -> str | None:
+    return "FSDP2 has no ZeRO-1 (optimizer-only sharding)" if s.engine == "fsdp2" and s.strategy == "zero1" else None
+
+
+def _flash_half(s: TrainSetup) -> str | None:
+    return "flash attention needs bf16 or fp16" if s.attention.needs_half and not s.precision.flash_attention else None
+
+
+def _offload_fsdp2(s: TrainSetup) -> str | None:
+    if s.levers.offload and s.engine != "fsdp2":
+        return f"CPU offload is FSDP2's CPUOffloadPolicy: not run with engine {s.engine}"
+    return None
+
+
+def _adapter_refusals(s: TrainSetup) -> list[tuple[bool, str, str]]:
+    """(refused, why, hint) of what llmctl's engine runs with adapters: FSDP2 data parallelism and cp, a half or fp32
+    compute dtype."""
+    ft = s.finetune
+    return [
+        (s.engine != "fsdp2", f"the {s.engine} engine's ledger is full training's", "drop --engine zero"),
+        (s.dims.tp_enabled, f"tensor parallelism (tp {s.tp}) is not wired for adapters", "use tp 1 (FSDP, cp)"),
+        (s.dims.pp_enabled, "pipeline parallelism is not run by llmctl's engine", "use pp 1"),
+        (s.precision.float8, f"precision {s.precision.name} converts the frozen linears", "use bf16-mixed"),
+        (s.levers.offload, "CPU offload is planned for full training only", "drop --offload"),
+        (
+            ft.method == "qlora" and s.precision.compute_dtype == "fp32",
+            "QLoRA computes in bf16 or fp16 (its 4-bit base is dequantized to it)",
+            "use precision bf16-mixed",
+        ),
+    ]
+
+
+def _adapters(s: TrainSetup) -> str | None:
+    if not s.finetune.adapters:
+        return None
+    return next((f"{s.finetune.method}: {why}" for bad, why, _ in _adapter_refusals(s) if bad), None)
+
+
+def _adapters_hint(s: TrainSetup) -> str:
+    return next((hint for bad, _, hint in _adapter_refusals(s) if bad), "")
+
+
+def _float8_tp(s: TrainSetup) -> str | None:
+    # torchao's float8 TP styles (Float8ColwiseParallel, ...) differ from the bf16 plan's; not wired yet
+    if s.precision.float8 and s.dims.tp_enabled:
+        return f"precision {s.precision.name} with tensor parallelism (tp {s.tp}) is not run by llmctl's engine"
+    return None
+
+
+AFTER_LAYOUT = (
+    Rule("sequence split", ("seq_len", "tp", "cp"), _sequence, "choose a sequence length that is a multiple of it"),
+    Rule(
+        "ring on sdpa",
+        ("cp", "attention"),
+        _ring_on_sdpa,
+        "use attention auto or sdpa with cp > 1 (SDPA's own flash kernel runs on GPUs)",
+    ),
+    Rule("fsdp2 has no zero1", ("strategy", "engine"), _fsdp2_no_zero1, "use --engine zero"),
+    Rule("flash needs half", ("attention", "precision"), _flash_half, "use --attention sdpa with fp32"),
+    Rule("offload is fsdp2's", ("offload", "engine"), _offload_fsdp2, "use --engine fsdp2"),
+    Rule("adapters", ("finetune", "tp", "pp", "precision", "offload", "engine"), _adapters, _adapters_hint),
+    Rule("float8 at tp 1", ("precision", "tp"), _float8_tp, "use tp 1 with float8, or bf16-mixed with tp"),
+)
+
+
+def check(setup: TrainSetup, rules: tuple[Rule, ...]) -> None:
+    """Raise the first rule's refusal (RuleError: one line, its hint)."""
+    for rule in rules:
+        err = rule.problem(setup)
+        if err is not None:
+            raise err
+
+
+# --- what a model allows ---------------------------------------------------------------------------------------------
+def _tp_splits(s: TrainSetup, spec: ModelSpec) -> str | None:
+    from llmctl.families.tensor_parallel import plan_problem
+
+    return plan_problem(spec, s.tp)
+
+
+def _ring_runs(s: TrainSetup, spec: ModelSpec) -> str | None:
+    from llmctl.families.context_parallel import cp_problem
+
+    return cp_problem(spec, s.seq_len) if s.dims.cp_enabled else None
+
+
+def _positions(s: TrainSetup, spec: ModelSpec) -> str | None:
+    if spec.features.learned_positions and s.seq_len > spec.max_position_embeddings:
+        # GPT-2 learns one embedding per position (wpe): a longer sequence indexes past the table.
+        return (
+            f"seq len {s.seq_len} is longer than the model's {spec.max_position_embeddings} positions (n_positions; "
+            "set it in model.overrides)"
+        )
+    return None
+
+
+def _nf4_base(s: TrainSetup, spec: ModelSpec) -> str | None:
+    # torchao's NF4 runs F.linear, not Conv1D's addmm (llmctl/engine/qlora.py)
+    if s.finetune.method == "qlora" and spec.features.conv1d:
+        return f"qlora: {spec.name}'s block matmuls are Conv1D layers, which llmctl's NF4 base does not run"
+    return None
+
+
+def _targets(s: TrainSetup, spec: ModelSpec) -> str | None:
+    from llmctl.spec.finetune import targets_problem
+
+    return targets_problem(spec, s.finetune)
+
+
+MODEL_RULES = (
+    Rule("tp plan", ("tp",), _tp_splits, "use --tp 1, or no pin"),
+    Rule("ring attention", ("cp",), _ring_runs, "use --cp 1, or no pin"),
+    Rule("learned positions", ("seq_len",), _positions),
+    Rule("nf4 base", ("finetune",), _nf4_base, "use --finetune lora"),
+    Rule("lora targets", ("lora_targets",), _targets, "leave finetune.lora_targets out for the family's defaults"),
+)
+
+
+def model_problem(setup: TrainSetup, spec: ModelSpec, only: tuple[str, ...] | None = None) -> RuleError | None:
+    """The first MODEL_RULES refusal of `setup` on `spec` (or of the rules named in `only`), or None."""
+    for rule in MODEL_RULES:
+        if only is not None and rule.name not in only:
+            continue
+        err = rule.problem(setup, spec)
+        if err is not None:
+            return err
+    return None
+
+
+# --- what llmctl's engine runs ---------------------------------------------------------------------------------------
+def _engine_layout(s: TrainSetup) -> str | None:
+    from llmctl.spec.parallel import ENGINE_STRATEGIES
+
+    if s.strategy not in ENGINE_STRATEGIES:
+        return f"strategy {s.strategy} is not run by llmctl's engine"
+    if s.engine != "fsdp2":
+        return f"the {s.engine} engine is not llmctl's"
+    if s.dims.pp_enabled or s.dims.ep_enabled:
+        return "the engine runs data, context and tensor parallelism only (pp = ep = 1)"
+    return None
+
+
+ENGINE_RULES = (Rule("engine layout", ("strategy", "engine", "pp", "ep"), _engine_layout, "use pp 1 and ep 1"),)
+
+
+def engine_problem(setup: TrainSetup) -> RuleError | None:
+    for rule in ENGINE_RULES:
+        err = rule.problem(setup)
+        if err is not None:
+            return err
+    return None
