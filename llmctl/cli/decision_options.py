@@ -26,8 +26,6 @@ from llmctl.spec.setup import TrainSetup
 Mode = Literal["value", "pin", "override"]
 PARSERS: dict[str, Callable[[Any], Any]] = {"--seq-len": length_count, "--loss-chunk": length_count}
 """Flags whose text is a length in tokens (`128k`)."""
-PLAN_DEFAULTS: dict[str, Any] = {"seq_len": None}
-"""What `plan` starts from where it is not the setup's default (the sequence: the model's own when None)."""
 
 
 def _type(d: Decision) -> type:
@@ -39,7 +37,7 @@ def _type(d: Decision) -> type:
 def _option(d: Decision, mode: Mode) -> tuple[Any, Any]:
     """(annotation, default) of a decision's flag in a mode."""
     kind = _type(d)
-    loose = mode == "override" or (mode == "pin" and (d.search is not None or d.name in PLAN_DEFAULTS))
+    loose = mode == "override" or (mode == "pin" and d.planning_default is None)
     if mode == "override":
         help_ = f"With --dry-start: size rank 0 at this value, not the plan's {d.key}. {d.help}"
     elif mode == "pin":
@@ -59,7 +57,7 @@ def _option(d: Decision, mode: Mode) -> tuple[Any, Any]:
     option = typer.Option(*decls, **extra)
     if loose:
         return Annotated[Optional[kind], option], None  # noqa: UP045 - typer reads Optional
-    default = d.estimate_default
+    default = d.planning_default if mode == "pin" else d.estimate_default
     return Annotated[kind, option], (str(default) if kind is str else default)
 
 
@@ -110,8 +108,6 @@ def as_flags(command: str, decisions: dict[str, Any]) -> list[str]:
     out = []
     for d in dec.on_command(TrainSetup, command):
         v = decisions.get(d.name)
-        loose = d.search is not None or d.name in PLAN_DEFAULTS
-        default = None if loose else d.estimate_default
-        if v is not None and v != default:
+        if v is not None and v != d.planning_default:
             out += d.spell(v).split(" ", 1)
     return out

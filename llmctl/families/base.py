@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmctl.errors import SpecError
+from llmctl.spec.layers import MAX_LAYERS
 
 Config = dict[str, Any]
 
@@ -111,11 +112,6 @@ def integer(cfg: Config, *names: str, default: Any = None) -> int:
     if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
         raise ValueError(f"{names[0]} = {v!r}")
     return int(v)
-
-
-MAX_LAYERS = 10_000
-"""Ten times the deepest published transformer (DeepNet, Wang et al. 2022: 1,000 layers). A model of 10^9 tiny
-layers stays under MAX_PARAMS but would take the engine days to build, one module at a time."""
 
 
 def layer_count(cfg: Config, *names: str) -> int:

@@ -27,9 +27,11 @@ from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
 from llmctl.spec.precision import PrecisionPolicy, for_gpu
 from llmctl.spec.rules import model_problem
-from llmctl.spec.setup import MemoryLevers, TrainSetup
+from llmctl.spec.setup import TrainSetup
 
 OBJECTIVES = ("throughput", "cost")
+CHOSEN = {d.name for d in declared(TrainSetup) if d.search in ("key", "best")}
+"""The decisions each setup of the search chooses (a pin narrows the search); the others' pins are in `base`."""
 DEFAULT_SEQ_LEN = 2048
 """`plan --seq-len` when not given; a model that learns one embedding per position (GPT-2's wpe: what
 llmctl.spec.planfile refuses to run past) gets at most its positions."""
@@ -185,18 +187,18 @@ class PlanRequest:
     @cached_property
     def base(self) -> TrainSetup:
         """What every setup of the search shares: this request's GPUs per node, sequence, precision, optimizer states
-        and training method on FSDP2 with AdamW, CPU offload where it is pinned on; a setup of the search is
-        `candidate(...)`, this with the decisions the search chose."""
-        return TrainSetup(
+        and training method on FSDP2 with AdamW, and the pins of the decisions the search does not choose (CPU
+        offload, ...); a setup of the search is `candidate(...)`, this with the decisions the search chose."""
+        fixed = TrainSetup(
             precision=self.precision,
             optimizer="adamw",
             optimizer_states=self.optimizer_states,
             engine="fsdp2",
             gpus_per_node=self.gpus_per_node,
             seq_len=self.seq_len,
-            levers=MemoryLevers(offload=bool(self.pin("offload"))),
             finetune=self.finetune,
         )
+        return with_values(fixed, **{k: v for k, v in self.pins.items() if k not in CHOSEN})
 
     def candidate(self, **choice: Any) -> TrainSetup:
         """A setup of the search: `base` with the decisions chosen (by name: strategy, nodes, micro_batch_size,
@@ -310,17 +312,9 @@ def default_seq_len(spec: ModelSpec) -> int:
     return min(DEFAULT_SEQ_LEN, spec.max_position_embeddings) if spec.features.learned_positions else DEFAULT_SEQ_LEN
 
 
-PLAN_VALUES: dict[str, Any] = {
-    "precision": "auto",
-    "optimizer_states": "auto",
-    "seq_len": None,
-    "finetune": FULL.method,
-    "lora_rank": FULL.rank,
-    "lora_alpha": FULL.alpha,
-}
-"""The decisions a plan takes as values, not pins (llmctl.spec.decisions: no `search`), at `llmctl plan`'s defaults:
-the precision and optimizer states for the GPU, the sequence of the model (None: default_seq_len), the training
-method."""
+REQUEST_FIELDS = ("precision", "optimizer_states", "seq_len", "finetune", "lora_rank", "lora_alpha")
+"""The decisions a request holds in fields of its own (the precision and the sequence are resolved for the GPU and
+the model); every other decision given is a pin (`PlanRequest.pins`)."""
 
 
 def build_request(
@@ -329,10 +323,11 @@ def build_request(
     """The planner's request for MODEL from `llmctl plan`'s options by name (`o`: params, gpu, gpus, nodes,
     gpus_per_node, cluster, net, intra_gbps, inter_gbps, global_batch, global_batch_tokens, tokens, price, objective,
     overlap, calibrate, memory_margin; gpus and memory_margin may be absent) and its decisions by name (`decisions`:
-    the pins, None where searched, and PLAN_VALUES; missing ones at their defaults), every value checked in one order
+    the pins, None where searched, and the values of those it does not search; missing ones at `llmctl plan`'s
+    defaults), every value checked in one order
     (the first bad one is the one line); with the calibration read from `calibrate`. `spec`: MODEL resolved already.
     `llmctl tune MODEL` builds its request here too."""
-    d = {**PLAN_VALUES, **(decisions or {})}
+    d = {x.name: x.planning_default for x in on_command(TrainSetup, "plan")} | dict(decisions or {})
     flagged = on_command(TrainSetup, "plan")
     misplaced = sorted(set(o) & ({x.name for x in flagged} | {x.param for x in flagged}))
     if misplaced:  # a caller's bug: a decision among the options would be ignored
@@ -390,7 +385,7 @@ def build_request(
         price_per_gpu_hour=hw.price_per_gpu_hour,
         objective=o["objective"].strip().lower(),
         precision=d["precision"],
-        pins={k: v for k, v in d.items() if k not in PLAN_VALUES},
+        pins={k: v for k, v in d.items() if k not in REQUEST_FIELDS},
         overlap=o["overlap"],
         efficiency=Efficiency(calibration=cal.factor) if cal else Efficiency(),
         memory_margin=o.get("memory_margin") or 0.0,

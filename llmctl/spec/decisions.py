@@ -76,6 +76,9 @@ class Decision:
     """How the flag's text becomes a value (`128k` -> 131072)."""
     cli_default: Any = SAME
     """estimate-memory's default when it differs from the setup's (precision `auto`)."""
+    plan_default: Any = SAME
+    """`llmctl plan`'s default of a decision it does not search, when it differs from estimate-memory's (the
+    sequence: None, the model's own)."""
     metavar: str | None = None
     search: Search | None = None
     """What the planner does when not pinned (`Search`); None: the request's value (precision, the sequence)."""
@@ -112,6 +115,14 @@ class Decision:
     @property
     def estimate_default(self) -> Any:
         return self.default if self.cli_default is SAME else self.cli_default
+
+    @property
+    def planning_default(self) -> Any:
+        """What `llmctl plan` takes when the flag is not given: None (searched) for a decision the planner searches,
+        else its value."""
+        if self.search is not None:
+            return None
+        return self.estimate_default if self.plan_default is SAME else self.plan_default
 
     def spell(self, value: Any) -> str:
         """The flag giving `value` (`--tp 2`; a bool `--compile` or `--no-compile`)."""

@@ -16,6 +16,10 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+MAX_LAYERS = 10_000
+"""Ten times the deepest published transformer (DeepNet, Wang et al. 2022: 1,000 layers). A model of 10^9 tiny
+layers stays under MAX_PARAMS but would take the engine days to build, one module at a time."""
+
 Tensor = tuple[str, tuple[int, ...]]
 
 QK_NORMS = ("none", "head", "proj", "l2")

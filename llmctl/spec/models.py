@@ -16,23 +16,30 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from llmctl.errors import SpecError, UnknownNameError, suggest
-from llmctl.families import ANALYTICAL_MODEL_TYPES, MAX_LAYERS, Family, Features, family_of, read_family
 from llmctl.fileio import load_json
 from llmctl.spec import attention as attn
-from llmctl.spec.layers import Attention, Layer, Mlp, layer_active_params, layer_params
+from llmctl.spec.layers import MAX_LAYERS, Attention, Layer, Mlp, layer_active_params, layer_params
 
-SUPPORTED_MODEL_TYPES = ANALYTICAL_MODEL_TYPES
+if TYPE_CHECKING:
+    from llmctl.families import Family, Features
+
 
 Tensor = tuple[str, tuple[int, ...]]
 
-OTHER_FEATURES = Features()
 """A model_type outside the families (measured on fake tensors) is read as a Llama-like block where a feature is
 asked for."""
+
+
+def analytical_model_types() -> list[str]:
+    """The model_types llmctl models analytically (llmctl.families)."""
+    from llmctl.families import ANALYTICAL_MODEL_TYPES
+
+    return ANALYTICAL_MODEL_TYPES
 
 
 @dataclass(frozen=True)
@@ -139,15 +146,20 @@ class ModelSpec:
         del h
         return Layer(attn, mlp)
 
-    @property
+    @cached_property
     def family(self) -> Family | None:
-        """The analytical family entry of this model_type (None: measured on fake tensors, or a bare count)."""
+        """The analytical family entry of this model_type (None: measured on fake tensors, or a bare count). The
+        families are asked here, not imported with this module: they build their layers from llmctl.spec.layers."""
+        from llmctl.families import family_of
+
         return family_of(self.model_type)
 
-    @property
+    @cached_property
     def features(self) -> Features:
+        from llmctl.families import Features
+
         fam = self.family
-        return fam.features if fam is not None else OTHER_FEATURES
+        return fam.features if fam is not None else Features()
 
     @property
     def is_gpt2(self) -> bool:
@@ -352,8 +364,11 @@ def from_hf_config(cfg: dict[str, Any], name: str = "config", source: str = "con
         raise SpecError(f"{name}: no 'model_type' field", hint="is this a Hugging Face config.json?")
     if not isinstance(mt, str) or not mt:
         raise SpecError(f"{name}: model_type must be a name, got {mt!r}")
-    if mt not in SUPPORTED_MODEL_TYPES:
+    from llmctl.families import ANALYTICAL_MODEL_TYPES, read_family
+
+    if mt not in ANALYTICAL_MODEL_TYPES:
         return from_measurement(cfg, name, source)
+
     f = read_family(cfg, name)
     layers: tuple[Layer, ...] = f.pop("layers")
     if not layers:
@@ -392,7 +407,7 @@ def from_measurement(cfg: dict[str, Any], name: str, source: str) -> ModelSpec:
     if not _measurer:
         raise SpecError(
             f"{name}: model_type {cfg['model_type']!r} is not supported",
-            hint="supported: " + ", ".join(SUPPORTED_MODEL_TYPES),
+            hint="supported: " + ", ".join(analytical_model_types()),
         )
     return spec_from_measurement(cfg, _measurer[0](cfg), name, source)
 

@@ -247,6 +247,7 @@ class TrainSetup:
         flag="--seq-len",
         metavar="LEN",
         help="Sequence length in tokens (4096, 4k, 128k).",
+        plan_default=None,
         pin_help="Sequence length in tokens (4096, 4k, 128k); default 2048, or a GPT-2's 1024 learned positions.",
     )
     checkpointing: str = decision(
