@@ -81,7 +81,7 @@ def estimate_memory(
     base = TrainSetup(finetune=method, headroom_fraction=headroom, cuda_context_bytes=int(cuda_context_gib * GIB))
     setup = dec.with_values(base, **d, nodes=n_nodes, gpus_per_node=gpn)
     if (err := rules.model_problem(setup, spec, only=("ring attention",))) is not None:
-        raise InputError(f"--cp {setup.cp}: {err.message}", hint="use --cp 1")
+        raise InputError(f"--cp {d['cp']}: {err.message}", hint="use --cp 1")
     kernel = setup.kernel(gpu_spec, spec)
     if setup.attention.fixed and kernel != setup.attention:  # what the engine runs (Gemma 2, gpt-oss: no SDPA path)
         render.err_console.print(

@@ -203,10 +203,7 @@ def _setup(r: cmp.Row) -> str:
         return "-"
     s = c.setup
     parts = [] if s.strategy == "full_shard" else [s.strategy.replace("_shard", "")]
-    if s.tp > 1:
-        parts.append(f"tp{s.tp}")
-    if s.cp > 1:
-        parts.append(f"cp{s.cp}")
+    parts += s.dims.tags()
     parts.append(f"mb{s.micro_batch_size}" + (f"x{s.grad_accum_steps}" if s.grad_accum_steps > 1 else ""))
     parts.append(
         {"none": "no-ckpt", "selective": "sel-ckpt", "full": "full-ckpt"}.get(s.checkpointing, s.checkpointing)

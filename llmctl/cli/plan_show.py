@@ -9,10 +9,20 @@ from rich.markup import escape
 
 from llmctl.cli import render
 from llmctl.plan import planner as pl
+from llmctl.spec.decisions import as_json
 from llmctl.units import duration
 
 
 def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
+    _header(result)
+    _candidates(result, top)
+    _chosen(result)
+    _others(result, top)
+    _memory(out)
+    _written(out)
+
+
+def _header(result: pl.PlanResult) -> None:
     req, c = result.request, render.console
     spec = req.spec
     c.print(
@@ -30,6 +40,10 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         f"overlap {req.overlap:g}; efficiency x{req.efficiency.calibration:.3g}; {result.evaluated} setups "
         f"evaluated\n"
     )
+
+
+def _candidates(result: pl.PlanResult, top: int) -> None:
+    req, c = result.request, render.console
     cols = [
         ("#", "right"),
         ("strategy", "left"),
@@ -59,12 +73,14 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     t.columns[1].no_wrap = True  # the strategy name stays whole ("hybrid_shard")
     for i, cand in enumerate(result.candidates[:top]):
         s, p = cand.setup, cand.predicted
+        d = as_json(s)
+        ring = ("g" if d["cp_rotate"] == "allgather" else "p") if s.dims.cp_enabled else ""
         row = [
             str(i + 1),
             s.strategy,
             str(s.nodes),
-            f"{s.tp}{'a' if s.async_tp else ''}",
-            f"{s.cp}{'g' if s.cp > 1 and s.cp_rotate == 'allgather' else 'p' if s.cp > 1 else ''}",
+            f"{d['tp']}{'a' if d['async_tp'] else ''}",
+            f"{d['cp']}{ring}",
             f"{s.micro_batch_size}x{s.grad_accum_steps}",
             s.checkpointing,
             s.attention,
@@ -87,6 +103,10 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         "tp: tensor-parallel degree (a: async TP); cp: context-parallel degree (g: K/V all-gather, p: passed on "
         "hop by hop); mb: per data-parallel rank[/dim]"
     )
+
+
+def _chosen(result: pl.PlanResult) -> None:
+    req, c = result.request, render.console
     cs, ch = result.chosen.setup, result.chosen.predicted
     c.print(
         f"\n[bold]chosen[/bold]: {result.chosen.label}, micro-batch {cs.micro_batch_size} x {cs.grad_accum_steps} "
@@ -116,6 +136,10 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
     if req.token_budget:
         cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
         c.print(f"{req.token_budget:,} tokens: {duration(ch.budget_time_s)} on {cs.gpus} GPUs{cost}")
+
+
+def _others(result: pl.PlanResult, top: int) -> None:
+    c = render.console
     if len(result.candidates) > 1:
         c.print("\n[bold]why the others lost[/bold]:")
         for i in range(1, min(top, len(result.candidates))):
@@ -127,6 +151,10 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
             c.print(f"  {escape(line)}")
         if len(dropped) > 4:
             c.print(f"  ... and {len(dropped) - 4} more (see --json)")
+
+
+def _memory(out: dict[str, Any]) -> None:
+    c = render.console
     margin = out.get("memory_margin") or {}
     if margin:
         kept = f"; {margin['margin_fraction']:.0%} kept free as asked" if margin["margin_fraction"] else ""
@@ -144,6 +172,10 @@ def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
         c.print(f"host memory: {escape(host['line'])}", soft_wrap=True)
         if host["fits"] is False:
             render.err_console.print("warning: the node's memory is smaller than what the ranks hold", soft_wrap=True)
+
+
+def _written(out: dict[str, Any]) -> None:
+    c = render.console
     if out.get("plan_path"):
         c.print(f"\nplan written to {escape(out['plan_path'])}")
         for note in out.get("run_notes") or []:

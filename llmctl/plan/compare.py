@@ -39,8 +39,8 @@ from llmctl.plan import comm as cm
 from llmctl.plan import memory as mem
 from llmctl.plan import planner as pl
 from llmctl.plan.request import PlanRequest, build_request
-from llmctl.plan.search import Choice, parallel_bound
-from llmctl.plan.space import auto_loss_chunk
+from llmctl.plan.search import parallel_bound
+from llmctl.plan.space import Choice, auto_loss_chunk
 from llmctl.plan.timing import Candidate
 from llmctl.spec.attention import Attention
 from llmctl.spec.hardware import GPUSpec, gpu_catalog, resolve_gpu
@@ -259,15 +259,14 @@ def requests_from(model: str, options: dict[str, Any], pins: dict[str, Any]) -> 
         req, _ = build_request(model, o, pins, spec=specs[0] if specs else None)
         if not specs:
             specs.append(req.spec)
-        attention, cp = req.pin("attention"), req.pin("cp")
-        if req.seq_len <= COMPARE_PIN_SEQ_LEN and cp is None:
-            cp = 1
-            if attention is None:
+        fixed = {name: req.pin(name) for name in ("attention", "cp", "compile")}
+        if req.seq_len <= COMPARE_PIN_SEQ_LEN and fixed["cp"] is None:
+            fixed["cp"] = 1
+            if fixed["attention"] is None:
                 fast = Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA
-                attention = req.spec.attention_kernel(fast)
-        compile_ = True if req.pin("compile") is None else req.pin("compile")
-        pinned = replace(req, nodes_exact=True, explain=False)
-        return pinned.with_pins(compile=compile_, attention=attention, cp=cp)
+                fixed["attention"] = req.spec.attention_kernel(fast)
+        fixed["compile"] = True if fixed["compile"] is None else fixed["compile"]
+        return replace(req, nodes_exact=True, explain=False).with_pins(**fixed)
 
     return make
 

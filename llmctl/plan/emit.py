@@ -92,8 +92,7 @@ def to_plan(result: PlanResult, name: str | None = None, run: RunOptions | None 
     data: dict[str, Any] = {
         "name": name
         or f"{_model_name(spec.name, spec.source)}-{s.strategy}-{s.nodes}x{s.gpus_per_node}"
-        + (f"-cp{s.cp}" if s.cp > 1 else "")
-        + (f"-tp{s.tp}" if s.tp > 1 else ""),
+        + "".join(f"-{t}" for t in s.dims.tags()),
         "model": model,
         "hardware": {"gpu": req.gpu.name, **sections["hardware"]},
         "parallel": sections["parallel"],

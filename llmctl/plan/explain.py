@@ -14,7 +14,8 @@ from llmctl.plan import memory as mem
 from llmctl.plan.explain_kernels import attention_rates
 from llmctl.plan.ranking import recompute_cost, sort_key
 from llmctl.plan.request import PlanRequest
-from llmctl.plan.search import Choice, MemorySearch
+from llmctl.plan.search import MemorySearch
+from llmctl.plan.space import Choice
 from llmctl.plan.timing import Candidate, evaluate, float8_cast_s
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GIB
@@ -221,16 +222,32 @@ def _split(c: Candidate) -> str:
     return f"{_s(q.compute_s)} compute + {_s(dp)} exposed data-parallel communication{ring}"
 
 
+def table_rows(ranked: list[Candidate]) -> list[Candidate]:
+    """One row per (tp, cp or not, strategy, nodes, recompute or not), best first: the best of selective / partial /
+    full stands for checkpointing, the best cp degree for cp (rows per mode or degree would crowd out the
+    strategies); memory_choice compares the modes, cp_choice the degrees."""
+    rows: dict[tuple, Candidate] = {}
+    for c in ranked:
+        s = c.setup
+        rows.setdefault((s.tp, s.dims.cp_enabled, s.strategy, s.nodes, s.checkpointing != "none"), c)
+    return list(rows.values())
+
+
 def explain_tp_choice(
     req: PlanRequest,
     chosen: Candidate,
     variants: list[Candidate],
     tps: list[int],
-    pruned: dict[int, float] | None = None,
+    pruned: dict[tuple[int, int], float] | None = None,
 ) -> str:
     """One sentence on tensor parallelism: why the chosen degree beat the best setup of the other kind (tp 1 against
-    tp > 1), with the memory it frees and the share of the step its collectives take. `pruned`: tp -> the bound of
-    the families the planner did not search (llmctl.plan.planner.tp_bound)."""
+    tp > 1), with the memory it frees and the share of the step its collectives take. `pruned`: (tp, cp) -> the
+    bound of the families the planner did not search (llmctl.plan.search.parallel_bound)."""
+    by_tp: dict[int, float] = {}
+    for (tp, _), bound in (pruned or {}).items():
+        if tp > 1:
+            by_tp[tp] = max(by_tp.get(tp, 0.0), bound)
+    pruned_tp = by_tp
     if tps == [1]:
         if req.pin("tp") == 1:
             return "tensor parallelism: pinned off (--tp 1)"
@@ -249,8 +266,8 @@ def explain_tp_choice(
         if other is None:
             return text + ("; no setup without TP fits" if req.pin("tp") is None else " (--tp pinned)")
         return text + f"; the best without TP ({_short(other)}) predicts {_gap(req, other, chosen)}"
-    if other is None and pruned:
-        t, bound = max(pruned.items(), key=lambda kv: kv[1])
+    if other is None and pruned_tp:
+        t, bound = max(pruned_tp.items(), key=lambda kv: kv[1])
         metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
         p = chosen.predicted
         mine = p.tokens_per_s if req.objective == "throughput" else p.tokens_per_s_per_gpu

@@ -17,12 +17,10 @@ cluster file's node_memory_gib, else the GPU catalog's) is dropped before its me
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, replace
 from typing import Any
 
 from llmctl.errors import DoesNotFitError
-from llmctl.families.context_parallel import cp_problem
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration
 from llmctl.plan.explain import (
@@ -32,19 +30,17 @@ from llmctl.plan.explain import (
     explain_precision,
     explain_tp_choice,
     offload_won,
+    table_rows,
     why_lost,
 )
 from llmctl.plan.explain_finetune import explain_finetune
 from llmctl.plan.explain_kernels import efficiency_basis, step_split
 from llmctl.plan.ranking import sort_key
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
-from llmctl.plan.search import Choice, Search, offload_can_win
-from llmctl.plan.space import cp_degrees, dp_ranks, loss_chunks, parallel_degrees, space_for, tp_degrees
+from llmctl.plan.search import Search, offload_can_win
+from llmctl.plan.space import fastest_families, nothing_fits, space_for
 from llmctl.plan.timing import Candidate
-from llmctl.spec.attention import Attention
-from llmctl.spec.decisions import declared
 from llmctl.spec.hardware import GIB
-from llmctl.spec.parallel import ENGINE_STRATEGIES
 from llmctl.spec.setup import TrainSetup
 
 
@@ -176,7 +172,7 @@ def plan(req: PlanRequest) -> PlanResult:
             raise DoesNotFitError(f"{without.message}; with CPU offload: {again.message}", again.hint, fewest) from None
         why = f"on: no setup fits the GPUs without it ({without.message})"
         return replace(result, offload_choice=explain_offload(with_offload, result.chosen, why))
-    if not offload_can_win(req, first.chosen, _offload_families(req)):
+    if not offload_can_win(req, first.chosen, fastest_families(req)):
         return first
     try:
         second = _plan(with_offload, offload_pinned=False)
@@ -188,30 +184,6 @@ def plan(req: PlanRequest) -> PlanResult:
     return replace(second, offload_choice=explain_offload(with_offload, second.chosen, why))
 
 
-def _offload_families(req: PlanRequest) -> list[Choice]:
-    """The search's (tp, cp, strategy, nodes) families, each at its fastest: the whole per-rank batch (or the pinned
-    micro-batch), the least recompute and loss chunk searched, the fastest kernel allowed, compiled where it may be
-    (what llmctl.plan.search.offload_can_win bounds offload with)."""
-    spec, rejected = req.spec, []
-    fast = Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA
-    fast = spec.attention_kernel(req.pin("attention") or fast)
-    strategies = [req.pin("strategy")] if req.pin("strategy") else list(ENGINE_STRATEGIES)
-    chunk = min(loss_chunks(req, rejected))
-    out = []
-    for tp, cp in parallel_degrees(
-        req, tp_degrees(req, rejected), cp_degrees(req, [fast, Attention.SDPA], rejected), rejected
-    ):
-        for n, strategy in itertools.product(req.node_options(), strategies):
-            dp = dp_ranks(req, n, tp, cp)
-            hybrid_off = strategy == "hybrid_shard" and (
-                n < 2 or req.gpus_per_node % (tp * cp) or req.gpus_per_node // (tp * cp) < 2
-            )
-            if dp and not req.global_batch % dp and not hybrid_off:
-                kernel = fast if cp == 1 else Attention.SDPA
-                out.append(Choice(strategy, n, tp, cp, attention=kernel, loss_chunk_tokens=0 if tp > 1 else chunk))
-    return out
-
-
 def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
     """One search, with CPU offload as the request says (off when None); `offload_pinned` False: on because nothing
     fit without it, not a pin to drop."""
@@ -219,24 +191,13 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
     search = Search(req, space)
     search.run()
     if not search.best:
-        _nothing_fits(req, search.rejected, offload_pinned)
+        nothing_fits(req, search.rejected, offload_pinned)
     ranked = sorted(search.best.values(), key=lambda c: sort_key(req, c))[: None if req.explain else 1]
     filled = _with_memory(req, ranked)
-    families: dict[tuple, Candidate] = {}
-    for c in filled:
-        # One row per (tp, cp or not, strategy, nodes, recompute or not): the best of selective / partial / full stands
-        # for checkpointing, the best cp degree for cp (rows per mode or degree would crowd out the strategies);
-        # memory_choice compares the modes, cp_choice the degrees.
-        s = c.setup
-        families.setdefault((s.tp, s.dims.cp_enabled, s.strategy, s.nodes, s.checkpointing != "none"), c)
-    fam = list(families.values())
+    fam = table_rows(filled)
     why = {i: why_lost(c, fam[0], req) for i, c in enumerate(fam) if i > 0}
     choice = explain_memory_choice(req, fam[0], search.memory, space.checkpointing, space.loss_chunks)
-    tp_pruned: dict[int, float] = {}
-    for (tp, _), bound in search.pruned.items():
-        if tp > 1:
-            tp_pruned[tp] = max(tp_pruned.get(tp, 0.0), bound)
-    tp_choice = explain_tp_choice(req, fam[0], filled, space.tps, tp_pruned)
+    tp_choice = explain_tp_choice(req, fam[0], filled, space.tps, search.pruned)
     cp_choice = explain_cp_choice(req, fam[0], filled, space.cps, search.pruned)
     precision_choice = explain_precision(req, fam[0])
     explained = (choice, tp_choice, cp_choice, precision_choice, step_split(req, fam[0]))
@@ -254,81 +215,3 @@ def _with_memory(req: PlanRequest, ranked: list[Candidate]) -> list[Candidate]:
             sized[k] = mem.estimate(req.spec, k).device_bytes
         out.append(replace(c, predicted=replace(c.predicted, memory_per_gpu_bytes=sized[k])))
     return out
-
-
-def pin_flags(req: PlanRequest, skip: tuple[str, ...] = ()) -> list[str]:
-    """The request's pins as the flags that give them (`--tp 2`, `--no-compile`), in their declaration order."""
-    out = []
-    for d in declared(TrainSetup):
-        v = req.pin(d.name)
-        if v is None or d.name in skip or not d.flag:
-            continue
-        out.append(d.spell(v))
-    return out
-
-
-def _nothing_fits(req: PlanRequest, rejected: list[str], offload_pinned: bool = True) -> None:
-    pinned = pin_flags(req, skip=() if offload_pinned else ("offload",))
-    unique = list(dict.fromkeys(rejected))
-    reasons = "; ".join(unique[:3]) + (f" (+{len(unique) - 3} more)" if len(unique) > 3 else "") or "no candidate"
-    host_reasons = [r for r in unique if "host memory" in r] if req.pin("offload") else []
-    smaller = ""  # CPU offload's host memory: the states' own lever
-    if host_reasons and req.optimizer_states == "auto" and req.precision.optimizer_state_dtype == "fp32":
-        smaller = ", or --optimizer-states bf16: AdamW's moments in bf16, 4 bytes a parameter less on the host"
-    if pinned:
-        hint = "drop a pin to let the planner choose"
-        if host_reasons:
-            hint = "use more nodes (each holds its GPUs' share of the states on the host)" + smaller
-        raise DoesNotFitError(f"no setup satisfies {' '.join(pinned)}: {reasons}", hint=hint)
-    best_attn = req.spec.attention_kernel(
-        Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA
-    )
-    chunk = loss_chunks(req, [])[-1]
-    setup = req.candidate(checkpointing="full", attention=best_attn, loss_chunk_tokens=chunk)
-    host = req.host_capacity_bytes if req.pin("offload") else None
-    m = mem.min_gpus(req.spec, setup, req.capacity_bytes, "full_shard", host_memory_bytes=host)
-    where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
-    if m.gpus is None and cp_problem(req.spec, req.seq_len) is None:
-        _fewest_with_cp(req, chunk, where)
-    if m.gpus is None:
-        raise DoesNotFitError(
-            f"{req.spec.name} does not fit on {where} in any setup, nor on any number of {req.gpu.name} ({m.note})",
-            hint="use a GPU with more memory or tensor parallelism",
-        )
-    shape = (
-        f"{m.nodes} node{'s' if (m.nodes or 0) > 1 else ''} x {req.gpus_per_node}"
-        if (m.nodes or 0) > 1
-        else f"{m.gpus} GPUs on one node"
-    )
-    why = f" ({host_reasons[0]})" if host_reasons else ""
-    raise DoesNotFitError(
-        f"{req.spec.name} does not fit on {where} in any setup{why}; the smallest cluster of "
-        f"{req.gpu.name} that fits is {shape} ({m.gpus} GPUs) with full_shard, checkpointing, "
-        f"{best_attn} attention, micro-batch 1{' and CPU offload' if req.pin('offload') else ''} "
-        f"({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
-        hint=f"pass --gpus {m.gpus} or more" + (f" (--nodes {m.nodes})" if (m.nodes or 0) > 1 else "") + smaller,
-        fewest_gpus=m.gpus,
-    )
-
-
-def _fewest_with_cp(req: PlanRequest, chunk: int, where: str, max_gpus: int = 1 << 17) -> None:
-    """When no GPU count fits without context parallelism: the fewest GPUs that fit with it (cp = the GPUs, whole
-    nodes past one; full_shard, full checkpointing, micro-batch 1), as the DoesNotFitError to raise; nothing if none
-    up to `max_gpus` does."""
-    g, cp = req.gpus_per_node, 2
-    while cp <= max_gpus and req.seq_len % (2 * cp) == 0:
-        nodes = -(-cp // g)
-        if (nodes * g) % cp == 0:
-            setup = req.candidate(nodes=nodes, checkpointing="full", attention="sdpa", loss_chunk_tokens=chunk, cp=cp)
-            e = mem.estimate(req.spec, setup)
-            if e.device_bytes <= req.capacity_bytes:
-                gpus = nodes * g
-                raise DoesNotFitError(
-                    f"{req.spec.name} does not fit on {where} in any setup; with context parallelism the smallest "
-                    f"cluster of {req.gpu.name} that fits is {nodes} node{'s' if nodes > 1 else ''} x {g} ({gpus} "
-                    f"GPUs): cp {cp} ({req.seq_len // cp:,} tokens of each sequence per GPU), full_shard, full "
-                    f"checkpointing, micro-batch 1 ({e.device_bytes / GIB:.1f} GiB per GPU)",
-                    hint=f"pass --nodes {nodes} --gpus-per-node {g} or more",
-                    fewest_gpus=gpus,
-                )
-        cp *= 2

@@ -8,68 +8,20 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 from llmctl.plan import kernel_time
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
 from llmctl.plan.ranking import recompute_seconds, sort_key
 from llmctl.plan.request import PlanRequest
-from llmctl.plan.space import Space, dp_ranks
+from llmctl.plan.space import Choice, Space, dp_ranks
 from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
 from llmctl.spec.attention import Attention
 from llmctl.spec.decisions import search_key
 from llmctl.spec.hardware import GIB
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.setup import CP_ROTATES, TrainSetup
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One point of the planner's search: the decisions it chooses (llmctl.spec.decisions with a `search` role, and
-    the nodes used), immutable; `setup(req)` is the TrainSetup (the request's `base` with these). The memory search
-    reads a choice at micro-batch 1; the planner times it at the largest micro-batch that fits."""
-
-    strategy: str
-    nodes: int
-    tp: int = 1
-    cp: int = 1
-    attention: str = "sdpa"
-    checkpointing: str = "none"
-    loss_chunk_tokens: int = 0
-    cp_rotate: str = "allgather"
-    compile: bool = False
-    async_tp: bool = False
-    micro_batch_size: int = 1
-    grad_accum_steps: int = 1
-
-    def setup(self, req: PlanRequest) -> TrainSetup:
-        return req.candidate(**{f: getattr(self, f) for f in _CHOICE_FIELDS})
-
-    @classmethod
-    def of(cls, setup: TrainSetup) -> Choice:
-        """The choice a setup of the search made."""
-        return cls(**{f: getattr(setup, f) for f in _CHOICE_FIELDS})
-
-    def at(self, micro_batch: int, per_rank: int) -> Choice:
-        """This choice at a micro-batch, accumulating the rest of the per-rank batch."""
-        return replace(self, micro_batch_size=micro_batch, grad_accum_steps=max(1, per_rank // micro_batch))
-
-    @property
-    def memory(self) -> tuple:
-        """What its memory depends on: a full_shard's node count (the others' on one or two), and between SDPA and
-        flash not the kernel (MemorySearch's caches)."""
-        kernel = "eager" if Attention(self.attention).keeps_scores else "fused"
-        n = self.nodes if self.strategy == "full_shard" else min(self.nodes, 2)
-        return (self.tp, self.cp, self.cp_rotate, self.strategy, n, self.checkpointing, kernel, self.loss_chunk_tokens)
-
-    def where(self) -> str:
-        """'full_shard x TP 2 on 1 node' (the search's rejection lines)."""
-        par = "".join(f" x {k} {v}" for k, v in (("CP", self.cp), ("TP", self.tp)) if v > 1)
-        return f"{self.strategy}{par} on {self.nodes} node{'s' if self.nodes > 1 else ''}"
-
-
-_CHOICE_FIELDS = tuple(f.name for f in fields(Choice))
 
 
 def divisors(n: int) -> list[int]:

@@ -15,16 +15,21 @@ chunked loss). The micro-batch and accumulation are found per family (llmctl.pla
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
-from llmctl.errors import InputError, RuleError
+from llmctl.errors import DoesNotFitError, InputError, RuleError
 from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import valid_tp
 from llmctl.plan import float8 as f8
+from llmctl.plan import memory as mem
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.attention import KERNELS, Attention
+from llmctl.spec.decisions import declared
+from llmctl.spec.hardware import GIB
 from llmctl.spec.parallel import ENGINE_STRATEGIES, sequence_split_problem
+from llmctl.spec.rules import model_problem
+from llmctl.spec.setup import TrainSetup
 
 if TYPE_CHECKING:
     from llmctl.plan.request import PlanRequest
@@ -38,6 +43,55 @@ LONG_CONTEXT_TOKENS = 32768
 """Past this sequence length the planner keeps the loss chunked (tp = 1): the whole logits of one 32k-token sequence
 over Llama 3's 128k vocabulary are 7.8 GiB in bf16, 15.7 GiB upcast to fp32 and 15.7 GiB more for the fp32
 log-softmax."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One point of the planner's search: the decisions it chooses (llmctl.spec.decisions with a `search` role, and
+    the nodes used), immutable; `setup(req)` is the TrainSetup (the request's `base` with these). The memory search
+    reads a choice at micro-batch 1; the planner times it at the largest micro-batch that fits."""
+
+    strategy: str
+    nodes: int
+    tp: int = 1
+    cp: int = 1
+    attention: str = "sdpa"
+    checkpointing: str = "none"
+    loss_chunk_tokens: int = 0
+    cp_rotate: str = "allgather"
+    compile: bool = False
+    async_tp: bool = False
+    micro_batch_size: int = 1
+    grad_accum_steps: int = 1
+
+    def setup(self, req: PlanRequest) -> TrainSetup:
+        return req.candidate(**{f: getattr(self, f) for f in _CHOICE_FIELDS})
+
+    @classmethod
+    def of(cls, setup: TrainSetup) -> Choice:
+        """The choice a setup of the search made."""
+        return cls(**{f: getattr(setup, f) for f in _CHOICE_FIELDS})
+
+    def at(self, micro_batch: int, per_rank: int) -> Choice:
+        """This choice at a micro-batch, accumulating the rest of the per-rank batch."""
+        return replace(self, micro_batch_size=micro_batch, grad_accum_steps=max(1, per_rank // micro_batch))
+
+    @property
+    def memory(self) -> tuple:
+        """What its memory depends on: a full_shard's node count (the others' on one or two), and between SDPA and
+        flash not the kernel (MemorySearch's caches)."""
+        kernel = "eager" if Attention(self.attention).keeps_scores else "fused"
+        n = self.nodes if self.strategy == "full_shard" else min(self.nodes, 2)
+        return (self.tp, self.cp, self.cp_rotate, self.strategy, n, self.checkpointing, kernel, self.loss_chunk_tokens)
+
+    def where(self) -> str:
+        """'full_shard x TP 2 on 1 node' (the search's rejection lines)."""
+        par = "".join(f" x {k} {v}" for k, v in (("CP", self.cp), ("TP", self.tp)) if v > 1)
+        return f"{self.strategy}{par} on {self.nodes} node{'s' if self.nodes > 1 else ''}"
+
+
+_CHOICE_FIELDS = tuple(f.name for f in fields(Choice))
+
 
 TP_REFUSED = {
     "loss parallel": lambda req: (
@@ -65,6 +119,53 @@ def checkpointing_modes(spec: ModelSpec) -> list[str]:
             seen.add(n)
             out.append(f"partial:{k}")
     return out + ["selective", "full"]
+
+
+def _flags(names: tuple[str, ...], req: PlanRequest) -> str:
+    """'--cp 2 with --attention flash': the pinned decisions a rule names, as the flags that pinned them."""
+    given = [
+        d.spell(req.pins[d.name]) for d in declared(TrainSetup) if d.name in names and d.flag and d.name in req.pins
+    ]
+    return " with ".join(given)
+
+
+def _refusal(err: RuleError, req: PlanRequest) -> InputError:
+    where = _flags(err.decisions, req)
+    return InputError(f"{where}: {err.message}" if where else err.message, hint=err.hint)
+
+
+def check_pins(req: PlanRequest) -> None:
+    """The pins against the rules (llmctl.spec.rules) as the search will meet them, one line naming the flags; and
+    the planner's own layouts: a TP group stays inside one node, a cp x tp block divides the GPUs."""
+    pins = req.pins
+    if pins.get("micro_batch_size", 1) < 1:
+        raise InputError(f"--micro-batch must be >= 1, got {pins['micro_batch_size']}")
+    for name, flag in (("tp", "--tp"), ("cp", "--cp")):
+        if pins.get(name, 1) < 1:
+            raise InputError(f"{flag} must be a positive integer, got {pins[name]}")
+    if pins.get("loss_chunk_tokens", 0) < 0:
+        raise InputError(f"--loss-chunk must be >= 0 tokens, got {pins['loss_chunk_tokens']}")
+    tp, cp = pins.get("tp", 1), pins.get("cp", 1)
+    if req.gpus_per_node % tp:
+        raise InputError(
+            f"--tp {tp} does not divide the {req.gpus_per_node} GPUs per node (a TP group stays inside one node)",
+            hint="use a divisor of --gpus-per-node",
+        )
+    world = req.nodes * req.gpus_per_node
+    if world % (cp * tp):
+        with_tp = f" x --tp {tp}" if tp > 1 else ""
+        raise InputError(
+            f"--cp {cp}{with_tp} does not divide the {world} GPUs ({req.nodes} x {req.gpus_per_node})",
+            hint="use a power of two that divides the GPUs",
+        )
+    layout = {k: pins[k] for k in ("tp", "cp", "loss_chunk_tokens", "attention") if k in pins}
+    try:
+        probe = req.candidate(nodes=req.nodes, **layout)
+    except RuleError as e:
+        raise _refusal(e, req) from None
+    err = model_problem(probe, req.spec, only=("nf4 base", "lora targets", "tp plan", "ring attention"))
+    if err is not None:
+        raise _refusal(err, req)
 
 
 def tp_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:
@@ -239,3 +340,106 @@ def space_for(req: PlanRequest) -> Space:
         usable=usable,
         rejected=rejected,
     )
+
+
+# --- CPU offload's bound, and what fits when nothing in the space does -------------------------------------------
+def fastest_families(req: PlanRequest) -> list[Choice]:
+    """The search's (tp, cp, strategy, nodes) families, each at its fastest: the whole per-rank batch (or the pinned
+    micro-batch), the least recompute and loss chunk searched, the fastest kernel allowed, compiled where it may be
+    (what llmctl.plan.search.offload_can_win bounds offload with)."""
+    spec, rejected = req.spec, []
+    fast = Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA
+    fast = spec.attention_kernel(req.pin("attention") or fast)
+    strategies = [req.pin("strategy")] if req.pin("strategy") else list(ENGINE_STRATEGIES)
+    chunk = min(loss_chunks(req, rejected))
+    out = []
+    for tp, cp in parallel_degrees(
+        req, tp_degrees(req, rejected), cp_degrees(req, [fast, Attention.SDPA], rejected), rejected
+    ):
+        for n, strategy in itertools.product(req.node_options(), strategies):
+            dp = dp_ranks(req, n, tp, cp)
+            hybrid_off = strategy == "hybrid_shard" and (
+                n < 2 or req.gpus_per_node % (tp * cp) or req.gpus_per_node // (tp * cp) < 2
+            )
+            if dp and not req.global_batch % dp and not hybrid_off:
+                kernel = fast if cp == 1 else Attention.SDPA
+                out.append(Choice(strategy, n, tp, cp, attention=kernel, loss_chunk_tokens=0 if tp > 1 else chunk))
+    return out
+
+
+def pin_flags(req: PlanRequest, skip: tuple[str, ...] = ()) -> list[str]:
+    """The request's pins as the flags that give them (`--tp 2`, `--no-compile`), in their declaration order."""
+    out = []
+    for d in declared(TrainSetup):
+        v = req.pin(d.name)
+        if v is None or d.name in skip or not d.flag:
+            continue
+        out.append(d.spell(v))
+    return out
+
+
+def nothing_fits(req: PlanRequest, rejected: list[str], offload_pinned: bool = True) -> None:
+    pinned = pin_flags(req, skip=() if offload_pinned else ("offload",))
+    unique = list(dict.fromkeys(rejected))
+    reasons = "; ".join(unique[:3]) + (f" (+{len(unique) - 3} more)" if len(unique) > 3 else "") or "no candidate"
+    host_reasons = [r for r in unique if "host memory" in r] if req.pin("offload") else []
+    smaller = ""  # CPU offload's host memory: the states' own lever
+    if host_reasons and req.optimizer_states == "auto" and req.precision.optimizer_state_dtype == "fp32":
+        smaller = ", or --optimizer-states bf16: AdamW's moments in bf16, 4 bytes a parameter less on the host"
+    if pinned:
+        hint = "drop a pin to let the planner choose"
+        if host_reasons:
+            hint = "use more nodes (each holds its GPUs' share of the states on the host)" + smaller
+        raise DoesNotFitError(f"no setup satisfies {' '.join(pinned)}: {reasons}", hint=hint)
+    best_attn = req.spec.attention_kernel(
+        Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA
+    )
+    chunk = loss_chunks(req, [])[-1]
+    setup = req.candidate(checkpointing="full", attention=best_attn, loss_chunk_tokens=chunk)
+    host = req.host_capacity_bytes if req.pin("offload") else None
+    m = mem.min_gpus(req.spec, setup, req.capacity_bytes, "full_shard", host_memory_bytes=host)
+    where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
+    if m.gpus is None and cp_problem(req.spec, req.seq_len) is None:
+        fewest_with_cp(req, chunk, where)
+    if m.gpus is None:
+        raise DoesNotFitError(
+            f"{req.spec.name} does not fit on {where} in any setup, nor on any number of {req.gpu.name} ({m.note})",
+            hint="use a GPU with more memory or tensor parallelism",
+        )
+    shape = (
+        f"{m.nodes} node{'s' if (m.nodes or 0) > 1 else ''} x {req.gpus_per_node}"
+        if (m.nodes or 0) > 1
+        else f"{m.gpus} GPUs on one node"
+    )
+    why = f" ({host_reasons[0]})" if host_reasons else ""
+    raise DoesNotFitError(
+        f"{req.spec.name} does not fit on {where} in any setup{why}; the smallest cluster of "
+        f"{req.gpu.name} that fits is {shape} ({m.gpus} GPUs) with full_shard, checkpointing, "
+        f"{best_attn} attention, micro-batch 1{' and CPU offload' if req.pin('offload') else ''} "
+        f"({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
+        hint=f"pass --gpus {m.gpus} or more" + (f" (--nodes {m.nodes})" if (m.nodes or 0) > 1 else "") + smaller,
+        fewest_gpus=m.gpus,
+    )
+
+
+def fewest_with_cp(req: PlanRequest, chunk: int, where: str, max_gpus: int = 1 << 17) -> None:
+    """When no GPU count fits without context parallelism: the fewest GPUs that fit with it (cp = the GPUs, whole
+    nodes past one; full_shard, full checkpointing, micro-batch 1), as the DoesNotFitError to raise; nothing if none
+    up to `max_gpus` does."""
+    g, cp = req.gpus_per_node, 2
+    while cp <= max_gpus and req.seq_len % (2 * cp) == 0:
+        nodes = -(-cp // g)
+        if (nodes * g) % cp == 0:
+            setup = req.candidate(nodes=nodes, checkpointing="full", attention="sdpa", loss_chunk_tokens=chunk, cp=cp)
+            e = mem.estimate(req.spec, setup)
+            if e.device_bytes <= req.capacity_bytes:
+                gpus = nodes * g
+                raise DoesNotFitError(
+                    f"{req.spec.name} does not fit on {where} in any setup; with context parallelism the smallest "
+                    f"cluster of {req.gpu.name} that fits is {nodes} node{'s' if nodes > 1 else ''} x {g} ({gpus} "
+                    f"GPUs): cp {cp} ({req.seq_len // cp:,} tokens of each sequence per GPU), full_shard, full "
+                    f"checkpointing, micro-batch 1 ({e.device_bytes / GIB:.1f} GiB per GPU)",
+                    hint=f"pass --nodes {nodes} --gpus-per-node {g} or more",
+                    fewest_gpus=gpus,
+                )
+        cp *= 2

@@ -178,6 +178,11 @@ class ParallelDims:
     def dp_shard_enabled(self) -> bool:
         return self.dp_shard > 1
 
+    def tags(self) -> list[str]:
+        """The dimensions beyond data parallelism that are on, as short tags in mesh order (['cp2', 'tp4']): plan
+        names and tables."""
+        return [f"{n}{getattr(self, n)}" for n in ("pp", "cp", "tp", "ep") if getattr(self, n) > 1]
+
     @property
     def batch_sharers(self) -> int:
         """Ranks that share one micro-batch: a cp ring holds one sequence split, a tp group the same tokens."""

@@ -450,7 +450,7 @@ def setup_sections(setup: TrainSetup) -> dict[str, dict[str, Any]]:
             v = decisions.get(setup, d)
             out.setdefault(d.section, {})[d.file_key] = d.to_file(v) if d.to_file else v
     # A shard group of one node is the default; another size is spelled out.
-    one_node = max(1, setup.gpus_per_node // (setup.tp * setup.cp))
+    one_node = max(1, setup.gpus_per_node // setup.dims.batch_sharers)
     hybrid = setup.strategy == "hybrid_shard"
     out["parallel"]["shard_size"] = setup.shard_size if hybrid and setup.shard_size not in (None, one_node) else None
     return out

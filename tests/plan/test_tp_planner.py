@@ -11,7 +11,8 @@ from llmctl.plan import kernel_time, space
 from llmctl.plan import planner as pl
 from llmctl.plan.ranking import sort_key
 from llmctl.plan.request import PlanRequest
-from llmctl.plan.search import Choice, parallel_bound
+from llmctl.plan.search import parallel_bound
+from llmctl.plan.space import Choice
 from llmctl.plan.timing import evaluate
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model

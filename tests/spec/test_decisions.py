@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from llmctl.plan.search import Choice
+from llmctl.plan.space import Choice
 from llmctl.spec import decisions as dec
 from llmctl.spec.planfile import load_plan, plan_to_yaml, setup_sections
 from llmctl.spec.setup import TrainSetup
