@@ -154,32 +154,50 @@ def plan_command(
     if states_note := caveat_note(req.optimizer_states):  # only when asked: the planner never picks smaller states
         out["optimizer_states_note"] = states_note
         render.err_console.print(f"note: {states_note}", soft_wrap=True)
-    refusal = None
-    if not no_write:
-        plan_obj, notes = run_plan(result, data, synthetic, tokenizer, run_dir, checkpoint_every)
-        if notes:
-            out["run_notes"] = notes
-        if plan_obj is None:
-            out["plan_note"] = "no plan file written: --params gives no architecture for the engine (pass a preset)"
-        else:
-            path = Path(output or "plan.yaml")
-            if path.exists() and not force:
-                # The user's file stays as it is; the plan computed is still shown, then the refusal and the way out.
-                refusal = InputError(
-                    f"{path} already exists; the plan above was not written",
-                    hint=f"pass --force to replace it, or -o another path (e.g. -o {path.with_name(path.stem + '-new' + path.suffix)})",
-                )
-                if json_out:  # (the table ends with the error line instead)
-                    out["plan_note"] = f"not written: {path} already exists"
-            else:
-                pf.save_plan(plan_obj, path)
-                out["plan_path"] = str(path)
+    refusal = (
+        None
+        if no_write
+        else _write(result, out, json_out, data, synthetic, tokenizer, run_dir, checkpoint_every, output, force)
+    )
     if json_out:
         render.print_json(out)
     else:
         show.show(result, out, top)
     if refusal is not None:
         raise refusal
+
+
+def _write(
+    result: pl.PlanResult,
+    out: dict[str, Any],
+    json_out: bool,
+    data: list[str] | None,
+    synthetic: bool,
+    tokenizer: str | None,
+    run_dir: str | None,
+    checkpoint_every: float,
+    output: str | None,
+    force: bool,
+) -> InputError | None:
+    """Write the plan file (what it says is added to `out`); the refusal to raise once the plan is shown when the
+    file exists and --force was not given (the user's file stays as it is)."""
+    plan_obj, notes = run_plan(result, data, synthetic, tokenizer, run_dir, checkpoint_every)
+    if notes:
+        out["run_notes"] = notes
+    if plan_obj is None:
+        out["plan_note"] = "no plan file written: --params gives no architecture for the engine (pass a preset)"
+        return None
+    path = Path(output or "plan.yaml")
+    if path.exists() and not force:
+        if json_out:  # (the table ends with the error line instead)
+            out["plan_note"] = f"not written: {path} already exists"
+        return InputError(
+            f"{path} already exists; the plan above was not written",
+            hint=f"pass --force to replace it, or -o another path (e.g. -o {path.with_name(path.stem + '-new' + path.suffix)})",
+        )
+    pf.save_plan(plan_obj, path)
+    out["plan_path"] = str(path)
+    return None
 
 
 def register(app: typer.Typer) -> None:

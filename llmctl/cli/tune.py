@@ -117,19 +117,7 @@ def tune_command(
     slurm_values = {k: plan_options.pop(k) for k in SlurmOptions.names() if k in plan_options}
     if not slurm and (given_slurm := SlurmOptions.given_flags(slurm_values)):
         raise InputError(f"{', '.join(given_slurm)}: SLURM options apply with --slurm")
-    for flag, v, least in (("--top", top, 1), ("--steps", steps, 1), ("--warmup", warmup, 0), ("--rounds", rounds, 1)):
-        if v < least:
-            raise InputError(f"{flag} must be >= {least}, got {v}")
-    if steps + warmup > pf.MAX_STEPS:
-        raise InputError(f"--steps + --warmup must be at most {pf.MAX_STEPS:,}, got {steps + warmup:,}")
-    if not timeout > 0:
-        raise InputError(f"--timeout must be a positive number of seconds, got {timeout}")
-    if target is None and plan_options.get("params"):
-        raise InputError("--params gives no architecture for the engine to run", hint="pass a preset or a config.json")
-    if target is None:
-        raise InputError(
-            "no plan file or model given", hint="llmctl tune PLAN.yaml, or llmctl tune MODEL --gpu KIND ..."
-        )
+    target = _checked(target, plan_options, top, steps, warmup, rounds, timeout)
     out = Path(output)
     request = workflow.TuneRequest(
         target=target,
@@ -155,6 +143,26 @@ def tune_command(
 
 
 # --- parsing -----------------------------------------------------------------------------------------------------------
+def _checked(
+    target: str | None, plan_options: dict[str, Any], top: int, steps: int, warmup: int, rounds: int, timeout: float
+) -> str:
+    """The target, once it and the counts are checked: one line naming the first bad one (exit 2)."""
+    for flag, v, least in (("--top", top, 1), ("--steps", steps, 1), ("--warmup", warmup, 0), ("--rounds", rounds, 1)):
+        if v < least:
+            raise InputError(f"{flag} must be >= {least}, got {v}")
+    if steps + warmup > pf.MAX_STEPS:
+        raise InputError(f"--steps + --warmup must be at most {pf.MAX_STEPS:,}, got {steps + warmup:,}")
+    if not timeout > 0:
+        raise InputError(f"--timeout must be a positive number of seconds, got {timeout}")
+    if target is None and plan_options.get("params"):
+        raise InputError("--params gives no architecture for the engine to run", hint="pass a preset or a config.json")
+    if target is None:
+        raise InputError(
+            "no plan file or model given", hint="llmctl tune PLAN.yaml, or llmctl tune MODEL --gpu KIND ..."
+        )
+    return target
+
+
 def _given(name: str, options: dict[str, Any]) -> bool:
     default = _PLAN_DEFAULTS.get(name)
     return options.get(name) is not None and options.get(name) != default
