@@ -64,6 +64,7 @@ from typing import Any
 from llmctl.errors import SpecError
 from llmctl.families.modules import decoder_layers
 from llmctl.measure import cache, hf
+from llmctl.spec.attention import Attention
 
 ACT_BYTES = {4: "float32", 2: "bfloat16"}
 ATTENTIONS = ("sdpa", "eager")
@@ -188,6 +189,11 @@ def _quiet() -> Iterator[None]:
         fake_log.setLevel(level)
 
 
+def _eager(implementation: str) -> bool:
+    """Whether transformers' attention implementation keeps the scores (its eager path)."""
+    return Attention(implementation).keeps_scores
+
+
 def _measure(cfg: dict, model_type: str, key: str, started: Callable[[], None] = lambda: None) -> dict:
     with _quiet():
         return _measure_quietly(cfg, model_type, key, started)
@@ -223,10 +229,11 @@ def _measure_quietly(cfg: dict, model_type: str, key: str, started: Callable[[],
     fit_error: dict[str, float] = {}
     for attention in ATTENTIONS:
         for act_bytes, dtype_name in ACT_BYTES.items():
-            if used.get(attention) == "eager" and attention != "eager":
+            fell_back = attention in used and _eager(used[attention]) and not _eager(attention)
+            if fell_back:
                 continue  # a model without sdpa: measured with eager below, copied after the loop
             model, used[attention] = _short_model(config, model_type, dtype_name, attention, depth, signatures, lists)
-            if used[attention] == "eager" and attention != "eager":
+            if _eager(used[attention]) and not _eager(attention):
                 continue
             layers = decoder_layers(model, model_type)
             mode = FakeTensorMode()
@@ -253,7 +260,7 @@ def _measure_quietly(cfg: dict, model_type: str, key: str, started: Callable[[],
                 if err > FIT_TOLERANCE:
                     fit_error[f"{name}/head"] = err
                 (head_saved if ckpt == "none" else head_checkpointed)[f"{act_bytes}/{attention}"] = head
-    if used["sdpa"] == "eager":  # transformers fell back: sdpa training runs eager attention
+    if _eager(used["sdpa"]):  # transformers fell back: sdpa training runs eager attention
         for act_bytes in ACT_BYTES:
             for ckpt in CHECKPOINTING:
                 saved[f"{act_bytes}/sdpa/{ckpt}"] = saved[f"{act_bytes}/eager/{ckpt}"]

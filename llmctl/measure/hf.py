@@ -12,6 +12,7 @@ from collections import Counter
 from typing import Any
 
 from llmctl.errors import SpecError, suggest
+from llmctl.spec.attention import Attention
 
 # Where common families keep their decoder layers; else the largest ModuleList of one class is taken.
 # Attributes of a layer (or its direct children, the attention module) that say which attention it runs.
@@ -92,7 +93,7 @@ def build_attention(config: Any, model_type: str, dtype_name: str, attention: st
     try:
         model = build(config, model_type, dtype_name, attention)
     except SpecError:
-        if attention == "eager":
+        if Attention(attention).keeps_scores:  # eager has nothing to fall back to
             raise
         model = build(config, model_type, dtype_name, "eager")
     return model, str(getattr(model.config, "_attn_implementation", None) or attention)

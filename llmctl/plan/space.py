@@ -27,6 +27,7 @@ from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.attention import KERNELS, Attention
 from llmctl.spec.decisions import declared
 from llmctl.spec.hardware import GIB
+from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.parallel import ENGINE_STRATEGIES, sequence_split_problem
 from llmctl.spec.rules import model_problem
 from llmctl.spec.setup import TrainSetup
@@ -384,7 +385,7 @@ def nothing_fits(req: PlanRequest, rejected: list[str], offload_pinned: bool = T
     reasons = "; ".join(unique[:3]) + (f" (+{len(unique) - 3} more)" if len(unique) > 3 else "") or "no candidate"
     host_reasons = [r for r in unique if "host memory" in r] if req.pin("offload") else []
     smaller = ""  # CPU offload's host memory: the states' own lever
-    if host_reasons and req.optimizer_states == "auto" and req.precision.optimizer_state_dtype == "fp32":
+    if host_reasons and req.optimizer_states == AUTO_STATES and req.precision.optimizer_state_dtype == "fp32":
         smaller = ", or --optimizer-states bf16: AdamW's moments in bf16, 4 bytes a parameter less on the host"
     if pinned:
         hint = "drop a pin to let the planner choose"

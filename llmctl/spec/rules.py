@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import RuleError
+from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 
 if TYPE_CHECKING:
     from llmctl.spec.models import ModelSpec
@@ -41,7 +42,7 @@ class Rule:
 
 # --- what a setup is, before its degrees are a layout ---------------------------------------------------------------
 def _states_need_adamw(s: TrainSetup) -> str | None:
-    if s.optimizer_states != "auto" and s.optimizer != "adamw":
+    if s.optimizer_states != AUTO_STATES and s.optimizer != "adamw":
         return f"optimizer states {s.optimizer_states} apply to adamw's two moments, not {s.optimizer}"
     return None
 
