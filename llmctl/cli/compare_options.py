@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from llmctl.errors import InputError
-from llmctl.plan.compare import BASES
+from llmctl.spec.prices import BASES
 
 CompareOpt = Annotated[
     Optional[str],

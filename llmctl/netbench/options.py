@@ -15,7 +15,7 @@ from llmctl.secrets import is_secret_name, secret_values
 
 # The collectives the worker sweeps (names as in torch.distributed): the shared registry's, in its order. Imported
 # here from the torch-free spec, not from report.py, so that the CLI parses options without the pydantic schema.
-from llmctl.spec.collectives import COLLECTIVES as COLLECTIVES  # re-exported
+from llmctl.spec.collectives import COLLECTIVES
 from llmctl.units import parse_bytes
 
 # nccl-tests' `-b 1M -e 1G -f 2` sweep on GPUs; on CPUs (gloo over sockets) 64 MiB already shows the plateau.

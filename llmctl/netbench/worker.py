@@ -34,7 +34,6 @@ import llmctl
 from llmctl.errors import LlmctlError, RuntimeFailure
 from llmctl.errors import report as report_error
 from llmctl.netbench import options as opts
-from llmctl.netbench.calls import CALLS as CALLS  # re-exported: the torch half of the collectives registry
 from llmctl.netbench.calls import BoundCall, bind
 from llmctl.netbench.report import judge_nodes, round_robin_pairs
 from llmctl.spec.bench import (

@@ -45,8 +45,7 @@ from llmctl.plan.timing import Candidate
 from llmctl.spec.attention import Attention
 from llmctl.spec.hardware import GPUSpec, gpu_catalog, resolve_gpu
 from llmctl.spec.interconnect import Interconnect, default_interconnect, resolve_interconnect
-from llmctl.spec.prices import BASES as BASES  # re-exported (the CLI's --price-basis)
-from llmctl.spec.prices import PriceQuote, PriceTable, describe
+from llmctl.spec.prices import BASES, PriceQuote, PriceTable, describe
 
 DEFAULT_MAX_GPUS = 32768
 """The largest cluster a comparison considers (the largest published training runs used 16k-32k GPUs: Llama 3 405B

@@ -18,8 +18,8 @@ from llmctl.plan.search import MemorySearch
 from llmctl.plan.space import Choice
 from llmctl.plan.timing import Candidate, evaluate, float8_cast_s
 from llmctl.spec import checkpointing as ckpt_modes
-from llmctl.spec.hardware import GIB
 from llmctl.spec.setup import TrainSetup
+from llmctl.units import GIB
 
 
 def explain_precision(req: PlanRequest, chosen: Candidate) -> str:

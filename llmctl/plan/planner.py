@@ -40,8 +40,8 @@ from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
 from llmctl.plan.search import Search, offload_can_win
 from llmctl.plan.space import fastest_families, nothing_fits, space_for
 from llmctl.plan.timing import Candidate
-from llmctl.spec.hardware import GIB
 from llmctl.spec.setup import TrainSetup
+from llmctl.units import GIB
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from llmctl.plan.space import Choice, Space, dp_ranks
 from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
 from llmctl.spec.attention import Attention
 from llmctl.spec.decisions import search_key
-from llmctl.spec.hardware import GIB
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.setup import CP_ROTATES, TrainSetup
+from llmctl.units import GIB
 
 
 def divisors(n: int) -> list[int]:

@@ -26,11 +26,11 @@ from llmctl.plan import memory as mem
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.attention import KERNELS, Attention
 from llmctl.spec.decisions import declared
-from llmctl.spec.hardware import GIB
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.parallel import ENGINE_STRATEGIES, sequence_split_problem
 from llmctl.spec.rules import model_problem
 from llmctl.spec.setup import TrainSetup
+from llmctl.units import GIB
 
 if TYPE_CHECKING:
     from llmctl.plan.request import PlanRequest

@@ -21,10 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llmctl.errors import SpecError
 from llmctl.fileio import load_json, write_atomic
+from llmctl.spec.collectives import COLLECTIVES, bus_factor
 
 # The collectives and nccl-tests' busbw/algbw factors: one registry, shared with the planner's cost model.
-from llmctl.spec.collectives import COLLECTIVES as COLLECTIVES  # re-exported
-from llmctl.spec.collectives import bus_factor as bus_factor  # re-exported
 
 SCHEMA_NAME = "llmctl.bench-net"
 SCHEMA_VERSION = 1

@@ -16,8 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llmctl.errors import InputError, SpecError, UnknownNameError, suggest
 from llmctl.fileio import load_yaml, parse_yaml, read_input
-from llmctl.units import GIB as GIB  # re-exported (the planner reads it from here)
-from llmctl.units import MIB
+from llmctl.units import GIB, MIB
 
 CATALOG_ENV = "LLMCTL_GPU_CATALOG"
 """Path(s) of extra GPU catalog YAML files (os.pathsep-separated), read after the shipped one; an entry with the name

@@ -28,10 +28,11 @@ from llmctl.plan.timing import Candidate, predict
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import planfile as pf
 from llmctl.spec.decisions import as_json
-from llmctl.spec.hardware import GIB, GPUSpec, make_cluster, resolve_gpu
+from llmctl.spec.hardware import GPUSpec, make_cluster, resolve_gpu
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
 from llmctl.spec.setup import TrainSetup
+from llmctl.units import GIB
 
 DECISIONS = ("micro_batch", "checkpointing", "compile", "strategy")
 """The planner's decisions a trial can test, in the order the picks after the first test them."""

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from netbench_helpers import LLMCTL, free_port, run_env
 
-from llmctl.spec.bench import BenchReport, bus_factor, load_bench
+from llmctl.spec.bench import BenchReport, load_bench
+from llmctl.spec.collectives import bus_factor
 
 pytestmark = pytest.mark.dist
 

@@ -16,7 +16,7 @@ from llmctl.cli.main import app
 from llmctl.errors import InputError, SpecError
 from llmctl.netbench import options as opts
 from llmctl.netbench import report as rp
-from llmctl.spec import bench
+from llmctl.spec import bench, collectives
 
 MiB = 2**20
 
@@ -33,24 +33,24 @@ def test_busbw_golden_numbers() -> None:
     # reduce-scatter, 2 ranks, 1e9 bytes input in 1 s: algbw 1.0, busbw x 1/2
     assert bench.busbw_gbytes_s("reduce_scatter", 2, 10**9, 1.0) == pytest.approx(0.5)
     # all-reduce on 2 ranks: factor 1, busbw == algbw
-    assert bench.bus_factor("all_reduce", 2) == 1.0
+    assert collectives.bus_factor("all_reduce", 2) == 1.0
     # send/recv (nccl-tests sendrecv_perf), 8 ranks, each sends 64 MiB to the next in 0.5 s: algbw = busbw =
     # 67108864 / 0.5 / 1e9, whatever the ring's size
     assert bench.busbw_gbytes_s("send_recv", 8, 64 * MiB, 0.5) == pytest.approx(0.134217728)
-    assert bench.bus_factor("send_recv", 2) == bench.bus_factor("send_recv", 1024) == 1.0
+    assert collectives.bus_factor("send_recv", 2) == collectives.bus_factor("send_recv", 1024) == 1.0
     assert bench.gbit_s(0.125) == 1.0
 
 
 def test_bus_factor_rejects_nonsense() -> None:
     with pytest.raises(InputError):
-        bench.bus_factor("broadcast", 4)
+        collectives.bus_factor("broadcast", 4)
     with pytest.raises(ValueError):
         bench.algbw_gbytes_s(1, 0.0)
 
 
-@given(st.sampled_from(bench.COLLECTIVES), st.integers(2, 4096))
+@given(st.sampled_from(collectives.COLLECTIVES), st.integers(2, 4096))
 def test_bus_factor_bounds(collective: str, n: int) -> None:
-    f = bench.bus_factor(collective, n)
+    f = collectives.bus_factor(collective, n)
     if collective == "send_recv":
         assert f == 1.0  # every link carries S, whatever n
     else:
@@ -180,7 +180,9 @@ def with_collective(r: bench.BenchReport, collective: str, busbw: float) -> benc
     """`r` plus a `collective` result on each group its all-reduce was measured on, `busbw` GB/s at every size."""
 
     def point(n: int, size: int) -> bench.SizePoint:
-        return bench.SizePoint.measured(collective, n, size, [size * bench.bus_factor(collective, n) / (busbw * 1e9)])
+        return bench.SizePoint.measured(
+            collective, n, size, [size * collectives.bus_factor(collective, n) / (busbw * 1e9)]
+        )
 
     more = [
         res.model_copy(
