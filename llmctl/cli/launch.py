@@ -17,7 +17,7 @@ import typer
 
 from llmctl.cli.launch_show import AllocateAllOpt, DryCpOpt, DryTpOpt, run_dry_start
 from llmctl.cli.options import JobsDirOpt
-from llmctl.errors import InputError
+from llmctl.errors import InputError, one_line
 from llmctl.launch import jobs
 
 PlanArg = Annotated[Path, typer.Argument(help="Plan file (YAML), as written by `llmctl plan`.", show_default=False)]
@@ -200,9 +200,9 @@ def launch(
         typer.echo(f"preflight: first in the job, before training{spares}")
     elif backend.slurm and not no_preflight:
         typer.echo(f"preflight: not run by the {backend.name} executor (--executor sbatch runs it)")
-    typer.echo(f"job folder: {shell.quote(record.folder)}")
+    typer.echo(one_line(f"job folder: {shell.quote(record.folder)}"))  # paths are the user's: escapes escaped
     for p in record.logs:
-        typer.echo(f"log: {shell.quote(p)}")
+        typer.echo(one_line(f"log: {shell.quote(p)}"))
     typer.echo(f"follow it: llmctl logs {record.job_id} --follow")
 
 

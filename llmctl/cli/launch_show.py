@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from llmctl.errors import InputError
+from llmctl.errors import InputError, one_line
 
 DryTpOpt = Annotated[
     int | None,
@@ -52,7 +52,7 @@ def run_dry_start(
         raise InputError("--dry-run and --dry-start are different checks: give one")
     load_plan(plan)  # a bad plan fails here, in a fraction of a second
     at = "".join(f" at {k} {v}" for k, v in (("tp", tp), ("cp", cp)) if v is not None)
-    typer.echo(f"dry start of {plan}{at}: rank 0's setup in this machine's memory ...", err=True)
+    typer.echo(one_line(f"dry start of {plan}{at}: rank 0's setup in this machine's memory ..."), err=True)
     typer.echo(render_dry_start(run(plan, allocate_all, tp, cp)))
 
 
@@ -84,4 +84,4 @@ def render_dry_start(r: dict[str, Any]) -> str:
     ]
     out += [f"  note: {n}" for n in r["notes"]]
     out.append("the plan starts: launch it without --dry-start")
-    return "\n".join(out)
+    return "\n".join(one_line(line) for line in out)  # the plan's name and paths are the user's: escapes escaped

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from llmctl.errors import InputError, RuntimeFailure
+from llmctl.errors import InputError, RuntimeFailure, one_line
 from llmctl.launch import jobs, shell
 from llmctl.launch.backends import Job, LaunchBackend
 
@@ -399,12 +399,14 @@ class LocalBackend(LaunchBackend):
         record.host = socket.gethostname()
         metrics = Path(record.metrics)  # type: ignore[arg-type]
         offset = metrics.stat().st_size if metrics.is_file() else 0  # the plan's earlier runs wrote before this
-        print(f"llmctl: {job.env_prefix()}{shell.join(argv)}", file=sys.stderr, flush=True)
+        print(one_line(f"llmctl: {job.env_prefix()}{shell.join(argv)}"), file=sys.stderr, flush=True)
 
         def started(proc: subprocess.Popen) -> None:
             record.job_id, record.pid, record.pid_start = f"local-{proc.pid}", proc.pid, _process_start(proc.pid)
             record.save()
-            print(f"llmctl: job {record.job_id}, folder {shell.quote(str(folder))}", file=sys.stderr, flush=True)
+            print(
+                one_line(f"llmctl: job {record.job_id}, folder {shell.quote(str(folder))}"), file=sys.stderr, flush=True
+            )
 
         code = run(argv, env=job.env, on_start=started, console=console)
         if _cancel_requested(record):

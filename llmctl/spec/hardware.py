@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llmctl.errors import InputError, SpecError, UnknownNameError, suggest
 from llmctl.fileio import load_yaml, parse_yaml, read_input
+from llmctl.spec.text import check_line
 from llmctl.units import GIB as GIB  # re-exported (the planner reads it from here)
 from llmctl.units import MIB
 
@@ -61,6 +62,14 @@ class _Entry(BaseModel):
     plan_only: str | None = Field(None, min_length=1)
     """Why llmctl's engine cannot run this kind (it runs on CUDA and ROCm torch devices): `plan` notes it, `launch`
     refuses its plans; None: the engine runs on it."""
+
+    @field_validator("name", "aliases")
+    @classmethod
+    def _one_line(cls, v: str | list[str]) -> str | list[str]:
+        # A kind's name reaches plans, job scripts and terminals: one line of printable text, as a plan's names.
+        for text in [v] if isinstance(v, str) else v:
+            check_line(text)
+        return v
 
     @field_validator("tflops")
     @classmethod

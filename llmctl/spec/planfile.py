@@ -35,6 +35,7 @@ from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, canonical_strategy
 from llmctl.spec.precision import PRECISION_HELP, policy
 from llmctl.spec.setup import MemoryLevers, TrainSetup
+from llmctl.spec.text import check_line
 
 PLAN_VERSION = 1
 
@@ -84,8 +85,9 @@ Int = Annotated[int, BeforeValidator(_not_a_boolean)]
 """An integer, never a boolean."""
 Float = Annotated[float, BeforeValidator(_not_a_boolean)]
 """A finite float (the models' allow_inf_nan=False), never a boolean."""
-Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_no_nul)]
-"""A name or path: not empty (an empty path would silently mean the current folder), no NUL, at most PATH_MAX."""
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(check_line)]
+"""A name or path: not empty (an empty path would silently mean the current folder), one line of printable text (no
+control character: llmctl.spec.text), at most PATH_MAX."""
 
 Sharding = Literal["full_shard", "hybrid_shard", "no_shard"]
 """llmctl.spec.parallel.ENGINE_STRATEGIES; older plans' `full` and `hybrid` are read as these."""
@@ -195,10 +197,26 @@ class HardwareSection(_Strict):
     """Where the plan was made for. gpu=None means CPU (gloo)."""
 
     gpu: Text | None = None
-    """A GPU kind of the catalog; not checked here: the catalog can grow on the cluster ($LLMCTL_GPU_CATALOG)."""
+    """A GPU kind of the catalog: the shipped one, or a file named by $LLMCTL_GPU_CATALOG (whose names are checked as
+    a plan's are). The kind sizes the SLURM job (llmctl.launch.slurm_resources): what is not a known kind is refused
+    here rather than written into a job script."""
     nodes: Int = Field(1, ge=1, le=LIMITS["--nodes"])
     nproc_per_node: Int = Field(1, ge=1, le=LIMITS["--nproc-per-node"])
     """Processes (GPUs) per node."""
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_kind(cls, v: str | None) -> str | None:
+        from llmctl.spec.hardware import CATALOG_ENV, resolve_gpu
+
+        if v is not None:
+            try:
+                resolve_gpu(v)
+            except LlmctlError as e:  # an unknown kind, or a broken $LLMCTL_GPU_CATALOG file
+                hint = e.hint or ""
+                more = f"; a kind of your own goes in a GPU catalog file named by ${CATALOG_ENV}"
+                raise ValueError(f"{e.message}{f' ({hint}{more})' if hint else f' ({more[2:]})'}") from None
+        return v
 
 
 class ParallelSection(_Strict):
