@@ -8,6 +8,7 @@ only inside the launched ranks).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -189,8 +190,9 @@ def launch(
         return
     try:
         record = backend.submit(job)
-    except local.RunCancelled as e:  # `llmctl cancel`: what was asked, not an error; its own exit code (143)
-        typer.echo(f"llmctl: {e}", err=True)
+    except local.RunCancelled as e:  # `llmctl cancel` or a signal: what was asked, not an error; 128 + the signal
+        with contextlib.suppress(OSError):  # a SIGHUP's terminal may be gone: the job's events hold the line
+            typer.echo(f"llmctl: {e}", err=True)
         raise typer.Exit(e.exit_code) from None
     if backend.foreground:
         return  # it ran here, its output streamed through
