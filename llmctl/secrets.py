@@ -43,5 +43,5 @@ def secret_in_value(value: str, environ: Mapping[str, str] | None = None) -> str
         ):
             return f"it holds the value of ${name}"
     if _URL_PASSWORD.search(value):
-        return "it holds a password in a URL (user:password@)"
+        return "it holds a password in a URL: user:password@"
     return None
