@@ -14,7 +14,7 @@ SIGTERM, SIGHUP and SIGINT to the launching llmctl (a job wrapper or CI timeout,
 same: torchrun runs in a session of its own, so no terminal signal reaches it or its ranks directly, and llmctl,
 alive and still copying their output, asks the ranks to checkpoint, records the run as cancelled `by` the signal, and
 exits with 128 + the signal's number (143, 129, 130), one line. A second signal ends the ranks through torchrun, a
-third kills them. Before, llmctl died at once: torchrun and its ranks went on with parent pid 1, died on the closed
+third kills them. SIGKILL to llmctl cannot be handled: torchrun's parent-death signal (SIGTERM) ends the run. Before, llmctl died at once: torchrun and its ranks went on with parent pid 1, died on the closed
 pipe before their checkpoint, and `status` said UNKNOWN.
 """
 
@@ -186,7 +186,11 @@ def run(
     try:
         try:
             proc = subprocess.Popen(
-                argv, env={**os.environ, **env} if env else None, start_new_session=bool(on_signal), **pipes
+                argv,
+                env={**os.environ, **env} if env else None,
+                start_new_session=bool(on_signal),
+                preexec_fn=_ends_with(os.getpid()) if on_signal and sys.platform == "linux" else None,
+                **pipes,
             )
         except OSError as e:
             raise RuntimeFailure(f"could not start {argv[0]}: {e.strerror}", hint="is torch installed?") from None
@@ -201,6 +205,22 @@ def run(
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def _ends_with(parent: int) -> Callable[[], None]:
+    """For Popen's preexec_fn (Linux): the child gets SIGTERM when `parent` dies, even of SIGKILL, which no handler
+    sees (prctl PR_SET_PDEATHSIG; kept across exec). In a session of its own, torchrun is out of reach of a kill of
+    llmctl's process group: this ends it, and torchrun then ends its ranks, instead of their running on until their
+    next line of output meets the closed pipe."""
+
+    def preexec() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG (linux/prctl.h)
+        if os.getppid() != parent:  # it died before the prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
 
 
 def _wait(

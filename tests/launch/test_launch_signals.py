@@ -8,9 +8,12 @@ engine (2 ranks on gloo) checks it end to end."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,27 +52,48 @@ def descendants(pid: int) -> dict[int, str]:
         child = todo.pop()
         out[child] = starts[child]
         todo += parents.get(child, [])
+    for seen in _SEEN:  # killed at the test's end if still running (_no_leftovers)
+        seen.append(out)
     return out
 
 
 def still_running(procs: dict[int, str]) -> list[int]:
+    """Those of `procs` still running (a zombie has ended: one whose parent is gone waits for pid 1 to reap it)."""
     alive = []
     for pid, start in procs.items():
         try:
-            if (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]) == start:
-                alive.append(pid)
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
-            pass
+            continue
+        if fields[19] == start and fields[0] != "Z":
+            alive.append(pid)
     return alive
 
 
-def fake_launch(project: Path, tmp_path: Path, launched: list) -> tuple[subprocess.Popen, Path]:
+@pytest.fixture(autouse=True)
+def _no_leftovers() -> Iterator[list[dict[int, str]]]:
+    """Every run a test looked at (`descendants`): what is still running at the end is killed (torchrun runs in a
+    session of its own, out of reach of `launched`'s killpg), after the test has said whether anything was left."""
+    seen: list[dict[int, str]] = []
+    _SEEN.append(seen)
+    yield seen
+    _SEEN.remove(seen)
+    for procs in seen:
+        for pid in still_running(procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+_SEEN: list[list[dict[int, str]]] = []
+
+
+def fake_launch(project: Path, tmp_path: Path, launched: list, rank: str = FAKE_RANK) -> tuple[subprocess.Popen, Path]:
     """`llmctl launch` of a plan whose torchrun is a stub with one fake rank that checkpoints when asked to stop."""
     plan_with_checkpoints(project)
     stub = tmp_path / "torchrun"
     stub.write_text(f"#!{sys.executable}\n{FAKE_TORCHRUN}")
     stub.chmod(0o755)
-    Path(f"{stub}-rank.py").write_text(FAKE_RANK)
+    Path(f"{stub}-rank.py").write_text(rank)
     code = (
         "import sys; from llmctl.launch import local; stub = sys.argv[1]; local.torchrun_command = lambda: [stub];"
         "from llmctl.cli.main import main; sys.argv = ['llmctl', *sys.argv[2:]]; main()"
@@ -168,3 +192,17 @@ def test_sigterm_to_a_real_launch_checkpoints_and_leaves_nothing(project: Path, 
     proc.send_signal(signal.SIGTERM)
     step = check_cancelled(project, proc, err, signal.SIGTERM, run)
     assert f"[stop] stopping at step {step}" in out.read_text() + err.read_text()
+
+
+def test_sigkill_to_launch_still_ends_the_run(project: Path, tmp_path: Path, launched: list) -> None:
+    """SIGKILL cannot be handled; torchrun, in a session of its own, gets SIGTERM when llmctl dies (its parent-death
+    signal), so a run that prints nothing does not train on unwatched. The fake rank ends when torchrun does."""
+    silent = FAKE_RANK.replace('print(f"step {step}/1000", flush=True)', "pass")
+    assert silent != FAKE_RANK
+    proc, _ = fake_launch(project, tmp_path, launched, silent)
+    metrics = project / "run" / "metrics.jsonl"  # its steps: past its start, it watches its parent
+    wait_for("the first step", lambda: metrics.is_file() and '"step"' in metrics.read_text(), 60, proc)
+    run = descendants(proc.pid)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    wait_for("the run's processes to end", lambda: not still_running(run), 20)
