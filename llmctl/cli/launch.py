@@ -56,8 +56,9 @@ EnvOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--env",
-        help="NAME=VALUE for the job, or NAME alone to pass it from this environment by name (repeatable). Secrets "
-        "go by name only (--env HF_TOKEN): their values are never written into the job.",
+        help="NAME=VALUE for the job, or NAME alone to pass it from this environment by name (repeatable). Secrets, "
+        "and values that hold one (a token, a URL's password), go by name only (--env HF_TOKEN): their values are "
+        "never written into the job.",
     ),
 ]
 IfnameOpt = Annotated[

@@ -250,6 +250,17 @@ def resolve_gpu(name: str) -> GPUSpec:
     )
 
 
+def gpu_kind(name: str) -> str:
+    """`name` when the catalog knows it (shipped, or $LLMCTL_GPU_CATALOG's files), else ValueError with the close
+    names and where a kind of one's own goes: a plan's hardware.gpu."""
+    try:
+        resolve_gpu(name)
+    except (UnknownNameError, SpecError) as e:  # an unknown kind, or a broken $LLMCTL_GPU_CATALOG file
+        own = f"a kind of your own goes in a GPU catalog file named by ${CATALOG_ENV}"
+        raise ValueError(f"{e.message} ({e.hint + '; ' if e.hint else ''}{own})") from None
+    return name
+
+
 class Cluster(BaseModel):
     """nodes x gpus_per_node of one GPU kind and the links between them: a cluster YAML file (`plan --cluster`),
     or built from flags (flags override the file)."""

@@ -193,30 +193,21 @@ class DataSection(_Strict):
         return self
 
 
+def _gpu_kind(v: str) -> str:
+    from llmctl.spec.hardware import gpu_kind  # the catalog's module: imported when a plan names a GPU
+
+    return gpu_kind(v)
+
+
 class HardwareSection(_Strict):
     """Where the plan was made for. gpu=None means CPU (gloo)."""
 
-    gpu: Text | None = None
-    """A GPU kind of the catalog: the shipped one, or a file named by $LLMCTL_GPU_CATALOG (whose names are checked as
-    a plan's are). The kind sizes the SLURM job (llmctl.launch.slurm_resources): what is not a known kind is refused
-    here rather than written into a job script."""
+    gpu: Annotated[Text, AfterValidator(_gpu_kind)] | None = None
+    """A GPU kind of the catalog, shipped or $LLMCTL_GPU_CATALOG's (llmctl.spec.hardware.gpu_kind: the kind sizes a
+    SLURM job, so an unknown one is refused rather than written into a job script)."""
     nodes: Int = Field(1, ge=1, le=LIMITS["--nodes"])
     nproc_per_node: Int = Field(1, ge=1, le=LIMITS["--nproc-per-node"])
     """Processes (GPUs) per node."""
-
-    @field_validator("gpu")
-    @classmethod
-    def _known_kind(cls, v: str | None) -> str | None:
-        from llmctl.spec.hardware import CATALOG_ENV, resolve_gpu
-
-        if v is not None:
-            try:
-                resolve_gpu(v)
-            except LlmctlError as e:  # an unknown kind, or a broken $LLMCTL_GPU_CATALOG file
-                hint = e.hint or ""
-                more = f"; a kind of your own goes in a GPU catalog file named by ${CATALOG_ENV}"
-                raise ValueError(f"{e.message}{f' ({hint}{more})' if hint else f' ({more[2:]})'}") from None
-        return v
 
 
 class ParallelSection(_Strict):
