@@ -14,8 +14,9 @@ SIGTERM, SIGHUP and SIGINT to the launching llmctl (a job wrapper or CI timeout,
 same: torchrun runs in a session of its own, so no terminal signal reaches it or its ranks directly, and llmctl,
 alive and still copying their output, asks the ranks to checkpoint, records the run as cancelled `by` the signal, and
 exits with 128 + the signal's number (143, 129, 130), one line. A second signal ends the ranks through torchrun, a
-third kills them. SIGKILL to llmctl cannot be handled: torchrun's parent-death signal (SIGTERM) ends the run. Before, llmctl died at once: torchrun and its ranks went on with parent pid 1, died on the closed
-pipe before their checkpoint, and `status` said UNKNOWN.
+third kills them. SIGKILL to llmctl cannot be handled: torchrun's parent-death signal (SIGTERM) ends the run.
+Before, llmctl died at once: torchrun and its ranks went on with parent pid 1, died on the closed pipe before their
+checkpoint, and `status` said UNKNOWN.
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ class RunCancelled(RuntimeFailure):
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 """What `llmctl launch` turns into a cancel of its run: a job wrapper's or CI timeout's SIGTERM, a closed terminal's
-SIGHUP, Ctrl-C. The first asks the ranks to checkpoint and stop, the second ends them through torchrun, a third kills
-torchrun's process group."""
+SIGHUP, Ctrl-C. The first asks the ranks to checkpoint and stop, the second ends them through torchrun, a third
+SIGKILLs the ranks and torchrun (`_stop_on_signal`)."""
 
 
 def run(
