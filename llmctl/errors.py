@@ -119,8 +119,9 @@ def describe(e: BaseException) -> tuple[str, int]:
 def _describe(e: BaseException) -> tuple[str, int]:
     if isinstance(e, LlmctlError):
         return str(e), e.exit_code
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted", 130
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or another stop signal (llmctl.interrupts.Interrupted)
+        signum = getattr(e, "signum", None)
+        return ("interrupted", 130) if signum is None else (f"interrupted ({e})", 128 + signum)
     if isinstance(e, ValueError) and str(e) == "embedded null byte":  # os.* on a path or value holding NUL
         return "a path or value contains a NUL byte (\\x00)", 2
     first = (str(e).strip().splitlines() or [""])[0]

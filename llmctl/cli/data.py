@@ -6,12 +6,14 @@ the command runs (numpy, pyarrow and the tokenizer stay out of `llmctl --help`).
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from llmctl import interrupts
 from llmctl.cli.options import length_count
 
 if TYPE_CHECKING:
@@ -115,7 +117,8 @@ def prepare(
         force=force,
         instruction=instruction,
     )
-    with _ProgressBar() as on_progress:
+    # SIGTERM and SIGHUP unwind like Ctrl-C: the workers stop, the temporary folder goes, one line, exit 128 + N.
+    with interrupts.raise_on(signal.SIGTERM, signal.SIGHUP), _ProgressBar() as on_progress:
         result = prepare(cfg, on_progress)
     typer.echo(summary_line(result))
     if instruction:

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from llmctl.cli.options import JobsDirOpt
-from llmctl.errors import InputError
+from llmctl.errors import InputError, one_line
 from llmctl.launch import jobs
 
 JobArg = Annotated[str, typer.Argument(help="Job id, job folder name or path.", show_default=False)]
@@ -38,6 +38,7 @@ def status(
     and its folder's events: RUNNING, COMPLETED, FAILED (exit N), CANCELLED, REQUEUED, ...; and the last checkpoint."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     if job:
         records, found = [jobs.find(job, _root(jobs_dir))], None
@@ -56,7 +57,7 @@ def status(
         table.add_column(col, overflow="fold")
     for r, note in zip(records, notes):
         step = jobs.last_checkpoint_step(r)
-        table.add_row(
+        cells = [
             r.job_id,
             r.backend,
             r.plan_name,
@@ -66,7 +67,10 @@ def status(
             r.submitted_at.split(".")[0].rstrip("Z") + "Z",  # to the second (the record keeps milliseconds)
             r.folder,
             *((note,) if any(notes) else ()),
-        )
+        ]
+        # A record is a file anyone may have written (or an older llmctl, before plan names were checked): its text
+        # reaches the terminal with control characters escaped, and as plain text (no rich markup).
+        table.add_row(*(Text(one_line(str(c))) for c in cells))
     Console(width=240).print(table)
     if found is not None and len(records) < len(found.records):
         typer.echo(f"(the latest {len(records)} of {len(found.records)} jobs; --all lists every one)")
@@ -83,7 +87,7 @@ def logs(
 
     record = jobs.find(job, _root(jobs_dir))
     if job is None:
-        typer.echo(f"llmctl: job {record.job_id} (the latest launched), folder {record.folder}", err=True)
+        typer.echo(one_line(f"llmctl: job {record.job_id} (the latest launched), folder {record.folder}"), err=True)
     backend = backends.backend_for(record)
     offsets: dict[Path, int] = {}
     last: list[Path] = []
@@ -99,7 +103,7 @@ def logs(
             if not data:
                 continue
             if last and last[0] != p:  # like tail: a header when the output switches to another file
-                sys.stdout.write(f"\n==> {p} <==\n")
+                sys.stdout.write(f"\n==> {one_line(str(p))} <==\n")
             last[:] = [p]
             sys.stdout.write(data.decode(errors="replace"))
             sys.stdout.flush()
@@ -107,7 +111,7 @@ def logs(
     drain()
     if not follow:
         if not offsets:
-            typer.echo(f"no log yet for job {record.job_id} (state {backend.state(record)})", err=True)
+            typer.echo(one_line(f"no log yet for job {record.job_id} (state {backend.state(record)})"), err=True)
         return
     while True:
         active = backend.state(record).split()[0] in jobs.ACTIVE
@@ -138,7 +142,7 @@ def cancel(
 
     record = jobs.find(job, _root(jobs_dir))
     message = backends.backend_for(record).cancel(record)
-    typer.echo(message or f"cancelled job {record.job_id} ({record.backend})")
+    typer.echo(one_line(message or f"cancelled job {record.job_id} ({record.backend})"))
 
 
 def register(app: typer.Typer) -> None:

@@ -8,6 +8,7 @@ only inside the launched ranks).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ import typer
 from llmctl.cli.decision_options import with_decisions
 from llmctl.cli.launch_show import AllocateAllOpt, run_dry_start
 from llmctl.cli.options import JobsDirOpt
-from llmctl.errors import InputError
+from llmctl.errors import InputError, one_line
 from llmctl.launch import jobs
 
 PlanArg = Annotated[Path, typer.Argument(help="Plan file (YAML), as written by `llmctl plan`.", show_default=False)]
@@ -56,8 +57,9 @@ EnvOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--env",
-        help="NAME=VALUE for the job, or NAME alone to pass it from this environment by name (repeatable). Secrets "
-        "go by name only (--env HF_TOKEN): their values are never written into the job.",
+        help="NAME=VALUE for the job, or NAME alone to pass it from this environment by name (repeatable). Secrets, "
+        "and values that hold one (a token, a URL's password), go by name only (--env HF_TOKEN): their values are "
+        "never written into the job.",
     ),
 ]
 IfnameOpt = Annotated[
@@ -191,8 +193,9 @@ def launch(
         return
     try:
         record = backend.submit(job)
-    except local.RunCancelled as e:  # `llmctl cancel`: what was asked, not an error; its own exit code (143)
-        typer.echo(f"llmctl: {e}", err=True)
+    except local.RunCancelled as e:  # `llmctl cancel` or a signal: what was asked, not an error; 128 + the signal
+        with contextlib.suppress(OSError):  # a SIGHUP's terminal may be gone: the job's events hold the line
+            typer.echo(f"llmctl: {e}", err=True)
         raise typer.Exit(e.exit_code) from None
     if backend.foreground:
         return  # it ran here, its output streamed through
@@ -202,9 +205,9 @@ def launch(
         typer.echo(f"preflight: first in the job, before training{spares}")
     elif backend.slurm and not no_preflight:
         typer.echo(f"preflight: not run by the {backend.name} executor (--executor sbatch runs it)")
-    typer.echo(f"job folder: {shell.quote(record.folder)}")
+    typer.echo(one_line(f"job folder: {shell.quote(record.folder)}"))  # paths are the user's: escapes escaped
     for p in record.logs:
-        typer.echo(f"log: {shell.quote(p)}")
+        typer.echo(one_line(f"log: {shell.quote(p)}"))
     typer.echo(f"follow it: llmctl logs {record.job_id} --follow")
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from llmctl.errors import InputError
+from llmctl.errors import InputError, one_line
 
 AllocateAllOpt = Annotated[
     bool,
@@ -39,7 +39,7 @@ def run_dry_start(plan: Path, dry_start: bool, dry_run: bool, allocate_all: bool
         raise InputError("--dry-run and --dry-start are different checks: give one")
     load_plan(plan)  # a bad plan fails here, in a fraction of a second
     at = "".join(f" at {flags[k].flag.lstrip('-')} {v}" for k, v in overrides.items())
-    typer.echo(f"dry start of {plan}{at}: rank 0's setup in this machine's memory ...", err=True)
+    typer.echo(one_line(f"dry start of {plan}{at}: rank 0's setup in this machine's memory ..."), err=True)
     typer.echo(render_dry_start(run(plan, allocate_all, overrides)))
 
 
@@ -71,4 +71,4 @@ def render_dry_start(r: dict[str, Any]) -> str:
     ]
     out += [f"  note: {n}" for n in r["notes"]]
     out.append("the plan starts: launch it without --dry-start")
-    return "\n".join(out)
+    return "\n".join(one_line(line) for line in out)  # the plan's name and paths are the user's: escapes escaped

@@ -40,6 +40,7 @@ from llmctl.data import output
 from llmctl.data.format import FORMAT, VERSION
 from llmctl.data.sources import Source, open_sources
 from llmctl.errors import InputError, LlmctlError, RuntimeFailure
+from llmctl.interrupts import exit_with
 
 BATCH_DOCS = 1024
 BATCH_CHARS = 2**19
@@ -148,12 +149,14 @@ def is_val(i: int, p: int, q: int) -> bool:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer: str | None, p: int, q: int) -> None:
+def _init_worker(tokenizer: str | None, p: int, q: int, parent: int) -> None:
     """Once per worker process: its own tokenizer (one Rust thread: the processes are the parallelism). A tokenizer
     that does not load is kept as the worker's error, said by its first job (an initializer that raises would make
-    the pool restart workers forever)."""
+    the pool restart workers forever). The worker ends when the command (`parent`) does, even by SIGKILL: a worker
+    whose parent is gone would wait forever on its queue (its parent is the forkserver, not the command)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it stops the pool)
+    exit_with(parent)
     from llmctl.data.tokenizer import load_tokenizer, token_dtype
 
     try:
@@ -227,7 +230,9 @@ def _pool(cfg: PrepareConfig) -> Executor:
         preload.append("transformers.models.auto.tokenization_auto")  # seconds of imports, paid once
     ctx.set_forkserver_preload(preload)  # a no-op when this process already started its forkserver
     p, q = val_ratio(cfg.val_fraction)
-    return ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg.tokenizer, p, q))
+    return ProcessPoolExecutor(
+        cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg.tokenizer, p, q, os.getpid())
+    )
 
 
 def _in_order(pool: Executor, jobs: Iterable[Any], fn: Callable[[Any], Any], window: int) -> Iterator[Any]:

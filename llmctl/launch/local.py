@@ -9,6 +9,14 @@ when it ends, so that `llmctl status`, `logs` and `cancel` work for it like for 
 `llmctl cancel` asks the engine ranks themselves to stop (SIGTERM, the engine's stop signal: they agree at the next
 step boundary, save a checkpoint and exit 0), so torchrun ends cleanly instead of raising its SignalException; the
 launching llmctl then records `cancelled ...` in events and exits with CANCELLED_EXIT (143).
+
+SIGTERM, SIGHUP and SIGINT to the launching llmctl (a job wrapper or CI timeout, a closed terminal, Ctrl-C) do the
+same: torchrun runs in a session of its own, so no terminal signal reaches it or its ranks directly, and llmctl,
+alive and still copying their output, asks the ranks to checkpoint, records the run as cancelled `by` the signal, and
+exits with 128 + the signal's number (143, 129, 130), one line. A second signal ends the ranks through torchrun, a
+third kills them. SIGKILL to llmctl cannot be handled: torchrun's parent-death signal (SIGTERM) ends the run.
+Before, llmctl died at once: torchrun and its ranks went on with parent pid 1, died on the closed pipe before their
+checkpoint, and `status` said UNKNOWN.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from llmctl.errors import InputError, RuntimeFailure
+from llmctl.errors import InputError, RuntimeFailure, one_line
 from llmctl.launch import jobs, shell
 from llmctl.launch.backends import Job, LaunchBackend
 
@@ -141,9 +149,18 @@ class RunFailed(RuntimeFailure):
 
 
 class RunCancelled(RuntimeFailure):
-    """The launched run was stopped by `llmctl cancel`: llmctl exits with CANCELLED_EXIT."""
+    """The launched run was stopped by `llmctl cancel` (llmctl exits with CANCELLED_EXIT) or by a signal to the
+    launching llmctl (128 + the signal's number, as a shell reports a process that signal ended)."""
 
-    exit_code = CANCELLED_EXIT
+    def __init__(self, message: str, exit_code: int = CANCELLED_EXIT) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+"""What `llmctl launch` turns into a cancel of its run: a job wrapper's or CI timeout's SIGTERM, a closed terminal's
+SIGHUP, Ctrl-C. The first asks the ranks to checkpoint and stop, the second ends them through torchrun, a third
+SIGKILLs the ranks and torchrun (`_stop_on_signal`)."""
 
 
 def run(
@@ -151,37 +168,84 @@ def run(
     env: dict[str, str] | None = None,
     on_start: Callable[[subprocess.Popen], None] | None = None,
     console: Path | None = None,
+    on_signal: Callable[[subprocess.Popen, int, int], None] | None = None,
 ) -> int:
-    """Run the command, its output on this terminal's stdout/stderr, and return its exit code. Ctrl-C reaches
-    torchrun through the terminal's process group; we only wait for it. `env` is added to this process's
-    environment; `on_start` is called with the process once it runs. With `console`, the output also goes to that
-    file: read from pipes, line by line (so the ranks see no terminal and print plain lines, unbuffered)."""
+    """Run the command, its output on this terminal's stdout/stderr, and return its exit code. `env` is added to this
+    process's environment; `on_start` is called with the process once it runs. With `console`, the output also goes
+    to that file: read from pipes, line by line (so the ranks see no terminal and print plain lines, unbuffered).
+
+    Without `on_signal`, Ctrl-C reaches torchrun through the terminal's process group; we only wait for it. With it,
+    the command runs in a session of its own (no terminal signal reaches it), and each STOP_SIGNALS this process gets
+    while it runs calls `on_signal(process, signal, how many so far)`; we keep waiting (and copying its output)."""
     if console is not None:
         env = {**(env or {}), "PYTHONUNBUFFERED": "1"}  # a crashed rank's last lines are not lost in a buffer
         sys.stdout.flush()
         sys.stderr.flush()
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} if console is not None else {}
+    received: list[int] = []
+    saved = {s: signal.signal(s, lambda n, _: received.append(n)) for s in STOP_SIGNALS} if on_signal else {}
     try:
-        proc = subprocess.Popen(argv, env={**os.environ, **env} if env else None, **pipes)
-    except OSError as e:
-        raise RuntimeFailure(f"could not start {argv[0]}: {e.strerror}", hint="is torch installed?") from None
-    tee = _Tee(proc, console) if console is not None else None
-    if on_start is not None:
-        on_start(proc)
-    try:
-        while True:
-            try:
-                return _exit_code(proc.wait())
-            except KeyboardInterrupt:
-                # torchrun got the SIGINT too and is shutting its workers down; give it time, then insist.
-                try:
-                    return _exit_code(proc.wait(timeout=60))
-                except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                    proc.send_signal(signal.SIGKILL)
-                    return _exit_code(proc.wait())
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env={**os.environ, **env} if env else None,
+                start_new_session=bool(on_signal),
+                preexec_fn=_ends_with(os.getpid()) if on_signal and sys.platform == "linux" else None,
+                **pipes,
+            )
+        except OSError as e:
+            raise RuntimeFailure(f"could not start {argv[0]}: {e.strerror}", hint="is torch installed?") from None
+        tee = _Tee(proc, console) if console is not None else None
+        try:
+            if on_start is not None:
+                on_start(proc)
+            return _wait(proc, received, on_signal)
+        finally:
+            if tee is not None:
+                tee.close()
     finally:
-        if tee is not None:
-            tee.close()
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def _ends_with(parent: int) -> Callable[[], None]:
+    """For Popen's preexec_fn (Linux): the child gets SIGTERM when `parent` dies, even of SIGKILL, which no handler
+    sees (prctl PR_SET_PDEATHSIG; kept across exec). In a session of its own, torchrun is out of reach of a kill of
+    llmctl's process group: this ends it, and torchrun then ends its ranks, instead of their running on until their
+    next line of output meets the closed pipe."""
+
+    def preexec() -> None:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG (linux/prctl.h)
+        if os.getppid() != parent:  # it died before the prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _wait(
+    proc: subprocess.Popen, received: list[int], on_signal: Callable[[subprocess.Popen, int, int], None] | None
+) -> int:
+    if on_signal is None:
+        try:
+            return _exit_code(proc.wait())
+        except KeyboardInterrupt:
+            # torchrun got the SIGINT too and is shutting its workers down; give it time, then insist.
+            try:
+                return _exit_code(proc.wait(timeout=60))
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                proc.send_signal(signal.SIGKILL)
+                return _exit_code(proc.wait())
+    handled = 0
+    while True:
+        while handled < len(received):  # the handlers only record: the work runs here, between waits
+            handled += 1
+            on_signal(proc, received[handled - 1], handled)
+        try:
+            return _exit_code(proc.wait(timeout=0.2))
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class _Tee:
@@ -329,8 +393,11 @@ def _run_outcome(metrics: str | None, offset: int) -> dict[str, int | str | None
     return out
 
 
-def _cancelled_line(record: jobs.JobRecord, outcome: dict[str, int | str | None], code: int | None) -> str:
-    """The events line of a cancelled local run: `cancelled TIME step S checkpoint C exit N` ("-": not known)."""
+def _cancelled_line(
+    record: jobs.JobRecord, outcome: dict[str, int | str | None], code: int | None, by: str | None = None
+) -> str:
+    """The events line of a cancelled local run: `cancelled TIME step S checkpoint C exit N [by SIGNAL]` ("-": not
+    known; `by`: the signal the launching llmctl got, when that is what stopped it)."""
 
     def word(v: object) -> str:
         return "-" if v is None else str(v)
@@ -338,7 +405,7 @@ def _cancelled_line(record: jobs.JobRecord, outcome: dict[str, int | str | None]
     checkpoint = outcome["checkpoint"] if outcome["checkpoint"] is not None else jobs.last_checkpoint_step(record)
     return (
         f"{jobs.CANCELLED} {jobs.now_utc()} step {word(outcome['stop'])} checkpoint {word(checkpoint)}"
-        f" exit {word(code)}"
+        f" exit {word(code)}" + (f" by {by}" if by else "")
     )
 
 
@@ -346,8 +413,12 @@ def cancel_message(record: jobs.JobRecord, line: str) -> str:
     """One line from a `cancelled ...` events line: "job X cancelled at step S: checkpoint at step S saved"."""
     words = line.split()
     fields = dict(zip(words[2::2], words[3::2]))
-    step, ckpt, code = (fields.get(k, "-") for k in ("step", "checkpoint", "exit"))
-    text = f"job {record.job_id} cancelled" + (f" at step {step}" if step != "-" else "")
+    step, ckpt, code, by = (fields.get(k, "-") for k in ("step", "checkpoint", "exit", "by"))
+    text = (
+        f"job {record.job_id} cancelled"
+        + (f" by {by}" if by != "-" else "")
+        + (f" at step {step}" if step != "-" else "")
+    )
     if ckpt != "-" and ckpt == step:
         text += f": checkpoint at step {ckpt} saved (launch the plan again to resume from it)"
     elif ckpt != "-":
@@ -363,6 +434,30 @@ def cancel_message(record: jobs.JobRecord, line: str) -> str:
 
 def _cancel_requested(record: jobs.JobRecord) -> bool:
     return any(ln.split()[0] == jobs.CANCEL_REQUESTED for ln in jobs.events(record))
+
+
+def _ask_ranks_to_stop(record: jobs.JobRecord) -> None:
+    """SIGTERM to each engine rank once all of them catch it (the engine's stop signal: they agree at the next step
+    boundary, checkpoint and exit 0); to torchrun itself when /proc cannot tell or they never get that far."""
+    ranks = _ranks_ready(record, RANKS_READY_WAIT_S)
+    for pid in ranks or ([record.pid] if ranks is None else []):  # type: ignore[list-item]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def _stop_on_signal(record: jobs.JobRecord, proc: subprocess.Popen, signum: int, count: int) -> None:
+    """What a signal to the launching llmctl does to its run (`run`'s on_signal): the first what `llmctl cancel` does
+    (recorded, then the ranks asked, from a thread: they may still be importing torch); the next one SIGTERM to
+    torchrun, which ends its ranks now; from the third, SIGKILL to the ranks and torchrun."""
+    if count == 1 and not _cancel_requested(record):
+        jobs.append_event(record, f"{jobs.CANCEL_REQUESTED} {jobs.now_utc()} by {signal.Signals(signum).name}")
+        threading.Thread(target=_ask_ranks_to_stop, args=(record,), daemon=True).start()
+        return
+    kill = signal.SIGTERM if count <= 2 else signal.SIGKILL
+    targets = [proc.pid] if kill == signal.SIGTERM else [*(_engine_ranks(proc.pid) or {}), proc.pid]
+    for pid in targets:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, kill)
 
 
 class LocalBackend(LaunchBackend):
@@ -399,20 +494,29 @@ class LocalBackend(LaunchBackend):
         record.host = socket.gethostname()
         metrics = Path(record.metrics)  # type: ignore[arg-type]
         offset = metrics.stat().st_size if metrics.is_file() else 0  # the plan's earlier runs wrote before this
-        print(f"llmctl: {job.env_prefix()}{shell.join(argv)}", file=sys.stderr, flush=True)
+        print(one_line(f"llmctl: {job.env_prefix()}{shell.join(argv)}"), file=sys.stderr, flush=True)
 
         def started(proc: subprocess.Popen) -> None:
             record.job_id, record.pid, record.pid_start = f"local-{proc.pid}", proc.pid, _process_start(proc.pid)
             record.save()
-            print(f"llmctl: job {record.job_id}, folder {shell.quote(str(folder))}", file=sys.stderr, flush=True)
+            print(
+                one_line(f"llmctl: job {record.job_id}, folder {shell.quote(str(folder))}"), file=sys.stderr, flush=True
+            )
 
-        code = run(argv, env=job.env, on_start=started, console=console)
+        signals: list[int] = []  # SIGTERM, SIGHUP, Ctrl-C to this llmctl: what `llmctl cancel` does (STOP_SIGNALS)
+
+        def stop(proc: subprocess.Popen, signum: int, count: int) -> None:
+            signals.append(signum)
+            _stop_on_signal(record, proc, signum, count)
+
+        code = run(argv, env=job.env, on_start=started, console=console, on_signal=stop)
         if _cancel_requested(record):
             outcome = _run_outcome(record.metrics, offset)
             if not (code == 0 and outcome["end"] == "done"):  # else it finished before the stop took effect
-                line = _cancelled_line(record, outcome, code)
+                by = signal.Signals(signals[0]).name if signals else None
+                line = _cancelled_line(record, outcome, code, by)
                 jobs.append_event(record, line)
-                raise RunCancelled(cancel_message(record, line))
+                raise RunCancelled(cancel_message(record, line), 128 + signals[0] if signals else CANCELLED_EXIT)
         jobs.append_event(record, f"exit {code} {jobs.now_utc()} restart 0")  # the line the sbatch script appends
         if code:
             raise RunFailed(code, hint=f"its output: {shell.quote(str(console))}, or `llmctl logs {record.job_id}`")
@@ -444,10 +548,7 @@ class LocalBackend(LaunchBackend):
             os.kill(pid, signal.SIGTERM)
             return f"job {record.job_id}: already stopping; sent SIGTERM to torchrun, which ends its ranks now"
         jobs.append_event(record, f"{jobs.CANCEL_REQUESTED} {jobs.now_utc()}")
-        ranks = _ranks_ready(record, RANKS_READY_WAIT_S)
-        for rank in ranks or ([pid] if ranks is None else []):  # None: the ranks cannot listen; torchrun must
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(rank, signal.SIGTERM)
+        _ask_ranks_to_stop(record)
         if not _wait_ended(record, CANCEL_WAIT_S):
             return (
                 f"job {record.job_id}: asked to stop; still saving its checkpoint after {CANCEL_WAIT_S:.0f} s"

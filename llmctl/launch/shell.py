@@ -16,14 +16,16 @@ import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 
-from llmctl.errors import InputError
+from llmctl.errors import InputError, one_line
 
 # Environment variable names that hold secrets: never written into a script, a job folder or a log. One rule,
 # shared with bench-net's recorded environment.
 from llmctl.secrets import is_secret_name as is_secret_name  # re-exported
+from llmctl.secrets import secret_in_value
 from llmctl.secrets import secret_values as secret_values  # re-exported
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""A POSIX environment variable name, matched whole (`re.fullmatch`: `$` would also take a trailing line break)."""
 
 # What each #SBATCH value may contain. SLURM names are [A-Za-z0-9_.-]; node lists add [],; constraints add &|*()!.
 _DIRECTIVE_CHARS = {
@@ -39,6 +41,13 @@ _DIRECTIVE_CHARS = {
 def quote(value: object) -> str:
     """One shell word, whatever the value contains."""
     return shlex.quote(str(value))
+
+
+def comment(value: object) -> str:
+    """Text for a `#` comment of a script: one line of printable characters, every other character written as its
+    escape (a line break would end the comment and make the rest a command). The values that reach comments are
+    validated where they are read (llmctl.spec.text); this is the script's own guard."""
+    return one_line(str(value))
 
 
 def quote_lines(value: str) -> str:
@@ -84,16 +93,37 @@ class JobEnv(dict[str, str]):
     by_name: tuple[str, ...] = ()
 
 
+def check_env_name(name: str, given: str | None = None) -> str:
+    """An environment variable name ([A-Za-z_][A-Za-z0-9_]*, whole): it is written into scripts unquoted."""
+    if not _ENV_NAME.fullmatch(name):
+        raise InputError(
+            f"--env {(given if given is not None else name)!r}: expected NAME=VALUE, or NAME to pass it from this "
+            "environment (a NAME is letters, digits and _, not starting with a digit)"
+        )
+    return name
+
+
+def check_env_value(key: str, value: str, environ: Mapping[str, str] | None = None) -> str:
+    """A NAME=VALUE that will be written into the job: refused when it is, or holds, a secret (a secret's name, the
+    value of one of this environment's secrets, a URL's password). Such a value goes by name: exported in the
+    submitting shell, it reaches the job through sbatch's environment (--export=ALL) and is never written."""
+    why = "its name says so" if is_secret_name(key) else secret_in_value(value, environ)
+    if why is not None:
+        raise InputError(
+            f"--env {key}=...: looks like a secret ({why}) and would be written into the job script",
+            hint=f"export {key} in your shell and pass it by name: --env {key} (its value is never written)",
+        )
+    return value
+
+
 def check_env(assignments: Iterable[str], environ: Mapping[str, str] | None = None) -> JobEnv:
     """Parse `--env` values: NAME=VALUE (written into the job; secrets refused, by name or by value) or NAME alone
     (passed by name from this environment, where it must be set: its value is never written)."""
     env = os.environ if environ is None else environ
-    known_secrets = set(secret_values(env))
     out, by_name = JobEnv(), []
     for a in assignments:
         key, sep, value = a.partition("=")
-        if not _ENV_NAME.match(key):
-            raise InputError(f"--env {a!r}: expected NAME=VALUE, or NAME to pass it from this environment")
+        check_env_name(key, a)
         if not sep:
             if key not in env:
                 raise InputError(
@@ -103,12 +133,7 @@ def check_env(assignments: Iterable[str], environ: Mapping[str, str] | None = No
             if key not in by_name:
                 by_name.append(key)
             continue
-        if is_secret_name(key) or value in known_secrets:
-            raise InputError(
-                f"--env {key}=...: looks like a secret and would be written into the job script",
-                hint=f"export {key} in your shell and pass it by name: --env {key} (its value is never written)",
-            )
-        out[key] = value
+        out[key] = check_env_value(key, value, env)
     clash = sorted(set(out) & set(by_name))
     if clash:
         raise InputError(f"--env {clash[0]}: given both by name and as {clash[0]}=VALUE")

@@ -1,9 +1,10 @@
 """SLURM via sbatch: a pure renderer (`render(params) -> str`, tested against a golden file), `submit`, and the
 `sbatch` launch backend built from them.
 
-Every value that reaches the script is either validated for an `#SBATCH` line (see `shell.check_directive`)
-or shell-quoted in the body (the `sq` filter); the one exception is `--setup`, shell code the user wrote, written
-as given after `shell.check_setup_line` made sure it is one complete line. Torch-free.
+Every value that reaches the script is either validated for an `#SBATCH` line (see `shell.check_directive`),
+shell-quoted in the body (the `sq` filter), or made one printable line in a comment (the `comment` filter); the one
+exception is `--setup`, shell code the user wrote, written as given after `shell.check_setup_line` made sure it is one
+complete line. Torch-free.
 
 The job's environment (what a demanding user expects, and why):
 - Each node's step is a fresh `bash -c` started by srun on another node. srun passes the batch shell's environment
@@ -180,11 +181,9 @@ def make_params(
     if nodes < 1:
         raise InputError(f"--nodes {nodes}: must be at least 1")
     options = SlurmOptions.from_kwargs(**slurm)
-    for key in env or {}:
-        if shell.is_secret_name(key):
-            raise InputError(
-                f"env {key}: secrets are never written into the job script", hint=f"pass it by name: --env {key}"
-            )
+    for key, value in (env or {}).items():  # what --env checked; again here for callers of this API
+        shell.check_env_value(shell.check_env_name(key), value)
+    env_names = tuple(shell.check_env_name(k) for k in dict.fromkeys(env_names))
     preflight = preflight or PreflightOptions()
     if options.container is not None:
         _check_container(options, preflight, workdir, job_dir)
@@ -201,7 +200,7 @@ def make_params(
         gpus_per_node=gpus_per_node,
         slurm=options,
         env=dict(env or {}),
-        env_names=tuple(dict.fromkeys(env_names)),
+        env_names=env_names,
         resources=slurm_resources.derive(options, nproc_per_node=nproc_per_node, gpus_per_node=gpus_per_node, gpu=gpu),
         interpreter=interpreter,
         gpu_runtime=_gpu_runtime(gpu) if gpus_per_node else None,
@@ -277,6 +276,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["sq"] = shell.quote
     env.filters["lines"] = shell.quote_lines
+    env.filters["comment"] = shell.comment
     return env
 
 

@@ -200,6 +200,11 @@ class SlurmOptions:
         for flag, value in (("--container-image", self.container_image), ("--apptainer", self.apptainer)):
             if value is not None and (not value.strip() or not value.isprintable() or value != value.strip()):
                 raise InputError(f"--{flag.lstrip('-')} {value!r}: one image name or path, on one line")
+            if value is not None and value.startswith("-"):  # apptainer exec would read it as one of its options
+                raise InputError(
+                    f"{flag} {value!r}: an image name or path cannot start with '-' (it would be read as an option)",
+                    hint=f"write a path that starts otherwise, e.g. {flag} ./{value}",
+                )
         if self.container_mounts and self.container is None:
             raise InputError("--container-mounts only applies with --container-image or --apptainer")
         for spec in self.mounts:

@@ -140,7 +140,7 @@ def executor_parameters(job: Job) -> dict[str, Any]:
                 hint=f"give at least {job.nproc_per_node}, or use --executor sbatch",
             )
         params["cpus_per_task"] = per_rank
-    setup = [f"# Per node: {res.why} (llmctl.launch.slurm_resources), over {job.nproc_per_node} task(s)"]
+    setup = [shell.comment(f"# Per node: {res.why} (llmctl.launch.slurm_resources), over {job.nproc_per_node} task(s)")]
     setup += res.srun_cpus_lines(tasks_per_node=job.nproc_per_node)
     for name in shell.env_names(job.env):  # passed by name: checked in the job, their values never written
         missing = f"llmctl: {name} (--env {name}) is not in the job's environment"

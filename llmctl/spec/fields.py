@@ -17,6 +17,7 @@ from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
 from llmctl.spec.precision import PRECISION_HELP, policy
+from llmctl.spec.text import check_line
 
 MAX_TEXT = 4096
 """PATH_MAX on Linux (limits.h): no path, and so no name or field of a plan, is longer."""
@@ -40,8 +41,9 @@ Int = Annotated[int, BeforeValidator(not_a_boolean)]
 """An integer, never a boolean."""
 Float = Annotated[float, BeforeValidator(not_a_boolean)]
 """A finite float (the models' allow_inf_nan=False), never a boolean."""
-Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(no_nul)]
-"""A name or path: not empty (an empty path would silently mean the current folder), no NUL, at most PATH_MAX."""
+Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(check_line)]
+"""A name or path: not empty (an empty path would silently mean the current folder), one line of printable text (no
+control character: llmctl.spec.text), at most PATH_MAX."""
 
 
 def _as(parse: Any, expected: str) -> Any:

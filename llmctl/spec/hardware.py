@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llmctl.errors import InputError, SpecError, UnknownNameError, suggest
 from llmctl.fileio import load_yaml, parse_yaml, read_input
+from llmctl.spec.text import check_line
 from llmctl.units import GIB, MIB
 
 CATALOG_ENV = "LLMCTL_GPU_CATALOG"
@@ -60,6 +61,14 @@ class _Entry(BaseModel):
     plan_only: str | None = Field(None, min_length=1)
     """Why llmctl's engine cannot run this kind (it runs on CUDA and ROCm torch devices): `plan` notes it, `launch`
     refuses its plans; None: the engine runs on it."""
+
+    @field_validator("name", "aliases")
+    @classmethod
+    def _one_line(cls, v: str | list[str]) -> str | list[str]:
+        # A kind's name reaches plans, job scripts and terminals: one line of printable text, as a plan's names.
+        for text in [v] if isinstance(v, str) else v:
+            check_line(text)
+        return v
 
     @field_validator("tflops")
     @classmethod
@@ -238,6 +247,17 @@ def resolve_gpu(name: str) -> GPUSpec:
     raise UnknownNameError(
         f"unknown GPU kind {name!r}", hint=suggest(name.strip(), list(cat)) or "see `llmctl estimate --list-gpus`"
     )
+
+
+def gpu_kind(name: str) -> str:
+    """`name` when the catalog knows it (shipped, or $LLMCTL_GPU_CATALOG's files), else ValueError with the close
+    names and where a kind of one's own goes: a plan's hardware.gpu."""
+    try:
+        resolve_gpu(name)
+    except (UnknownNameError, SpecError) as e:  # an unknown kind, or a broken $LLMCTL_GPU_CATALOG file
+        own = f"a kind of your own goes in a GPU catalog file named by ${CATALOG_ENV}"
+        raise ValueError(f"{e.message} ({e.hint + '; ' if e.hint else ''}{own})") from None
+    return name
 
 
 class Cluster(BaseModel):

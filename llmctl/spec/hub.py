@@ -204,7 +204,7 @@ def _download(repo_id: str, revision: str | None, cache: Path) -> Path:
         raise SpecError(
             f"{repo_id}: {CONFIG_FILE} is not in the local Hugging Face cache ({_display(cache)}) and downloading it"
             " needs huggingface_hub, which is not installed",
-            hint=f"pip install huggingface_hub, or pass a {CONFIG_FILE} path",
+            hint=f"pip install 'llmctl[hub]', or pass a {CONFIG_FILE} path",
         ) from None
     at = f" at revision {revision!r}" if revision else ""
     no_network_hint = f"check the network or proxy; without one, {fill_cache_hint(repo_id, revision, cache)}"

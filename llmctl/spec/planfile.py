@@ -165,17 +165,24 @@ class DataSection(_Strict):
 
 
 # --- the sections that hold the setup's decisions (their keys: llmctl.spec.setup) --------------------------------
+def _gpu_kind(v: str) -> str:
+    from llmctl.spec.hardware import gpu_kind  # the catalog's module: imported when a plan names a GPU
+
+    return gpu_kind(v)
+
+
 HardwareSection = _section(
     "HardwareSection",
     "Where the plan was made for. gpu=None means CPU (gloo).",
     "hardware",
     own={
         "gpu": (
-            Text | None,
+            Annotated[Text, AfterValidator(_gpu_kind)] | None,
             Field(
                 None,
-                description="A GPU kind of the catalog; not checked here: the catalog can grow on the cluster "
-                "($LLMCTL_GPU_CATALOG).",
+                description="A GPU kind of the catalog, shipped or $LLMCTL_GPU_CATALOG's "
+                "(llmctl.spec.hardware.gpu_kind: the kind sizes a SLURM job, so an unknown one is refused rather "
+                "than written into a job script).",
             ),
         )
     },

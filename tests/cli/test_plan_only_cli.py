@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from llmctl.cli.main import app
 from llmctl.spec import hardware
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 @pytest.fixture
 def gaudi_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -46,8 +48,19 @@ def test_launch_refuses_a_plan_for_a_plan_only_kind(gaudi_plan: Path, extra: lis
 
 
 @pytest.mark.parametrize("gpu", ["A100-80GB", "MI355X", "SomeFutureGPU"])
-def test_launch_of_other_kinds_is_not_refused(gaudi_plan: Path, gpu: str) -> None:
-    """CUDA and ROCm kinds launch; a kind this catalog lacks is left to the cluster's (which may know it)."""
+def test_launch_of_other_kinds_is_not_refused(
+    gaudi_plan: Path, gpu: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CUDA and ROCm kinds launch; a kind of the site's own launches once its catalog file names it (a kind nobody
+    knows is refused when the plan is read: tests/launch/test_injection.py)."""
+    if gpu == "SomeFutureGPU":
+        import yaml
+
+        shipped = yaml.safe_load((REPO / "llmctl/spec/presets/gpus.yaml").read_text())
+        entry = {**next(e for e in shipped if e["name"] == "H100-SXM"), "name": gpu, "aliases": []}
+        catalog = tmp_path / "gpus.yaml"
+        catalog.write_text(yaml.safe_dump([entry]))
+        monkeypatch.setenv("LLMCTL_GPU_CATALOG", str(catalog))
     text = gaudi_plan.read_text()
     gaudi_plan.write_text(text.replace("gpu: Gaudi-3", f"gpu: {gpu}"))
     r = CliRunner().invoke(app, ["launch", str(gaudi_plan), "--dry-run", "--allow-synthetic", "--allow-no-checkpoint"])

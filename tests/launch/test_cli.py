@@ -176,12 +176,13 @@ def test_slurm_submit_writes_job_folder(workdir: Path, fake_slurm: Path) -> None
 
 
 def test_slurm_submit_hostile_names_and_paths(workdir: Path, fake_slurm: Path) -> None:
-    """A hostile plan name, plan path, jobs dir and cwd: the job script stays valid and runs nothing extra."""
+    """A hostile plan name, plan path, jobs dir and cwd: the job script stays valid and runs nothing extra. (A plan
+    name with a line break is refused when the plan is read: tests/launch/test_injection.py.)"""
     hostile_dir = workdir / HOSTILE
     hostile_dir.mkdir()
     os.chdir(hostile_dir)
     plan = hostile_dir / f"plan {HOSTILE}.yaml"
-    plan.write_text(minimal_plan_yaml(name=HOSTILE, nodes=2))
+    plan.write_text(minimal_plan_yaml(name=HOSTILE.replace("\n", " "), nodes=2))
     code, out = invoke("launch", str(plan), "--slurm", "--jobs-dir", str(hostile_dir / f"jobs {HOSTILE}"))
     assert code == 0, out
     folder = next((hostile_dir / f"jobs {HOSTILE}").iterdir())

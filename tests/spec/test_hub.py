@@ -413,7 +413,7 @@ def test_without_huggingface_hub_installed(tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import huggingface_hub` raises ImportError
     with pytest.raises(SpecError, match="needs huggingface_hub, which is not installed") as e:
         hub.load_hub_config("org/m")
-    assert "pip install huggingface_hub" in e.value.hint
+    assert "pip install 'llmctl[hub]'" in e.value.hint
 
 
 def test_the_cache_is_read_without_huggingface_hub(tmp_path, monkeypatch) -> None:
