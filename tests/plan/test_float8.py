@@ -96,16 +96,7 @@ def test_the_converted_linears_run_at_the_fp8_peak_and_the_rest_at_bf16() -> Non
     """Forward seconds less the casts = tokens x (model FLOPs - half the converted linears' FLOPs) / 3 / (bf16 peak x
     efficiency): the converted FLOPs at H100's 1979 TFLOP/s, the LM head and attention at 989.5."""
     req, bf = request(), request("bf16-mixed")
-    setup = req.candidate(
-        strategy="full_shard",
-        nodes=1,
-        micro_batch_size=2,
-        grad_accum_steps=1,
-        checkpointing="none",
-        attention="flash",
-        compile=False,
-        loss_chunk_tokens=0,
-    )
+    setup = req.candidate(micro_batch_size=2, attention="flash")
     eff, sp = compute_split(req, setup)
     eff_bf, sp_bf = compute_split(bf, replace(setup, precision=bf.precision))
     assert eff == eff_bf and float8_saving(req, setup) == 0.5
@@ -144,16 +135,7 @@ def test_cast_bytes_are_derived_from_the_shapes() -> None:
     assert f8.cast_bytes(L8B, policy("fp8"), t, "full", compiled=False)[1] == bwd + fwd
     assert f8.cast_bytes(L8B, policy("bf16-mixed"), t, "full", compiled=False) == (0.0, 0.0)
     req = request(gpus_per_node=1)
-    setup = req.candidate(
-        strategy="full_shard",
-        nodes=1,
-        micro_batch_size=2,
-        grad_accum_steps=1,
-        checkpointing="none",
-        attention="flash",
-        compile=False,
-        loss_chunk_tokens=0,
-    )
+    setup = req.candidate(micro_batch_size=2, attention="flash")
     assert float8_cast_s(req, setup, t) == pytest.approx(
         (fwd / (3350e9 * HBM_EFFICIENCY), bwd / (3350e9 * HBM_EFFICIENCY)), rel=1e-12
     )
@@ -174,16 +156,7 @@ def _gathers(precision: str, strategy: str = "full_shard") -> tuple[float, list[
     req = request(precision)
     c = evaluate(
         req,
-        req.candidate(
-            strategy=strategy,
-            nodes=1,
-            micro_batch_size=2,
-            grad_accum_steps=8,
-            checkpointing="none",
-            attention="flash",
-            compile=False,
-            loss_chunk_tokens=0,
-        ),
+        req.candidate(strategy=strategy, micro_batch_size=2, grad_accum_steps=8, attention="flash"),
     )
     ag = next(o for o in c.predicted.comm_ops if o.name == "all-gather (forward)") if strategy != "no_shard" else None
     return (ag.bytes_per_call if ag else 0.0), c.predicted.comm_ops
@@ -211,16 +184,7 @@ def test_the_memory_lines_of_float8() -> None:
 
     def comps(precision: str) -> dict[str, int]:
         req = request(precision)
-        setup = req.candidate(
-            strategy="full_shard",
-            nodes=1,
-            micro_batch_size=2,
-            grad_accum_steps=1,
-            checkpointing="none",
-            attention="flash",
-            compile=False,
-            loss_chunk_tokens=0,
-        )
+        setup = req.candidate(micro_batch_size=2, attention="flash")
         return {c.name: c.bytes for c in mem.estimate(L8B, setup).components}
 
     bf16, tw, rw = comps("bf16-mixed"), comps("fp8"), comps("fp8-rowwise")
@@ -260,16 +224,7 @@ def test_fp16_mixed_runs_at_the_fp16_peak_on_a_v100() -> None:
     gpt2 = resolve_model("gpt2-xl")
     req = plan_request(spec=gpt2, gpu=v100, nodes=1, gpus_per_node=4, network=NET, seq_len=1024)
     assert req.precision.name == "fp16-mixed" and "no bf16 tensor cores" in (req.precision_why or "")
-    setup = req.candidate(
-        strategy="full_shard",
-        nodes=1,
-        micro_batch_size=1,
-        grad_accum_steps=1,
-        checkpointing="none",
-        attention="sdpa",
-        compile=False,
-        loss_chunk_tokens=0,
-    )
+    setup = req.candidate()
     eff, sp = compute_split(req, setup)
     mm = fl.model_flops_per_token(gpt2, 1024) - fl.attention_flops_per_token(gpt2, 1024)
     assert sp.matmul_fwd_s == pytest.approx(1024 * mm / 3 / (125e12 * eff), rel=1e-12)

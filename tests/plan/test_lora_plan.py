@@ -60,7 +60,7 @@ def test_mfu_full_unchanged_and_lora_counts_the_methods_flops():
 
 def test_fsdp_reduce_scatters_only_the_adapters():
     req = request()
-    setup = req.candidate(strategy="full_shard", nodes=1, micro_batch_size=1, grad_accum_steps=1)
+    setup = req.candidate()
     lora = {o.name: o for o in evaluate(req, setup).predicted.comm_ops}
     full = {o.name: o for o in evaluate(req, replace(setup, finetune=Finetune())).predicted.comm_ops}
     per_layer = adapter_params(L8B, LORA) / L8B.num_layers
@@ -73,7 +73,7 @@ def test_fsdp_reduce_scatters_only_the_adapters():
 
 def test_lora_step_is_faster_and_qlora_pays_the_dequantization():
     req = request()
-    setup = req.candidate(strategy="full_shard", nodes=1, micro_batch_size=2, grad_accum_steps=1, checkpointing="full")
+    setup = req.candidate(micro_batch_size=2, checkpointing="full")
     full = evaluate(req, replace(setup, finetune=Finetune())).predicted
     lora = evaluate(req, setup).predicted
     qlora = evaluate(req, replace(setup, finetune=Finetune("qlora"))).predicted

@@ -141,16 +141,7 @@ def test_copies_join_the_collectives_chain_and_later_copies_are_not_hidden() -> 
 
 def test_the_step_adds_what_offload_costs() -> None:
     req = _request("llama-3.1-8b", "A100-80GB", 8)
-    base = req.candidate(
-        strategy="full_shard",
-        nodes=1,
-        micro_batch_size=2,
-        grad_accum_steps=8,
-        checkpointing="full",
-        attention="flash",
-        compile=False,
-        loss_chunk_tokens=0,
-    )
+    base = req.candidate(micro_batch_size=2, grad_accum_steps=8, checkpointing="full", attention="flash")
     off, on = evaluate(req, base), evaluate(req, replace(base, levers=ON))
     p = on.predicted
     assert off.predicted.offload_s == 0 and off.predicted.offload is None and "offload" not in off.as_dict()

@@ -34,7 +34,6 @@ def largest_fitting(req, strategy: str, nodes: int, per_rank: int, ckpt: str, at
                 grad_accum_steps=per_rank // d,
                 checkpointing=ckpt,
                 attention=attn,
-                compile=False,
                 loss_chunk_tokens=chunk,
             ),
         ).device_bytes
@@ -51,16 +50,7 @@ def expected_options(req, strategy: str, nodes: int, attn: str, options: list[tu
         options,
         key=lambda o: recompute_seconds(
             req,
-            req.candidate(
-                strategy="full_shard",
-                nodes=1,
-                micro_batch_size=1,
-                grad_accum_steps=1,
-                checkpointing=o[0],
-                attention=attn,
-                compile=False,
-                loss_chunk_tokens=o[1],
-            ),
+            req.candidate(checkpointing=o[0], attention=attn, loss_chunk_tokens=o[1]),
         ),
     )
     out, largest = {}, 0
@@ -122,14 +112,7 @@ def test_the_whole_batch_is_tried_without_accumulation() -> None:
     req = req.with_pins(attention="flash", compile=False, checkpointing="none")
     assert largest_fitting(req, "full_shard", 1, 9, "none", "flash", 0) == 9
     accumulating = req.candidate(
-        strategy="full_shard",
-        nodes=1,
-        micro_batch_size=9,
-        grad_accum_steps=2,
-        checkpointing="none",
-        attention="flash",
-        compile=False,
-        loss_chunk_tokens=0,
+        micro_batch_size=9, grad_accum_steps=2, attention="flash"
     )  # as if a second micro-batch came
     assert mem.estimate(spec, accumulating).device_bytes > req.capacity_bytes
     chosen = pl.plan(req).chosen.setup

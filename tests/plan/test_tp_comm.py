@@ -50,16 +50,7 @@ def test_tp8_full_checkpointing_matches_a_hand_count() -> None:
     none hidden (no async TP), all inside the node."""
     req = request()
     setup = req.candidate(
-        strategy="full_shard",
-        nodes=1,
-        micro_batch_size=2,
-        grad_accum_steps=3,
-        checkpointing="full",
-        attention="flash",
-        compile=True,
-        loss_chunk_tokens=0,
-        tp=8,
-        async_tp=False,
+        micro_batch_size=2, grad_accum_steps=3, checkpointing="full", attention="flash", compile=True, tp=8
     )
     c = evaluate(req, setup)
     A = 2 * 4096 * 8192 * 2
@@ -82,17 +73,7 @@ def test_recompute_collectives_follow_the_checkpointing_mode(ckpt: str, recomput
     ops = tp_ops(
         evaluate(
             req,
-            req.candidate(
-                strategy="full_shard",
-                nodes=1,
-                micro_batch_size=1,
-                grad_accum_steps=1,
-                checkpointing=ckpt,
-                attention="flash",
-                compile=False,
-                loss_chunk_tokens=0,
-                tp=4,
-            ),
+            req.candidate(checkpointing=ckpt, attention="flash", tp=4),
         )
     )
     assert ops.get("TP all-gather (recompute)", (0, 0))[0] == 2 * recomputed
@@ -146,29 +127,17 @@ def test_async_tp_is_priced_in_the_setup() -> None:
     plain = evaluate(
         req,
         req.candidate(
-            strategy="full_shard",
-            nodes=1,
-            micro_batch_size=2,
-            grad_accum_steps=3,
-            checkpointing="full",
-            attention="flash",
-            compile=True,
-            loss_chunk_tokens=0,
-            tp=8,
-            async_tp=False,
+            micro_batch_size=2, grad_accum_steps=3, checkpointing="full", attention="flash", compile=True, tp=8
         ),
     )
     fused = evaluate(
         req,
         req.candidate(
-            strategy="full_shard",
-            nodes=1,
             micro_batch_size=2,
             grad_accum_steps=3,
             checkpointing="full",
             attention="flash",
             compile=True,
-            loss_chunk_tokens=0,
             tp=8,
             async_tp=True,
         ),
@@ -180,27 +149,8 @@ def test_async_tp_is_priced_in_the_setup() -> None:
 
 def test_each_rank_runs_a_tp_th_of_the_split_flops_and_all_of_the_moe() -> None:
     req = request()
-    s1 = req.candidate(
-        strategy="full_shard",
-        nodes=1,
-        micro_batch_size=2,
-        grad_accum_steps=1,
-        checkpointing="none",
-        attention="flash",
-        compile=False,
-        loss_chunk_tokens=0,
-    )
-    s8 = req.candidate(
-        strategy="full_shard",
-        nodes=1,
-        micro_batch_size=2,
-        grad_accum_steps=1,
-        checkpointing="none",
-        attention="flash",
-        compile=False,
-        loss_chunk_tokens=0,
-        tp=8,
-    )
+    s1 = req.candidate(micro_batch_size=2, attention="flash")
+    s8 = req.candidate(micro_batch_size=2, attention="flash", tp=8)
     e1, p1 = compute_split(req, s1)
     e8, p8 = compute_split(req, s8)
     width = req.efficiency.tp_width_factor(L70B, 8, req.gpu, 2 * 4096)

@@ -160,18 +160,7 @@ def test_tp_families_that_cannot_win_are_skipped_by_their_compute_bound() -> Non
     per_rank = req.global_batch // 64  # 64 data-parallel ranks: one per node
     one = evaluate(
         req,
-        req.candidate(
-            strategy="full_shard",
-            nodes=64,
-            micro_batch_size=per_rank,
-            grad_accum_steps=1,
-            checkpointing="none",
-            attention="flash",
-            compile=True,
-            loss_chunk_tokens=0,
-            tp=8,
-            async_tp=True,
-        ),
+        req.candidate(nodes=64, micro_batch_size=per_rank, attention="flash", compile=True, tp=8, async_tp=True),
     )
     assert one.predicted.tokens_per_s < bound < -sort_key(req, r.chosen)[0]
     # the bound leaves out the optimizer step (a smaller step: a higher bound)

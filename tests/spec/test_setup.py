@@ -159,14 +159,7 @@ def test_the_cost_model_moves_gradients_in_the_reduce_dtype() -> None:
         )
         return evaluate(
             req,
-            req.candidate(
-                strategy="no_shard",
-                nodes=2,
-                micro_batch_size=1,
-                grad_accum_steps=16,
-                checkpointing="full",
-                attention="flash",
-            ),
+            req.candidate(strategy="no_shard", nodes=2, grad_accum_steps=16, checkpointing="full", attention="flash"),
         ).predicted.comm_total_s
 
     assert comm_s("bf16") == pytest.approx(comm_s("bf16-mixed") / 2, rel=0.01)
