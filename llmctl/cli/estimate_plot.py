@@ -22,6 +22,7 @@ from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import STRATEGIES
 from llmctl.spec.setup import TrainSetup
+from llmctl.units import GIB
 
 # The ledger names FSDP2's master parameters "(fp32 master, sharded)" whatever the strategy; the legend is shared by
 # every bar (a no_shard bar too), so it names the state only and each bar's tick label says how it is held.
@@ -62,7 +63,7 @@ def memory_plot(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None) -> Memo
         segments = {_legend_name(name): b for name, b in est.per_component().items()}
         label = "\n".join([strategy, *(textwrap.fill(line, _TICK_WIDTH) for line in state_holding(est))])
         bars.append(Bar(strategy, label, segments, est.device_bytes))
-    gpu_label = f"{gpu.name}: {gpu.memory_bytes / render.GIB:.1f} GiB usable" if gpu else None
+    gpu_label = f"{gpu.name}: {gpu.memory_bytes / GIB:.1f} GiB usable" if gpu else None
     return MemoryPlot(_title(spec, setup, gpu), bars, setup.strategy, gpu_label, gpu.memory_bytes if gpu else None)
 
 
@@ -95,20 +96,20 @@ def figure(plot: MemoryPlot) -> Any:
     fig, ax = plt.subplots(figsize=(11, 6))
     xs = list(range(len(plot.bars)))
     if plot.gpu_bytes is not None:
-        ax.axhline(
-            plot.gpu_bytes / render.GIB, color="crimson", linestyle="--", linewidth=1.5, label=plot.gpu_label
-        ).set_gid("gpu-memory")
+        ax.axhline(plot.gpu_bytes / GIB, color="crimson", linestyle="--", linewidth=1.5, label=plot.gpu_label).set_gid(
+            "gpu-memory"
+        )
     names = _stack_order(plot.bars)
     bottoms = [0.0] * len(plot.bars)
     cmap = plt.get_cmap("tab20")
     for j, name in enumerate(names):
-        heights = [bar.segments.get(name, 0) / render.GIB for bar in plot.bars]
+        heights = [bar.segments.get(name, 0) / GIB for bar in plot.bars]
         ax.bar(xs, heights, bottom=bottoms, label=name, color=cmap(j % 20), width=0.6)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     for x, bar in zip(xs, plot.bars):
         ax.annotate(
-            f"{bar.device_bytes / render.GIB:.1f}",
-            (x, bar.device_bytes / render.GIB),
+            f"{bar.device_bytes / GIB:.1f}",
+            (x, bar.device_bytes / GIB),
             xytext=(0, 2),
             textcoords="offset points",
             ha="center",
@@ -118,7 +119,7 @@ def figure(plot: MemoryPlot) -> Any:
     ax.set_xticks(xs, [bar.label for bar in plot.bars], fontsize=7)
     for tick, bar in zip(ax.get_xticklabels(), plot.bars):
         tick.set_fontweight("bold" if bar.strategy == plot.chosen else "normal")
-    top = max([bar.device_bytes for bar in plot.bars] + [plot.gpu_bytes or 0]) / render.GIB
+    top = max([bar.device_bytes for bar in plot.bars] + [plot.gpu_bytes or 0]) / GIB
     ax.set_ylim(0, top * 1.08)  # room for the totals above the bars
     ax.set_ylabel("GiB per GPU (components live at each strategy's peak phase)")
     ax.set_title(plot.title, fontsize=10)

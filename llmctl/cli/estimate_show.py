@@ -10,6 +10,7 @@ from rich.markup import escape
 from llmctl.cli import render
 from llmctl.plan import memory as mem
 from llmctl.spec import hardware, models
+from llmctl.units import gib
 
 
 def show(result: dict[str, Any]) -> None:
@@ -59,8 +60,8 @@ def show(result: dict[str, Any]) -> None:
             line.name + (f"  [dim]({line.note})[/dim]" if line.note else ""),
             f"{line.bytes_per_param:.4g}" + (" per adapter param" if line.params is not None else ""),
             stage,
-            render.gib(comp.bytes),
-            render.gib(comp.bytes * s.world_size),
+            gib(comp.bytes),
+            gib(comp.bytes * s.world_size),
         )
     c.print(t)
 
@@ -70,20 +71,20 @@ def show(result: dict[str, Any]) -> None:
     )
     for comp in est.components:
         if comp.bytes:
-            t.add_row(comp.name, render.gib(comp.bytes, 3), ", ".join(map(_phase, comp.phases)))
+            t.add_row(comp.name, gib(comp.bytes, 3), ", ".join(map(_phase, comp.phases)))
     for ph, b in est.phase_bytes.items():
-        t.add_row(f"[bold]= {_phase(ph)} phase total[/bold]", render.gib(b, 3), "peak" if ph == est.peak_phase else "")
-    t.add_row(f"allocator headroom ({s.headroom_fraction:.0%})", render.gib(est.headroom_bytes, 3), "reserved")
-    t.add_row("CUDA context + NCCL", render.gib(s.cuda_context_bytes, 3), "outside allocator")
-    t.add_row("[bold]total per GPU[/bold]", f"[bold]{render.gib(est.device_bytes, 3)}[/bold]", "")
+        t.add_row(f"[bold]= {_phase(ph)} phase total[/bold]", gib(b, 3), "peak" if ph == est.peak_phase else "")
+    t.add_row(f"allocator headroom ({s.headroom_fraction:.0%})", gib(est.headroom_bytes, 3), "reserved")
+    t.add_row("CUDA context + NCCL", gib(s.cuda_context_bytes, 3), "outside allocator")
+    t.add_row("[bold]total per GPU[/bold]", f"[bold]{gib(est.device_bytes, 3)}[/bold]", "")
     c.print(t)
     terms = result["layer_activation_terms"]
     hf = {k: v for k, v in terms.items() if ": HF" in k}
     if hf:
         c.print(
             "[dim]one block without checkpointing keeps "
-            + ", ".join(f"{k} {render.gib(v, 3)}" for k, v in terms.items())
-            + f" GiB; the HF-only lines ({render.gib(sum(hf.values()), 3)} GiB per block) are what a fused RMSNorm and"
+            + ", ".join(f"{k} {gib(v, 3)}" for k, v in terms.items())
+            + f" GiB; the HF-only lines ({gib(sum(hf.values()), 3)} GiB per block) are what a fused RMSNorm and"
             " SwiGLU (torchtitan, Liger, torch.compile) do not keep[/dim]",
             soft_wrap=True,
         )
@@ -96,8 +97,8 @@ def show(result: dict[str, Any]) -> None:
     if "float8" in result:
         _show_float8(result["float8"])
     c.print(
-        f"peak allocated {render.gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
-        f"reserved {render.gib(est.peak_reserved_bytes)} GiB, device total {render.gib(est.device_bytes)} GiB",
+        f"peak allocated {gib(est.peak_allocated_bytes)} GiB (torch.cuda.max_memory_allocated), "
+        f"reserved {gib(est.peak_reserved_bytes)} GiB, device total {gib(est.device_bytes)} GiB",
         soft_wrap=True,
     )
 
@@ -106,7 +107,7 @@ def show(result: dict[str, Any]) -> None:
         if (result.get("offload") or {}).get("host_fits") is False:
             ok += " (host memory)" if est.device_bytes <= result["gpu_memory_bytes"] else " (GPU and host memory)"
         c.print(
-            f"\n{result['gpu']} ({render.gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
+            f"\n{result['gpu']} ({gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
             f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}"
         )
         t = render.table(
@@ -118,7 +119,7 @@ def show(result: dict[str, Any]) -> None:
                 strat,
                 str(row["gpus"] or "-"),
                 str(row["nodes"] or "-"),
-                render.gib(row["per_gpu_total_bytes"]),
+                gib(row["per_gpu_total_bytes"]),
                 row["note"],
             )
         c.print(t)
@@ -138,8 +139,8 @@ def show(result: dict[str, Any]) -> None:
                 mode,
                 str(row["gpus"] or "-"),
                 str(row["nodes"] or "-"),
-                render.gib(row["per_gpu_total_bytes"]),
-                render.gib(row["activations_bytes"]),
+                gib(row["per_gpu_total_bytes"]),
+                gib(row["activations_bytes"]),
                 row["note"],
             )
         c.print(t)
@@ -153,12 +154,10 @@ def _show_offload(off: dict[str, Any], gpu: str | None) -> None:
         verdict = f"not checked: the GPU catalog does not know {gpu}'s node memory" if gpu else "no --gpu to check"
     else:
         ok = "[green]fits[/green]" if off["host_fits"] else "[red]does NOT fit[/red]"
-        verdict = (
-            f"{ok} in {render.gib(cap, 0)} GiB ({gpu}'s node in the GPU catalog: {render.gib(cap // n, 0)} per GPU)"
-        )
+        verdict = f"{ok} in {gib(cap, 0)} GiB ({gpu}'s node in the GPU catalog: {gib(cap // n, 0)} per GPU)"
     render.console.print(
-        f"CPU offload: the host holds {render.gib(off['host_bytes_per_node'], 1)} GiB per node of {n} GPUs "
-        f"({render.gib(off['host_bytes_per_gpu'], 1)} per GPU; {off['pinned']}): {verdict}; the GPU holds "
+        f"CPU offload: the host holds {gib(off['host_bytes_per_node'], 1)} GiB per node of {n} GPUs "
+        f"({gib(off['host_bytes_per_gpu'], 1)} per GPU; {off['pinned']}): {verdict}; the GPU holds "
         "the layers in flight (one layer's shard copied in, one gradient shard before its copy out) and the "
         "activations",
         soft_wrap=True,
@@ -170,13 +169,13 @@ def _show_cp(cp: dict[str, Any]) -> None:
     balance = "head-tail load balance" if cp["load_balance"] else "no load balance"
     render.console.print(
         f"context parallel: cp {cp['cp']} holds {cp['tokens_per_rank']:,} tokens of each sequence per GPU "
-        f"({balance}): activations {render.gib(cp['activations_bytes'], 2)} GiB against "
-        f"{render.gib(cp['activations_at_cp1_bytes'], 2)} GiB at cp 1 ({render.gib(cp['per_gpu_total_at_cp1_bytes'], 1)}"
+        f"({balance}): activations {gib(cp['activations_bytes'], 2)} GiB against "
+        f"{gib(cp['activations_at_cp1_bytes'], 2)} GiB at cp 1 ({gib(cp['per_gpu_total_at_cp1_bytes'], 1)}"
         f" GiB per GPU in all); states shard over {cp['fsdp_shard']} ranks (data-parallel x cp). Ring attention "
         f"({cp['rotate']} rotation) holds, while one layer's attention runs, "
-        f"{render.gib(cp['ring_forward_kv_bytes'], 3)} GiB of keys/values in flight and a "
-        f"{render.gib(cp['ring_forward_merge_bytes'], 3)} GiB fp32 merge of the partial outputs (forward), "
-        f"{render.gib(cp['ring_backward_kv_bytes'], 3)} + {render.gib(cp['ring_backward_grads_bytes'], 3)} GiB in "
+        f"{gib(cp['ring_forward_kv_bytes'], 3)} GiB of keys/values in flight and a "
+        f"{gib(cp['ring_forward_merge_bytes'], 3)} GiB fp32 merge of the partial outputs (forward), "
+        f"{gib(cp['ring_backward_kv_bytes'], 3)} + {gib(cp['ring_backward_grads_bytes'], 3)} GiB in "
         "backward (fp32 gradient accumulators and the dK/dV ring"
         + (", or the recompute's forward ring" if cp["ring_backward_is_recompute"] else "")
         + ")",

@@ -10,7 +10,7 @@ from rich.markup import escape
 from llmctl.cli import render
 from llmctl.plan import planner as pl
 from llmctl.spec.decisions import as_json
-from llmctl.units import duration
+from llmctl.units import duration, gib
 
 
 def show(result: pl.PlanResult, out: dict[str, Any], top: int) -> None:
@@ -85,7 +85,7 @@ def _candidates(result: pl.PlanResult, top: int) -> None:
             s.checkpointing,
             s.attention,
             "yes" if s.compile else "no",
-            render.gib(p.memory_per_gpu_bytes, 1),
+            gib(p.memory_per_gpu_bytes, 1),
             f"{p.compute_s:.2f}",
             f"{p.comm_exposed_s:.2f}",
             f"{p.tokens_per_s:,.0f}",
@@ -114,7 +114,7 @@ def _chosen(result: pl.PlanResult) -> None:
         f"{', torch.compile' if cs.compile else ''}"
         f"{f', loss in chunks of {cs.loss_chunk_tokens} tokens' if cs.loss_chunk_tokens else ''}: "
         f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%}), "
-        f"{render.gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
+        f"{gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
         f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
         f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
         + (f" + CPU offload {ch.offload_s:.2f} s" if cs.levers.offload else "")
@@ -159,10 +159,10 @@ def _memory(out: dict[str, Any]) -> None:
     if margin:
         kept = f"; {margin['margin_fraction']:.0%} kept free as asked" if margin["margin_fraction"] else ""
         c.print(
-            f"memory margin: {render.gib(margin['predicted_bytes'], 1)} of {render.gib(margin['gpu_bytes'], 1)} GiB "
+            f"memory margin: {gib(margin['predicted_bytes'], 1)} of {gib(margin['gpu_bytes'], 1)} GiB "
             f"per GPU predicted, including {margin['headroom_fraction']:.0%} allocator headroom "
-            f"({render.gib(margin['allocator_headroom_bytes'], 1)} GiB) and the CUDA context "
-            f"({render.gib(margin['cuda_context_bytes'], 1)} GiB); {render.gib(margin['free_bytes'], 1)} GiB "
+            f"({gib(margin['allocator_headroom_bytes'], 1)} GiB) and the CUDA context "
+            f"({gib(margin['cuda_context_bytes'], 1)} GiB); {gib(margin['free_bytes'], 1)} GiB "
             f"({margin['free_fraction']:.1%}) free{kept}"
         )
         if margin["warning"]:

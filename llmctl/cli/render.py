@@ -11,8 +11,6 @@ from rich.console import Console
 from rich.table import Table
 
 from llmctl.errors import InputError
-from llmctl.units import GIB as GIB  # re-exported: the estimate table's unit
-from llmctl.units import gib as gib  # re-exported: the one GiB column formatter
 
 # Piped output (CI logs, `| less`, README captures) gets a wide fixed width instead of rich's 80 columns.
 _WIDTH = None if sys.stdout.isatty() else 140

@@ -11,6 +11,7 @@ from rich.markup import escape
 from llmctl.cli import render
 from llmctl.tune.report import Measured, Report, Trial
 from llmctl.tune.run import say
+from llmctl.units import gib
 
 
 def show(report: Report, data: dict[str, Any], json_out: bool, written: tuple[Path, Path, Path] | None) -> None:
@@ -54,8 +55,8 @@ def show(report: Report, data: dict[str, Any], json_out: bool, written: tuple[Pa
             f"{p['tokens_per_s']:,.0f}" if p else "-",
             f"{m['tokens_per_s']:,.0f}" if m else "-",
             f"{row['ratio']:.3g}" if row["ratio"] is not None else "-",
-            render.gib(p["memory_per_gpu_bytes"], 2) if p else "-",
-            render.gib(m["peak_memory_bytes"], 2) if m and m["peak_memory_bytes"] is not None else "-",
+            gib(p["memory_per_gpu_bytes"], 2) if p else "-",
+            gib(m["peak_memory_bytes"], 2) if m and m["peak_memory_bytes"] is not None else "-",
             str(row["rank_predicted"]),
             str(row["rank_measured"] or "-"),
             row["status"],

@@ -20,9 +20,7 @@ from llmctl.errors import InputError, one_line
 
 # Environment variable names that hold secrets: never written into a script, a job folder or a log. One rule,
 # shared with bench-net's recorded environment.
-from llmctl.secrets import is_secret_name as is_secret_name  # re-exported
-from llmctl.secrets import secret_in_value
-from llmctl.secrets import secret_values as secret_values  # re-exported
+from llmctl.secrets import is_secret_name, secret_in_value
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """A POSIX environment variable name, matched whole (`re.fullmatch`: `$` would also take a trailing line break)."""

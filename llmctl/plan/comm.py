@@ -61,9 +61,7 @@ from dataclasses import dataclass, field
 from llmctl.errors import InputError
 
 # The collectives, their nccl-tests bus factors and latency steps: one registry, shared with bench-net.
-from llmctl.spec.collectives import COLLECTIVES as COLLECTIVES  # re-exported
-from llmctl.spec.collectives import bus_factor as bus_factor  # re-exported
-from llmctl.spec.collectives import ring_steps as ring_steps  # re-exported
+from llmctl.spec.collectives import bus_factor, ring_steps
 from llmctl.spec.parallel import ParallelDims
 
 # Fraction of a link's nominal rate that NCCL reaches as busbw at FSDP bucket sizes (16-64 MiB). nccl-tests on a

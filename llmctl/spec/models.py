@@ -169,10 +169,6 @@ class ModelSpec:
     def mlp_kind(self) -> str:
         return self.layers[0].mlp.act
 
-    @property
-    def norm_kind(self) -> str:
-        return "layernorm" if self.is_gpt2 else "rmsnorm"
-
     @cached_property
     def layer_groups(self) -> tuple[tuple[Layer, int], ...]:
         """Distinct blocks and how many of each, in order of first appearance."""

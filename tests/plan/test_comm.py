@@ -8,18 +8,19 @@ from hypothesis import strategies as st
 
 from llmctl.errors import InputError
 from llmctl.plan import comm as cm
+from llmctl.spec import collectives
 from llmctl.spec.parallel import ParallelDims
 
 P7B = 6_738_415_616  # Llama-2-7B parameters
 
 
 def test_bus_factors_are_nccl_tests() -> None:
-    assert cm.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
-    assert cm.bus_factor("all_gather", 8) == pytest.approx(7 / 8)
-    assert cm.bus_factor("reduce_scatter", 2) == pytest.approx(0.5)
-    assert cm.bus_factor("all_reduce", 1) == 0
+    assert collectives.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert collectives.bus_factor("all_gather", 8) == pytest.approx(7 / 8)
+    assert collectives.bus_factor("reduce_scatter", 2) == pytest.approx(0.5)
+    assert collectives.bus_factor("all_reduce", 1) == 0
     with pytest.raises(InputError, match="unknown collective"):
-        cm.bus_factor("broadcast", 4)
+        collectives.bus_factor("broadcast", 4)
 
 
 def test_collective_time_alpha_beta() -> None:
@@ -27,8 +28,8 @@ def test_collective_time_alpha_beta() -> None:
     assert cm.collective_time_s("all_gather", 4, 1e9, 100.0, 10e-6) == pytest.approx(7.5e-3 + 30e-6)
     # all-reduce: 2(n-1)/n; latency min(ring 2(n-1), tree 2 log2 n) steps
     assert cm.collective_time_s("all_reduce", 4, 1e9, 100.0, 10e-6) == pytest.approx(15e-3 + 40e-6)
-    assert cm.ring_steps("all_reduce", 2) == 2 and cm.ring_steps("all_reduce", 1024) == 20
-    assert cm.ring_steps("all_gather", 1024) == 1023
+    assert collectives.ring_steps("all_reduce", 2) == 2 and collectives.ring_steps("all_reduce", 1024) == 20
+    assert collectives.ring_steps("all_gather", 1024) == 1023
     assert cm.collective_time_s("all_reduce", 1, 1e9, 100.0) == 0.0
 
 
