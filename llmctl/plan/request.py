@@ -10,13 +10,12 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
-from llmctl.errors import InputError
+from llmctl.errors import InputError, RuleError
 from llmctl.plan import comm as cm
 from llmctl.plan import kernel_time
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration, read_calibration
 from llmctl.plan.network import network_for
-from llmctl.plan.space import check_pins
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import hardware, kernels, models
 from llmctl.spec.attention import attention
@@ -27,6 +26,7 @@ from llmctl.spec.models import ModelSpec
 from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
 from llmctl.spec.precision import PrecisionPolicy, for_gpu
+from llmctl.spec.rules import model_problem
 from llmctl.spec.setup import TrainSetup
 
 OBJECTIVES = ("throughput", "cost")
@@ -171,7 +171,7 @@ class PlanRequest:
         object.__setattr__(self, "precision_why", self.precision_why or why)
         self.precision.check_engine()
         object.__setattr__(self, "pins", MappingProxyType(_canonical_pins(self.pins)))
-        check_pins(self)  # llmctl.plan.space: the rules, asked of the pins as the search will ask them
+        check_pins(self)  # the rules, asked of the pins as the search will ask them
 
     def pin(self, name: str) -> Any:
         """The pinned value of a decision (by its name in llmctl.spec.decisions), or None: searched."""
@@ -347,3 +347,51 @@ def build_request(
         node_memory_gib=hw.node_memory_gib,
     )
     return req, cal
+
+
+# --- the pins against the rules ---------------------------------------------------------------------------------
+def _flags(names: tuple[str, ...], req: PlanRequest) -> str:
+    """'--cp 2 with --attention flash': the pinned decisions a rule names, as the flags that pinned them."""
+    given = [
+        d.spell(req.pins[d.name]) for d in declared(TrainSetup) if d.name in names and d.flag and d.name in req.pins
+    ]
+    return " with ".join(given)
+
+
+def _refusal(err: RuleError, req: PlanRequest) -> InputError:
+    where = _flags(err.decisions, req)
+    return InputError(f"{where}: {err.message}" if where else err.message, hint=err.hint)
+
+
+def check_pins(req: PlanRequest) -> None:
+    """The pins against the rules (llmctl.spec.rules) as the search will meet them, one line naming the flags; and
+    the planner's own layouts: a TP group stays inside one node, a cp x tp block divides the GPUs."""
+    pins = req.pins
+    if pins.get("micro_batch_size", 1) < 1:
+        raise InputError(f"--micro-batch must be >= 1, got {pins['micro_batch_size']}")
+    for name, flag in (("tp", "--tp"), ("cp", "--cp")):
+        if pins.get(name, 1) < 1:
+            raise InputError(f"{flag} must be a positive integer, got {pins[name]}")
+    if pins.get("loss_chunk_tokens", 0) < 0:
+        raise InputError(f"--loss-chunk must be >= 0 tokens, got {pins['loss_chunk_tokens']}")
+    tp_pin, cp_pin = pins.get("tp", 1), pins.get("cp", 1)
+    if req.gpus_per_node % tp_pin:
+        raise InputError(
+            f"--tp {tp_pin} does not divide the {req.gpus_per_node} GPUs per node (a TP group stays inside one node)",
+            hint="use a divisor of --gpus-per-node",
+        )
+    world = req.nodes * req.gpus_per_node
+    if world % (cp_pin * tp_pin):
+        with_tp = f" x --tp {tp_pin}" if tp_pin > 1 else ""
+        raise InputError(
+            f"--cp {cp_pin}{with_tp} does not divide the {world} GPUs ({req.nodes} x {req.gpus_per_node})",
+            hint="use a power of two that divides the GPUs",
+        )
+    layout = {k: pins[k] for k in ("tp", "cp", "loss_chunk_tokens", "attention") if k in pins}
+    try:
+        probe = req.candidate(nodes=req.nodes, **layout)
+    except RuleError as e:
+        raise _refusal(e, req) from None
+    err = model_problem(probe, req.spec, only=("nf4 base", "lora targets", "tp plan", "ring attention"))
+    if err is not None:
+        raise _refusal(err, req)

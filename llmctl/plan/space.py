@@ -28,7 +28,6 @@ from llmctl.spec.attention import KERNELS, Attention
 from llmctl.spec.decisions import declared
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.parallel import ENGINE_STRATEGIES, sequence_split_problem
-from llmctl.spec.rules import model_problem
 from llmctl.spec.setup import TrainSetup
 from llmctl.units import GIB
 
@@ -120,53 +119,6 @@ def checkpointing_modes(spec: ModelSpec) -> list[str]:
             seen.add(n)
             out.append(f"partial:{k}")
     return out + ["selective", "full"]
-
-
-def _flags(names: tuple[str, ...], req: PlanRequest) -> str:
-    """'--cp 2 with --attention flash': the pinned decisions a rule names, as the flags that pinned them."""
-    given = [
-        d.spell(req.pins[d.name]) for d in declared(TrainSetup) if d.name in names and d.flag and d.name in req.pins
-    ]
-    return " with ".join(given)
-
-
-def _refusal(err: RuleError, req: PlanRequest) -> InputError:
-    where = _flags(err.decisions, req)
-    return InputError(f"{where}: {err.message}" if where else err.message, hint=err.hint)
-
-
-def check_pins(req: PlanRequest) -> None:
-    """The pins against the rules (llmctl.spec.rules) as the search will meet them, one line naming the flags; and
-    the planner's own layouts: a TP group stays inside one node, a cp x tp block divides the GPUs."""
-    pins = req.pins
-    if pins.get("micro_batch_size", 1) < 1:
-        raise InputError(f"--micro-batch must be >= 1, got {pins['micro_batch_size']}")
-    for name, flag in (("tp", "--tp"), ("cp", "--cp")):
-        if pins.get(name, 1) < 1:
-            raise InputError(f"{flag} must be a positive integer, got {pins[name]}")
-    if pins.get("loss_chunk_tokens", 0) < 0:
-        raise InputError(f"--loss-chunk must be >= 0 tokens, got {pins['loss_chunk_tokens']}")
-    tp, cp = pins.get("tp", 1), pins.get("cp", 1)
-    if req.gpus_per_node % tp:
-        raise InputError(
-            f"--tp {tp} does not divide the {req.gpus_per_node} GPUs per node (a TP group stays inside one node)",
-            hint="use a divisor of --gpus-per-node",
-        )
-    world = req.nodes * req.gpus_per_node
-    if world % (cp * tp):
-        with_tp = f" x --tp {tp}" if tp > 1 else ""
-        raise InputError(
-            f"--cp {cp}{with_tp} does not divide the {world} GPUs ({req.nodes} x {req.gpus_per_node})",
-            hint="use a power of two that divides the GPUs",
-        )
-    layout = {k: pins[k] for k in ("tp", "cp", "loss_chunk_tokens", "attention") if k in pins}
-    try:
-        probe = req.candidate(nodes=req.nodes, **layout)
-    except RuleError as e:
-        raise _refusal(e, req) from None
-    err = model_problem(probe, req.spec, only=("nf4 base", "lora targets", "tp plan", "ring attention"))
-    if err is not None:
-        raise _refusal(err, req)
 
 
 def tp_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:

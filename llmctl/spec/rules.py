@@ -21,7 +21,10 @@ from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 
 if TYPE_CHECKING:
     from llmctl.spec.models import ModelSpec
-    from llmctl.spec.setup import TrainSetup
+
+Setup = Any
+"""A llmctl.spec.setup.TrainSetup. Named, not imported: the setup asks these rules as it is built (it imports this
+module), and a rule reads only the setup's fields."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class Rule:
     """(setup) -> the problem, or None; MODEL_RULES' take (setup, spec)."""
     hint: str | Callable[[Any], str] = ""
 
-    def problem(self, setup: TrainSetup, *model: ModelSpec) -> RuleError | None:
+    def problem(self, setup: Setup, *model: ModelSpec) -> RuleError | None:
         why = self.check(setup, *model)
         if why is None:
             return None
@@ -41,27 +44,27 @@ class Rule:
 
 
 # --- what a setup is, before its degrees are a layout ---------------------------------------------------------------
-def _states_need_adamw(s: TrainSetup) -> str | None:
+def _states_need_adamw(s: Setup) -> str | None:
     if s.optimizer_states != AUTO_STATES and s.optimizer != "adamw":
         return f"optimizer states {s.optimizer_states} apply to adamw's two moments, not {s.optimizer}"
     return None
 
 
-def _no_ep(s: TrainSetup) -> str | None:
+def _no_ep(s: Setup) -> str | None:
     return "expert parallelism is not modelled yet (ep = 1)" if s.ep > 1 else None
 
 
-def _chunk_without_tp(s: TrainSetup) -> str | None:
+def _chunk_without_tp(s: Setup) -> str | None:
     if s.tp > 1 and s.loss_chunk_tokens:
         return "tensor parallelism computes the loss on vocabulary shards (loss parallel), not in chunks"
     return None
 
 
-def _async_tp(s: TrainSetup) -> str | None:
+def _async_tp(s: Setup) -> str | None:
     return "async TP needs tp > 1 and compile" if s.async_tp and (s.tp < 2 or not s.compile) else None
 
 
-def _hybrid_nodes(s: TrainSetup) -> str | None:
+def _hybrid_nodes(s: Setup) -> str | None:
     if s.strategy == "hybrid_shard" and s.nodes < 2 and s.shard_size is None:
         return "hybrid_shard needs at least 2 nodes (on one node it is full_shard)"
     return None
@@ -82,31 +85,31 @@ BEFORE_LAYOUT = (
 
 
 # --- what a layout runs ------------------------------------------------------------------------------------------------
-def _sequence(s: TrainSetup) -> str | None:
+def _sequence(s: Setup) -> str | None:
     return s.dims.sequence_problem(s.seq_len, s.cp_load_balance)
 
 
-def _ring_on_sdpa(s: TrainSetup) -> str | None:
+def _ring_on_sdpa(s: Setup) -> str | None:
     if s.dims.cp_enabled and not s.attention.runs_ring:
         return f"context parallelism runs ring attention on SDPA, not {s.attention}"
     return None
 
 
-def _fsdp2_no_zero1(s: TrainSetup) -> str | None:
+def _fsdp2_no_zero1(s: Setup) -> str | None:
     return "FSDP2 has no ZeRO-1 (optimizer-only sharding)" if s.engine == "fsdp2" and s.strategy == "zero1" else None
 
 
-def _flash_half(s: TrainSetup) -> str | None:
+def _flash_half(s: Setup) -> str | None:
     return "flash attention needs bf16 or fp16" if s.attention.needs_half and not s.precision.flash_attention else None
 
 
-def _offload_fsdp2(s: TrainSetup) -> str | None:
+def _offload_fsdp2(s: Setup) -> str | None:
     if s.levers.offload and s.engine != "fsdp2":
         return f"CPU offload is FSDP2's CPUOffloadPolicy: not run with engine {s.engine}"
     return None
 
 
-def _adapter_refusals(s: TrainSetup) -> list[tuple[bool, str, str]]:
+def _adapter_refusals(s: Setup) -> list[tuple[bool, str, str]]:
     """(refused, why, hint) of what llmctl's engine runs with adapters: FSDP2 data parallelism and cp, a half or fp32
     compute dtype."""
     ft = s.finetune
@@ -124,17 +127,17 @@ def _adapter_refusals(s: TrainSetup) -> list[tuple[bool, str, str]]:
     ]
 
 
-def _adapters(s: TrainSetup) -> str | None:
+def _adapters(s: Setup) -> str | None:
     if not s.finetune.adapters:
         return None
     return next((f"{s.finetune.method}: {why}" for bad, why, _ in _adapter_refusals(s) if bad), None)
 
 
-def _adapters_hint(s: TrainSetup) -> str:
+def _adapters_hint(s: Setup) -> str:
     return next((hint for bad, _, hint in _adapter_refusals(s) if bad), "")
 
 
-def _float8_tp(s: TrainSetup) -> str | None:
+def _float8_tp(s: Setup) -> str | None:
     # torchao's float8 TP styles (Float8ColwiseParallel, ...) differ from the bf16 plan's; not wired yet
     if s.precision.float8 and s.dims.tp_enabled:
         return f"precision {s.precision.name} with tensor parallelism (tp {s.tp}) is not run by llmctl's engine"
@@ -157,7 +160,7 @@ AFTER_LAYOUT = (
 )
 
 
-def check(setup: TrainSetup, rules: tuple[Rule, ...]) -> None:
+def check(setup: Setup, rules: tuple[Rule, ...]) -> None:
     """Raise the first rule's refusal (RuleError: one line, its hint)."""
     for rule in rules:
         err = rule.problem(setup)
@@ -166,19 +169,19 @@ def check(setup: TrainSetup, rules: tuple[Rule, ...]) -> None:
 
 
 # --- what a model allows ---------------------------------------------------------------------------------------------
-def _tp_splits(s: TrainSetup, spec: ModelSpec) -> str | None:
+def _tp_splits(s: Setup, spec: ModelSpec) -> str | None:
     from llmctl.families.tensor_parallel import plan_problem
 
     return plan_problem(spec, s.tp)
 
 
-def _ring_runs(s: TrainSetup, spec: ModelSpec) -> str | None:
+def _ring_runs(s: Setup, spec: ModelSpec) -> str | None:
     from llmctl.families.context_parallel import cp_problem
 
     return cp_problem(spec, s.seq_len) if s.dims.cp_enabled else None
 
 
-def _positions(s: TrainSetup, spec: ModelSpec) -> str | None:
+def _positions(s: Setup, spec: ModelSpec) -> str | None:
     if spec.features.learned_positions and s.seq_len > spec.max_position_embeddings:
         # GPT-2 learns one embedding per position (wpe): a longer sequence indexes past the table.
         return (
@@ -188,14 +191,14 @@ def _positions(s: TrainSetup, spec: ModelSpec) -> str | None:
     return None
 
 
-def _nf4_base(s: TrainSetup, spec: ModelSpec) -> str | None:
+def _nf4_base(s: Setup, spec: ModelSpec) -> str | None:
     # torchao's NF4 runs F.linear, not Conv1D's addmm (llmctl/engine/qlora.py)
     if s.finetune.method == "qlora" and spec.features.conv1d:
         return f"qlora: {spec.name}'s block matmuls are Conv1D layers, which llmctl's NF4 base does not run"
     return None
 
 
-def _targets(s: TrainSetup, spec: ModelSpec) -> str | None:
+def _targets(s: Setup, spec: ModelSpec) -> str | None:
     from llmctl.spec.finetune import targets_problem
 
     return targets_problem(spec, s.finetune)
@@ -210,7 +213,7 @@ MODEL_RULES = (
 )
 
 
-def model_problem(setup: TrainSetup, spec: ModelSpec, only: tuple[str, ...] | None = None) -> RuleError | None:
+def model_problem(setup: Setup, spec: ModelSpec, only: tuple[str, ...] | None = None) -> RuleError | None:
     """The first MODEL_RULES refusal of `setup` on `spec` (or of the rules named in `only`), or None."""
     for rule in MODEL_RULES:
         if only is not None and rule.name not in only:
@@ -222,7 +225,7 @@ def model_problem(setup: TrainSetup, spec: ModelSpec, only: tuple[str, ...] | No
 
 
 # --- what llmctl's engine runs ---------------------------------------------------------------------------------------
-def _engine_layout(s: TrainSetup) -> str | None:
+def _engine_layout(s: Setup) -> str | None:
     from llmctl.spec.parallel import ENGINE_STRATEGIES
 
     if s.strategy not in ENGINE_STRATEGIES:
@@ -237,7 +240,7 @@ def _engine_layout(s: TrainSetup) -> str | None:
 ENGINE_RULES = (Rule("engine layout", ("strategy", "engine", "pp", "ep"), _engine_layout, "use pp 1 and ep 1"),)
 
 
-def engine_problem(setup: TrainSetup) -> RuleError | None:
+def engine_problem(setup: Setup) -> RuleError | None:
     for rule in ENGINE_RULES:
         err = rule.problem(setup)
         if err is not None:

@@ -21,7 +21,7 @@ Activations are derived tensor by tensor from what Hugging Face's Llama and GPT-
 The package: `ledger` (model states), `activations` (what blocks, head and loss keep), `ring` (context parallelism's
 ring attention buffers), `estimate` (phases, fit, largest micro-batch, fewest GPUs; CPU offload's host lines), `report`
 (estimate-memory's answer), `adapters` (LoRA / QLoRA: the frozen base, the adapters' states, what they change in the
-activations). Callers use the names below.
+activations), `states` (which ledger a setup keeps). Callers use the names below.
 """
 
 from llmctl.plan.memory.activations import (
@@ -54,15 +54,10 @@ from llmctl.plan.memory.estimate import (
     state_shard_degree,
 )
 from llmctl.plan.memory.host import HostMemory, host_memory, host_memory_of
-from llmctl.plan.memory.ledger import (
-    StateLine,
-    classic_bytes_per_param,
-    optimizer_bytes_per_param,
-    stage_params,
-    state_ledger,
-)
+from llmctl.plan.memory.ledger import StateLine, optimizer_bytes_per_param, stage_params
 from llmctl.plan.memory.report import fit_report, offload_report
 from llmctl.plan.memory.ring import RingBuffers, ring_buffers
+from llmctl.plan.memory.states import classic_bytes_per_param, state_ledger
 
 __all__ = [
     "HostMemory",

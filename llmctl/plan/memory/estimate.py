@@ -33,9 +33,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+import llmctl.plan.memory.adapters as lora
 from llmctl.errors import InputError
 from llmctl.plan import float8 as f8
-from llmctl.plan.memory import adapters as lora
 from llmctl.plan.memory.activations import (
     head_activation_bytes,
     layer_activation_bytes,
@@ -45,8 +45,9 @@ from llmctl.plan.memory.activations import (
     shared_activation_bytes,
     stage_activation_bytes,
 )
-from llmctl.plan.memory.ledger import StateLine, stage_params, state_ledger
+from llmctl.plan.memory.ledger import StateLine, stage_params
 from llmctl.plan.memory.ring import ring_buffers
+from llmctl.plan.memory.states import state_ledger
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec

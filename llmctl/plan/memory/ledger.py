@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from llmctl.plan.flops import _memo
 from llmctl.spec import optimizer_states as ostates
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.precision import DTYPE_BYTES
-from llmctl.spec.setup import MemoryLevers, TrainSetup
+from llmctl.spec.setup import TrainSetup
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,13 +143,10 @@ def _largest_rank_bytes(shapes: list[tuple[tuple[int, ...], int]], deg: int, fal
     return most
 
 
-def state_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
-    """The model-state lines of the setup's precision policy and optimizer, each with the ZeRO stage that shards it."""
+def full_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
+    """The model-state lines of full training (every parameter trained) under the setup's precision policy and
+    optimizer, each with the ZeRO stage that shards it (with adapters: llmctl.plan.memory.states.state_ledger)."""
     p = setup.precision
-    if setup.finetune.adapters:
-        from llmctl.plan.memory.adapters import adapter_ledger  # it builds on this module's lines
-
-        return adapter_ledger(spec, setup)
     if not setup.training:
         full = p.compute_dtype == "fp32"
         return [StateLine(f"weights ({'fp32' if full else 'half'})", p.compute_bytes, 3)]
@@ -175,17 +172,6 @@ def state_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
         StateLine(f"gradients ({p.reduce_dtype})", p.reduce_bytes, 2),
         opt_line,
     ]
-
-
-def classic_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
-    """The model-state budget before sharding with a persistent half copy (18 for mixed-precision AdamW). With adapters
-    (FSDP2 only) the ledger's own bytes per model parameter (model_bytes_per_param)."""
-    if setup.finetune.adapters:
-        return model_bytes_per_param(spec, state_ledger(spec, setup))
-    return sum(
-        line.bytes_per_param
-        for line in state_ledger(spec, replace(setup, engine="zero", strategy="no_shard", levers=MemoryLevers()))
-    )
 
 
 def model_bytes_per_param(spec: ModelSpec, ledger: list[StateLine]) -> float:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import llmctl.plan.memory.adapters as lora
 from llmctl.plan import float8 as f8
 from llmctl.plan.flops import adapter_count
-from llmctl.plan.memory import adapters as lora
 from llmctl.plan.memory.activations import DROPOUT_MASK_BYTES, layer_activation_terms
 from llmctl.plan.memory.estimate import (
     FLOAT8_NOTE,
@@ -20,8 +20,9 @@ from llmctl.plan.memory.estimate import (
     min_gpus,
 )
 from llmctl.plan.memory.host import host_memory
-from llmctl.plan.memory.ledger import classic_bytes_per_param, model_bytes_per_param
+from llmctl.plan.memory.ledger import model_bytes_per_param
 from llmctl.plan.memory.ring import ring_buffers
+from llmctl.plan.memory.states import classic_bytes_per_param
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import STRATEGIES
