@@ -68,7 +68,7 @@ def converted(spec: ModelSpec, layer: Layer | None = None) -> list[bool]:
 
 def _converted(spec: ModelSpec, layer: Layer) -> tuple[bool, ...]:
     mms = layer_matmuls(spec, layer)
-    if spec.measured is not None or spec.is_gpt2:
+    if spec.measured is not None or spec.features.conv1d:  # torchao converts nn.Linear, not Conv1D
         return (False,) * len(mms)
     # The shape rule is the engine's filter's (llmctl.engine.float8.convert asks the same function).
     return tuple(name not in NOT_LINEAR and float8_convertible(i, o) for name, i, o in mms)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.attention import Attention
 from llmctl.spec.finetune import Finetune, adapter_params
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
@@ -76,7 +77,7 @@ def recompute_attention_flops_per_token(
     every whole-checkpointed block's, and under selective only eager attention's (a fused kernel's output is kept)."""
     if checkpointing == "none":
         return 0
-    key = ("recompute_attention", seq_len, checkpointing, attention == "eager")
+    key = ("recompute_attention", seq_len, checkpointing, Attention(attention).keeps_scores)
     return _memo(spec, key, lambda: _recompute_attention(spec, seq_len, checkpointing, attention))
 
 
@@ -86,7 +87,8 @@ def _recompute_attention(spec: ModelSpec, seq_len: int, checkpointing: str, atte
         return 2 * at.num_heads * at.span(seq_len) * (at.head_dim + at.v_head_dim)
 
     if checkpointing == "selective":
-        return int(round(sum(n * attn_fwd(la) for la, n in spec.layer_groups))) if attention == "eager" else 0
+        eager = Attention(attention).keeps_scores
+        return int(round(sum(n * attn_fwd(la) for la, n in spec.layer_groups))) if eager else 0
     return int(round(sum(attn_fwd(spec.layers[i]) for i in ckpt_modes.whole_layers(checkpointing, spec.num_layers))))
 
 
@@ -129,7 +131,7 @@ def layer_matmuls(spec: ModelSpec, layer: Layer | None = None) -> list[tuple[str
     GPT2Block / DeepseekV3Attention). An MoE token runs the router, then for each of its k experts gate_up and down
     (the experts loop over their tokens), then the shared expert."""
     layer = layer or spec.layers[0]
-    if spec.is_gpt2:
+    if spec.features.conv1d:  # GPT2Block's Conv1D projections: q, k and v in one c_attn
         h, i = spec.hidden_size, layer.mlp.intermediate_size
         return [("c_attn", h, 3 * h), ("attn.c_proj", h, h), ("c_fc", h, i), ("mlp.c_proj", i, h)]
     if spec.measured is not None:  # no layout: one matmul of the matmul parameters a token passes through
@@ -188,7 +190,7 @@ def _recompute_flops(spec: ModelSpec, seq_len: int, checkpointing: str, attentio
             mm = layer_matmuls(spec, layer)
             again = sum(2 * i * o for (_, i, o), kept in zip(mm, selective_kept(spec, layer)) if not kept)
             # A fused kernel's output (SDPA, flash) is kept; eager attention's matmuls are recomputed.
-            total += n * (again + (attn_fwd(layer) if attention == "eager" else 0))
+            total += n * (again + (attn_fwd(layer) if Attention(attention).keeps_scores else 0))
         return int(round(total)) + extra
     whole = ckpt_modes.whole_layers(checkpointing, spec.num_layers)
     return int(round(sum(layer_fwd(spec.layers[i]) + attn_fwd(spec.layers[i]) for i in whole))) + extra

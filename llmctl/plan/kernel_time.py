@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from llmctl.plan import flops as fl
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import kernels as kt
+from llmctl.spec.attention import Attention
 from llmctl.spec.finetune import adapted_linears, targets_for
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.layers import Layer
@@ -154,7 +155,7 @@ def _attention_per_query(
         layers = list(spec.layer_groups)
     redo_share: dict[Layer | None, int] = {}  # blocks whose attention forward runs again, per kind of block
     if ckpt == "selective":
-        redo_share = {la: (n if kernel == "eager" else 0) for la, n in layers}
+        redo_share = {la: (n if setup.attention.keeps_scores else 0) for la, n in layers}
     elif ckpt != "none":
         for i in ckpt_modes.whole_layers(ckpt, spec.num_layers):
             la = spec.layers[i] if spec.measured is None else None
@@ -167,7 +168,7 @@ def _attention_per_query(
         else:
             per_q, length, dim = _attn_layer(layer, seq_len, setup.cp)
             heads, span = layer.attention.num_heads, seq_len
-        if kernel == "eager":
+        if setup.attention.keeps_scores:
             f, b = kt.eager_seconds(req_gpu, heads / tp, 1.0, span, dim, peak)
         else:
             rf, rb, _ = kt.attention_rate(req_gpu, kernel, dim, length, dtype)
@@ -184,12 +185,12 @@ def _layer_bytes(spec: ModelSpec, layer: Layer, setup: TrainSetup) -> float:
     c = setup.compile
     norm = LAYERNORM if layer.norm_bias else (NORM_COMPILED if c else NORM_EAGER)
     total = len(layer.norms) * norm * h + 2 * (ADD_COMPILED if c else ADD_EAGER) * h
-    if not spec.is_gpt2:
+    if spec.features.rotary:
         qk = at.num_heads * at.head_dim + at.num_kv_heads * at.head_dim
         total += (ROPE_COMPILED if c else ROPE_EAGER) * qk
         if at.qk_norm != "none":
             total += (NORM_COMPILED if c else NORM_EAGER) * qk
-    if setup.attention == "sdpa":
+    if setup.attention is Attention.SDPA:
         total += LAYOUT_COPY * at.num_heads * at.v_head_dim
     if mlp.moe:
         total += MOE_PERMUTE * h * mlp.experts_per_token
@@ -241,7 +242,7 @@ def _memory_bytes(spec: ModelSpec, setup: TrainSetup, ckpt: str) -> tuple[float,
             block, af, ab = firsts[layer]
             per_layer.append(block)
             adapters_f, adapters_b = adapters_f + af, adapters_b + ab
-    final = (LAYERNORM if spec.is_gpt2 else (NORM_COMPILED if setup.compile else NORM_EAGER)) * h
+    final = (LAYERNORM if spec.layer_norms else (NORM_COMPILED if setup.compile else NORM_EAGER)) * h
     fwd = sum(per_layer) + final + EMBED_FWD * h + LOSS_FWD * spec.vocab_size / setup.tp
     bwd = 2 * (sum(per_layer) + final + EMBED_FWD * h) + LOSS_BWD * spec.vocab_size / setup.tp
     b = setup.compute_bytes / 2

@@ -166,6 +166,12 @@ class ModelSpec:
         return self.features.block == "gpt2"
 
     @property
+    def layer_norms(self) -> bool:
+        """The family's norms are LayerNorms with biases (GPT-2's): each keeps its input, mean and rstd for backward,
+        frozen or not, where an RMSNorm keeps an fp32 input, an rsqrt and (for its weight) its output."""
+        return self.features.norm == "layernorm"
+
+    @property
     def mlp_kind(self) -> str:
         return self.layers[0].mlp.act
 
@@ -185,11 +191,12 @@ class ModelSpec:
         """Whether transformers builds this model with that attention kernel (eager always). Gemma 2 (soft-capped
         attention logits) and gpt-oss (attention sinks) declare no SDPA path (`_supports_sdpa = False`); Llama 4
         text no flash-attention one; a measured model has no SDPA path when transformers built it eager."""
-        if kernel == "sdpa":
+        kind = attn.Attention(kernel)
+        if kind is attn.Attention.SDPA:
             if self.measured is not None:
-                return self.measured.get("attention_used", {}).get("sdpa", "sdpa") == "sdpa"
+                return self.measured.get("attention_used", {}).get(kind, kind) == kind
             return not any(layer.attention.softcap or layer.attention.sinks for layer in self.layers)
-        if kernel == "flash":
+        if kind is attn.Attention.FLASH:
             return self.features.flash_attention
         return True
 
@@ -204,9 +211,13 @@ class ModelSpec:
     # --- tensors, the way transformers lays them out -------------------------------------------------------
     def layer_tensors(self, index: int = 0) -> list[Tensor]:
         """Parameter tensors of one decoder block (the first by default)."""
-        if self.is_gpt2:
+        return self.block_tensors(self.layers[index])
+
+    def block_tensors(self, layer: Layer) -> list[Tensor]:
+        """Parameter tensors of a decoder block as transformers lays them out: names and shapes of its modules."""
+        if self.features.conv1d:
             # GPT2Block: Conv1D layers store (in, out) weights; every Conv1D and LayerNorm has a bias.
-            h, i = self.hidden_size, self.layers[index].mlp.intermediate_size
+            h, i = self.hidden_size, layer.mlp.intermediate_size
             return [
                 ("ln_1.weight", (h,)),
                 ("ln_1.bias", (h,)),
@@ -221,19 +232,19 @@ class ModelSpec:
                 ("mlp.c_proj.weight", (i, h)),
                 ("mlp.c_proj.bias", (h,)),
             ]
-        return self.layers[index].tensors(self.hidden_size)
+        return layer.tensors(self.hidden_size)
 
     def embedding_tensors(self) -> list[Tensor]:
         h = self.hidden_size
         t: list[Tensor] = [("embed_tokens.weight", (self.vocab_size, h))]
-        if self.is_gpt2:
+        if self.features.learned_positions:
             t.append(("wpe.weight", (self.max_position_embeddings, h)))
         return t
 
     def head_tensors(self) -> list[Tensor]:
         """Final norm and (untied) LM head."""
         h = self.hidden_size
-        t: list[Tensor] = [("norm.weight", (h,))] + ([("norm.bias", (h,))] if self.is_gpt2 else [])
+        t: list[Tensor] = [("norm.weight", (h,))] + ([("norm.bias", (h,))] if self.layer_norms else [])
         if not self.tie_embeddings:
             t.append(("lm_head.weight", (self.vocab_size, h)))
         return t

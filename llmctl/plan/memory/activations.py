@@ -16,9 +16,13 @@ sequence as its input (the embedding's all-reduced output; the layer cuts it to 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from llmctl.plan import flops as fl
 from llmctl.spec import checkpointing as ckpt_modes
-from llmctl.spec.layers import Layer
+from llmctl.spec.attention import Attention
+from llmctl.spec.layers import Attention as AttentionShape
+from llmctl.spec.layers import Layer, Mlp
 from llmctl.spec.models import ModelSpec
 
 
@@ -42,13 +46,18 @@ def _split(n: int, tp: int) -> int:
 
 
 COLWISE = frozenset(
-    ("q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj", "gate_up_proj")
+    (
+        *("q_proj", "k_proj", "v_proj", "qkv_proj", "q_b_proj", "kv_b_proj", "gate_proj", "up_proj", "gate_up_proj"),
+        *("c_attn", "c_fc"),  # GPT-2's Conv1D names
+    )
 )
-"""Matmuls split by output columns under tensor parallelism (each rank: its heads / columns; GPT-2's in COLWISE_GPT2).
+"""Matmuls split by output columns under tensor parallelism (each rank: its heads / columns).
 The row-parallel ones (o_proj, down_proj) produce a partial sum over the whole sequence, reduce-scattered afterwards;
 any other (a router, experts, the latent projections of MLA) is replicated over the tp group."""
-COLWISE_GPT2 = frozenset(("c_attn", "c_fc"))
 
+
+Terms = dict[str, int]
+"""Bytes by tensor group, in the order a table shows them."""
 
 DROPOUT_MASK_BYTES = 1
 """On CUDA, dropout (torch.native_dropout) keeps a bool mask: 1 byte per element. (On the CPU, F.dropout keeps its
@@ -92,36 +101,61 @@ def block_activation_terms(
     for everything between a column-parallel and its row-parallel matmul, and sb for a mixture of experts
     (replicated). GPT-2 and MLA have no tensor-parallel plan in the engine: their terms apply the same rules.
     """
-    h, sb, ab = spec.hidden_size, s * b, act_bytes
-    at, m = layer.attention, layer.mlp
-    a, kv, d, dv = _split(at.num_heads, tp), _split(at.num_kv_heads, tp), at.head_dim, at.v_head_dim  # this rank's
-    sbt = b * _split(s, tp)  # tokens of the sequence-sharded residual stream on this rank
-    eager = attention == "eager"
-    s2 = b * a * s * s
-    if spec.is_gpt2:
-        i = _split(m.intermediate_size, tp)
-        hl = _split(h, tp)  # this rank's heads x head size
-        norm = 2 * (ab * sbt * h + 2 * ab * sbt)  # ln_1, ln_2: input + mean + rstd
-        terms = {
-            "norms": norm,
-            # c_attn in (gathered under tp), qkv and out (this rank's heads), ln_2 out (c_fc's gathered input)
-            "attention inputs/outputs": ab * sb * h + ab * sb * hl * (3 + 1) + ab * sb * h,
-            "mlp": 5 * ab * sb * i,
-        }
-        if eager:
-            terms["attention scores (s^2)"] = (4 if ab == 4 else 2) * s2
-        else:
-            terms["attention logsumexp"] = 4 * b * a * s
-        _dropout_terms(spec, terms, sbt, h, s2, eager, ab, mask_bytes)
-        return terms
+    h, ab = spec.hidden_size, act_bytes
+    eager = Attention(attention).keeps_scores
+    terms = BLOCK_TERMS[spec.features.block](spec, layer, b, s, ab, Attention(attention), tp)
+    a = _split(layer.attention.num_heads, tp)
+    _dropout_terms(spec, terms, b * _split(s, tp), h, b * a * s * s, eager, ab, mask_bytes)
+    return terms
+
+
+def _gpt2_block_terms(spec: ModelSpec, layer: Layer, b: int, s: int, ab: int, attention: Attention, tp: int) -> Terms:
+    """GPT-2's block (block_activation_terms): LayerNorms, one fused c_attn output, a gelu_new MLP."""
+    h, sb, sbt = spec.hidden_size, s * b, b * _split(s, tp)
+    i = _split(layer.mlp.intermediate_size, tp)
+    hl = _split(h, tp)  # this rank's heads x head size
+    norm = 2 * (ab * sbt * h + 2 * ab * sbt)  # ln_1, ln_2: input + mean + rstd
+    terms = {
+        "norms": norm,
+        # c_attn in (gathered under tp), qkv and out (this rank's heads), ln_2 out (c_fc's gathered input)
+        "attention inputs/outputs": ab * sb * h + ab * sb * hl * (3 + 1) + ab * sb * h,
+        "mlp": 5 * ab * sb * i,
+    }
+    a = _split(layer.attention.num_heads, tp)
+    if attention.keeps_scores:
+        terms["attention scores (s^2)"] = (4 if ab == 4 else 2) * b * a * s * s
+    else:
+        terms["attention logsumexp"] = 4 * b * a * s
+    return terms
+
+
+def _gated_block_terms(spec: ModelSpec, layer: Layer, b: int, s: int, ab: int, attention: Attention, tp: int) -> Terms:
+    """A pre-norm block with a gated MLP or a mixture of experts (block_activation_terms), term group by group."""
+    sbt, h = b * _split(s, tp), spec.hidden_size
     norm_n = len(layer.norms)
     terms = {"norms": norm_n * _norm_bytes(spec, sbt * h, sbt, ab) - norm_n * 4 * sbt * h}
     # Split as before: what a lean block keeps too, and HF's fp32 upcast copies (4sbh per norm) on top.
     terms["norms: HF fp32 upcast copy"] = norm_n * 4 * sbt * h
-    # SDPA with an explicit mask (a sliding-window or chunked layer past its window): transformers repeats k and v to every head
-    # (no native GQA with a mask) and torch turns the boolean mask into an additive one in the compute dtype, which
-    # the kernel keeps for backward; each layer converts its own.
-    masked = attention == "sdpa" and bool(at.window) and s > at.window
+    terms |= _attention_io_terms(spec, layer.attention, b, s, ab, attention, tp)
+    terms |= _qk_norm_terms(spec, layer.attention, b * s, ab, tp)
+    terms |= _mlp_terms(spec, layer.mlp, b * s, ab, tp)
+    terms |= _score_terms(spec, layer.attention, b, s, ab, attention, tp)
+    return terms
+
+
+def _attention_io_terms(
+    spec: ModelSpec, at: AttentionShape, b: int, s: int, ab: int, attention: Attention, tp: int
+) -> Terms:
+    """What attention keeps around its kernel: the projections' input and outputs, an explicit mask, MLA's latent path,
+    a rotary output copy."""
+    h, sb = spec.hidden_size, s * b
+    a, kv, d, dv = _split(at.num_heads, tp), _split(at.num_kv_heads, tp), at.head_dim, at.v_head_dim  # this rank's
+    terms: Terms = {}
+    eager = attention.keeps_scores
+    # SDPA with an explicit mask (a sliding-window or chunked layer past its window): transformers repeats k and v to
+    # every head (no native GQA with a mask) and torch turns the boolean mask into an additive one in the compute
+    # dtype, which the kernel keeps for backward; each layer converts its own.
+    masked = attention is Attention.SDPA and bool(at.window) and s > at.window
     kv_heads = a if eager or masked else kv
     if masked:
         terms["sliding-window mask (sdpa, b*s^2)"] = ab * b * s * s
@@ -135,84 +169,112 @@ def block_activation_terms(
         latent += ab * sb * (c + rope) + _norm_bytes(spec, sb * c, sb, ab) + ab * sb * c  # kv_a out, norm, kv_b in
         terms["attention latent (MLA)"] = latent
         terms["attention inputs/outputs"] = ab * sb * (a * d + a * d + a * dv) + ab * sb * a * dv
-    else:
-        v_storage = kv_heads * dv
-        if at.fused_qkv and kv_heads == kv:
-            # Phi-3: v is a view of the fused qkv output, so SDPA (or eager without GQA repeats) keeps that whole
-            # storage alive, not just v's share.
-            v_storage = a * d + kv * d + kv * dv
-        # q/k/v's shared input (under tp: all-gathered, the whole sequence), q, k, v (this rank's heads) and the
-        # kernel's output (o_proj's input).
-        terms["attention inputs/outputs"] = (
-            ab * sb * h + ab * sb * (a * d + kv_heads * d + v_storage) + ab * sb * a * dv
-        )
-        if spec.features.rotary_output_copy and not eager:
-            # Phi-3 rotates with torch.cat, which leaves q contiguous as (b, a, s, d); a fused kernel writes its
-            # output in q's layout (CUDA flash: empty_like(q)), so transformers' transpose(1, 2).contiguous() copies
-            # it: o_proj keeps that copy next to the kernel's own output (Llama's q stays (b, s, a, d): no copy).
-            terms["attention output copy (rotary by cat)"] = ab * sb * a * dv
+        return terms
+    v_storage = kv_heads * dv
+    if at.fused_qkv and kv_heads == kv:
+        # Phi-3: v is a view of the fused qkv output, so SDPA (or eager without GQA repeats) keeps that whole
+        # storage alive, not just v's share.
+        v_storage = a * d + kv * d + kv * dv
+    # q/k/v's shared input (under tp: all-gathered, the whole sequence), q, k, v (this rank's heads) and the
+    # kernel's output (o_proj's input).
+    terms["attention inputs/outputs"] = ab * sb * h + ab * sb * (a * d + kv_heads * d + v_storage) + ab * sb * a * dv
+    if spec.features.rotary_output_copy and not eager:
+        # Phi-3 rotates with torch.cat, which leaves q contiguous as (b, a, s, d); a fused kernel writes its
+        # output in q's layout (CUDA flash: empty_like(q)), so transformers' transpose(1, 2).contiguous() copies
+        # it: o_proj keeps that copy next to the kernel's own output (Llama's q stays (b, s, a, d): no copy).
+        terms["attention output copy (rotary by cat)"] = ab * sb * a * dv
+    return terms
+
+
+def _qk_norm_terms(spec: ModelSpec, at: AttentionShape, sb: int, ab: int, tp: int) -> Terms:
+    """Norms over q and k: per head (Qwen3, Gemma 3), over the projection (OLMo 2), or Llama 4's weightless L2."""
+    a, kv, d = _split(at.num_heads, tp), _split(at.num_kv_heads, tp), at.head_dim
     if at.qk_norm in ("head", "proj"):
         rows_q, rows_k = (sb * a, sb * kv) if at.qk_norm == "head" else (sb, sb)
-        terms["q/k norms"] = _norm_bytes(spec, sb * a * d, rows_q, ab) + _norm_bytes(spec, sb * kv * d, rows_k, ab)
-    elif at.qk_norm == "l2":
+        return {"q/k norms": _norm_bytes(spec, sb * a * d, rows_q, ab) + _norm_bytes(spec, sb * kv * d, rows_k, ab)}
+    if at.qk_norm == "l2":
         # Llama 4's weightless L2 norm per head, x.float() * rsqrt(mean(x^2)): it keeps its fp32 input (fp32: the
         # rotary complex product itself; bf16: the upcast copy) and an fp32 rsqrt per head row. No weight: its
         # output is kept only by attention (q, k above).
-        terms["q/k norms (l2)"] = 4 * sb * (a + kv) * d + 4 * sb * (a + kv)
-    # A mixture of experts is replicated over the tp group and runs on the gathered sequence: its terms are sb's.
+        return {"q/k norms (l2)": 4 * sb * (a + kv) * d + 4 * sb * (a + kv)}
+    return {}
+
+
+def _mlp_terms(spec: ModelSpec, m: Mlp, sb: int, ab: int, tp: int) -> Terms:
+    """The gated MLP on this rank's columns, or a mixture of experts (replicated over the tp group, run on the
+    gathered sequence: its terms are sb's)."""
+    h = spec.hidden_size
     if m.moe and spec.features.dense_moe:
         i, k, e = m.intermediate_size, m.experts_per_token, m.num_experts
-        terms["mlp"] = ab * sb * h  # the MoE input: router, routed copies and shared expert read it
-        # Llama4Router: top-k of the logits scattered into -inf, sigmoid in fp32 (kept: E per token), the top-k
-        # indices (int64, scatter's backward) and the scores in the compute dtype, transposed to (E*tokens, 1) (a
-        # copy, kept by the multiply for the expert inputs' gradient).
-        terms["moe router"] = sb * (4 * e + 8 * k + ab * e)
-        # Llama4TextMoe runs every token through every expert, scaled by its score (0 off its top-k): the input
-        # repeated E times (kept for the scores' gradient), its scaled copy (the bmm input), the gate_up output,
-        # act(gate) and the product (down's input), all E x tokens rows.
-        terms["moe experts (every token, every expert)"] = e * sb * ab * (2 * h + 4 * i)
-        terms["shared expert"] = 4 * ab * sb * m.shared_size
-    elif m.moe:
-        i, k, e = m.intermediate_size, m.experts_per_token, m.num_experts
-        terms["mlp"] = ab * sb * h
-        # transformers' grouped-mm experts: the router keeps its fp32 probabilities (E per token), the top-k indices
-        # (int64) and weights and their sum; then per (token, expert) pair the gathered input, the gate_up output,
-        # act(gate) and the product (down's input), the down output (for the routing weight's gradient), the
-        # routing weight and three int64 permutation indices. gpt-oss's clamped GLU keeps 3 more i-wide tensors.
-        terms["moe router"] = sb * (4 * e + 12 * k + 4)
-        if spec.features.router_fp32 and ab != 4:
-            # DeepSeek-V3's router runs in fp32: its linear keeps an fp32 copy of the block's hidden states, and the
-            # routing weights gathered from the fp32 sigmoid scores keep E more fp32 values per token (measured on
-            # fake tensors, tests/measure/test_fake.py).
-            terms["moe router fp32 input"] = 4 * sb * (h + e)
-        glu = 7 if m.act == "swiglu-clamped" else 4
-        terms["moe dispatched tokens"] = k * sb * (ab * (2 * h + glu * i) + 4 + 8 * (4 if m.expert_bias else 3))
-        if m.shared_size:
-            terms["shared expert"] = 4 * ab * sb * m.shared_size
-    else:
-        i = _split(m.intermediate_size, tp)
+        return {
+            "mlp": ab * sb * h,  # the MoE input: router, routed copies and shared expert read it
+            # Llama4Router: top-k of the logits scattered into -inf, sigmoid in fp32 (kept: E per token), the top-k
+            # indices (int64, scatter's backward) and the scores in the compute dtype, transposed to (E*tokens, 1) (a
+            # copy, kept by the multiply for the expert inputs' gradient).
+            "moe router": sb * (4 * e + 8 * k + ab * e),
+            # Llama4TextMoe runs every token through every expert, scaled by its score (0 off its top-k): the input
+            # repeated E times (kept for the scores' gradient), its scaled copy (the bmm input), the gate_up output,
+            # act(gate) and the product (down's input), all E x tokens rows.
+            "moe experts (every token, every expert)": e * sb * ab * (2 * h + 4 * i),
+            "shared expert": 4 * ab * sb * m.shared_size,
+        }
+    if m.moe:
+        return _sparse_moe_terms(spec, m, sb, ab)
+    i = _split(m.intermediate_size, tp)
+    return {
         # the MLP input (under tp: all-gathered, the whole sequence; gate and up share it), gate and up outputs (for
         # act's and the product's backward) and the product (down's input): this rank's i/tp columns.
-        terms["mlp"] = ab * sb * h + 3 * ab * sb * i
+        "mlp": ab * sb * h + 3 * ab * sb * i,
         # HF's act_fn(gate) * up keeps act(gate) as its own tensor; a fused SwiGLU (Liger's, or torch.compile's
         # fusion) recomputes it from gate in backward: ab*sbi per layer more.
-        terms["mlp: HF silu(gate) kept"] = ab * sb * i
-    if eager:
-        if at.sinks:
-            # gpt-oss: softmax over the scores and one sink logit per row (b*a*s*(s+1), compute dtype), the row
-            # max's int64 index; the AV matmul keeps a slice of the softmax output (same storage).
-            terms["attention scores (s^2)"] = ab * b * a * s * (s + 1) + 8 * b * a * s
-        elif not spec.features.eager_softmax_fp32:
-            # Llama 4's eager softmax runs in the compute dtype (no fp32 upcast): one s^2 tensor.
-            terms["attention scores (s^2)"] = ab * s2
-        else:
-            terms["attention scores (s^2)"] = (4 if ab == 4 else 4 + 2) * s2
-        if at.softcap:  # Gemma 2: tanh(scores / cap) keeps its output
-            terms["attention softcap (s^2)"] = ab * s2
-    else:
-        terms["attention logsumexp"] = 4 * b * a * s
-    _dropout_terms(spec, terms, sbt, h, s2, eager, ab, mask_bytes)
+        "mlp: HF silu(gate) kept": ab * sb * i,
+    }
+
+
+def _sparse_moe_terms(spec: ModelSpec, m: Mlp, sb: int, ab: int) -> Terms:
+    """transformers' grouped-mm experts: the router keeps its fp32 probabilities (E per token), the top-k indices
+    (int64) and weights and their sum; then per (token, expert) pair the gathered input, the gate_up output, act(gate)
+    and the product (down's input), the down output (for the routing weight's gradient), the routing weight and three
+    int64 permutation indices. gpt-oss's clamped GLU keeps 3 more i-wide tensors."""
+    h, i, k, e = spec.hidden_size, m.intermediate_size, m.experts_per_token, m.num_experts
+    terms = {"mlp": ab * sb * h, "moe router": sb * (4 * e + 12 * k + 4)}
+    if spec.features.router_fp32 and ab != 4:
+        # DeepSeek-V3's router runs in fp32: its linear keeps an fp32 copy of the block's hidden states, and the
+        # routing weights gathered from the fp32 sigmoid scores keep E more fp32 values per token (measured on
+        # fake tensors, tests/measure/test_fake.py).
+        terms["moe router fp32 input"] = 4 * sb * (h + e)
+    glu = 7 if m.act == "swiglu-clamped" else 4
+    terms["moe dispatched tokens"] = k * sb * (ab * (2 * h + glu * i) + 4 + 8 * (4 if m.expert_bias else 3))
+    if m.shared_size:
+        terms["shared expert"] = 4 * ab * sb * m.shared_size
     return terms
+
+
+def _score_terms(spec: ModelSpec, at: AttentionShape, b: int, s: int, ab: int, attention: Attention, tp: int) -> Terms:
+    """What the kernel keeps of the scores: eager's s^2 softmax (and soft-cap), a fused kernel's fp32 logsumexp."""
+    a = _split(at.num_heads, tp)
+    s2 = b * a * s * s
+    if not attention.keeps_scores:
+        return {"attention logsumexp": 4 * b * a * s}
+    if at.sinks:
+        # gpt-oss: softmax over the scores and one sink logit per row (b*a*s*(s+1), compute dtype), the row
+        # max's int64 index; the AV matmul keeps a slice of the softmax output (same storage).
+        terms = {"attention scores (s^2)": ab * b * a * s * (s + 1) + 8 * b * a * s}
+    elif not spec.features.eager_softmax_fp32:
+        # Llama 4's eager softmax runs in the compute dtype (no fp32 upcast): one s^2 tensor.
+        terms = {"attention scores (s^2)": ab * s2}
+    else:
+        terms = {"attention scores (s^2)": (4 if ab == 4 else 4 + 2) * s2}
+    if at.softcap:  # Gemma 2: tanh(scores / cap) keeps its output
+        terms["attention softcap (s^2)"] = ab * s2
+    return terms
+
+
+BLOCK_TERMS: dict[str, Callable[[ModelSpec, Layer, int, int, int, Attention, int], Terms]] = {
+    "gated": _gated_block_terms,
+    "gpt2": _gpt2_block_terms,
+}
+"""The saved tensors of each block shape a family declares (llmctl.families.base.Features.block)."""
 
 
 def _dropout_terms(
@@ -273,7 +335,7 @@ def measured_saved_bytes(
     """A measured model's block: a*b*s + c*b*s^2 from the fit on fake tensors (flash behaves as sdpa: both keep no
     s^2 tensor)."""
     assert spec.measured is not None
-    attn = "eager" if attention == "eager" else "sdpa"
+    attn = Attention.EAGER if Attention(attention).keeps_scores else Attention.SDPA
     key = f"{4 if act_bytes == 4 else 2}/{attn}/{'full' if checkpointing == 'full' else 'none'}"
     lin, quad = spec.measured["saved"][key][layer.measured_kind]
     return int(round(lin * b * s + quad * b * s * s))
@@ -309,12 +371,11 @@ def selective_layer_terms(
     output and logsumexp hold this rank's heads."""
     layer = layer or spec.layers[0]
     sb, ab = s * b, act_bytes
-    names = COLWISE_GPT2 | COLWISE if spec.is_gpt2 else COLWISE
     mm = [(n, o) for (n, _, o), k in zip(fl.layer_matmuls(spec, layer), fl.selective_kept(spec, layer)) if k]
-    kept = sum(_split(o, tp) if n in names else o for n, o in mm)
+    kept = sum(_split(o, tp) if n in COLWISE else o for n, o in mm)
     tokens = _checkpoint_input_tokens(b, s, tp, first)
     terms = {"block input": ab * tokens * spec.hidden_size, "kept matmul outputs": ab * sb * kept}
-    if attention != "eager":
+    if not Attention(attention).keeps_scores:
         at = layer.attention
         a = _split(at.num_heads, tp)
         terms["attention output + logsumexp"] = ab * sb * a * at.v_head_dim + 4 * b * a * s
@@ -468,8 +529,9 @@ def shared_activation_bytes(
     )
     sliding = any(windows)
     # SDPA: the sliding-window layers' masks are the layers' own (block_activation_terms); flash takes the window.
-    mask = (2 if sliding and len(windows) > 1 else 1) * act_bytes * b * s * s if attention == "eager" else 0
-    if spec.is_gpt2 or spec.measured is not None:
+    eager = Attention(attention).keeps_scores
+    mask = (2 if sliding and len(windows) > 1 else 1) * act_bytes * b * s * s if eager else 0
+    if not spec.features.rotary or spec.measured is not None:
         return mask
     at = spec.layers[0].attention
     rot = at.rope_dim if at.mla else at.head_dim
@@ -477,7 +539,7 @@ def shared_activation_bytes(
         # Llama 4 builds a mask per layer type present (chunked, full: eager materialises each, b x 1 x s x s), and
         # its rotary table is one complex64 freqs_cis (1 x s x d/2: 4 bytes per rotary dim) whatever the dtype.
         types = len({la.attention.chunked for la in spec.layers})
-        return (types * act_bytes * b * s * s if attention == "eager" else 0) + 4 * position_rows * s * rot
+        return (types * act_bytes * b * s * s if eager else 0) + 4 * position_rows * s * rot
     tables = spec.features.rotary_tables
     return mask + tables * 2 * position_rows * s * rot * act_bytes
 
@@ -489,7 +551,7 @@ def head_activation_bytes(spec: ModelSpec, b: int, s: int, act_bytes: int, tp: i
     whole on every rank."""
     sb, h = s * b, spec.hidden_size
     sbt = b * _split(s, tp)
-    if spec.is_gpt2:
+    if spec.features.norm == "layernorm":  # input, mean, rstd
         norm = act_bytes * sbt * h + 2 * act_bytes * sbt
     else:
         norm = _norm_bytes(spec, sbt * h, sbt, act_bytes)

@@ -30,6 +30,7 @@ from llmctl.plan import flops as fl
 from llmctl.plan.memory.ledger import StateLine, _largest_rank_bytes, optimizer_bytes_per_param
 from llmctl.spec import nf4
 from llmctl.spec import optimizer_states as ostates
+from llmctl.spec.attention import Attention
 from llmctl.spec.finetune import Finetune, adapted_linears, adapter_params, targets_for
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
@@ -202,7 +203,7 @@ def adapter_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
 def _frozen_norm_output(spec: ModelSpec, n: int, ab: int) -> int:
     """What a norm no longer keeps when its weight is frozen: its normalised output (activations._norm_bytes: ab*n,
     or fp32 where the weight multiplies in fp32); a LayerNorm (GPT-2) keeps its input and statistics either way."""
-    if spec.is_gpt2:
+    if spec.layer_norms:
         return 0
     return 4 * n if spec.features.norm in ("gemma", "fp32_weight") else ab * n
 
@@ -225,18 +226,16 @@ def adapter_activation_terms(
     if not m.moe:
         inputs[MLP_IN] = ab * sb * h
         inputs[MLP_OUT] = ab * sb * m.intermediate_size
-    if attention == "eager" or spec.features.rotary_output_copy:
+    if Attention(attention).keeps_scores or spec.features.rotary_output_copy:
         # o_proj's input is a copy of the attention output (SDPA/flash keep their own output: o_proj's is that one)
-        inputs[ATTN_OUT] = ab * sb * (h if spec.is_gpt2 else at.num_heads * at.v_head_dim)
+        inputs[ATTN_OUT] = ab * sb * at.num_heads * at.v_head_dim
     if at.mla:
         inputs.pop(ATTN_IN)
     dropped = sum(v for group, v in inputs.items() if not group & kept)
-    norms = 0
-    if not spec.is_gpt2:
-        norms = len(layer.norms) * _frozen_norm_output(spec, sb * h, ab)
-        if at.qk_norm in ("head", "proj"):
-            norms += _frozen_norm_output(spec, sb * at.num_heads * at.head_dim, ab)
-            norms += _frozen_norm_output(spec, sb * at.num_kv_heads * at.head_dim, ab)
+    norms = len(layer.norms) * _frozen_norm_output(spec, sb * h, ab)
+    if at.qk_norm in ("head", "proj"):
+        norms += _frozen_norm_output(spec, sb * at.num_heads * at.head_dim, ab)
+        norms += _frozen_norm_output(spec, sb * at.num_kv_heads * at.head_dim, ab)
     terms["LoRA: frozen linears' inputs not kept"] = -dropped
     terms["LoRA: frozen norms' outputs not kept"] = -norms
     return terms
@@ -253,7 +252,7 @@ def first_block_delta(spec: ModelSpec, b: int, s: int, ab: int, ft: Finetune, ma
     input (fp32 upcast, or GPT-2's LayerNorm input) and statistics; nor do the dropouts on its output keep masks
     (their input needs no gradient either; the dropped copies stay, lora_A reads them). Negative."""
     sb, h = b * s, spec.hidden_size
-    norm = ab * sb * h + 2 * ab * sb if spec.is_gpt2 else 4 * sb * h + 4 * sb
+    norm = ab * sb * h + 2 * ab * sb if spec.layer_norms else 4 * sb * h + 4 * sb
     masks = 0
     if ft.dropout > 0:
         first = layer_adapters(spec, spec.layers[0], ft)

@@ -55,9 +55,7 @@ def optimizer_bytes_per_param(spec: ModelSpec, optimizer: str, state_bytes: int)
         # Adafactor (Shazeer & Stern 2018) without momentum (transformers' default beta1=None): a factored second
         # moment, rows + cols per matrix (per expert for 3-D MoE weights), the full vector for 1-D tensors.
         total = 0
-        blocks = [(layer.tensors(spec.hidden_size), n) for layer, n in spec.layer_groups]
-        if spec.is_gpt2:
-            blocks = [(spec.layer_tensors(), spec.num_layers)]
+        blocks = [(spec.block_tensors(layer), n) for layer, n in spec.layer_groups]
         for tensors, count in (
             *blocks,
             (spec.embedding_tensors(), 1),
@@ -106,7 +104,7 @@ def _adam_8bit_rank_bytes(spec: ModelSpec, setup: TrainSetup) -> int:
     for i, stage in enumerate(stages):
         shapes: list[tuple[tuple[int, ...], int]] = []  # (shape before FSDP, how many)
         for layer, n in Counter(stage).items():
-            tensors = spec.layer_tensors() if spec.is_gpt2 else layer.tensors(spec.hidden_size)
+            tensors = spec.block_tensors(layer)
             moe = any("experts" in name for name, _ in tensors)  # a MoE block stays whole under tp (ledger above)
             shapes += [(_tp_shape(name, shape, tp, moe), n) for name, shape in tensors]
         ends = (spec.embedding_tensors() if i == 0 else []) + (spec.head_tensors() if i == len(stages) - 1 else [])
