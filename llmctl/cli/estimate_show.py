@@ -14,7 +14,18 @@ from llmctl.units import gib
 
 
 def show(result: dict[str, Any]) -> None:
+    """fit_report's answer as tables and lines: the model and setup, the model states, the per-GPU components, the
+    levers' notes, and on a GPU whether it fits and on how few."""
     est: mem.MemoryEstimate = result["_estimate"]
+    _show_header(result, est)
+    _show_states(result, est)
+    _show_per_gpu(result, est)
+    _show_notes(result, est)
+    if "gpu" in result:
+        _show_gpu(result, est)
+
+
+def _show_header(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
     s, c = est.setup, render.console
     c.print(f"[bold]{result['model']}[/bold]: {result['params']:,} parameters ({render.human_count(result['params'])})")
     if result["active_params_per_token"] != result["params"]:
@@ -26,7 +37,7 @@ def show(result: dict[str, Any]) -> None:
     world = f"{s.world_size} GPU{'s' if s.world_size > 1 else ''}"
     if s.nodes > 1:
         world += f" ({s.nodes} nodes x {s.gpus_per_node})"
-    par = "".join(f", {k}={v}" for k, v in (("tp", s.tp), ("cp", s.cp), ("pp", s.pp)) if v > 1)
+    par = "".join(f", {k}={v}" for k in ("tp", "cp", "pp") if (v := getattr(s, k)) > 1)
     c.print(
         f"{s.precision} {s.optimizer}, {s.strategy} over {world}{par} (shard degree {s.shard_degree}), "
         f"engine {s.engine}; micro-batch {s.micro_batch_size} x {s.seq_len} tokens, {s.attention} attention, "
@@ -40,6 +51,10 @@ def show(result: dict[str, Any]) -> None:
             f"trainable parameters {ft['trainable_params']:,} ({ft['trainable_fraction']:.2%} of the model)\n",
             soft_wrap=True,
         )
+
+
+def _show_states(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
+    s = est.setup
     where = ", in host memory (CPU offload)" if s.levers.offload else ""
     t = render.table(
         f"Model states: {result['bytes_per_param']:.4g} bytes/param classic budget, "
@@ -63,8 +78,11 @@ def show(result: dict[str, Any]) -> None:
             gib(comp.bytes),
             gib(comp.bytes * s.world_size),
         )
-    c.print(t)
+    render.console.print(t)
 
+
+def _show_per_gpu(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
+    s, c = est.setup, render.console
     t = render.table(
         f"Per GPU (peak phase: {_phase(est.peak_phase)})",
         [("component", "left"), ("GiB", "right"), ("live in", "left")],
@@ -88,6 +106,11 @@ def show(result: dict[str, Any]) -> None:
             " SwiGLU (torchtitan, Liger, torch.compile) do not keep[/dim]",
             soft_wrap=True,
         )
+
+
+def _show_notes(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
+    """The levers' own lines (CPU offload, host memory, context parallelism, float8), then the peak."""
+    c = render.console
     if "offload" in result:
         _show_offload(result["offload"], result.get("gpu"))
     if "host" in result:
@@ -102,48 +125,51 @@ def show(result: dict[str, Any]) -> None:
         soft_wrap=True,
     )
 
-    if "gpu" in result:
-        ok = "[green]fits[/green]" if result["fits"] else "[red]does NOT fit[/red]"
-        if (result.get("offload") or {}).get("host_fits") is False:
-            ok += " (host memory)" if est.device_bytes <= result["gpu_memory_bytes"] else " (GPU and host memory)"
-        c.print(
-            f"\n{result['gpu']} ({gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
-            f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}"
+
+def _show_gpu(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
+    """On a GPU kind: whether it fits, the largest micro-batch, the fewest GPUs per strategy and checkpointing mode."""
+    s, c = est.setup, render.console
+    ok = "[green]fits[/green]" if result["fits"] else "[red]does NOT fit[/red]"
+    if (result.get("offload") or {}).get("host_fits") is False:
+        ok += " (host memory)" if est.device_bytes <= result["gpu_memory_bytes"] else " (GPU and host memory)"
+    c.print(
+        f"\n{result['gpu']} ({gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
+        f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}"
+    )
+    t = render.table(
+        f"Fewest {result['gpu']} GPUs that fit (micro-batch {s.micro_batch_size}, {result['node_gpus']} per node)",
+        [("strategy", "left"), ("GPUs", "right"), ("nodes", "right"), ("GiB per GPU", "right"), ("note", "left")],
+    )
+    for strat, row in result["min_gpus_by_strategy"].items():
+        t.add_row(
+            strat,
+            str(row["gpus"] or "-"),
+            str(row["nodes"] or "-"),
+            gib(row["per_gpu_total_bytes"]),
+            row["note"],
         )
-        t = render.table(
-            f"Fewest {result['gpu']} GPUs that fit (micro-batch {s.micro_batch_size}, {result['node_gpus']} per node)",
-            [("strategy", "left"), ("GPUs", "right"), ("nodes", "right"), ("GiB per GPU", "right"), ("note", "left")],
+    c.print(t)
+    t = render.table(
+        f"Fewest GPUs per checkpointing mode ({s.strategy}, mb {s.micro_batch_size})",
+        [
+            ("checkpointing", "left"),
+            ("GPUs", "right"),
+            ("nodes", "right"),
+            ("GiB per GPU", "right"),
+            ("activations GiB", "right"),
+            ("note", "left"),
+        ],
+    )
+    for mode, row in result["min_gpus_by_checkpointing"].items():
+        t.add_row(
+            mode,
+            str(row["gpus"] or "-"),
+            str(row["nodes"] or "-"),
+            gib(row["per_gpu_total_bytes"]),
+            gib(row["activations_bytes"]),
+            row["note"],
         )
-        for strat, row in result["min_gpus_by_strategy"].items():
-            t.add_row(
-                strat,
-                str(row["gpus"] or "-"),
-                str(row["nodes"] or "-"),
-                gib(row["per_gpu_total_bytes"]),
-                row["note"],
-            )
-        c.print(t)
-        t = render.table(
-            f"Fewest GPUs per checkpointing mode ({s.strategy}, mb {s.micro_batch_size})",
-            [
-                ("checkpointing", "left"),
-                ("GPUs", "right"),
-                ("nodes", "right"),
-                ("GiB per GPU", "right"),
-                ("activations GiB", "right"),
-                ("note", "left"),
-            ],
-        )
-        for mode, row in result["min_gpus_by_checkpointing"].items():
-            t.add_row(
-                mode,
-                str(row["gpus"] or "-"),
-                str(row["nodes"] or "-"),
-                gib(row["per_gpu_total_bytes"]),
-                gib(row["activations_bytes"]),
-                row["note"],
-            )
-        c.print(t)
+    c.print(t)
 
 
 def _show_offload(off: dict[str, Any], gpu: str | None) -> None:

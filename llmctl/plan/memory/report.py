@@ -25,6 +25,7 @@ from llmctl.plan.memory.ring import ring_buffers
 from llmctl.plan.memory.states import classic_bytes_per_param
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
+from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.parallel import STRATEGIES
 from llmctl.spec.setup import TrainSetup
 
@@ -35,36 +36,58 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
     the fewest GPUs per strategy and per checkpointing mode, in nodes of `node_gpus` GPUs (default: the setup's). The
     estimate itself is under "_estimate"."""
     est = estimate(spec, setup)
-    out: dict[str, Any] = {
+    out = {**_model_report(spec), "setup": _setup_report(setup), **_estimate_report(spec, setup, est)}
+    if setup.finetune.adapters:
+        out["layer_activation_terms"].update(_adapter_terms(spec, setup))
+        out["finetune"] = _finetune_report(spec, setup)
+    if setup.cp > 1:
+        out["context_parallel"] = context_parallel_report(spec, setup, est)
+    if setup.precision.float8:
+        out["float8"] = {**f8.summary(spec, setup.seq_len, setup.precision), "note": FLOAT8_NOTE}
+    # CPU offload: the host's memory per GPU where the catalog knows the kind's node (None: not checked).
+    host_cap = host_capacity_bytes(gpu, setup.gpus_per_node) if setup.levers.offload else None
+    if setup.levers.offload:
+        out["offload"] = offload_report(est, host_cap)
+    # Every setup's host memory per node (llmctl.plan.memory.host), against the node's where the catalog knows it.
+    out["host"] = host_memory(
+        spec, setup, est, host_capacity_bytes(gpu, setup.gpus_per_node), gpu is not None
+    ).as_dict()
+    if gpu is not None:
+        out |= _gpu_report(spec, setup, est, gpu, node_gpus, host_cap)
+    out["_estimate"] = est
+    return out
+
+
+def _model_report(spec: ModelSpec) -> dict[str, Any]:
+    return {
         "model": spec.name,
         "params": spec.params,
         "active_params_per_token": spec.active_params_per_token,
         "measured": spec.measured is not None,
         "shape": spec.describe(),
         "assumed_shape": spec.source == "params",
-        "setup": {
-            "precision": setup.precision.name,
-            **{
-                k: getattr(setup, k)
-                for k in (
-                    "optimizer",
-                    "strategy",
-                    "engine",
-                    "nodes",
-                    "gpus_per_node",
-                    "tp",
-                    "cp",
-                    "pp",
-                    "micro_batch_size",
-                    "seq_len",
-                    "checkpointing",
-                    "attention",
-                    "loss_chunk_tokens",
-                )
-            },
-            # Only when asked, so that the answers of setups that do not ask stay as they were.
-            **({"optimizer_states": setup.optimizer_states} if setup.optimizer_states != "auto" else {}),
-        },
+    }
+
+
+REPORTED_DECISIONS = (
+    *("optimizer", "strategy", "engine", "nodes", "gpus_per_node", "tp", "cp", "pp", "micro_batch_size", "seq_len"),
+    *("checkpointing", "attention", "loss_chunk_tokens"),
+)
+"""The setup's decisions the report repeats, in its order."""
+
+
+def _setup_report(setup: TrainSetup) -> dict[str, Any]:
+    return {
+        "precision": setup.precision.name,
+        **{k: getattr(setup, k) for k in REPORTED_DECISIONS},
+        # Only when asked, so that the answers of setups that do not ask stay as they were.
+        **({"optimizer_states": setup.optimizer_states} if setup.optimizer_states != AUTO_STATES else {}),
+    }
+
+
+def _estimate_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate) -> dict[str, Any]:
+    """The estimate's numbers: the ledger, the components by phase, one block's terms, the peak."""
+    return {
         "bytes_per_param": classic_bytes_per_param(spec, setup),
         "ledger": [
             {
@@ -100,70 +123,73 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         "total adds the CUDA context",
         "world_size": setup.world_size,
     }
-    if setup.finetune.adapters:
-        ft, n = setup.finetune, adapter_count(spec, setup.finetune)
-        # the largest block's terms with the adapters' (llmctl.plan.memory.adapters): what they add and what the
-        # frozen base no longer keeps
-        b, s, ab = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
-        layer = max((la for la, _ in spec.layer_groups), key=spec.params_of)
-        out["layer_activation_terms"].update(
-            lora.adapter_activation_terms(spec, layer, b, s, ab, setup.attention, ft, DROPOUT_MASK_BYTES)
+
+
+def _adapter_terms(spec: ModelSpec, setup: TrainSetup) -> dict[str, int]:
+    """The largest block's terms with the adapters' (llmctl.plan.memory.adapters): what they add and what the frozen
+    base no longer keeps."""
+    b, s, ab = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
+    layer = max((la for la, _ in spec.layer_groups), key=spec.params_of)
+    return lora.adapter_activation_terms(spec, layer, b, s, ab, setup.attention, setup.finetune, DROPOUT_MASK_BYTES)
+
+
+def _finetune_report(spec: ModelSpec, setup: TrainSetup) -> dict[str, Any]:
+    ft, n = setup.finetune, adapter_count(spec, setup.finetune)
+    return {
+        "method": ft.method,
+        "lora_rank": ft.rank,
+        "lora_alpha": ft.alpha,
+        "lora_dropout": ft.dropout,
+        "trainable_params": n,
+        "trainable_fraction": n / spec.params,
+    }
+
+
+def _gpu_report(
+    spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate, gpu: GPUSpec, node_gpus: int | None, host_cap: int | None
+) -> dict[str, Any]:
+    """On a GPU kind: whether it fits, the largest micro-batch, the fewest GPUs per strategy and per checkpointing."""
+    sized = setup if node_gpus in (None, setup.gpus_per_node) else replace(setup, gpus_per_node=node_gpus)
+    table = {}
+    for strat in STRATEGIES:
+        m = min_gpus(spec, sized, gpu.memory_bytes, strat, host_memory_bytes=host_cap)
+        table[strat] = {"gpus": m.gpus, "nodes": m.nodes, "per_gpu_total_bytes": m.device_bytes, "note": m.note}
+    return {
+        "gpu": gpu.name,
+        "gpu_memory_bytes": gpu.memory_bytes,
+        "fits": fits(est, gpu.memory_bytes, host_cap),
+        "max_micro_batch": max_micro_batch(spec, setup, gpu.memory_bytes, host_memory_bytes=host_cap),
+        "node_gpus": sized.gpus_per_node,
+        "min_gpus_by_strategy": table,
+        "min_gpus": table[setup.strategy]["gpus"],
+        "min_gpus_by_checkpointing": _min_gpus_by_checkpointing(spec, setup, sized, gpu, host_cap),
+    }
+
+
+def _min_gpus_by_checkpointing(
+    spec: ModelSpec, setup: TrainSetup, sized: TrainSetup, gpu: GPUSpec, host_cap: int | None
+) -> dict[str, Any]:
+    """The fewest GPUs of the setup's strategy under each checkpointing mode, with that mode's activations."""
+    by_mode = {}
+    modes = ["none", "selective", "partial:2", "full"]
+    if setup.checkpointing not in modes:
+        modes.insert(-1, setup.checkpointing)
+    for mode in modes:
+        if mode.startswith("partial:") and spec.num_layers // int(mode.split(":")[1]) == 0:
+            continue
+        alt = replace(setup, checkpointing=mode)
+        m = min_gpus(
+            spec, replace(sized, checkpointing=mode), gpu.memory_bytes, setup.strategy, host_memory_bytes=host_cap
         )
-        out["finetune"] = {
-            "method": ft.method,
-            "lora_rank": ft.rank,
-            "lora_alpha": ft.alpha,
-            "lora_dropout": ft.dropout,
-            "trainable_params": n,
-            "trainable_fraction": n / spec.params,
+        acts = sum(comp.bytes for comp in estimate(spec, alt).components if comp.name.startswith("activations"))
+        by_mode[mode] = {
+            "gpus": m.gpus,
+            "nodes": m.nodes,
+            "per_gpu_total_bytes": m.device_bytes,
+            "activations_bytes": acts,
+            "note": m.note,
         }
-    if setup.cp > 1:
-        out["context_parallel"] = context_parallel_report(spec, setup, est)
-    if setup.precision.float8:
-        out["float8"] = {**f8.summary(spec, setup.seq_len, setup.precision), "note": FLOAT8_NOTE}
-    # CPU offload: the host's memory per GPU where the catalog knows the kind's node (None: not checked).
-    host_cap = host_capacity_bytes(gpu, setup.gpus_per_node) if setup.levers.offload else None
-    if setup.levers.offload:
-        out["offload"] = offload_report(est, host_cap)
-    # Every setup's host memory per node (llmctl.plan.memory.host), against the node's where the catalog knows it.
-    out["host"] = host_memory(
-        spec, setup, est, host_capacity_bytes(gpu, setup.gpus_per_node), gpu is not None
-    ).as_dict()
-    if gpu is not None:
-        out["gpu"] = gpu.name
-        out["gpu_memory_bytes"] = gpu.memory_bytes
-        out["fits"] = fits(est, gpu.memory_bytes, host_cap)
-        out["max_micro_batch"] = max_micro_batch(spec, setup, gpu.memory_bytes, host_memory_bytes=host_cap)
-        sized = setup if node_gpus in (None, setup.gpus_per_node) else replace(setup, gpus_per_node=node_gpus)
-        table = {}
-        for strat in STRATEGIES:
-            m = min_gpus(spec, sized, gpu.memory_bytes, strat, host_memory_bytes=host_cap)
-            table[strat] = {"gpus": m.gpus, "nodes": m.nodes, "per_gpu_total_bytes": m.device_bytes, "note": m.note}
-        out["node_gpus"] = sized.gpus_per_node
-        out["min_gpus_by_strategy"] = table
-        out["min_gpus"] = table[setup.strategy]["gpus"]
-        by_mode = {}
-        modes = ["none", "selective", "partial:2", "full"]
-        if setup.checkpointing not in modes:
-            modes.insert(-1, setup.checkpointing)
-        for mode in modes:
-            if mode.startswith("partial:") and spec.num_layers // int(mode.split(":")[1]) == 0:
-                continue
-            alt = replace(setup, checkpointing=mode)
-            m = min_gpus(
-                spec, replace(sized, checkpointing=mode), gpu.memory_bytes, setup.strategy, host_memory_bytes=host_cap
-            )
-            acts = sum(comp.bytes for comp in estimate(spec, alt).components if comp.name.startswith("activations"))
-            by_mode[mode] = {
-                "gpus": m.gpus,
-                "nodes": m.nodes,
-                "per_gpu_total_bytes": m.device_bytes,
-                "activations_bytes": acts,
-                "note": m.note,
-            }
-        out["min_gpus_by_checkpointing"] = by_mode
-    out["_estimate"] = est
-    return out
+    return by_mode
 
 
 def offload_report(est: MemoryEstimate, host_capacity_per_gpu: int | None) -> dict[str, Any]:
