@@ -78,11 +78,15 @@ def visible_gpus() -> int:
     return sum(1 for line in out.splitlines() if line.startswith("GPU "))
 
 
+NPROC_AUTO = "auto"
+"""--nproc-per-node's spelling for the GPUs this machine has."""
+
+
 def resolve_nproc(requested: str | None, plan_nproc: int) -> int:
     """--nproc-per-node: None -> the plan's value; 'auto' -> the GPUs present (1 on a CPU-only machine)."""
     if requested is None:
         return plan_nproc
-    if requested == "auto":
+    if requested == NPROC_AUTO:
         return max(1, visible_gpus())
     try:
         n = int(requested)

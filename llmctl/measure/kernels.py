@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from llmctl.spec.attention import Attention
+
 SEQ_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
 HEAD_DIMS = (64, 128, 256)
 EAGER_MAX_SEQ = 2048
@@ -142,7 +144,7 @@ def attention_points(warmup: int = 3, iters: int = 5, repeats: int = 3) -> list[
         scores = scores.masked_fill(mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v
 
-    kernels["eager"] = eager
+    kernels[Attention.EAGER] = eager
     try:
         from flash_attn import flash_attn_func  # type: ignore[import-not-found]
 
@@ -160,7 +162,7 @@ def attention_points(warmup: int = 3, iters: int = 5, repeats: int = 3) -> list[
             grad = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
             fwd_flops = attention_flops(batch, heads, seq, head_dim)
             for name, kernel in kernels.items():
-                if name == "eager" and seq > EAGER_MAX_SEQ:
+                if name == Attention.EAGER and seq > EAGER_MAX_SEQ:
                     continue
                 point: dict[str, Any] = {"kernel": name, "head_dim": head_dim, "heads": heads, "seq": seq}
                 point["batch"] = batch

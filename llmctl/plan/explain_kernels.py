@@ -8,6 +8,7 @@ from typing import Any
 from llmctl.plan.request import PlanRequest
 from llmctl.plan.timing import STEP_KINDS, Candidate
 from llmctl.spec import kernels as kt
+from llmctl.spec.attention import KERNELS, Attention
 from llmctl.spec.models import ModelSpec
 
 
@@ -22,7 +23,7 @@ def attention_rates(req: PlanRequest, attention: str, seq: float | None = None) 
     """(short rate text, basis) of this attention on the request's GPU at its first block's head dimension:
     'fa2 at 340/287 TFLOP/s forward/backward', or eager's memory-bound passes."""
     kernel = kt.kernel_for(attention, req.gpu)
-    if kernel == "eager":
+    if Attention(attention).keeps_scores:
         return "eager (score matrix through memory)", (
             f"eager: {kt.EAGER_FWD_BYTES_PER_SCORE}/{kt.EAGER_BWD_BYTES_PER_SCORE} bytes per score element forward/"
             f"backward over {req.gpu.hbm_gbytes_s:,.0f} GB/s x {kt.memory_bound_efficiency():.2f}"
@@ -37,7 +38,7 @@ def efficiency_basis(req: PlanRequest) -> dict[str, Any]:
     e_max, e_source = kt.gemm_e_max(gpu)
     g = kt.tables().gemm
     attention = {}
-    for name in ("flash", "sdpa", "eager"):
+    for name in reversed(KERNELS):  # fastest first
         text, basis = attention_rates(req, name)
         attention[name] = {"rate": text, "basis": basis}
     return {

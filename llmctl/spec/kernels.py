@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from llmctl.errors import SpecError
+from llmctl.spec.attention import Attention
 from llmctl.spec.hardware import GPUSpec, resolve_gpu
 
 REFERENCE_ARCH = "hopper"
@@ -115,11 +116,12 @@ def kernel_for(attention: str, gpu: GPUSpec) -> str:
     """The kernel a plan's attention runs on this GPU: flash-attn is FlashAttention-2; SDPA runs cuDNN's attention on
     Hopper and Blackwell (SDPA_CUDNN_ARCHS), its FlashAttention-2 backend on the other sm80+ GPUs, its
     memory-efficient kernel where FlashAttention-2 does not run (Volta, Turing); eager is eager."""
-    if attention == "eager":
+    kind = Attention(attention)
+    if kind.keeps_scores:
         return "eager"
     if not gpu.flash_attention:
         return "efficient"
-    if attention == "sdpa" and gpu.architecture in SDPA_CUDNN_ARCHS:
+    if kind is Attention.SDPA and gpu.architecture in SDPA_CUDNN_ARCHS:
         return "cudnn"
     return "fa2"
 
