@@ -166,7 +166,7 @@ def _legend_name(component: str) -> str:
 
 def _title(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None) -> str:
     on = f"on {gpu.name}" if gpu else "(no GPU kind given: --gpu draws its memory)"
-    par = "".join(f", {k}={v}" for k, v in (("tp", setup.tp), ("pp", setup.pp)) if v > 1)
+    par = "".join(f", {k}={v}" for k in ("tp", "pp") if (v := getattr(setup, k)) > 1)
     return (
         f"{spec.name} {on}\nstrategy {setup.strategy} (bold), {setup.nodes} node{'s' if setup.nodes > 1 else ''} x "
         f"{setup.gpus_per_node} GPU{'s' if setup.gpus_per_node > 1 else ''}{par}, micro-batch "

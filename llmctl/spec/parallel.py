@@ -265,6 +265,10 @@ class ParallelDims:
         c = self.coords(rank)
         return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
 
+    def rank_shard(self, seq_len: int) -> RankShard:
+        """What one rank holds of a sequence of `seq_len` tokens and of a layer under these degrees."""
+        return RankShard(self.tp, self.cp, seq_len)
+
     def tokens_per_step(self, micro_batch_size: int, grad_accum_steps: int, seq_len: int) -> int:
         """Tokens one optimizer step trains on: every data-parallel rank's micro-batches."""
         return micro_batch_size * grad_accum_steps * seq_len * self.dp
@@ -283,3 +287,47 @@ class ParallelDims:
         if size <= 1 or gpus_per_node % (size * stride) == 0:
             return "intra"  # the group's ranks are consecutive (with stride) inside one node
         return "inter" if stride >= gpus_per_node else "cross"
+
+
+@dataclass(frozen=True)
+class RankShard:
+    """One rank's part of each sequence and of each layer under context and tensor parallelism: what the memory and
+    cost models size, asked here rather than divided by the degrees in each of them.
+
+    Context parallelism splits each sequence over its ring: every activation holds this rank's `tokens`. Tensor
+    parallelism splits a layer's heads, MLP columns and the vocabulary (`columns`: the first ranks' share when the
+    degree does not divide them), its parameters (`params`), and under sequence parallelism the residual stream's
+    tokens (`columns(tokens)`)."""
+
+    tensor_ranks: int
+    """Ranks one layer is split over (tp)."""
+    ring_ranks: int
+    """Ranks one sequence is split over (cp)."""
+    seq_len: int
+
+    @property
+    def tokens(self) -> int:
+        """This rank's tokens of each sequence (the whole sequence without context parallelism)."""
+        return self.seq_len // self.ring_ranks
+
+    @property
+    def split_layers(self) -> bool:
+        """Whether layers are split (tensor parallelism is on)."""
+        return self.tensor_ranks > 1
+
+    @property
+    def split_sequences(self) -> bool:
+        """Whether sequences are split (context parallelism is on)."""
+        return self.ring_ranks > 1
+
+    def params(self, n: float) -> float:
+        """This rank's share of `n` parameters (or bytes) split evenly over the layer's ranks."""
+        return n / self.tensor_ranks
+
+    def columns(self, n: int) -> int:
+        """This rank's heads, columns or vocabulary rows of `n` (the first ranks' share when the split is uneven)."""
+        return -(-n // self.tensor_ranks)
+
+    def whole_columns(self, n: int) -> int:
+        """`n` split over the layer's ranks, rounded down (a vocabulary-sharded buffer's bytes)."""
+        return n // self.tensor_ranks

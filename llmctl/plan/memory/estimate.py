@@ -134,7 +134,7 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     held_params, stage_layers = stage_params(spec, setup)
     ledger = state_ledger(spec, setup)
     comps, host = _state_components(setup, ledger, held_params)
-    layer_params = spec.params_per_layer / setup.tp
+    layer_params = setup.dims.rank_shard(setup.seq_len).params(spec.params_per_layer)
     comps += _fsdp_components(spec, setup, stage_layers, layer_params)
     if setup.levers.offload:
         comps += offload_components(setup, layer_params)
@@ -194,6 +194,7 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
     """What FSDP keeps unsharded for a while: the gathered layers, FSDP2's root module, one layer's gradients for the
     reduce-scatter."""
     dims, cb, ft = setup.dims, setup.compute_bytes, setup.finetune
+    shard = dims.rank_shard(setup.seq_len)
     comps: list[Component] = []
     # What FSDP all-gathers of one layer: its compute-dtype copy; with adapters the frozen layer (NF4 linears under
     # QLoRA) and its adapters (llmctl.plan.memory.adapters).
@@ -209,7 +210,7 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
         if setup.precision.float8_all_gather and setup.engine == "fsdp2":
             # torchao's float8 all-gather: the converted linears' weights arrive (and stay until resharded) in float8.
             name = "unsharded layers (FSDP float8 all-gather)"
-            unsharded = int(n_layers * f8.unsharded_layer_bytes(spec, cb, setup.tp) * (1 - 1 / fsdp))
+            unsharded = int(n_layers * f8.unsharded_layer_bytes(spec, cb, shard.tensor_ranks) * (1 - 1 / fsdp))
         comps.append(Component(name, unsharded, ("forward", "backward")))
     wrapped = setup.engine == "fsdp2" and (
         fsdp > 1 or dims.dp_replicate > 1 or setup.precision.mixed or setup.levers.offload
@@ -220,7 +221,7 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
         # after forward). On one rank the layers' compute-dtype copies are whole: two layers (current, prefetched).
         # Measured on an H100 at one rank (docs/measurements/h100-gpu-tier.json): 0.66 GiB for Llama-3.2-1B, this
         # term 0.71 GiB.
-        root = int((spec.embedding_params + spec.head_params) / setup.tp * cb)
+        root = int(shard.params(spec.embedding_params + spec.head_params) * cb)
         comps.append(Component("unsharded root module (embeddings, LM head)", root, ("forward", "backward")))
         if fsdp == 1:
             two = int(min(2, stage_layers) * gathered)
@@ -247,39 +248,41 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
 def _sequence_parallel(spec: ModelSpec, setup: TrainSetup) -> int:
     """The tp degree the activation functions lay out per rank (torch's sequence parallelism), 1 where everything
     divides by tp instead (the comment above)."""
-    return setup.tp if setup.engine == "fsdp2" and spec.measured is None else 1
+    return setup.dims.rank_shard(setup.seq_len).tensor_ranks if setup.engine == "fsdp2" and spec.measured is None else 1
 
 
 def _forward_only_components(spec: ModelSpec, setup: TrainSetup) -> list[Component]:
     """Without training: one layer's activations at a time and the logits."""
-    b, s, cb = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
+    shard = setup.dims.rank_shard(setup.seq_len)
+    b, s, cb = setup.micro_batch_size, shard.tokens, setup.compute_bytes
     sp = _sequence_parallel(spec, setup)
     one_layer = max(layer_activation_bytes(spec, b, s, cb, setup.attention, la, tp=sp) for la, _ in spec.layer_groups)
-    one_layer //= setup.tp // sp
+    one_layer //= shard.tensor_ranks // sp
     return [
         Component("activations (one layer, forward only)", one_layer, ("forward",)),
-        Component("logits", cb * b * s * spec.vocab_size // setup.tp, ("forward",)),
+        Component("logits", shard.whole_columns(cb * b * s * spec.vocab_size), ("forward",)),
     ]
 
 
 def _saved_activation_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int) -> list[Component]:
     """What the stage saves for backward (every layer's, the shared tensors, the adapters' changes), context
     parallelism's second attention output, the block recomputed in backward, and the LM head's input."""
-    b, s, cb = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
+    shard = setup.dims.rank_shard(setup.seq_len)
+    b, s, cb = setup.micro_batch_size, shard.tokens, setup.compute_bytes
     ck, attn, ft = setup.checkpointing, setup.attention, setup.finetune
     sp = _sequence_parallel(spec, setup)
-    rest = setup.tp // sp
+    rest = shard.tensor_ranks // sp
     in_flight = setup.pp  # 1F1B: the first stage holds pp micro-batches
     saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck, sp) // rest
     # Context parallelism passes each sequence's own positions (b rows), so the rotary tables have b rows too.
-    rows = b if setup.cp > 1 else 1
+    rows = b if shard.split_sequences else 1
     saved += shared_activation_bytes(spec, b, s, cb, attn, position_rows=rows) // rest
     kept = _layers_saved_whole(ck, stage_layers)
     if ft.adapters:  # tp = pp = 1 with adapters (TrainSetup refuses the others)
         saved += lora.stage_adapter_delta(spec, stage_layers, b, s, cb, attn, ck, ft, kept)
     what = {"none": "saved for backward", "full": "block inputs, checkpointed"}.get(ck, f"{ck} checkpointing")
     what += ", measured on fake tensors" if spec.measured is not None else ""
-    note = f"tp {setup.tp}: torch sequence parallelism, colwise inputs gathered whole" if sp > 1 else ""
+    note = f"tp {sp}: torch sequence parallelism, colwise inputs gathered whole" if sp > 1 else ""
     comps = [Component(f"activations ({what})", saved, ("forward", "backward"), note=note)]
     copy = ring_output_copy_bytes(spec, setup)
     if copy and kept:
@@ -305,13 +308,14 @@ def _saved_activation_components(spec: ModelSpec, setup: TrainSetup, stage_layer
 
 def _loss_components(spec: ModelSpec, setup: TrainSetup) -> list[Component]:
     """The loss's buffers: one chunk's, or the whole b*s*V log-softmax, logits and their gradients."""
-    b, s, cb = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
+    shard = setup.dims.rank_shard(setup.seq_len)
+    b, s, cb = setup.micro_batch_size, shard.tokens, setup.compute_bytes
     # Under torch's tensor parallelism the engine computes the loss on the LM head's vocabulary shards
     # (loss_parallel, llmctl.engine.loss.select_loss) whatever loss_chunk_tokens says: no chunks.
     chunk = 0 if _sequence_parallel(spec, setup) > 1 else min(setup.loss_chunk_tokens, b * s)
     if chunk:
-        fwd_chunk = loss_chunk_forward_bytes(spec, chunk, cb) // setup.tp
-        bwd_chunk = loss_chunk_backward_bytes(spec, chunk, cb) // setup.tp
+        fwd_chunk = shard.whole_columns(loss_chunk_forward_bytes(spec, chunk, cb))
+        bwd_chunk = shard.whole_columns(loss_chunk_backward_bytes(spec, chunk, cb))
         return [
             Component(f"loss chunk of {chunk} tokens (forward)", fwd_chunk, ("forward",)),
             Component(f"loss chunk of {chunk} tokens (backward)", bwd_chunk, ("loss_backward",)),
@@ -319,7 +323,7 @@ def _loss_components(spec: ModelSpec, setup: TrainSetup) -> list[Component]:
     # The loss keeps its fp32 log-softmax for backward; the logits (and their fp32 upcast) live only until the loss is
     # computed (the engine's whole_loss, and HF Trainer's compute_loss, drop them before backward). Under tp each
     # rank's are its V/tp vocabulary columns (loss_parallel's log-softmax, measured).
-    bsv = b * s * spec.vocab_size // setup.tp
+    bsv = shard.whole_columns(b * s * spec.vocab_size)
     return [
         Component("loss log-softmax (fp32, b*s*V)", 4 * bsv, ("forward", "loss_backward")),
         Component("logits (b*s*V, until the loss)", (cb + (4 if cb != 4 else 0)) * bsv, ("forward",)),
@@ -340,7 +344,7 @@ def _one_layer_transients(spec: ModelSpec, setup: TrainSetup) -> list[Component]
     comps: list[Component] = []
     if dequant := lora.dequantized_linear_bytes(spec, setup):
         comps.append(Component(QLORA_DEQUANT, dequant, ("forward", "backward") if setup.training else ("forward",)))
-    if setup.cp > 1:
+    if setup.dims.cp_enabled:
         comps += ring_components(spec, setup)
     if setup.precision.float8:
         comps += float8_components(spec, setup)
@@ -410,10 +414,11 @@ def ring_output_copy_bytes(spec: ModelSpec, setup: TrainSetup) -> int:
     """Under context parallelism with the head-tail load balance, what one layer keeps beyond the usual attention
     output on every cp rank but the last (RING_COPY_NOTE; measured by tests/engine/test_tp_activations.py): o_proj's
     input, a copy of the output, b x S/cp x this rank's heads x value head size (the largest layer's). 0 otherwise."""
-    if setup.cp <= 1 or not setup.cp_load_balance or spec.measured is not None:
+    shard = setup.dims.rank_shard(setup.seq_len)
+    if not shard.split_sequences or not setup.cp_load_balance or spec.measured is not None:
         return 0
-    b, s, tp = setup.micro_batch_size, setup.seq_len // setup.cp, setup.tp
-    heads = max(-(-la.attention.num_heads // tp) * la.attention.v_head_dim for la, _ in spec.layer_groups)
+    b, s = setup.micro_batch_size, shard.tokens
+    heads = max(shard.columns(la.attention.num_heads) * la.attention.v_head_dim for la, _ in spec.layer_groups)
     return setup.compute_bytes * b * s * heads
 
 
@@ -437,9 +442,10 @@ def float8_components(spec: ModelSpec, setup: TrainSetup) -> list[Component]:
     """The float8 copies the largest converted linear makes while it runs (llmctl.plan.float8.transient_bytes): its
     input and weight in forward, grad_output twice, the weight and the input in backward, with their scales (the
     float8 all-gather's one precomputed fp32 scale a weight is a few bytes, not a line)."""
-    tokens = setup.micro_batch_size * setup.seq_len // setup.cp
+    rank = setup.dims.rank_shard(setup.seq_len)
+    tokens = setup.micro_batch_size * setup.seq_len // rank.ring_ranks
     shard = setup.dims.fsdp_shard if setup.engine == "fsdp2" else 1
-    fwd, bwd = f8.transient_bytes(spec, setup.precision, tokens, setup.tp, shard)
+    fwd, bwd = f8.transient_bytes(spec, setup.precision, tokens, rank.tensor_ranks, shard)
     if not fwd:  # no linear converts (GPT-2's Conv1D, a model measured on fake tensors)
         return []
     out = [Component("float8 copies of one linear (forward)", fwd, ("forward",), note=FLOAT8_NOTE)]
@@ -458,7 +464,9 @@ def ring_components(spec: ModelSpec, setup: TrainSetup) -> list[Component]:
     """Context parallelism's ring attention, while one layer's attention runs (llmctl.plan.memory.ring): its K/V blocks
     in flight and its fp32 working set, forward (and backward when training)."""
     ring = ring_buffers(spec, setup)
-    how = f"cp {setup.cp}, {setup.cp_rotate} rotation" + ("" if setup.cp_load_balance else ", no load balance")
+    how = f"cp {setup.dims.rank_shard(setup.seq_len).ring_ranks}, {setup.cp_rotate} rotation" + (
+        "" if setup.cp_load_balance else ", no load balance"
+    )
     out = [
         Component(RING_FORWARD_KV, ring.forward_kv, ("forward",), note=how),
         Component(RING_FORWARD_MERGE, ring.forward_merge, ("forward",), note=how),
@@ -561,14 +569,14 @@ def min_gpus(
     strategy = canonical_strategy(strategy)
     if setup.engine == "fsdp2" and strategy == "zero1":
         return MinGpus(strategy, None, None, None, "needs --engine zero")
-    unit = setup.tp * setup.cp * setup.pp
+    unit = setup.dims.batch_sharers * setup.pp  # the ranks of one model replica
 
     def est_at(nodes: int, per_node: int) -> MemoryEstimate:
         return estimate(spec, replace(setup, strategy=strategy, nodes=nodes, gpus_per_node=per_node))
 
     if strategy == "hybrid_shard":
-        if gpn % (setup.tp * setup.cp):
-            what = "tp x cp" if setup.cp > 1 else "tp"
+        if gpn % setup.dims.batch_sharers:
+            what = "tp x cp" if setup.dims.cp_enabled else "tp"
             return MinGpus(strategy, None, None, None, f"{what} does not divide GPUs per node")
         e = est_at(2, gpn)
         if fits(e, device_memory_bytes, host_memory_bytes):
@@ -594,7 +602,7 @@ def min_gpus(
             e.device_bytes if e else None,
             f"does not fit even on {max_nodes} nodes"
             if e
-            else f"tp x {'cp x ' if setup.cp > 1 else ''}pp does not divide GPUs per node",
+            else f"tp x {'cp x ' if setup.dims.cp_enabled else ''}pp does not divide GPUs per node",
         )
     lo, hi = 1, max_nodes  # lo: does not fit (checked above with n = gpn), hi: fits
     while hi - lo > 1:

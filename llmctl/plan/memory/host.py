@@ -99,7 +99,7 @@ def largest_tensor_shard(spec: ModelSpec, setup: TrainSetup) -> int:
             tensors += spec.layer_tensors(i)
     largest = max((math.prod(shape) for _, shape in tensors), default=0)
     shard = setup.dims.fsdp_shard if setup.engine == "fsdp2" else 1
-    return math.ceil(largest / setup.tp / shard)
+    return math.ceil(setup.dims.rank_shard(setup.seq_len).params(largest) / shard)
 
 
 def host_memory(
@@ -117,7 +117,7 @@ def host_memory(
         loading = max(loading, 4 * dequantized_linear_bytes(spec, setup) // setup.compute_bytes)
     per_rank["model loading"] = loading
     per_rank["checkpoint staging"] = tensor * setup.precision.param_bytes + COPY_AHEAD_BYTES
-    per_rank["micro-batches"] = 2 * 3 * 8 * setup.micro_batch_size * (setup.seq_len // setup.cp + 1)
+    per_rank["micro-batches"] = 2 * 3 * 8 * setup.micro_batch_size * (setup.dims.rank_shard(setup.seq_len).tokens + 1)
     gpn = setup.gpus_per_node
     return HostMemory(
         per_rank=per_rank,
