@@ -190,20 +190,20 @@ def _show_offload(off: dict[str, Any], gpu: str | None) -> None:
     )
 
 
-def _show_cp(cp: dict[str, Any]) -> None:
+def _show_cp(ring: dict[str, Any]) -> None:
     """What context parallelism does to this rank's memory (fit_report's "context_parallel")."""
-    balance = "head-tail load balance" if cp["load_balance"] else "no load balance"
+    balance = "head-tail load balance" if ring["load_balance"] else "no load balance"
     render.console.print(
-        f"context parallel: cp {cp['cp']} holds {cp['tokens_per_rank']:,} tokens of each sequence per GPU "
-        f"({balance}): activations {gib(cp['activations_bytes'], 2)} GiB against "
-        f"{gib(cp['activations_at_cp1_bytes'], 2)} GiB at cp 1 ({gib(cp['per_gpu_total_at_cp1_bytes'], 1)}"
-        f" GiB per GPU in all); states shard over {cp['fsdp_shard']} ranks (data-parallel x cp). Ring attention "
-        f"({cp['rotate']} rotation) holds, while one layer's attention runs, "
-        f"{gib(cp['ring_forward_kv_bytes'], 3)} GiB of keys/values in flight and a "
-        f"{gib(cp['ring_forward_merge_bytes'], 3)} GiB fp32 merge of the partial outputs (forward), "
-        f"{gib(cp['ring_backward_kv_bytes'], 3)} + {gib(cp['ring_backward_grads_bytes'], 3)} GiB in "
+        f"context parallel: cp {ring['cp']} holds {ring['tokens_per_rank']:,} tokens of each sequence per GPU "
+        f"({balance}): activations {gib(ring['activations_bytes'], 2)} GiB against "
+        f"{gib(ring['activations_at_cp1_bytes'], 2)} GiB at cp 1 ({gib(ring['per_gpu_total_at_cp1_bytes'], 1)}"
+        f" GiB per GPU in all); states shard over {ring['fsdp_shard']} ranks (data-parallel x cp). Ring attention "
+        f"({ring['rotate']} rotation) holds, while one layer's attention runs, "
+        f"{gib(ring['ring_forward_kv_bytes'], 3)} GiB of keys/values in flight and a "
+        f"{gib(ring['ring_forward_merge_bytes'], 3)} GiB fp32 merge of the partial outputs (forward), "
+        f"{gib(ring['ring_backward_kv_bytes'], 3)} + {gib(ring['ring_backward_grads_bytes'], 3)} GiB in "
         "backward (fp32 gradient accumulators and the dK/dV ring"
-        + (", or the recompute's forward ring" if cp["ring_backward_is_recompute"] else "")
+        + (", or the recompute's forward ring" if ring["ring_backward_is_recompute"] else "")
         + ")",
         soft_wrap=True,
     )

@@ -62,9 +62,10 @@ def step_split(req: PlanRequest, chosen: Candidate) -> str:
     forward/backward, measured on H100-SXM), ...' for the chosen setup, per optimizer step."""
     p, s = chosen.predicted, chosen.setup
     total = sum(p.split.values()) or 1.0
-    tokens = s.micro_batch_size * req.seq_len // s.cp
-    eff = req.efficiency.of(tokens, req.spec, req.gpu, req.compute_dtype, tp=s.tp)
-    rate, basis = attention_rates(req, s.attention, req.seq_len / s.cp)
+    shard = s.dims.rank_shard(req.seq_len)
+    tokens = s.micro_batch_size * req.seq_len // shard.ring_ranks
+    eff = req.efficiency.of(tokens, req.spec, req.gpu, req.compute_dtype, shard.tensor_ranks)
+    rate, basis = attention_rates(req, s.attention, req.seq_len / shard.ring_ranks)
     notes = {
         "matmul": f"at {eff:.0%} of the {req.compute_dtype} peak for these shapes",
         "attention": f"{rate}; {basis}",

@@ -22,7 +22,8 @@ Conventions (stated once, used everywhere):
   compares how well the hardware is used, not methods (tokens/s does that). Full training's MFU is unchanged.
 - Context parallelism (cp ranks share one sequence, ring attention): each rank runs the matmuls of its S/cp tokens and
   1/cp of the sequence's attention with the head-tail load balance, or the last rank's larger share without it
-  (`cp_attention_imbalance`); per-token attention still spans the whole sequence (its keys come round the ring).
+  (llmctl.spec.parallel.ParallelDims.attention_imbalance); per-token attention still spans the whole sequence (its
+  keys come round the ring).
 """
 
 from __future__ import annotations
@@ -56,18 +57,6 @@ def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
         at = layer.attention
         total += n * 6 * at.num_heads * at.span(seq_len) * (at.head_dim + at.v_head_dim)
     return int(round(total))
-
-
-def cp_attention_imbalance(cp: int, load_balance: bool = True) -> float:
-    """The slowest cp rank's attention FLOPs over the average rank's (torch's ring attention,
-    torch.distributed.tensor.experimental._context_parallel._attention._is_causal_behavior). Cut the causal (S x S)
-    score matrix into cp x cp blocks of S/cp: without the load balance rank i holds the i-th block row, whose causal part
-    is i full blocks and one half (the diagonal), 2i + 1 half-blocks, so the last rank does 2cp - 1 of the cp^2
-    half-blocks where the average is cp: (2cp - 1) / cp. With the head-tail split (2cp chunks, rank i holds chunks i and
-    2cp-1-i) every rank does 2 chunk-blocks per ring step, the same cp^2/cp: 1."""
-    if cp <= 1 or load_balance:
-        return 1.0
-    return (2 * cp - 1) / cp
 
 
 def recompute_attention_flops_per_token(

@@ -121,7 +121,7 @@ def attention_seconds(
 ) -> tuple[float, float, float]:
     """(forward, backward, recomputed forward) seconds of one micro-batch's attention scores and values on one rank:
     its heads (num_heads / tp) of its queries (micro-batch x seq / cp), `imbalance` the slowest cp rank's share
-    (llmctl.plan.flops.cp_attention_imbalance). Fused kernels at the kernel table's rate; eager attention as the score
+    (llmctl.spec.parallel.ParallelDims.attention_imbalance). Fused kernels at the kernel table's rate; eager attention as the score
     matrix's passes through memory. Recompute: the whole-checkpointed blocks' forward again, and under selective
     eager attention's (a fused kernel's output is kept); `checkpointing` overrides the setup's. Every term is linear
     in the queries: the per-query seconds are cached per model, GPU and shape (the planner asks thousands of times)."""

@@ -37,7 +37,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmctl.plan import comm as cm
-from llmctl.plan import flops as fl
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
@@ -60,7 +59,7 @@ def ring_layers(spec: ModelSpec, setup: TrainSetup, rate_flops_s: float) -> list
     """The layer kinds of `spec` on one rank of the setup's cp group, at `rate_flops_s` achieved FLOP/s."""
     b, cp, tp = setup.micro_batch_size, setup.cp, setup.tp
     s = setup.seq_len // cp
-    imbalance = fl.cp_attention_imbalance(cp, setup.cp_load_balance)
+    imbalance = setup.dims.attention_imbalance(setup.cp_load_balance)
     recomputed: dict[Layer, int] = {}
     if setup.checkpointing != "selective":
         for i in ckpt_modes.whole_layers(setup.checkpointing, spec.num_layers):

@@ -12,7 +12,7 @@ efficiency of its narrower matmuls (llmctl.plan.request.Efficiency.tp_width_fact
 llmctl.plan.comm.tp_calls, timed per layer kind with the matmul seconds async TP can hide them behind.
 
 Context parallelism (cp ranks share one sequence): each rank runs its S/cp tokens of the matmuls and its share of the
-sequence's attention (llmctl.plan.flops.cp_attention_imbalance: the slowest rank sets the step); ring attention's K/V
+sequence's attention (llmctl.spec.parallel.ParallelDims.attention_imbalance: the slowest rank sets the step); ring attention's K/V
 and dK/dV exchanges come from llmctl.plan.ring, hidden behind the attention steps they run beside.
 
 float8 (a policy with a float8 recipe, llmctl.spec.precision): the FLOPs of the linears torchao converts
@@ -193,7 +193,7 @@ def _recompute_per_rank(
 ) -> float:
     """Recompute FLOPs per token one rank of a tp group runs (all of them at tp = 1), with the float8 linears' counted
     at the compute dtype's rate (`saving` of them taken off, float8_saving); `imbalance` scales the attention share
-    (the slowest cp rank's, fl.cp_attention_imbalance)."""
+    (the slowest cp rank's, ParallelDims.attention_imbalance)."""
     again = fl.recompute_flops_per_token(req.spec, req.seq_len, ckpt, attention, chunked)
     if imbalance != 1.0:
         again += (imbalance - 1) * fl.recompute_attention_flops_per_token(req.spec, req.seq_len, ckpt, attention)
@@ -240,7 +240,7 @@ def compute_split(req: PlanRequest, setup: TrainSetup) -> tuple[float, ComputeSp
     (kernel_time.gemm_efficiency); attention's scores and values at the kernel table's rate for its head dimension
     and length (kernel_time.attention_seconds); the rest is bytes over bandwidth. Under context parallelism a rank
     runs its S/cp tokens of each sequence through the matmuls and its share of the sequence's attention
-    (fl.cp_attention_imbalance)."""
+    (ParallelDims.attention_imbalance)."""
     mb, ckpt, attention, chunked, tp = (
         setup.micro_batch_size,
         setup.checkpointing,
@@ -258,7 +258,7 @@ def compute_split(req: PlanRequest, setup: TrainSetup) -> tuple[float, ComputeSp
     model = fl.model_flops_per_token(spec, req.seq_len)
     linear, linear_rep = f8.linear_flops_per_token(spec) if saving else (0, 0)
     model -= saving * linear
-    imbalance = fl.cp_attention_imbalance(setup.cp, setup.cp_load_balance)
+    imbalance = setup.dims.attention_imbalance(setup.cp_load_balance)
     if imbalance != 1.0:
         model += (imbalance - 1) * fl.attention_flops_per_token(spec, req.seq_len)
     if tp > 1:  # each rank: 1/tp of what the group splits, all of what it replicates

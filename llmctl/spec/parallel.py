@@ -265,6 +265,18 @@ class ParallelDims:
         c = self.coords(rank)
         return c["dp_replicate"] * self.dp_shard + c["dp_shard"]
 
+    def attention_imbalance(self, load_balance: bool = True) -> float:
+        """The slowest cp rank's attention FLOPs over the average rank's (torch's ring attention,
+        torch.distributed.tensor.experimental._context_parallel._attention._is_causal_behavior). Cut the causal
+        (S x S) score matrix into cp x cp blocks of S/cp: without the load balance rank i holds the i-th block row,
+        whose causal part is i full blocks and one half (the diagonal), 2i + 1 half-blocks, so the last rank does
+        2cp - 1 of the cp^2 half-blocks where the average is cp: (2cp - 1) / cp. With the head-tail split (2cp
+        chunks, rank i holds chunks i and 2cp-1-i) every rank does 2 chunk-blocks per ring step, the same cp^2/cp:
+        1."""
+        if not self.cp_enabled or load_balance:
+            return 1.0
+        return (2 * self.cp - 1) / self.cp
+
     def rank_shard(self, seq_len: int) -> RankShard:
         """What one rank holds of a sequence of `seq_len` tokens and of a layer under these degrees."""
         return RankShard(self.tp, self.cp, seq_len)

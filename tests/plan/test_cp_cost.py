@@ -9,13 +9,13 @@ from dataclasses import replace
 import pytest
 
 from llmctl.plan import comm as cm
-from llmctl.plan import flops as fl
 from llmctl.plan import ring
 from llmctl.plan.request import PlanRequest
 from llmctl.plan.timing import compute_split, evaluate
 from llmctl.spec import kernels as kt
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model
+from llmctl.spec.parallel import ParallelDims
 from tests.plan.requests import plan_request
 
 H100 = resolve_gpu("H100-SXM")
@@ -60,9 +60,9 @@ def ops(c, phase: str = "cp") -> dict[str, cm.CommOp]:
 # --- compute ----------------------------------------------------------------------------------------------------------
 def test_attention_imbalance_without_the_head_tail_split() -> None:
     # rank i of cp holds block row i of the causal score matrix: 2i + 1 half-blocks; the last 2cp - 1 of cp^2 / cp.
-    assert fl.cp_attention_imbalance(4, load_balance=False) == 7 / 4
-    assert fl.cp_attention_imbalance(8, load_balance=False) == 15 / 8
-    assert fl.cp_attention_imbalance(4) == fl.cp_attention_imbalance(1, load_balance=False) == 1.0
+    assert ParallelDims(cp=4).attention_imbalance(load_balance=False) == 7 / 4
+    assert ParallelDims(cp=8).attention_imbalance(load_balance=False) == 15 / 8
+    assert ParallelDims(cp=4).attention_imbalance() == ParallelDims().attention_imbalance(load_balance=False) == 1.0
 
 
 def test_each_rank_computes_its_share_and_the_slowest_rank_sets_the_step() -> None:

@@ -65,11 +65,12 @@ class RingBuffers:
 
 def _shape(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int, int]:
     """(Q, K, logsumexp elements) of the largest attention on this rank (module docstring)."""
-    b, s, tp = setup.micro_batch_size, setup.seq_len // setup.cp, setup.tp
+    shard = setup.dims.rank_shard(setup.seq_len)
+    b, s = setup.micro_batch_size, shard.tokens
     best = (0, 0, 0)
     for layer, _ in spec.layer_groups:
         at = layer.attention
-        a, kv = -(-at.num_heads // tp), -(-at.num_kv_heads // tp)
+        a, kv = shard.columns(at.num_heads), shard.columns(at.num_kv_heads)
         shape = (b * a * s * at.head_dim, b * kv * s * at.head_dim, b * a * s)
         best = max(best, shape)
     return best
