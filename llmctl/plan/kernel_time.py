@@ -102,11 +102,12 @@ def _gemm_efficiency(gpu: GPUSpec, spec: ModelSpec, tokens: int, tp: int, peak: 
     return flops / (secs * peak * 1e12) if secs else 1.0
 
 
-def _attn_layer(layer: Layer, seq_len: int, cp: int) -> tuple[float, float, float]:
-    """(FLOPs per query token forward, FlashAttention convention; the kernel call's length; head dim for the table)."""
+def _attn_layer(layer: Layer, seq_len: int, ring_ranks: int) -> tuple[float, float, float]:
+    """(FLOPs per query token forward, FlashAttention convention; the kernel call's length, this rank's part of the
+    sequence; head dim for the table)."""
     at = layer.attention
     span = at.span(seq_len)
-    length = min(seq_len / cp, at.window) if at.window else seq_len / cp
+    length = min(seq_len / ring_ranks, at.window) if at.window else seq_len / ring_ranks
     return at.num_heads * span * (at.head_dim + at.v_head_dim), length, (at.head_dim + at.v_head_dim) / 2
 
 
@@ -121,19 +122,20 @@ def attention_seconds(
 ) -> tuple[float, float, float]:
     """(forward, backward, recomputed forward) seconds of one micro-batch's attention scores and values on one rank:
     its heads (num_heads / tp) of its queries (micro-batch x seq / cp), `imbalance` the slowest cp rank's share
-    (llmctl.spec.parallel.ParallelDims.attention_imbalance). Fused kernels at the kernel table's rate; eager attention as the score
-    matrix's passes through memory. Recompute: the whole-checkpointed blocks' forward again, and under selective
+    (llmctl.spec.parallel.ParallelDims.attention_imbalance). Fused kernels at the kernel table's rate; eager
+    attention as the score matrix's passes through memory. Recompute: the whole-checkpointed blocks' forward again, and under selective
     eager attention's (a fused kernel's output is kept); `checkpointing` overrides the setup's. Every term is linear
     in the queries: the per-query seconds are cached per model, GPU and shape (the planner asks thousands of times)."""
     ckpt = checkpointing or setup.checkpointing
     kernel = kt.kernel_for(setup.attention, req_gpu)
     peak = req_gpu.peak_tflops(dtype)
     key = ("attention", req_gpu.name, req_gpu.architecture, req_gpu.hbm_gbytes_s, peak, dtype, kernel)
-    key += (seq_len, setup.cp, setup.tp, ckpt, imbalance)
+    shard = setup.dims.rank_shard(seq_len)
+    key += (seq_len, shard.ring_ranks, shard.tensor_ranks, ckpt, imbalance)
     f, b, r = fl._memo(
         spec, key, lambda: _attention_per_query(req_gpu, spec, kernel, peak, dtype, seq_len, setup, ckpt, imbalance)
     )
-    queries = setup.micro_batch_size * seq_len / setup.cp
+    queries = setup.micro_batch_size * seq_len / shard.ring_ranks
     return queries * f, queries * b, queries * r
 
 
@@ -148,7 +150,8 @@ def _attention_per_query(
     ckpt: str,
     imbalance: float,
 ) -> tuple[float, float, float]:
-    tp = setup.tp
+    shard = setup.dims.rank_shard(seq_len)
+    tp = shard.tensor_ranks
     if spec.measured is not None:  # no per-layer layout: the spec's heads and width, full attention
         layers: list[tuple[Layer | None, int]] = [(None, spec.num_layers)]
     else:
@@ -164,9 +167,9 @@ def _attention_per_query(
     for layer, n in layers:
         if layer is None:
             per_q = 2 * spec.num_heads * seq_len * spec.head_dim
-            length, dim, heads, span = seq_len / setup.cp, spec.head_dim, spec.num_heads, seq_len
+            length, dim, heads, span = seq_len / shard.ring_ranks, spec.head_dim, spec.num_heads, seq_len
         else:
-            per_q, length, dim = _attn_layer(layer, seq_len, setup.cp)
+            per_q, length, dim = _attn_layer(layer, seq_len, shard.ring_ranks)
             heads, span = layer.attention.num_heads, seq_len
         if setup.attention.keeps_scores:
             f, b = kt.eager_seconds(req_gpu, heads / tp, 1.0, span, dim, peak)
