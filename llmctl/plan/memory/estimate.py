@@ -245,7 +245,7 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
 # Context parallelism: every activation is this rank's S/cp tokens of each sequence (input ids, labels and RoPE
 # positions are split along the sequence, so are the rotary tables and the logits); the ring's own buffers come after
 # (llmctl.plan.memory.ring).
-def _sequence_parallel(spec: ModelSpec, setup: TrainSetup) -> int:
+def sequence_parallel_degree(spec: ModelSpec, setup: TrainSetup) -> int:
     """The tp degree the activation functions lay out per rank (torch's sequence parallelism), 1 where everything
     divides by tp instead (the comment above)."""
     return setup.dims.rank_shard(setup.seq_len).tensor_ranks if setup.engine == "fsdp2" and spec.measured is None else 1
@@ -255,7 +255,7 @@ def _forward_only_components(spec: ModelSpec, setup: TrainSetup) -> list[Compone
     """Without training: one layer's activations at a time and the logits."""
     shard = setup.dims.rank_shard(setup.seq_len)
     b, s, cb = setup.micro_batch_size, shard.tokens, setup.compute_bytes
-    sp = _sequence_parallel(spec, setup)
+    sp = sequence_parallel_degree(spec, setup)
     one_layer = max(layer_activation_bytes(spec, b, s, cb, setup.attention, la, tp=sp) for la, _ in spec.layer_groups)
     one_layer //= shard.tensor_ranks // sp
     return [
@@ -270,7 +270,7 @@ def _saved_activation_components(spec: ModelSpec, setup: TrainSetup, stage_layer
     shard = setup.dims.rank_shard(setup.seq_len)
     b, s, cb = setup.micro_batch_size, shard.tokens, setup.compute_bytes
     ck, attn, ft = setup.checkpointing, setup.attention, setup.finetune
-    sp = _sequence_parallel(spec, setup)
+    sp = sequence_parallel_degree(spec, setup)
     rest = shard.tensor_ranks // sp
     in_flight = setup.pp  # 1F1B: the first stage holds pp micro-batches
     saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck, sp) // rest
@@ -312,7 +312,7 @@ def _loss_components(spec: ModelSpec, setup: TrainSetup) -> list[Component]:
     b, s, cb = setup.micro_batch_size, shard.tokens, setup.compute_bytes
     # Under torch's tensor parallelism the engine computes the loss on the LM head's vocabulary shards
     # (loss_parallel, llmctl.engine.loss.select_loss) whatever loss_chunk_tokens says: no chunks.
-    chunk = 0 if _sequence_parallel(spec, setup) > 1 else min(setup.loss_chunk_tokens, b * s)
+    chunk = 0 if sequence_parallel_degree(spec, setup) > 1 else min(setup.loss_chunk_tokens, b * s)
     if chunk:
         fwd_chunk = shard.whole_columns(loss_chunk_forward_bytes(spec, chunk, cb))
         bwd_chunk = shard.whole_columns(loss_chunk_backward_bytes(spec, chunk, cb))

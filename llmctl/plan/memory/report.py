@@ -18,6 +18,7 @@ from llmctl.plan.memory.estimate import (
     host_capacity_bytes,
     max_micro_batch,
     min_gpus,
+    sequence_parallel_degree,
 )
 from llmctl.plan.memory.host import host_memory
 from llmctl.plan.memory.ledger import model_bytes_per_param
@@ -113,7 +114,7 @@ def _estimate_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate) ->
             setup.seq_len // setup.cp,
             setup.compute_bytes,
             setup.attention,
-            tp=setup.tp if setup.engine == "fsdp2" and spec.measured is None else 1,
+            tp=sequence_parallel_degree(spec, setup),
         ),
         "peak_phase": est.peak_phase,
         "peak_allocated_bytes": est.peak_allocated_bytes,
