@@ -42,9 +42,9 @@ def _at(root: torch.nn.Module, path: str) -> torch.nn.Module | None:
     return obj
 
 
-def _layer_styles(layer: torch.nn.Module, plan: dict[str, str]) -> dict[str, object]:
-    """One decoder layer's {submodule path: ParallelStyle} from the family's plan (paths the layer lacks skipped:
-    a no-rope layer, a layer without q/k norms)."""
+def _layer_styles(layer: torch.nn.Module, tp_plan: dict[str, str]) -> dict[str, object]:
+    """One decoder layer's {submodule path: ParallelStyle} from the family's tensor-parallel plan (paths the layer
+    lacks skipped: a no-rope layer, a layer without q/k norms)."""
     import torch
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -56,7 +56,7 @@ def _layer_styles(layer: torch.nn.Module, plan: dict[str, str]) -> dict[str, obj
     )
 
     styles: dict[str, object] = {}
-    for path, style in plan.items():
+    for path, style in tp_plan.items():
         module = _at(layer, path)
         if module is None:
             continue
