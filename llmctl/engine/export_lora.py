@@ -73,7 +73,10 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
     import torch
 
     trainer = torch.load(step_dir / "trainer.pt", weights_only=False) if (step_dir / "trainer.pt").is_file() else {}
-    current = base_identity(plan.model, plan.training.seed)
+    from llmctl.engine.model import model_spec_for
+
+    # a weights folder is known by its files: its config is read only for the adapters' config below
+    current = base_identity(plan.model, plan.training.seed, None if plan.model.weights else model_spec_for(plan.model))
     check_base(trainer.get("frozen_base"), current, f"checkpoint {step_dir}")
     if merge and not plan.model.weights:
         raise InputError(
@@ -93,8 +96,6 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
     tensors = {peft_name(k): v.to(out_dtype).contiguous() for k, v in sorted(want.items())}
 
     from safetensors.torch import save_file
-
-    from llmctl.engine.model import model_spec_for
 
     out, tmp = fresh_temp(req.out)
     try:

@@ -159,17 +159,15 @@ def fingerprint_folder(folder: Path) -> str:
     return h.hexdigest()[:32]
 
 
-def base_identity(m: ModelSection, seed: int, spec: ModelSpec | None = None) -> dict[str, str]:
+def base_identity(m: ModelSection, seed: int, spec: ModelSpec | None) -> dict[str, str]:
     """What the adapters were trained on: {"base": words, "fingerprint": hex}. A weights folder by its fingerprint;
-    a random init by the model's config as the engine builds it (`spec`, model_spec_for(m): read here when not
-    given) and the seed (the same config and seed give the same base)."""
+    a random init by the model's config as the engine builds it (`spec`: llmctl.engine.model.model_spec_for(m), None
+    only with a weights folder) and the seed (the same config and seed give the same base)."""
     if m.weights:
         folder = Path(m.weights).resolve()
         return {"base": f"weights {folder}", "fingerprint": fingerprint_folder(folder)}
     if spec is None:
-        from llmctl.engine.model import model_spec_for
-
-        spec = model_spec_for(m)
+        raise ValueError("a random init's identity needs the model spec")
     cfg = json.dumps(spec.hf_config, sort_keys=True, default=str)
     digest = hashlib.sha256(f"{cfg}\0seed {seed}".encode()).hexdigest()[:32]
     what = m.preset or m.config

@@ -26,6 +26,7 @@ from llmctl.spec.rules import model_problem
 if TYPE_CHECKING:
     import torch
 
+    from llmctl.engine.materialize import Slot
     from llmctl.spec.planfile import ModelSection
     from llmctl.spec.setup import TrainSetup
 
@@ -271,7 +272,7 @@ def _fill(model: torch.nn.Module, adapters: bool, values: Values) -> Materialize
         return Materialized("checkpoint", {})
     if weights is not None:
         init_weights(model, seed, skip=every)
-        detail = load_weights(model, weights, values.vocab_size)
+        detail = load_weights(model, weights, values.vocab_size, skip=_not_in_base_files)
         made = Materialized(f"weights {weights.folder} ({detail['tensors']} tensors)", detail)
     else:
         init_weights(model, seed)
@@ -284,6 +285,15 @@ def _fill(model: torch.nn.Module, adapters: bool, values: Values) -> Materialize
             made.source + ", LoRA adapters " + ("from the checkpoint" if resuming else "new"), made.detail
         )
     return made
+
+
+def _not_in_base_files(slot: Slot) -> bool:
+    """LoRA adapters are not in a base's files; QLoRA's NF4 weights are read whole and quantized
+    (llmctl.engine.qlora)."""
+    from llmctl.engine.lora import is_adapter
+    from llmctl.engine.qlora import is_nf4
+
+    return is_adapter(slot.name) or is_nf4(slot.param)
 
 
 def _tied_pairs(model: torch.nn.Module) -> list[tuple[str, str]]:

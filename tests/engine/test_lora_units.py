@@ -101,7 +101,7 @@ def test_fingerprint_sees_the_data_the_header_and_the_config(tmp_path: Path) -> 
 
 
 def test_random_base_identity_follows_config_and_seed() -> None:
-    one, again = (lora.base_identity(p.model, p.training.seed) for p in (_plan(), _plan()))
+    one, again = (lora.base_identity(p.model, p.training.seed, model_spec_for(p.model)) for p in (_plan(), _plan()))
     assert one == again and "seed 0" in one["base"]
     other = plan_from_dict(
         {
@@ -110,7 +110,10 @@ def test_random_base_identity_follows_config_and_seed() -> None:
             "finetune": {"method": "lora"},
         }
     )
-    assert lora.base_identity(other.model, other.training.seed)["fingerprint"] != one["fingerprint"]
+    assert (
+        lora.base_identity(other.model, other.training.seed, model_spec_for(other.model))["fingerprint"]
+        != one["fingerprint"]
+    )
 
 
 def test_check_base_refusals() -> None:
