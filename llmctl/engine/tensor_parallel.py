@@ -118,7 +118,7 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     )
 
     mt = str(getattr(model.config, "model_type", "")) or type(model).__name__
-    refusal = tpp.family_refusal(mt)
+    refusal = tpp.family_refusal(mt, family_of(mt))
     if refusal:
         raise SpecError(refusal, hint="set parallel.tp: 1")
     fam = family_of(mt)
