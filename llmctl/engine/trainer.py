@@ -286,7 +286,7 @@ class Trainer:
         built = str(getattr(self.model.config, "_attn_implementation", None) or self.attn_impl)
         if built != self.attn_impl:  # the model class has no such path (Gemma 2, gpt-oss: no SDPA): fit_attention's
             self.attn_why, self.attn_impl = f"{self.model.__class__.__name__} has no {self.attn_impl} path", built
-        if self.setup_.cp > 1:
+        if self.setup_.dims.cp_enabled:
             from llmctl.engine.context_parallel import install_cpu_ring, use_ring_attention
 
             use_ring_attention(self.model)
@@ -382,7 +382,7 @@ class Trainer:
 
     def _cp_words(self) -> str:
         t = self.setup_
-        if t.cp == 1:
+        if not t.dims.cp_enabled:
             return ""
         balance = "head-tail load balance" if t.cp_load_balance else "no load balance"
         return f", ring attention over cp {t.cp} ({balance}, {t.cp_rotate} rotation)"
