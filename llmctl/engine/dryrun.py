@@ -84,13 +84,14 @@ def estimated_lines(spec: ModelSpec, p: TrainSetup) -> dict[str, int]:
     vocabulary), trained as `p`: bytes per rank of parameters, gradients and optimizer states
     (llmctl.plan.memory.state_ledger / the FSDP group: dp_shard x cp)."""
     from llmctl.plan import memory as mem
+    from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
     from llmctl.spec.setup import TrainSetup
 
     setup = TrainSetup(
         precision=p.precision, optimizer="adamw", engine="fsdp2", tp=p.tp, gpus_per_node=p.tp, finetune=p.finetune
     )
     # 8-bit states are exact per rank of the plan's world, not per parameter; an NF4 base's scale blocks depend on it
-    if p.optimizer_states != "auto" or p.finetune.method == "qlora":
+    if p.optimizer_states != AUTO_STATES or p.finetune.method == "qlora":
         setup = dataclasses.replace(p, optimizer="adamw", engine="fsdp2")
     held, _ = mem.stage_params(spec, setup)  # after the tp split (norms replicated)
     shard = p.dims.fsdp_shard
