@@ -156,11 +156,10 @@ def model_spec_for(m: ModelSection) -> ModelSpec:
 
 
 def build_meta_model(spec: ModelSpec, setup: TrainSetup, attn_impl: str) -> torch.nn.Module:
-    """`spec` (model_spec_for: the vocabulary padded) on the meta device (no memory, no values): padded vocabulary, use_cache off, the attention
-    kernel `attn_impl` or the one `fit_attention` falls back to (model.config._attn_implementation says which).
-    `materialize` gives it values after it is sharded. The config is the preset's, the config.json's, or the weights
-    folder's, with model.overrides applied. With finetune lora, peft's adapters are in it and the base is frozen in
-    the compute dtype (llmctl.engine.lora)."""
+    """`spec` (model_spec_for: the plan's model, vocabulary padded) on the meta device (no memory, no values,
+    use_cache off), trained as `setup`: the attention kernel `attn_impl` or the one `fit_attention` falls back to
+    (model.config._attn_implementation says which). `materialize` gives it values after it is sharded. With finetune
+    lora, peft's adapters are in it and the base is frozen in the compute dtype (llmctl.engine.lora)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -230,8 +229,9 @@ class Values:
 def materialize(model: torch.nn.Module, setup: TrainSetup, device: torch.device, values: Values) -> Materialized:
     """Allocate this rank's shard of a meta-built, sharded model on `device` and give it values: random init
     (the model's own init rules, drawn shard by shard: engine/materialize.py), or this rank's slices of local
-    Hugging Face weights (`values.weights`: a materialize.WeightFiles). When `values.resuming`, a checkpoint will overwrite every
-    parameter: no random draws or weight reads are made (buffers such as RoPE's inv_freq are still computed)."""
+    Hugging Face weights (`values.weights`: a materialize.WeightFiles). When `values.resuming`, a checkpoint will
+    overwrite every parameter: no random draws or weight reads are made (buffers such as RoPE's inv_freq are still
+    computed). `setup` says where the shards live (CPU offload) and what the base is (LoRA, QLoRA's NF4)."""
     tied = _tied_pairs(model)
     offload = setup.levers.offload  # FSDP2's CPUOffloadPolicy: the shards live on the host, buffers on the GPU
     nf4: list = []
