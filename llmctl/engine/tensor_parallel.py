@@ -118,10 +118,10 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     )
 
     mt = str(getattr(model.config, "model_type", "")) or type(model).__name__
-    refusal = tpp.family_refusal(mt, family_of(mt))
+    fam = family_of(mt)
+    refusal = tpp.family_refusal(mt, fam)  # the rule the plan asked (spec.rules 'tp plan'), on the built model
     if refusal:
         raise SpecError(refusal, hint="set parallel.tp: 1")
-    fam = family_of(mt)
     assert fam is not None and fam.tp_plan is not None
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     root = {k: _at(model, v) for k, v in tpp.ROOT.items()}
