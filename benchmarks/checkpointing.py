@@ -423,7 +423,7 @@ def main() -> int:
     t_start = time.perf_counter()
     load_before = os.getloadavg()
     plan0 = plan_from_dict(plan_dict(a, "none", 0, Path("unused")), source="benchmark plan")
-    spec, vocab = model_spec_for(plan0), base_spec(plan0).vocab_size
+    spec, vocab = model_spec_for(plan0.model), base_spec(plan0.model).vocab_size
     b, s = a.micro_batch, a.seq_len
     print(
         f"{PRESET} + overrides: {spec.describe()}; micro-batch {b} x {s} tokens, {a.precision}, {ATTENTION}; "

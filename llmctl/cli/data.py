@@ -103,7 +103,8 @@ def prepare(
     instruction: InstructionOpt = False,
 ) -> None:
     """Tokenize a corpus once (streaming, in parallel) into train/val shards that `data.kind: tokens` trains on."""
-    from llmctl.data.prepare import PrepareConfig, prepare, usable_cores
+    from llmctl.data.job import usable_cores
+    from llmctl.data.prepare import PrepareConfig, prepare
 
     cfg = PrepareConfig(
         inputs=tuple(inputs),

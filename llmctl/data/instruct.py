@@ -2,7 +2,7 @@
 
     records (llmctl.data.chat: .jsonl lines, .parquet rows, in input order)
       -> one example each: the chat template rendered to token ids, the assistant turns' tokens flagged as loss
-      -> the train/val split of each record (the same even spread as plain documents, llmctl.data.prepare.is_val)
+      -> the train/val split of each record (the same even spread as plain documents, llmctl.data.job.is_val)
       -> packed greedily, in order: an example joins the current pack if it fits, else the pack is closed (padded
          to S with a padding document: the EOS id, or 0 without one, no loss) and the example starts the next;
          an example longer than S is cut to its first S tokens (counted as truncated)
@@ -28,7 +28,7 @@ from llmctl.data.format import FORMAT, VERSION, flags_name
 from llmctl.errors import InputError, RuntimeFailure
 
 if TYPE_CHECKING:
-    from llmctl.data.prepare import PrepareConfig, PrepareResult, Progress
+    from llmctl.data.job import PrepareConfig, PrepareResult, Progress
 
 
 class Packer:
@@ -91,7 +91,7 @@ class Packer:
 
 def prepare_instruction(cfg: PrepareConfig, on_progress: Callable[[Progress], None] | None = None) -> PrepareResult:
     """Prepare cfg.inputs' chat records into cfg.out (see the module docstring); cfg.seq_len is the pack length."""
-    from llmctl.data.prepare import PrepareResult, Progress, SplitResult, is_val, val_ratio
+    from llmctl.data.job import PrepareResult, Progress, SplitResult, is_val, val_ratio
     from llmctl.data.tokenizer import load_tokenizer, token_dtype
 
     start = time.perf_counter()

@@ -12,9 +12,7 @@ The pipeline, one pass and streaming (memory bounded by a few batches per worker
 The output depends only on the inputs, the tokenizer and the options, never on --workers or the batch sizes: each
 document is tokenized on its own, and results are written in document order.
 
-Validation split (by document, streaming): with F = --val-fraction = p/q exactly (the shortest decimal of the float),
-document i goes to val iff floor((i+1)p/q) > floor(ip/q), so the first n documents hold exactly floor(nF) val
-documents spread evenly (Bresenham's line: one every 1/F documents).
+Validation split (by document, streaming): llmctl.data.job.is_val, an even spread of exactly floor(nF) documents.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
-from fractions import Fraction
+from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -38,6 +35,7 @@ import numpy as np
 
 from llmctl.data import output
 from llmctl.data.format import FORMAT, VERSION
+from llmctl.data.job import PrepareConfig, PrepareResult, Progress, SplitResult, is_val, val_ratio
 from llmctl.data.sources import Source, open_sources
 from llmctl.errors import InputError, LlmctlError, RuntimeFailure
 from llmctl.interrupts import exit_with
@@ -48,101 +46,6 @@ BATCH_CHARS = 2**19
 workers stay evenly loaded and the progress bar moves; per-batch overhead (pickling, a pipe) stays below 1%."""
 WINDOW_PER_WORKER = 3
 """Batches in flight per worker: enough that a worker never waits for the reader, and what bounds memory."""
-DEFAULT_SHARD_TOKENS = 2**28
-"""512 MiB of uint16 per shard: few files for tens of GB, each small enough to copy or checksum on its own."""
-MAX_WORKERS = 1024
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity: a SLURM job's share, not the machine's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS has no affinity
-        return os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class PrepareConfig:
-    inputs: tuple[str, ...]
-    """Files and folders (llmctl.data.sources says which kinds)."""
-    out: Path
-    """The prepared folder to create (a hidden sibling is written, then renamed to it)."""
-    tokenizer: str | None = None
-    """A local Hugging Face tokenizer folder; None: the byte-level tokenizer (bytes 0..255, BOS 256, EOS 257)."""
-    seq_len: int | None = None
-    """The training sequence length: each split must hold at least one block (seq_len + 1 tokens)."""
-    val_fraction: float = 0.0
-    """The share of documents in the validation split, in [0, 1)."""
-    workers: int = field(default_factory=usable_cores)
-    """Tokenizer processes."""
-    text_field: str = "text"
-    """The field (jsonl) or column (csv, parquet, datasets) holding the text."""
-    shard_tokens: int = DEFAULT_SHARD_TOKENS
-    """The most tokens in one shard file."""
-    force: bool = False
-    """Replace an existing prepared --out (only once the new one is complete)."""
-    instruction: bool = False
-    """Chat records, masked and packed into sequences of exactly seq_len tokens (llmctl.data.instruct)."""
-
-    def __post_init__(self) -> None:
-        if not self.inputs:
-            raise InputError("no inputs given", hint="name files or folders to prepare")
-        if not 0 <= self.val_fraction < 1:
-            raise InputError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
-        if not 1 <= self.workers <= MAX_WORKERS:
-            raise InputError(f"--workers must be between 1 and {MAX_WORKERS}, got {self.workers}")
-        if self.seq_len is not None and self.seq_len < 1:
-            raise InputError(f"--seq-len must be a positive integer, got {self.seq_len}")
-        if self.shard_tokens < 1:
-            raise InputError(f"--shard-tokens must be a positive integer, got {self.shard_tokens}")
-        if not self.text_field:
-            raise InputError("--text-field must not be empty")
-        if self.instruction and self.seq_len is None:
-            raise InputError("--instruction needs --seq-len (the length of the packs it writes)")
-
-
-@dataclass(frozen=True)
-class Progress:
-    documents: int
-    tokens: int
-    seconds: float
-    total_documents: int | None
-    """All documents of the inputs when every source knows its count (parquet, datasets, text files), else None."""
-
-
-@dataclass(frozen=True)
-class SplitResult:
-    documents: int
-    tokens: int
-    shards: int
-
-
-@dataclass(frozen=True)
-class PrepareResult:
-    out: Path
-    documents: int
-    tokens: int
-    splits: dict[str, SplitResult]
-    sources: int
-    workers: int
-    seconds: float
-    meta: dict[str, Any]
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-
-# --- the validation split --------------------------------------------------------------------------------------
-def val_ratio(fraction: float) -> tuple[int, int]:
-    """F as an exact ratio p/q of its shortest decimal (0.1 -> 1/10, not 3602879701896397/2**55)."""
-    r = Fraction(repr(float(fraction)))
-    return r.numerator, r.denominator
-
-
-def is_val(i: int, p: int, q: int) -> bool:
-    """Document i (0-based) goes to the validation split."""
-    return (i + 1) * p // q > i * p // q
 
 
 # --- the workers -----------------------------------------------------------------------------------------------

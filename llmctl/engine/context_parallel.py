@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.data import Batch
+from llmctl.spec.attention import Attention
 
 if TYPE_CHECKING:
     import torch
@@ -152,7 +153,7 @@ def use_ring_attention(model: torch.nn.Module) -> None:
     AttentionMaskInterface.register(RING, _no_mask)
     for module in model.modules():
         config = getattr(module, "config", None)
-        if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
+        if config is not None and getattr(config, "_attn_implementation", None) == Attention.SDPA.hf_name:
             config._attn_implementation = RING
 
 

@@ -23,10 +23,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import InputError
-from llmctl.spec.planfile import Plan
+from llmctl.spec.attention import Attention
 
 if TYPE_CHECKING:
     import torch
+
+    from llmctl.spec.models import ModelSpec
+    from llmctl.spec.planfile import Plan
+    from llmctl.spec.setup import TrainSetup
 
 log = logging.getLogger("llmctl.engine")
 
@@ -75,24 +79,22 @@ def allocated_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     return total
 
 
-def estimated_lines(plan: Plan) -> dict[str, int]:
-    """estimate-memory's fsdp2 ledger for the plan's model as the engine builds it (padded vocabulary): bytes per
-    rank of parameters, gradients and optimizer states (llmctl.plan.memory.state_ledger / the FSDP group: dp_shard
-    x cp)."""
-    from llmctl.engine.model import model_spec_for
+def estimated_lines(spec: ModelSpec, p: TrainSetup) -> dict[str, int]:
+    """estimate-memory's fsdp2 ledger for `spec`, the model as the engine builds it (model_spec_for: padded
+    vocabulary), trained as `p`: bytes per rank of parameters, gradients and optimizer states
+    (llmctl.plan.memory.state_ledger / the FSDP group: dp_shard x cp)."""
     from llmctl.plan import memory as mem
+    from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
     from llmctl.spec.setup import TrainSetup
 
-    spec = model_spec_for(plan)
-    p = plan.setup
     setup = TrainSetup(
         precision=p.precision, optimizer="adamw", engine="fsdp2", tp=p.tp, gpus_per_node=p.tp, finetune=p.finetune
     )
     # 8-bit states are exact per rank of the plan's world, not per parameter; an NF4 base's scale blocks depend on it
-    if p.optimizer_states != "auto" or p.finetune.method == "qlora":
+    if p.optimizer_states != AUTO_STATES or p.finetune.method == "qlora":
         setup = dataclasses.replace(p, optimizer="adamw", engine="fsdp2")
     held, _ = mem.stage_params(spec, setup)  # after the tp split (norms replicated)
-    shard = plan.parallel_dims.fsdp_shard
+    shard = p.dims.fsdp_shard
     out: dict[str, int] = {}
     for line in mem.state_ledger(spec, setup):
         # LoRA: the frozen base and the adapters are both parameters; the adapters' lines count per adapter parameter
@@ -116,10 +118,10 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
     from llmctl.engine.data import RankData
     from llmctl.engine.loggers import check_installed
     from llmctl.engine.materialize import WeightFiles, held_bytes, local_block, slots
-    from llmctl.engine.model import build_meta_model, materialize, model_spec_for
+    from llmctl.engine.model import Values, base_spec, build_meta_model, materialize, model_spec_for
     from llmctl.engine.optim import build_optimizer
     from llmctl.engine.parallelize import build_mesh, parallelize
-    from llmctl.engine.trainer import max_rss_bytes, plan_source, plan_val_source
+    from llmctl.engine.trainer import data_source, max_rss_bytes, val_data_source
 
     t0 = time.perf_counter()
     world = plan.world_size
@@ -127,38 +129,42 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
         raise InputError(f"--rank {rank} is outside the plan's world of {world}")
     t = plan.training
     notes: list[str] = []
-    spec = model_spec_for(plan)
-    blocks, data_desc = plan_source(plan)
-    plan_val_source(plan)  # validation data: present, same tokenizer, at least one block
+    setup = plan.setup
+    spec = model_spec_for(plan.model)
+    vocab = base_spec(plan.model).vocab_size
+    blocks, data_desc = data_source(plan.data, plan.model.weights, setup, t.seed, vocab)
+    val_data_source(plan.data, plan.model.weights, setup, vocab)  # validation data: present, same tokenizer, a block
     check_installed(plan.logging)
     weights = WeightFiles.scan(plan.model.weights) if plan.model.weights else None
-    dims = plan.parallel_dims
+    dims = setup.dims
     RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(rank), dims.dp)
     if plan.checkpoint.dir:
         from llmctl.engine.checkpoint import latest_checkpoint
 
         found = latest_checkpoint(Path(plan.checkpoint.dir))
         if found:
-            wins = "its adapters on the base" if plan.setup.finetune.adapters else "its weights win over model.weights"
+            wins = "its adapters on the base" if setup.finetune.adapters else "its weights win over model.weights"
             notes.append(f"would resume from {found[1]} (step {found[0]}); {wins}")
     # The kernel does not change what is allocated at setup: build with SDPA here, say what the target picks.
-    if t.attention in ("flash", "auto"):
-        notes.append(f"attention {t.attention}: chosen on the target machine (flash-attn needs CUDA); built with sdpa")
+    if setup.attention in (Attention.FLASH, Attention.AUTO):
+        notes.append(
+            f"attention {setup.attention}: chosen on the target machine (flash-attn needs CUDA); built with sdpa"
+        )
     if dist.is_initialized():
         raise InputError("dry-start needs a process of its own (a process group already exists)")
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     try:
-        mesh = build_mesh(plan, "cpu", world)
+        mesh = build_mesh(dims, "cpu")
         timings: dict[str, float] = {"data": time.perf_counter() - t0}
         t1 = time.perf_counter()
-        model = build_meta_model(plan, "sdpa")
+        model = build_meta_model(spec, setup, "sdpa")
         timings["build on meta"] = time.perf_counter() - t1
         rss_base = max_rss_bytes()
         t1 = time.perf_counter()
-        fsdp = parallelize(model, plan, mesh)
+        fsdp = parallelize(model, spec, setup, mesh)
         timings["parallelize"] = time.perf_counter() - t1
         t1 = time.perf_counter()
-        made = materialize(model, plan, torch.device("cpu"), weights=weights)
+        made = materialize(model, setup, torch.device("cpu"), Values(t.seed, vocab, weights))
         timings["materialize"] = time.perf_counter() - t1
         rss_model = max_rss_bytes()
         optimizer = build_optimizer(model, plan.optimizer, "cpu")
@@ -178,7 +184,7 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
         layer0 = sum(p.numel() for p in next(iter(_layers(model))).parameters())
     finally:
         dist.destroy_process_group()
-    est = estimated_lines(plan)
+    est = estimated_lines(spec, setup)
     lines = {"parameters": param_bytes, "gradients": grad_bytes, "optimizer": opt_bytes}
     rows = []
     for k, v in lines.items():

@@ -36,10 +36,12 @@ from llmctl.engine.checkpoint import PLAN_FILE, TMP_PREFIX, complete_checkpoints
 from llmctl.engine.model import base_spec, padded_vocab_size
 from llmctl.errors import InputError, RuntimeFailure, SpecError
 from llmctl.fileio import fsync_dir, pid_alive
-from llmctl.spec.planfile import Plan, load_plan
+from llmctl.spec.planfile import DataSection, ModelSection, Plan, load_plan
 
 if TYPE_CHECKING:
     import torch
+
+    from llmctl.spec.setup import TrainSetup
 
 DCP_METADATA = ".metadata"
 """The file torch.distributed.checkpoint's FileSystemWriter writes last: a folder without it is no DCP checkpoint."""
@@ -174,16 +176,16 @@ def check_out(out: Path, force: bool, step_dir: Path) -> None:
         )
 
 
-def default_dtype(plan: Plan) -> str:
-    """The dtype the plan trained in: bf16 for bf16 and bf16-mixed, else fp32 (fp16-mixed keeps fp32 masters)."""
-    return "bf16" if plan.setup.precision.compute_dtype == "bf16" else "fp32"
+def default_dtype(setup: TrainSetup) -> str:
+    """The dtype the setup trained in: bf16 for bf16 and bf16-mixed, else fp32 (fp16-mixed keeps fp32 masters)."""
+    return "bf16" if setup.precision.compute_dtype == "bf16" else "fp32"
 
 
-def tokenizer_folder(plan: Plan) -> Path | None:
-    """The plan's local tokenizer folder (None: the engine's built-in byte-level tokenizer, nothing to copy)."""
-    if plan.data.tokenizer is None:
+def tokenizer_folder(data: DataSection) -> Path | None:
+    """data.tokenizer's local folder (None: the engine's built-in byte-level tokenizer, nothing to copy)."""
+    if data.tokenizer is None:
         return None
-    folder = Path(plan.data.tokenizer)
+    folder = Path(data.tokenizer)
     if not folder.is_dir():
         raise InputError(
             f"data.tokenizer {folder}: no such folder (the export copies the tokenizer files from it)",
@@ -244,16 +246,16 @@ def export_checkpoint(req: ExportRequest, on_shard: ShardCallback | None = None)
     step_dir, step = resolve_checkpoint(req.checkpoint)
     plan, plan_source = resolve_plan(step_dir, req.plan)
     check_out(req.out, req.force, step_dir)
-    dtype_name = req.dtype or default_dtype(plan)
-    tok_folder = tokenizer_folder(plan)
-    spec = base_spec(plan)  # the model as published: overrides applied, vocabulary not padded
+    dtype_name = req.dtype or default_dtype(plan.setup)
+    tok_folder = tokenizer_folder(plan.data)
+    spec = base_spec(plan.model)  # the model as published: overrides applied, vocabulary not padded
     vocab = spec.vocab_size
     padded = padded_vocab_size(vocab, plan.model.pad_vocab_multiple)
 
     import torch
 
     out_dtype = getattr(torch, DTYPES[dtype_name])
-    config, generation_config = _hf_configs(plan, spec.hf_config, vocab)
+    config, generation_config = _hf_configs(plan.model, spec.hf_config, vocab)
     model = _meta_model(config, out_dtype)
     metadata = _read_metadata(step_dir)
     hint = (
@@ -317,12 +319,11 @@ def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
-def _hf_configs(plan: Plan, hf_config: dict[str, Any], vocab: int) -> tuple[Any, Any]:
+def _hf_configs(m: ModelSection, hf_config: dict[str, Any], vocab: int) -> tuple[Any, Any]:
     """(PretrainedConfig, GenerationConfig) of the exported model: from the weights folder's files when the plan
     fine-tuned local weights (overrides applied, as build_model loads them), else from the plan's config fields."""
     from transformers import AutoConfig, GenerationConfig
 
-    m = plan.model
     try:
         if m.weights:
             from llmctl.spec.rope import ROPE_KEYS, merge_overrides

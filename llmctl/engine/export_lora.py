@@ -37,7 +37,7 @@ from llmctl.engine.export import (
 )
 from llmctl.engine.lora import ADAPTER, base_identity, check_base, is_adapter, lora_config
 from llmctl.errors import InputError
-from llmctl.spec.planfile import Plan
+from llmctl.spec.planfile import DataSection, ModelSection
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 MERGED = "merged"
@@ -73,7 +73,10 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
     import torch
 
     trainer = torch.load(step_dir / "trainer.pt", weights_only=False) if (step_dir / "trainer.pt").is_file() else {}
-    current = base_identity(plan)
+    from llmctl.engine.model import model_spec_for
+
+    # a weights folder is known by its files: its config is read only for the adapters' config below
+    current = base_identity(plan.model, plan.training.seed, None if plan.model.weights else model_spec_for(plan.model))
     check_base(trainer.get("frozen_base"), current, f"checkpoint {step_dir}")
     if merge and not plan.model.weights:
         raise InputError(
@@ -94,20 +97,19 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
 
     from safetensors.torch import save_file
 
-    from llmctl.engine.model import model_spec_for
-
     out, tmp = fresh_temp(req.out)
     try:
         tmp.mkdir(parents=True)
         save_file(tensors, str(tmp / ADAPTER_WEIGHTS), metadata={"format": "pt"})
-        config = lora_config(model_spec_for(plan), plan.setup.finetune)
+        config = lora_config(model_spec_for(plan.model), plan.setup.finetune)
         config.inference_mode = True  # as peft saves a trained adapter
         config.base_model_name_or_path = str(Path(plan.model.weights).resolve()) if plan.model.weights else None
         config.save_pretrained(str(tmp))
         _note_base(tmp, current)
         merged = None
         if merge:
-            merged = _merge(plan, tmp, tmp / MERGED, req.dtype or default_dtype(plan), req.max_shard_bytes)
+            dtype = req.dtype or default_dtype(plan.setup)
+            merged = _merge(plan.model, plan.data, tmp, tmp / MERGED, dtype, req.max_shard_bytes)
         publish_durably(tmp, out, req.force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -135,22 +137,25 @@ def _note_base(folder: Path, identity: dict[str, str]) -> None:
     (folder / "llmctl_base.json").write_text(json.dumps(identity, indent=2) + "\n")
 
 
-def _merge(plan: Plan, adapter: Path, dest: Path, dtype_name: str, max_shard_bytes: int) -> Path:
-    """The base from model.weights with the adapters folded in, saved by transformers into `dest`."""
+def _merge(
+    m: ModelSection, data: DataSection, adapter: Path, dest: Path, dtype_name: str, max_shard_bytes: int
+) -> Path:
+    """The base from model.weights with the adapters folded in, saved by transformers into `dest` with the tokenizer
+    (data.tokenizer's, else the weights folder's)."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the summary lines say what was written
-    weights = Path(plan.model.weights or "")
+    weights = Path(m.weights or "")
     base: Any = AutoModelForCausalLM.from_pretrained(weights, dtype=torch.float32, local_files_only=True)
     model = PeftModel.from_pretrained(base, str(adapter), is_trainable=False).merge_and_unload()
     model = model.to(getattr(torch, DTYPES[dtype_name]))
     model.save_pretrained(dest, max_shard_size=max_shard_bytes)
     from llmctl.engine.export import _copy_tokenizer, tokenizer_folder
 
-    _copy_tokenizer(tokenizer_folder(plan), dest)
+    _copy_tokenizer(tokenizer_folder(data), dest)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if not (dest / name).exists() and (weights / name).is_file():
             shutil.copyfile(weights / name, dest / name)

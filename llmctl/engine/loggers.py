@@ -15,11 +15,12 @@ from __future__ import annotations
 import importlib.util
 import secrets
 import string
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from llmctl.errors import InputError, RuntimeFailure, one_line
-from llmctl.spec.planfile import LoggingSection, Plan, WandbSection
+from llmctl.spec.planfile import LoggingSection, WandbSection
 
 # record key -> metric name (the slash groups them into sections in both UIs)
 _NAMES = {
@@ -124,13 +125,24 @@ class WandbSink:
         self.run.finish()
 
 
-def open_sinks(plan: Plan, run_id: str, start_step: int, plan_yaml: str) -> list[Sink]:
-    cfg = plan.logging
+@dataclass(frozen=True)
+class RunRecord:
+    """What a logger records about the run besides its numbers."""
+
+    name: str
+    """The plan's name (W&B's run name unless logging.wandb.name is set)."""
+    plan_yaml: str
+    """The plan as written into the checkpoint (TensorBoard's text tab)."""
+    config: dict[str, Any]
+    """The plan as JSON (W&B's run config)."""
+
+
+def open_sinks(cfg: LoggingSection, run_id: str, start_step: int, run: RunRecord) -> list[Sink]:
+    """The loggers logging.* asks for, opened at `start_step`."""
     root = Path(cfg.dir)
     sinks: list[Sink] = []
     if cfg.tensorboard:
-        sinks.append(TensorBoardSink(root / "tensorboard", start_step, plan_yaml))
+        sinks.append(TensorBoardSink(root / "tensorboard", start_step, run.plan_yaml))
     if cfg.wandb is not None:
-        config = plan.model_dump(mode="json")
-        sinks.append(WandbSink(cfg.wandb, run_id, root, plan.name, config))
+        sinks.append(WandbSink(cfg.wandb, run_id, root, run.name, run.config))
     return sinks

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import torch
 
     from llmctl.spec.models import ModelSpec
-    from llmctl.spec.planfile import Plan
+    from llmctl.spec.planfile import ModelSection
 
 ADAPTER = "default"
 """peft's adapter name (the one `PeftModel.from_pretrained` loads)."""
@@ -159,19 +159,19 @@ def fingerprint_folder(folder: Path) -> str:
     return h.hexdigest()[:32]
 
 
-def base_identity(plan: Plan) -> dict[str, str]:
+def base_identity(m: ModelSection, seed: int, spec: ModelSpec | None) -> dict[str, str]:
     """What the adapters were trained on: {"base": words, "fingerprint": hex}. A weights folder by its fingerprint;
-    a random init by the model's config and the seed (the same config and seed give the same base)."""
-    m = plan.model
+    a random init by the model's config as the engine builds it (`spec`: llmctl.engine.model.model_spec_for(m), None
+    only with a weights folder) and the seed (the same config and seed give the same base)."""
     if m.weights:
         folder = Path(m.weights).resolve()
         return {"base": f"weights {folder}", "fingerprint": fingerprint_folder(folder)}
-    from llmctl.engine.model import model_spec_for
-
-    cfg = json.dumps(model_spec_for(plan).hf_config, sort_keys=True, default=str)
-    digest = hashlib.sha256(f"{cfg}\0seed {plan.training.seed}".encode()).hexdigest()[:32]
+    if spec is None:
+        raise ValueError("a random init's identity needs the model spec")
+    cfg = json.dumps(spec.hf_config, sort_keys=True, default=str)
+    digest = hashlib.sha256(f"{cfg}\0seed {seed}".encode()).hexdigest()[:32]
     what = m.preset or m.config
-    return {"base": f"random init of {what} (seed {plan.training.seed})", "fingerprint": digest}
+    return {"base": f"random init of {what} (seed {seed})", "fingerprint": digest}
 
 
 def check_base(saved: dict[str, str] | None, current: dict[str, str], where: str) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -366,22 +366,20 @@ class WeightFiles:
 _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
 
 
-def load_weights(model: torch.nn.Module, files: WeightFiles, vocab_rows: int) -> dict[str, Any]:
+def load_weights(
+    model: torch.nn.Module, files: WeightFiles, vocab_rows: int, skip: Callable[[Slot], bool] | None = None
+) -> dict[str, Any]:
     """Read this rank's rows of every parameter from the safetensors files into its shard (see the module doc).
     `vocab_rows`: the unpadded vocabulary; a tensor with that many rows where the model has more (the padded
-    embedding / LM head) is read into the first rows and the rest set to zero. Returns a summary."""
+    embedding / LM head) is read into the first rows and the rest set to zero. `skip`: the parameters the files do
+    not fill (the caller knows them: LoRA adapters, QLoRA's NF4 weights). Returns a summary."""
     import torch
     from safetensors import safe_open
 
     prefix = getattr(model, "base_model_prefix", "") or ""
     prefixes = (prefix + ".",) if prefix else ()
-    from llmctl.engine.lora import is_adapter
-
     loaded, bytes_read = 0, 0
-    from llmctl.engine.qlora import is_nf4
-
-    # LoRA adapters are not in a base's files; QLoRA's NF4 weights are read whole and quantized (llmctl.engine.qlora)
-    todo = [s for s in slots(model) if not is_adapter(s.name) and not is_nf4(s.param)]
+    todo = [s for s in slots(model) if skip is None or not skip(s)]
     names = {s.name: s for s in todo}
     plan: dict[Path, list[tuple[Slot, str]]] = {}
     for s in todo:

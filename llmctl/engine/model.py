@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import InputError, SpecError
+from llmctl.spec.attention import FALLBACK, Attention
 from llmctl.spec.models import (
     ModelSpec,
     from_config_path,
@@ -20,10 +21,14 @@ from llmctl.spec.models import (
     from_preset,
     spec_from_measurement,
 )
-from llmctl.spec.planfile import Plan
+from llmctl.spec.rules import model_problem
 
 if TYPE_CHECKING:
     import torch
+
+    from llmctl.engine.materialize import Slot
+    from llmctl.spec.planfile import ModelSection
+    from llmctl.spec.setup import TrainSetup
 
 log = logging.getLogger("llmctl.engine")
 
@@ -48,17 +53,25 @@ def flash_attn_importable() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def select_attention(requested: str, cuda_available: bool, flash_available: bool, cp: int = 1) -> tuple[str, str]:
+def select_attention(
+    requested: str | Attention, cuda_available: bool, flash_available: bool, cp: int = 1
+) -> tuple[str, str]:
     """Plan attention -> (transformers attn_implementation, why). `flash` where it cannot run fails fast. With
     context parallelism, SDPA (torch's ring attention runs on SDPA's kernels: flash's algorithm on a GPU)."""
+    try:
+        kernel = Attention(requested)
+    except ValueError:
+        raise InputError(
+            f"training.attention: unknown kernel {requested!r}", hint="auto, flash, sdpa or eager"
+        ) from None
     if cp > 1:
-        if requested not in ("auto", "sdpa"):
+        if not kernel.runs_ring:
             raise InputError(
-                f"training.attention: {requested} does not run context parallelism (ring attention runs on SDPA)",
+                f"training.attention: {kernel} does not run context parallelism (ring attention runs on SDPA)",
                 hint="use attention: auto or sdpa with parallel.cp > 1",
             )
-        return "sdpa", f"cp {cp}: ring attention on SDPA's kernels"
-    if requested == "flash":
+        return Attention.SDPA.hf_name, f"cp {cp}: ring attention on SDPA's kernels"
+    if kernel is Attention.FLASH:
         if not cuda_available:
             raise InputError(
                 "training.attention: flash needs a CUDA GPU and this machine has none",
@@ -69,36 +82,34 @@ def select_attention(requested: str, cuda_available: bool, flash_available: bool
                 "training.attention: flash needs the flash-attn package, which is not installed",
                 hint="pip install 'llmctl[flash]' or use attention: auto",
             )
-        return "flash_attention_2", "requested"
-    if requested == "auto":
+        return kernel.hf_name, "requested"
+    if kernel is Attention.AUTO:
         if cuda_available and flash_available:
-            return "flash_attention_2", "auto: flash-attn installed and CUDA present"
+            return Attention.FLASH.hf_name, "auto: flash-attn installed and CUDA present"
         missing = "no CUDA" if not cuda_available else "flash-attn not installed"
-        return "sdpa", f"auto: {missing}, using PyTorch SDPA"
-    if requested in ("sdpa", "eager"):
-        return requested, "requested"
-    raise InputError(f"training.attention: unknown kernel {requested!r}", hint="auto, flash, sdpa or eager")
+        return Attention.SDPA.hf_name, f"auto: {missing}, using PyTorch SDPA"
+    return kernel.hf_name, "requested"
+
+
+NO_PATH = {
+    Attention.FLASH: ("flash-attention", "use attention: auto"),
+    Attention.SDPA: ("SDPA", "use attention: auto or eager"),
+}
+"""A kernel a model class may lack: (its words, the hint when the plan asked for it by name)."""
 
 
 def fit_attention(impl: str, requested: str, model_name: str, supports_sdpa: bool, supports_flash: bool) -> str:
     """The kernel a model class can run: `impl` (from `select_attention`), or, where the class has no such path and
     the plan did not ask for that kernel by name, the next one down (flash -> sdpa -> eager). Gemma 2 (attention
     soft-capping) and gpt-oss (attention sinks) declare no SDPA path; transformers refuses to build them with it."""
-    if impl == "flash_attention_2" and not supports_flash:
-        if requested == "flash":
-            raise InputError(
-                f"training.attention: {model_name} has no flash-attention path in transformers",
-                hint="use attention: auto",
-            )
-        impl = "sdpa"
-    if impl == "sdpa" and not supports_sdpa:
-        if requested == "sdpa":
-            raise InputError(
-                f"training.attention: {model_name} has no SDPA path in transformers",
-                hint="use attention: auto or eager",
-            )
-        impl = "eager"
-    return impl
+    supports = {Attention.FLASH: supports_flash, Attention.SDPA: supports_sdpa, Attention.EAGER: True}
+    kernel, asked = Attention.from_hf(impl), Attention(requested)
+    while not supports[kernel]:
+        if asked is kernel:
+            words, hint = NO_PATH[kernel]
+            raise InputError(f"training.attention: {model_name} has no {words} path in transformers", hint=hint)
+        kernel = FALLBACK[kernel]
+    return kernel.hf_name
 
 
 def padded_vocab_size(vocab_size: int, multiple: int) -> int:
@@ -113,10 +124,9 @@ def torch_dtype(name: str):  # -> torch.dtype
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def base_spec(plan: Plan) -> ModelSpec:
-    """The plan's model as published (preset, config.json or the weights folder's config), overrides applied,
-    vocabulary NOT padded: what an exported Hugging Face folder declares."""
-    m = plan.model
+def base_spec(m: ModelSection) -> ModelSpec:
+    """The plan's model section as published (preset, config.json or the weights folder's config), overrides
+    applied, vocabulary NOT padded: what an exported Hugging Face folder declares."""
     if m.preset:
         base = from_preset(m.preset)
     else:
@@ -127,12 +137,12 @@ def base_spec(plan: Plan) -> ModelSpec:
     return from_hf_config(cfg, name=base.name, source=base.source)
 
 
-def model_spec_for(plan: Plan) -> ModelSpec:
-    """The plan's model as the engine builds it: `base_spec` with the vocabulary padded to
+def model_spec_for(m: ModelSection) -> ModelSpec:
+    """The plan's model section as the engine builds it: `base_spec` with the vocabulary padded to
     model.pad_vocab_multiple (the padded rows are never a target: the loss is taken over the real vocabulary)."""
-    base = base_spec(plan)
+    base = base_spec(m)
     cfg: dict[str, Any] = dict(base.hf_config)
-    cfg["vocab_size"] = padded_vocab_size(int(cfg["vocab_size"]), plan.model.pad_vocab_multiple)
+    cfg["vocab_size"] = padded_vocab_size(int(cfg["vocab_size"]), m.pad_vocab_multiple)
     if base.measured is not None:
         # Measured on fake tensors: the padding adds rows to the token embedding (and an untied LM head), nothing
         # else; derived from the base measurement rather than measured again on every rank.
@@ -145,25 +155,21 @@ def model_spec_for(plan: Plan) -> ModelSpec:
     return from_hf_config(cfg, name=base.name, source=base.source)
 
 
-def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
-    """The plan's model on the meta device (no memory, no values): padded vocabulary, use_cache off, the attention
-    kernel `attn_impl` or the one `fit_attention` falls back to (model.config._attn_implementation says which).
-    `materialize` gives it values after it is sharded. The config is the preset's, the config.json's, or the weights
-    folder's, with model.overrides applied. With finetune lora, peft's adapters are in it and the base is frozen in
-    the compute dtype (llmctl.engine.lora)."""
+def build_meta_model(spec: ModelSpec, setup: TrainSetup, attn_impl: str) -> torch.nn.Module:
+    """`spec` (model_spec_for: the plan's model, vocabulary padded) on the meta device (no memory, no values,
+    use_cache off), trained as `setup`: the attention kernel `attn_impl` or the one `fit_attention` falls back to
+    (model.config._attn_implementation says which). `materialize` gives it values after it is sharded. With finetune
+    lora, peft's adapters are in it and the base is frozen in the compute dtype (llmctl.engine.lora)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    p = plan.setup.precision
+    p = setup.precision
     # pure bf16 builds in bf16; mixed keeps fp32 masters; a LoRA base is frozen: built in the compute dtype
-    dtype = torch_dtype(p.compute_dtype if plan.setup.finetune.adapters else p.param_dtype)
-    spec = model_spec_for(plan)
-    if plan.setup.cp > 1:  # a preset was checked with the plan file; a config or weights folder is read only now
-        from llmctl.families.context_parallel import cp_problem
-
-        problem = cp_problem(spec, plan.setup.seq_len)
-        if problem:
-            raise SpecError(problem, hint="set parallel.cp to 1 for this model")
+    dtype = torch_dtype(p.compute_dtype if setup.finetune.adapters else p.param_dtype)
+    # a preset was checked with the plan file; a config or weights folder is read only now
+    problem = model_problem(setup, spec, only=("ring attention",))
+    if problem:
+        raise SpecError(problem.message, hint="set parallel.cp to 1 for this model")
     cfg = dict(spec.hf_config)
     model_type = cfg.pop("model_type")
     cfg.pop("torch_dtype", None)
@@ -179,7 +185,7 @@ def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
         raise SpecError(f"model: transformers has no causal LM class for model_type {model_type!r}") from None
     fitted = fit_attention(
         attn_impl,
-        plan.training.attention,
+        setup.attention,
         cls.__name__,
         bool(getattr(cls, "_supports_sdpa", True)),
         bool(getattr(cls, "_supports_flash_attn", True)),
@@ -192,10 +198,10 @@ def build_meta_model(plan: Plan, attn_impl: str) -> torch.nn.Module:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_impl, dtype=dtype)
     model.config.use_cache = False
-    if plan.setup.finetune.adapters:  # peft's LoRA layers, the base frozen (llmctl.engine.lora)
+    if setup.finetune.adapters:  # peft's LoRA layers, the base frozen (llmctl.engine.lora)
         from llmctl.engine.lora import inject
 
-        inject(model, spec, plan.setup.finetune, torch_dtype(p.param_dtype))
+        inject(model, spec, setup.finetune, torch_dtype(p.param_dtype))
     return model
 
 
@@ -206,27 +212,40 @@ class Materialized:
     detail: dict[str, Any]
 
 
-def materialize(
-    model: torch.nn.Module, plan: Plan, device: torch.device, weights: Any = None, resuming: bool = False
-) -> Materialized:
+@dataclass(frozen=True)
+class Values:
+    """Where a materialized model's values come from."""
+
+    seed: int
+    """training.seed: the random init's draws (and a LoRA adapter's, and an NF4 base's without weights)."""
+    vocab_size: int
+    """The model's real (unpadded) vocabulary: the rows a weights folder holds."""
+    weights: Any = None
+    """A materialize.WeightFiles of model.weights, or None: random init."""
+    resuming: bool = False
+    """A checkpoint will overwrite every parameter: no random draws or weight reads."""
+
+
+def materialize(model: torch.nn.Module, setup: TrainSetup, device: torch.device, values: Values) -> Materialized:
     """Allocate this rank's shard of a meta-built, sharded model on `device` and give it values: random init
     (the model's own init rules, drawn shard by shard: engine/materialize.py), or this rank's slices of local
-    Hugging Face weights (`weights`: a materialize.WeightFiles). When `resuming`, a checkpoint will overwrite every
-    parameter: no random draws or weight reads are made (buffers such as RoPE's inv_freq are still computed)."""
+    Hugging Face weights (`values.weights`: a materialize.WeightFiles). When `values.resuming`, a checkpoint will
+    overwrite every parameter: no random draws or weight reads are made (buffers such as RoPE's inv_freq are still
+    computed). `setup` says where the shards live (CPU offload) and what the base is (LoRA, QLoRA's NF4)."""
     tied = _tied_pairs(model)
-    offload = plan.setup.levers.offload  # FSDP2's CPUOffloadPolicy: the shards live on the host, buffers on the GPU
+    offload = setup.levers.offload  # FSDP2's CPUOffloadPolicy: the shards live on the host, buffers on the GPU
     nf4: list = []
-    if plan.setup.finetune.method == "qlora":  # the block linears allocated in NF4, filled last (engine/qlora.py)
+    if setup.finetune.method == "qlora":  # the block linears allocated in NF4, filled last (engine/qlora.py)
         from llmctl.engine.qlora import placeholders
 
         nf4 = placeholders(model)
     model.to_empty(device="cpu" if offload else device)
     _retie(model, tied)
-    made = _fill(model, plan, weights, resuming)
+    made = _fill(model, setup.finetune.adapters, values)
     if nf4:
         from llmctl.engine.qlora import fill
 
-        n = fill(model, nf4, weights, plan.training.seed)
+        n = fill(model, nf4, values.weights, values.seed)
         made = Materialized(made.source + f", {len(nf4)} linears ({n:,} weights) in NF4", made.detail)
     if offload and device.type != "cpu":
         _buffers_to(model, device)
@@ -242,19 +261,18 @@ def _buffers_to(model: torch.nn.Module, device: torch.device) -> None:
                 module._buffers[name] = buf.to(device)
 
 
-def _fill(model: torch.nn.Module, plan: Plan, weights: Any, resuming: bool) -> Materialized:
+def _fill(model: torch.nn.Module, adapters: bool, values: Values) -> Materialized:
     """Values for a materialized model (random init, the weights' slices, or none when resuming)."""
     from llmctl.engine.materialize import init_weights, load_weights, slots
 
-    seed = plan.training.seed
+    seed, weights, resuming = values.seed, values.weights, values.resuming
     every = {id(s.param) for s in slots(model)}
-    adapters = plan.setup.finetune.adapters
     if resuming and not adapters:  # a LoRA checkpoint holds only the adapters: the base is made as for a new run
         init_weights(model, seed, skip=every)
         return Materialized("checkpoint", {})
     if weights is not None:
         init_weights(model, seed, skip=every)
-        detail = load_weights(model, weights, base_spec(plan).vocab_size)
+        detail = load_weights(model, weights, values.vocab_size, skip=_not_in_base_files)
         made = Materialized(f"weights {weights.folder} ({detail['tensors']} tensors)", detail)
     else:
         init_weights(model, seed)
@@ -267,6 +285,15 @@ def _fill(model: torch.nn.Module, plan: Plan, weights: Any, resuming: bool) -> M
             made.source + ", LoRA adapters " + ("from the checkpoint" if resuming else "new"), made.detail
         )
     return made
+
+
+def _not_in_base_files(slot: Slot) -> bool:
+    """LoRA adapters are not in a base's files; QLoRA's NF4 weights are read whole and quantized
+    (llmctl.engine.qlora)."""
+    from llmctl.engine.lora import is_adapter
+    from llmctl.engine.qlora import is_nf4
+
+    return is_adapter(slot.name) or is_nf4(slot.param)
 
 
 def _tied_pairs(model: torch.nn.Module) -> list[tuple[str, str]]:

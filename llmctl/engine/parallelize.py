@@ -19,32 +19,36 @@ from typing import TYPE_CHECKING, Any
 from llmctl.errors import InputError, SpecError
 from llmctl.families.modules import decoder_layers
 from llmctl.spec import checkpointing as ckpt_modes
-from llmctl.spec.planfile import Plan
 from llmctl.spec.precision import PrecisionPolicy, policy
+from llmctl.spec.rules import model_problem
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed.device_mesh import DeviceMesh
 
+    from llmctl.spec.models import ModelSpec
+    from llmctl.spec.parallel import ParallelDims
+    from llmctl.spec.planfile import HardwareSection
+    from llmctl.spec.setup import TrainSetup
+
 log = logging.getLogger("llmctl.engine")
 
 
-def mesh_dims(plan: Plan, world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Mesh shape and dimension names: the plan's parallel degrees (spec.parallel.ParallelDims.mesh_dims)."""
-    if plan.world_size != world_size:
+def check_world(hardware: HardwareSection, world_size: int) -> None:
+    """The ranks torchrun started are the plan's hardware (one line saying how to start it when they are not)."""
+    planned = hardware.nodes * hardware.nproc_per_node
+    if planned != world_size:
         raise InputError(
-            f"the plan is for {plan.world_size} ranks (hardware.nodes x hardware.nproc_per_node) "
-            f"but {world_size} were started",
-            hint=f"start it with torchrun --nproc_per_node {plan.hardware.nproc_per_node}"
-            f" --nnodes {plan.hardware.nodes}",
+            f"the plan is for {planned} ranks (hardware.nodes x hardware.nproc_per_node) but {world_size} were started",
+            hint=f"start it with torchrun --nproc_per_node {hardware.nproc_per_node} --nnodes {hardware.nodes}",
         )
-    return plan.parallel_dims.mesh_dims
 
 
-def build_mesh(plan: Plan, device_type: str, world_size: int) -> DeviceMesh:
+def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
+    """The device mesh of the parallel degrees (spec.parallel.ParallelDims.mesh_dims: shape and dimension names)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    shape, names = mesh_dims(plan, world_size)
+    shape, names = dims.mesh_dims
     return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
@@ -232,17 +236,15 @@ def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     return mesh[names] if names != tuple(mesh.mesh_dim_names or ()) else mesh
 
 
-def parallelize(model: torch.nn.Module, plan: Plan, mesh: DeviceMesh) -> bool:
-    """Apply TP -> AC -> compile -> FSDP2 in place (torchtitan's order); returns whether FSDP2 was applied."""
-    s = plan.setup
-    if s.tp > 1:
-        from llmctl.engine.model import model_spec_for
+def parallelize(model: torch.nn.Module, spec: ModelSpec, s: TrainSetup, mesh: DeviceMesh) -> bool:
+    """Apply TP -> AC -> compile -> FSDP2 in place (torchtitan's order) to `model`, built from `spec` (vocabulary
+    padded) for setup `s`; returns whether FSDP2 was applied."""
+    if s.dims.tp_enabled:
         from llmctl.engine.tensor_parallel import apply_tp, enable_async_tp, select_async_tp
-        from llmctl.families.tensor_parallel import plan_problem
 
-        problem = plan_problem(model_spec_for(plan), s.tp)
+        problem = model_problem(s, spec, only=("tp plan",))
         if problem:
-            raise SpecError(problem, hint="choose a parallel.tp that divides it, or 1")
+            raise SpecError(problem.message, hint="choose a parallel.tp that divides it, or 1")
         apply_tp(model, mesh["tp"])
         on, why = select_async_tp(s.async_tp, mesh.device_type == "cuda", s.compile)
         if on:

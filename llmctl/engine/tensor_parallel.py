@@ -42,9 +42,9 @@ def _at(root: torch.nn.Module, path: str) -> torch.nn.Module | None:
     return obj
 
 
-def _layer_styles(layer: torch.nn.Module, plan: dict[str, str]) -> dict[str, object]:
-    """One decoder layer's {submodule path: ParallelStyle} from the family's plan (paths the layer lacks skipped:
-    a no-rope layer, a layer without q/k norms)."""
+def _layer_styles(layer: torch.nn.Module, tp_plan: dict[str, str]) -> dict[str, object]:
+    """One decoder layer's {submodule path: ParallelStyle} from the family's tensor-parallel plan (paths the layer
+    lacks skipped: a no-rope layer, a layer without q/k norms)."""
     import torch
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -56,7 +56,7 @@ def _layer_styles(layer: torch.nn.Module, plan: dict[str, str]) -> dict[str, obj
     )
 
     styles: dict[str, object] = {}
-    for path, style in plan.items():
+    for path, style in tp_plan.items():
         module = _at(layer, path)
         if module is None:
             continue
@@ -118,10 +118,10 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     )
 
     mt = str(getattr(model.config, "model_type", "")) or type(model).__name__
-    refusal = tpp.family_refusal(mt)
+    fam = family_of(mt)
+    refusal = tpp.family_refusal(mt, fam)  # the rule the plan asked (spec.rules 'tp plan'), on the built model
     if refusal:
         raise SpecError(refusal, hint="set parallel.tp: 1")
-    fam = family_of(mt)
     assert fam is not None and fam.tp_plan is not None
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     root = {k: _at(model, v) for k, v in tpp.ROOT.items()}

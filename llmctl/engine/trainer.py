@@ -34,12 +34,13 @@ from llmctl.engine.data import Batch, RankData, build_source, build_val_source, 
 from llmctl.engine.evaluate import Evaluator
 from llmctl.engine.kernel_profile import StepProfiler
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
-from llmctl.engine.loggers import check_installed, new_run_id, open_sinks
+from llmctl.engine.loggers import RunRecord, check_installed, new_run_id, open_sinks
 from llmctl.engine.lora import check_installed as check_lora_installed
 from llmctl.engine.lora import trainable_params
 from llmctl.engine.loss import install_loss_forward, liger_importable, local_value, model_loss, select_loss
 from llmctl.engine.metrics import MetricsLog, PhasePeaks, ThroughputModel, peak_memory, with_predictions
 from llmctl.engine.model import (
+    Values,
     base_spec,
     build_meta_model,
     flash_attn_importable,
@@ -50,13 +51,17 @@ from llmctl.engine.model import (
 )
 from llmctl.engine.optim import build_optimizer, lr_factor
 from llmctl.engine.optim import check_installed as check_optimizer_installed
-from llmctl.engine.parallelize import build_mesh, needs_fsdp, parallelize
+from llmctl.engine.parallelize import build_mesh, check_world, needs_fsdp, parallelize
 from llmctl.engine.scaler import GradStep, LossScaler, overflow_injection
 from llmctl.errors import SpecError
+from llmctl.spec.attention import Attention
 from llmctl.spec.planfile import Plan, plan_to_yaml
 
 if TYPE_CHECKING:
     import torch
+
+    from llmctl.spec.planfile import DataSection
+    from llmctl.spec.setup import TrainSetup
 
 log = logging.getLogger("llmctl.engine")
 
@@ -118,18 +123,18 @@ def max_rss_bytes() -> int:
     return int(r if sys.platform == "darwin" else r * 1024)
 
 
-def plan_source(plan: Plan) -> tuple[Any, str]:
-    """The plan's data (blocks, description). Its tokens must be below the model's real vocabulary, not the padded
-    one: the padded rows are never a target (the loss is over the real vocabulary)."""
-    t = plan.training
-    expected = expected_tokenizers(plan.data, plan.model.weights)
-    return build_source(plan.data, t.seq_len, t.seed, base_spec(plan).vocab_size, expected, cp=plan.setup.cp)
+def data_source(data: DataSection, weights: str | None, s: TrainSetup, seed: int, vocab: int) -> tuple[Any, str]:
+    """The training data (blocks, description) of `s`'s sequence length, shuffled by `seed`. Its tokens must be below
+    the model's real vocabulary `vocab`, not the padded one: the padded rows are never a target (the loss is over the
+    real vocabulary); a model.weights folder names the tokenizer they were made with."""
+    expected = expected_tokenizers(data, weights)
+    return build_source(data, s.seq_len, seed, vocab, expected, cp=s.cp)
 
 
-def plan_val_source(plan: Plan) -> tuple[Any, str] | None:
+def val_data_source(data: DataSection, weights: str | None, s: TrainSetup, vocab: int) -> tuple[Any, str] | None:
     """The validation blocks (in order) and their description, or None without data.val."""
-    expected = expected_tokenizers(plan.data, plan.model.weights)
-    return build_val_source(plan.data, plan.training.seq_len, base_spec(plan).vocab_size, expected, plan.setup.cp)
+    expected = expected_tokenizers(data, weights)
+    return build_val_source(data, s.seq_len, vocab, expected, s.cp)
 
 
 @dataclass
@@ -180,13 +185,17 @@ class Trainer:
         import torch.distributed as dist
 
         plan, env, t = self.plan, self.env, self.setup_
-        self.mesh = build_mesh(plan, self.device.type, env.world_size)
+        check_world(plan.hardware, env.world_size)
+        self.mesh = build_mesh(t.dims, self.device.type)
         ring = cp_mesh(self.mesh)  # context parallelism: each micro-batch split over the cp ranks
         self.split = whole if ring is None else SequenceSplit(ring, t.cp_load_balance, t.cp_rotate)
         dims = t.dims  # the data-parallel rank and size, replicas: all from the degrees
-        self.spec = model_spec_for(plan)
-        blocks, self.data_desc = plan_source(plan)
-        self.val = plan_val_source(plan)
+        self.spec = model_spec_for(plan.model)
+        # The loss is over the real vocabulary: the rows padded onto the LM head (model.pad_vocab_multiple) are never
+        # a target and take no probability mass, so the loss equals the unpadded model's (and their gradient is 0).
+        self.vocab = base_spec(plan.model).vocab_size
+        blocks, self.data_desc = data_source(plan.data, plan.model.weights, t, plan.training.seed, self.vocab)
+        self.val = val_data_source(plan.data, plan.model.weights, t, self.vocab)
         weights = None
         if plan.model.weights:
             from llmctl.engine.materialize import WeightFiles
@@ -223,7 +232,7 @@ class Trainer:
             env.world_size,
             t.checkpointing,
             peak,
-            "eager" if self.attn_impl == "eager" else "sdpa",
+            Attention.EAGER if Attention.from_hf(self.attn_impl).keeps_scores else Attention.SDPA,
             self.loss_impl == "chunked",
             t.finetune,
         )
@@ -241,7 +250,8 @@ class Trainer:
         # HYBRID / no_shard replicate gradients across this many groups (1 without FSDP: a world of one).
         self.replicas = dims.dp_replicate if self.fsdp else 1
         if env.rank == 0:
-            sinks = open_sinks(plan, self.run_id, self.start, plan_to_yaml(plan))
+            run = RunRecord(plan.name, plan_to_yaml(plan), plan.model_dump(mode="json"))
+            sinks = open_sinks(plan.logging, self.run_id, self.start, run)
             self.metrics = MetricsLog(Path(plan.logging.dir) / "metrics.jsonl", total, sinks=sinks)
         self.emit(self._start_record(peak, rss_base, rss_setup, rss_all))
 
@@ -258,7 +268,7 @@ class Trainer:
         if self.setup_.finetune.adapters:  # the checkpoints hold the adapters and name the frozen base
             from llmctl.engine.lora import base_identity
 
-            base = base_identity(plan)
+            base = base_identity(plan.model, plan.training.seed, self.spec)
         self.ckpt = Checkpointer(
             Path(plan.checkpoint.dir), plan.checkpoint.keep_last, self.env.rank, plan_to_yaml(plan), base
         )
@@ -270,14 +280,13 @@ class Trainer:
         """The model on the meta device, then AC -> compile -> FSDP2 (llmctl.engine.parallelize), then this rank's
         shard allocated and filled (random init, model.weights, or left for the checkpoint when resuming), with the
         plan's loss forward. Returns the resident memory before it (imports done, nothing allocated yet)."""
-        plan = self.plan
-        self.model = build_meta_model(plan, self.attn_impl)
+        self.model = build_meta_model(self.spec, self.setup_, self.attn_impl)
         # LoRA: the adapters' parameters (build_meta_model injected them); every parameter trains otherwise
         self.trainable = trainable_params(self.model) if self.setup_.finetune.adapters else None
         built = str(getattr(self.model.config, "_attn_implementation", None) or self.attn_impl)
         if built != self.attn_impl:  # the model class has no such path (Gemma 2, gpt-oss: no SDPA): fit_attention's
             self.attn_why, self.attn_impl = f"{self.model.__class__.__name__} has no {self.attn_impl} path", built
-        if self.setup_.cp > 1:
+        if self.setup_.dims.cp_enabled:
             from llmctl.engine.context_parallel import install_cpu_ring, use_ring_attention
 
             use_ring_attention(self.model)
@@ -291,11 +300,9 @@ class Trainer:
         )
         self.float8_scales = float8.scale_precompute(self.float8)
         rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet
-        self.fsdp = parallelize(self.model, plan, self.mesh)
-        self.made = materialize(self.model, plan, self.device, weights=weights, resuming=resuming)
-        # The loss is over the real vocabulary: the rows padded onto the LM head (model.pad_vocab_multiple) are never
-        # a target and take no probability mass, so the loss equals the unpadded model's (and their gradient is 0).
-        self.vocab = base_spec(plan).vocab_size
+        self.fsdp = parallelize(self.model, self.spec, self.setup_, self.mesh)
+        values = Values(self.plan.training.seed, self.vocab, weights, resuming)
+        self.made = materialize(self.model, self.setup_, self.device, values)
         if self.loss_impl in ("chunked", "liger"):
             install_loss_forward(self.model, self.loss_impl, self.vocab, self.setup_.loss_chunk_tokens)
         return rss_base
@@ -375,7 +382,7 @@ class Trainer:
 
     def _cp_words(self) -> str:
         t = self.setup_
-        if t.cp == 1:
+        if not t.dims.cp_enabled:
             return ""
         balance = "head-tail load balance" if t.cp_load_balance else "no load balance"
         return f", ring attention over cp {t.cp} ({balance}, {t.cp_rotate} rotation)"

@@ -72,7 +72,11 @@ class Features:
 
 @dataclass(frozen=True)
 class Family:
-    """One model_type llmctl models analytically."""
+    """One model_type llmctl models analytically, with its hooks in one place, as torchtitan's `TrainSpec` carries a
+    model's (model_args, parallelize_fn, pipelining_fn, state_dict_adapter, ...): the config reader (`read`), the
+    block `features`, where the decoder layers sit, the tensor-parallel plan, the LoRA targets, and the slots the next
+    parallel dimensions fill (`pipeline_split`, `expert_layout`). A new dimension that depends on the architecture is
+    one slot here and one value per family module, not a branch on the model_type."""
 
     model_type: str
     family: str
@@ -93,6 +97,15 @@ class Family:
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """The linears LoRA adapts by default (peft target_modules: module names, matched as the last part of a dotted
     name): the attention and MLP projections (llmctl.spec.finetune); routed experts are 3-D tensors, not linears."""
+    pipeline_split: Callable[[int, int], tuple[int, ...]] | None = None
+    """Pipeline parallelism's split (torchtitan's `pipelining_fn` and its pipeline_parallel_split_points): (decoder
+    layers, stages) -> the index of the first decoder layer of every stage after the first; the embedding stays on
+    the first stage and the final norm and LM head (`tensor_parallel.ROOT`) on the last. None: not declared yet (the
+    pipeline-parallelism issue fills it; an even split by layers is the default it starts from)."""
+    expert_layout: Mapping[str, str] | None = None
+    """Expert parallelism's layout: a path inside one MoE block -> how it is placed over the ep group (the routed
+    experts' 3-D weights split by expert, the router and shared experts replicated: torchtitan's ExpertParallel in
+    apply_moe_ep_tp). None: not declared yet (the expert-parallelism issue fills it); a dense family never has one."""
     notes: str = field(default="", compare=False)
 
 

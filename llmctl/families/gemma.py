@@ -4,7 +4,7 @@ logit soft-capping (Gemma 2), q/k norms and two rotary tables (Gemma 3)."""
 
 from __future__ import annotations
 
-from llmctl.families import tensor_parallel as tpp
+import llmctl.families.tensor_parallel as tpp
 from llmctl.families.base import Config, Family, Features, integer
 from llmctl.families.decoder import Rule, Traits, alternate, read_gated
 from llmctl.families.tiny import tiny

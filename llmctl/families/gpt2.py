@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmctl.families import tensor_parallel as tpp
+import llmctl.families.tensor_parallel as tpp
 from llmctl.families.base import Config, Family, Features, flag, get, integer, layer_count
 from llmctl.spec.layers import Attention, Layer, Mlp
 

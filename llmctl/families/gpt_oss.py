@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmctl.families import tensor_parallel as tpp
+import llmctl.families.tensor_parallel as tpp
 from llmctl.families.base import Config, Family, Features, integer
 from llmctl.families.decoder import Traits, alternate, read_gated
 from llmctl.families.tiny import tiny

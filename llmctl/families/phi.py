@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmctl.families import tensor_parallel as tpp
+import llmctl.families.tensor_parallel as tpp
 from llmctl.families.base import Family, Features
 from llmctl.families.decoder import Traits, read_gated
 from llmctl.families.tiny import tiny

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from llmctl.families import tensor_parallel as tpp
+import llmctl.families.tensor_parallel as tpp
 from llmctl.families.base import Config, Family, Features, flag, integer
 from llmctl.families.decoder import Rule, Traits, read_gated
 from llmctl.families.tiny import tiny

@@ -28,10 +28,24 @@ vocabulary with its loss computed on the shards (loss parallel: no rank holds th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from llmctl.spec.models import ModelSpec
+    from llmctl.families.base import Family
+
+
+class Splittable(Protocol):
+    """What a tensor-parallel split reads of a model (llmctl.spec.models.ModelSpec), named here so that the families
+    do not import the spec module that asks them for their entries."""
+
+    model_type: str
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+
+    @property
+    def family(self) -> Family | None: ...
+
 
 STYLES = ("norm", "norm_local", "head_norm", "attention", "colwise", "rowwise", "mlp", "mlp_pair")
 
@@ -77,22 +91,20 @@ MLA = (
 SINKS = "its attention sinks are one learned logit per head, not split with the heads yet"
 
 
-def family_refusal(model_type: str) -> str | None:
-    """Why a model_type has no tensor-parallel plan (the refusal's one line), or None when it has one."""
-    from llmctl.families import family_of
-
-    fam = family_of(model_type)
+def family_refusal(model_type: str, fam: Family | None) -> str | None:
+    """Why a model_type (its family entry `fam`, None outside the families) has no tensor-parallel plan (the
+    refusal's one line), or None when it has one."""
     if fam is not None and fam.tp_plan is not None:
         return None
     why = fam.tp_unsupported if fam is not None and fam.tp_unsupported else "it has no tensor-parallel plan"
     return f"{model_type} cannot use tensor parallelism: {why}"
 
 
-def plan_problem(spec: ModelSpec, tp: int) -> str | None:
+def plan_problem(spec: Splittable, tp: int) -> str | None:
     """Why `spec` cannot be split over `tp` ranks (one line, naming the field), or None."""
     if tp <= 1:
         return None
-    refusal = family_refusal(spec.model_type)
+    refusal = family_refusal(spec.model_type, spec.family)
     if refusal:
         return refusal
     checks = (
@@ -106,6 +118,6 @@ def plan_problem(spec: ModelSpec, tp: int) -> str | None:
     return None
 
 
-def valid_tp(spec: ModelSpec, gpus_per_node: int, candidates: tuple[int, ...] = (1, 2, 4, 8)) -> list[int]:
+def valid_tp(spec: Splittable, gpus_per_node: int, candidates: tuple[int, ...] = (1, 2, 4, 8)) -> list[int]:
     """The tp degrees the planner considers: within one node (tp divides its GPUs) and splittable for `spec`."""
     return [t for t in candidates if gpus_per_node % t == 0 and plan_problem(spec, t) is None]

@@ -45,6 +45,16 @@ class Attention(StrEnum):
         """A kernel named by the user (not `auto`)."""
         return self is not Attention.AUTO
 
+    @property
+    def hf_name(self) -> str:
+        """transformers' attn_implementation of the kernel (`auto` has none: the engine resolves it first)."""
+        return {Attention.FLASH: "flash_attention_2"}.get(self, self.value)
+
+    @classmethod
+    def from_hf(cls, name: str) -> Attention:
+        """The kernel of a transformers attn_implementation ("flash_attention_2" -> FLASH)."""
+        return next(k for k in KERNELS if k.hf_name == name)
+
 
 KERNELS: tuple[Attention, ...] = (Attention.EAGER, Attention.SDPA, Attention.FLASH)
 """The kernels themselves (what `auto` resolves to), slowest-memory first."""

@@ -200,7 +200,7 @@ def _from_plan_file(
     plan = pf.load_plan(path)
     gpu_name = options.get("gpu") or plan.hardware.gpu
     gpu = resolve_gpu(gpu_name) if gpu_name else None
-    spec = base_spec(plan)
+    spec = base_spec(plan.model)
     network = None
     if options.get("net") or options.get("inter_gbps") or options.get("intra_gbps"):
         from llmctl.plan.network import network_for

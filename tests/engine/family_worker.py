@@ -24,7 +24,7 @@ from engine_runs import finish, run_plans  # this script's folder is on sys.path
 
 from llmctl.engine.loss import install_loss_forward, select_loss, whole_loss
 from llmctl.engine.materialize import clean_name
-from llmctl.engine.model import base_spec, build_meta_model, materialize, select_attention
+from llmctl.engine.model import Values, base_spec, build_meta_model, materialize, model_spec_for, select_attention
 from llmctl.engine.optim import build_optimizer
 from llmctl.engine.parallelize import build_mesh, parallelize
 from llmctl.spec.planfile import load_plan
@@ -34,10 +34,10 @@ def one_plan(path: str, rank: int, world: int) -> dict:
     plan = load_plan(path)
     t = plan.training
     attn, _ = select_attention(t.attention, False, False)
-    mesh = build_mesh(plan, "cpu", world)
-    model = build_meta_model(plan, attn)
-    parallelize(model, plan, mesh)
-    materialize(model, plan, torch.device("cpu"))
+    mesh = build_mesh(plan.setup.dims, "cpu")
+    model = build_meta_model(model_spec_for(plan.model), plan.setup, attn)
+    parallelize(model, model_spec_for(plan.model), plan.setup, mesh)
+    materialize(model, plan.setup, torch.device("cpu"), Values(plan.training.seed, base_spec(plan.model).vocab_size))
     # full_tensor is a collective: every rank gathers, rank 0 compares with the model materialized in one process.
     full = {
         clean_name(n): p.full_tensor() if hasattr(p, "full_tensor") else p.detach() for n, p in model.named_parameters()
@@ -45,12 +45,12 @@ def one_plan(path: str, rank: int, world: int) -> dict:
     buffers = {clean_name(n): b for n, b in model.named_buffers()}
     init_equal = None
     if rank == 0:
-        ref = build_meta_model(plan, attn)
-        materialize(ref, plan, torch.device("cpu"))
+        ref = build_meta_model(model_spec_for(plan.model), plan.setup, attn)
+        materialize(ref, plan.setup, torch.device("cpu"), Values(plan.training.seed, base_spec(plan.model).vocab_size))
         init_equal = all(torch.equal(full[n], p.detach()) for n, p in ref.named_parameters()) and all(
             torch.equal(buffers[n], b) for n, b in ref.named_buffers()
         )
-    vocab = base_spec(plan).vocab_size
+    vocab = base_spec(plan.model).vocab_size
     impl, _ = select_loss(t.loss_chunk_tokens, False, False)
     if impl != "whole":
         install_loss_forward(model, impl, vocab, t.loss_chunk_tokens)

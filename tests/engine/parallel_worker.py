@@ -24,7 +24,7 @@ from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, install_cpu_r
 from llmctl.engine.data import Batch
 from llmctl.engine.loss import local_value, model_loss, select_loss
 from llmctl.engine.materialize import clean_name
-from llmctl.engine.model import base_spec, build_meta_model, materialize, select_attention
+from llmctl.engine.model import Values, base_spec, build_meta_model, materialize, model_spec_for, select_attention
 from llmctl.engine.optim import build_optimizer
 from llmctl.engine.parallelize import build_mesh, parallelize
 from llmctl.engine.scaler import grad_norm
@@ -43,16 +43,16 @@ def one_plan(path: str, rank: int, world: int) -> dict:
     plan = load_plan(path)
     t, setup = plan.training, plan.setup
     attn, _ = select_attention(t.attention, False, False, setup.cp)
-    mesh = build_mesh(plan, "cpu", world)
-    model = build_meta_model(plan, attn)
+    mesh = build_mesh(plan.setup.dims, "cpu")
+    model = build_meta_model(model_spec_for(plan.model), plan.setup, attn)
     ring = cp_mesh(mesh)
     split = whole if ring is None else SequenceSplit(ring, setup.cp_load_balance, setup.cp_rotate)
     if ring is not None:
         use_ring_attention(model)
         install_cpu_ring()
-    parallelize(model, plan, mesh)
-    materialize(model, plan, torch.device("cpu"))
-    vocab = base_spec(plan).vocab_size
+    parallelize(model, model_spec_for(plan.model), plan.setup, mesh)
+    materialize(model, plan.setup, torch.device("cpu"), Values(plan.training.seed, base_spec(plan.model).vocab_size))
+    vocab = base_spec(plan.model).vocab_size
     impl, _ = select_loss(0, False, False, setup.tp)
     optimizer = build_optimizer(model, plan.optimizer, "cpu")
     # The reference's rank r trains on batch r (m sequences); a tp x cp group's data-parallel rank d on batches

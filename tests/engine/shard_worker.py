@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from llmctl.engine.materialize import WeightFiles, slots
-from llmctl.engine.model import build_meta_model, materialize
+from llmctl.engine.model import Values, base_spec, build_meta_model, materialize, model_spec_for
 from llmctl.engine.parallelize import build_mesh, parallelize
 from llmctl.spec.planfile import load_plan
 
@@ -27,10 +27,15 @@ def main() -> None:
     result = {}
     for rank in map(int, sys.argv[4:5]):
         dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-        mesh = build_mesh(plan, "cpu", world)
-        model = build_meta_model(plan, "sdpa")
-        parallelize(model, plan, mesh)
-        materialize(model, plan, torch.device("cpu"), weights=weights)
+        mesh = build_mesh(plan.setup.dims, "cpu")
+        model = build_meta_model(model_spec_for(plan.model), plan.setup, "sdpa")
+        parallelize(model, model_spec_for(plan.model), plan.setup, mesh)
+        materialize(
+            model,
+            plan.setup,
+            torch.device("cpu"),
+            Values(plan.training.seed, base_spec(plan.model).vocab_size, weights),
+        )
         result[rank] = {
             s.name: {"offset": s.offset, "rows": s.rows, "local": s.local.clone(), "names": s.names}
             for s in slots(model)

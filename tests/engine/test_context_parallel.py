@@ -33,10 +33,12 @@ def test_cp_ranks_hold_a_shard_of_the_fsdp_group(parallel_cases: dict, case: str
     """FSDP shards the states over data-parallel ranks x cp: at 4 ranks every rank of a cp run holds a quarter of the
     parameter, gradient and AdamW bytes (the estimate's lines, to 0.5%), as the reference does."""
     from llmctl.engine.dryrun import estimated_lines
+    from llmctl.engine.model import model_spec_for
     from llmctl.spec.planfile import load_plan
 
     ref, cp = parallel_cases[case]
-    est = estimated_lines(load_plan(parallel_cases["_plans"][case][1]))
+    plan = load_plan(parallel_cases["_plans"][case][1])
+    est = estimated_lines(model_spec_for(plan.model), plan.setup)
     for kind in ("parameters", "gradients", "optimizer"):
         for r, rank in enumerate(cp["state_bytes"]):
             assert abs(rank[kind] / est[kind] - 1) <= 0.005, (case, kind, r, rank[kind], est[kind])

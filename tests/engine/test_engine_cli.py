@@ -137,7 +137,7 @@ def test_one_plain_process_with_checkpointing_compile_and_bf16(tmp_path: Path) -
     steps = [r for r in rows if r["event"] == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(r["loss"] == r["loss"] and 4 < r["loss"] < 7 for r in steps)
-    spec = model_spec_for(load_plan(plan))
+    spec = model_spec_for(load_plan(plan).model)
     recompute = hardware_flops_per_token(spec, 64, "selective", "sdpa", True) / model_flops_per_token(spec, 64)
     assert 1 < recompute < 4 / 3
     assert steps[-1]["hardware_tflops_per_gpu"] == pytest.approx(

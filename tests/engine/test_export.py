@@ -126,11 +126,11 @@ def reference_logits(step_dir: Path, plan_path: Path, scratch: Path) -> torch.Te
     plan = load_plan(plan_path)
     dcp_to_torch_save(str(step_dir), str(scratch / "full.pt"))
     state = torch.load(scratch / "full.pt", weights_only=False)["model"]
-    cfg = dict(model_spec_for(plan).hf_config)
+    cfg = dict(model_spec_for(plan.model).hf_config)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg), dtype=torch.float32)
     model.load_state_dict(state, strict=True)
     with torch.no_grad():
-        return model.eval()(BATCH).logits[..., : base_spec(plan).vocab_size]
+        return model.eval()(BATCH).logits[..., : base_spec(plan.model).vocab_size]
 
 
 def exported_logits(out: Path) -> torch.Tensor:
@@ -238,9 +238,9 @@ def make_checkpoint(
     torch.manual_seed(0)
     if plan.model.weights:
         net = AutoModelForCausalLM.from_pretrained(plan.model.weights, dtype=torch.float32)
-        net.resize_token_embeddings(model_spec_for(plan).vocab_size, mean_resizing=False)
+        net.resize_token_embeddings(model_spec_for(plan.model).vocab_size, mean_resizing=False)
     else:
-        cfg = dict(model_spec_for(plan).hf_config)
+        cfg = dict(model_spec_for(plan.model).hf_config)
         net = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg), dtype=torch.float32)
     step = folder / "ckpt" / "step_00000007"
     dcp.save({"model": net.state_dict()}, checkpoint_id=str(step), no_dist=True)

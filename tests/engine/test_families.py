@@ -40,7 +40,7 @@ torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[tr
 transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
 
 from llmctl.engine import loss as loss_mod  # noqa: E402
-from llmctl.engine.model import build_meta_model, fit_attention, materialize  # noqa: E402
+from llmctl.engine.model import Values, base_spec, build_meta_model, fit_attention, materialize, model_spec_for  # noqa: E402
 from llmctl.engine.parallelize import odd_dtype_modules  # noqa: E402
 from llmctl.errors import InputError  # noqa: E402
 from llmctl.families import REGISTRY  # noqa: E402
@@ -102,8 +102,8 @@ def family_plan(
 def one_process(plan_path: Path) -> torch.nn.Module:
     """The plan's model as the engine builds it (meta, padded vocabulary), materialized in this process."""
     plan = load_plan(plan_path)
-    model = build_meta_model(plan, "sdpa")
-    materialize(model, plan, torch.device("cpu"))
+    model = build_meta_model(model_spec_for(plan.model), plan.setup, "sdpa")
+    materialize(model, plan.setup, torch.device("cpu"), Values(plan.training.seed, base_spec(plan.model).vocab_size))
     return model
 
 

@@ -34,32 +34,37 @@ def _plan(precision: str = "bf16-mixed", **finetune: object) -> object:
     )
 
 
+def _build(plan: object) -> torch.nn.Module:
+    """The engine's meta build of a plan's model (padded vocabulary, its setup's precision and adapters)."""
+    return build_meta_model(model_spec_for(plan.model), plan.setup, "sdpa")
+
+
 def test_build_freezes_the_base_in_the_compute_dtype_and_trains_fp32_adapters() -> None:
     plan = _plan()
-    model = build_meta_model(plan, "sdpa")
+    model = build_meta_model(model_spec_for(plan.model), plan.setup, "sdpa")
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
     assert trainable and all(lora.is_adapter(n) for n in trainable)
     assert all(p.dtype == torch.float32 for p in trainable.values())
     assert all(p.dtype == torch.bfloat16 for p in frozen.values())
-    assert sum(p.numel() for p in trainable.values()) == adapter_params(model_spec_for(plan), plan.setup.finetune)
+    assert sum(p.numel() for p in trainable.values()) == adapter_params(model_spec_for(plan.model), plan.setup.finetune)
     assert lora.trainable_params(model) == sum(p.numel() for p in trainable.values())
     # transformers' names stay; the frozen linear's name without peft's base_layer is the safetensors name
     name = "model.layers.0.self_attn.q_proj.base_layer.weight"
     assert name in frozen and clean_name(name) == "model.layers.0.self_attn.q_proj.weight"
     # only the named targets get adapters
-    only_q = build_meta_model(_plan(lora_targets=["q_proj"]), "sdpa")
+    only_q = _build(_plan(lora_targets=["q_proj"]))
     assert {n.split(".")[-4] for n, p in only_q.named_parameters() if p.requires_grad} == {"q_proj"}
 
 
 def test_pure_fp32_keeps_everything_fp32() -> None:
-    model = build_meta_model(_plan("fp32"), "sdpa")
+    model = _build(_plan("fp32"))
     assert {p.dtype for p in model.parameters()} == {torch.float32}
 
 
 def test_targets_that_match_nothing_are_one_line() -> None:
     with pytest.raises(SpecError, match="finetune.lora_targets: .*w9"):
-        build_meta_model(_plan(lora_targets=["w9"]), "sdpa")
+        _build(_plan(lora_targets=["w9"]))
 
 
 def test_a_missing_package_is_one_line_before_anything_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,7 +101,7 @@ def test_fingerprint_sees_the_data_the_header_and_the_config(tmp_path: Path) -> 
 
 
 def test_random_base_identity_follows_config_and_seed() -> None:
-    one, again = lora.base_identity(_plan()), lora.base_identity(_plan())
+    one, again = (lora.base_identity(p.model, p.training.seed, model_spec_for(p.model)) for p in (_plan(), _plan()))
     assert one == again and "seed 0" in one["base"]
     other = plan_from_dict(
         {
@@ -105,7 +110,10 @@ def test_random_base_identity_follows_config_and_seed() -> None:
             "finetune": {"method": "lora"},
         }
     )
-    assert lora.base_identity(other)["fingerprint"] != one["fingerprint"]
+    assert (
+        lora.base_identity(other.model, other.training.seed, model_spec_for(other.model))["fingerprint"]
+        != one["fingerprint"]
+    )
 
 
 def test_check_base_refusals() -> None:

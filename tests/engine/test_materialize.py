@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from llmctl.engine.materialize import BLOCK_VALUES, Slot, WeightFiles, draw_rows
-from llmctl.engine.model import build_meta_model, materialize
+from llmctl.engine.model import Values, base_spec, build_meta_model, materialize, model_spec_for
 from llmctl.errors import SpecError
 from llmctl.spec.planfile import load_plan
 from tests.engine.conftest import REPO, write_plan
@@ -30,9 +30,11 @@ GPT2 = {"preset": "gpt2-tiny", "overrides": {"n_layer": 2, "resid_pdrop": 0.0, "
 def one_process(plan_path: Path) -> torch.nn.Module:
     """The plan's model materialized in this process without a process group (a world of one: plain tensors)."""
     plan = load_plan(plan_path)
-    model = build_meta_model(plan, "sdpa")
+    model = build_meta_model(model_spec_for(plan.model), plan.setup, "sdpa")
     weights = WeightFiles.scan(plan.model.weights) if plan.model.weights else None
-    materialize(model, plan, torch.device("cpu"), weights=weights)
+    materialize(
+        model, plan.setup, torch.device("cpu"), Values(plan.training.seed, base_spec(plan.model).vocab_size, weights)
+    )
     return model
 
 

@@ -113,14 +113,15 @@ def _tiny_meta(tmp: Path, overrides: dict[str, Any] | None = None, preset: str =
 
 def _meta(tmp: Path, model: dict[str, Any]) -> torch.nn.Module:
     """build_meta_model of the tiny test plan with its `model` section replaced."""
-    from llmctl.engine.model import build_meta_model
+    from llmctl.engine.model import build_meta_model, model_spec_for
     from llmctl.spec.planfile import load_plan
 
     plan = write_plan(tmp)
     raw = yaml.safe_load(plan.read_text())
     raw["model"] = model
     plan.write_text(yaml.safe_dump(raw))
-    return build_meta_model(load_plan(plan), "sdpa")
+    built = load_plan(plan)
+    return build_meta_model(model_spec_for(built.model), built.setup, "sdpa")
 
 
 def test_float8_converts_the_linear_layers_but_the_head_and_odd_shapes(tmp_path: Path) -> None:

@@ -55,7 +55,8 @@ _PROBE = """
 import json, sys, time
 import torch  # what a rank has imported before it reads data
 from llmctl.engine.data import RankData
-from llmctl.engine.trainer import plan_source, plan_val_source
+from llmctl.engine.model import base_spec
+from llmctl.engine.trainer import data_source, val_data_source
 from llmctl.spec.planfile import load_plan
 
 def status(key):  # /proc/self/status, bytes. VmHWM (peak resident) is reset by exec; ru_maxrss is inherited.
@@ -65,8 +66,9 @@ def status(key):  # /proc/self/status, bytes. VmHWM (peak resident) is reset by 
 plan = load_plan(sys.argv[1])
 rss0, anon0 = status("VmHWM"), status("RssAnon")
 t0 = time.perf_counter()
-blocks, _ = plan_source(plan)
-plan_val_source(plan)
+vocab = base_spec(plan.model).vocab_size
+blocks, _ = data_source(plan.data, plan.model.weights, plan.setup, plan.training.seed, vocab)
+val_data_source(plan.data, plan.model.weights, plan.setup, vocab)
 t = plan.training
 RankData(blocks, t.micro_batch_size, t.grad_accum_steps, 0, 2).micro_batches(0)
 if len(sys.argv) > 2:  # the mutation check: what reading the corpus whole would cost

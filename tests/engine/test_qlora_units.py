@@ -62,7 +62,7 @@ def test_held_bytes_and_the_memory_model_agree_per_piece() -> None:
 
 
 def _meta_model(preset: str = "llama-tiny", method: str = "qlora"):
-    from llmctl.engine.model import build_meta_model
+    from llmctl.engine.model import build_meta_model, model_spec_for
     from llmctl.spec.planfile import plan_from_dict
 
     doc = {
@@ -70,7 +70,8 @@ def _meta_model(preset: str = "llama-tiny", method: str = "qlora"):
         "training": {"max_steps": 1, "seq_len": 32, "precision": "bf16-mixed"},
         "finetune": {"method": method, "lora_rank": 4},
     }
-    return build_meta_model(plan_from_dict(doc), "sdpa")
+    plan = plan_from_dict(doc)
+    return build_meta_model(model_spec_for(plan.model), plan.setup, "sdpa")
 
 
 def test_the_targets_are_every_frozen_block_linear_and_gpt2_is_refused() -> None:
@@ -107,7 +108,7 @@ def test_a_random_base_is_the_nf4_of_the_lora_base_of_the_same_seed() -> None:
     """Random init (no weights folder), a world of one: each NF4 weight is the model's own init drawn under the
     frozen linear's Hugging Face name, as the bf16 path draws it, then quantized. A mutant that draws under peft's
     `base_layer` name (another seed) or skips the init (zeros) is far from the LoRA base."""
-    from llmctl.engine.model import build_meta_model, materialize
+    from llmctl.engine.model import Values, base_spec, build_meta_model, materialize, model_spec_for
     from llmctl.spec.planfile import plan_from_dict
 
     def built(method: str):
@@ -117,8 +118,10 @@ def test_a_random_base_is_the_nf4_of_the_lora_base_of_the_same_seed() -> None:
             "finetune": {"method": method, "lora_rank": 4},
         }
         plan = plan_from_dict(doc)
-        model = build_meta_model(plan, "sdpa")
-        made = materialize(model, plan, torch.device("cpu"))
+        model = build_meta_model(model_spec_for(plan.model), plan.setup, "sdpa")
+        made = materialize(
+            model, plan.setup, torch.device("cpu"), Values(plan.training.seed, base_spec(plan.model).vocab_size)
+        )
         return model, made
 
     q, made = built("qlora")

@@ -6,7 +6,7 @@ import pytest
 
 from llmctl.engine.model import model_spec_for, padded_vocab_size, select_attention, select_device, torch_dtype
 from llmctl.engine.optim import lr_factor
-from llmctl.engine.parallelize import mesh_dims
+from llmctl.engine.parallelize import check_world
 from llmctl.errors import InputError
 from llmctl.spec.planfile import plan_from_dict
 
@@ -62,7 +62,7 @@ def test_vocab_padding(vocab: int, multiple: int, padded: int) -> None:
 
 def test_model_spec_pads_vocab_and_applies_overrides() -> None:
     p = plan(model={"preset": "gpt2-tiny", "overrides": {"vocab_size": 300, "n_layer": 2}})
-    spec = model_spec_for(p)
+    spec = model_spec_for(p.model)
     assert spec.vocab_size == 320 and spec.num_layers == 2
 
 
@@ -83,13 +83,14 @@ def test_precision_to_peak_dtype() -> None:
 )
 def test_mesh_per_strategy(parallel: dict, hardware: dict, shape: tuple, names: tuple) -> None:
     p = plan(parallel=parallel, hardware=hardware)
-    assert mesh_dims(p, p.world_size) == (shape, names)
+    check_world(p.hardware, p.world_size)
+    assert p.setup.dims.mesh_dims == (shape, names)
 
 
 def test_world_size_mismatch_is_one_clear_line() -> None:
     p = plan(hardware={"nproc_per_node": 2})
     with pytest.raises(InputError, match="plan is for 2 ranks .* but 1 were started"):
-        mesh_dims(p, 1)
+        check_world(p.hardware, 1)
 
 
 def test_lr_warmup_then_cosine_to_floor() -> None:

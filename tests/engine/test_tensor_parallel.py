@@ -31,17 +31,18 @@ def test_tp_ranks_hold_what_the_estimate_says(parallel_cases: dict, family: str,
     lines (norms and MoE blocks replicated over the tp group, the rest split), to 0.5%; and the reference's 4 ranks
     hold together the whole model once (so the TP run holds more only by what it replicates)."""
     from llmctl.engine.dryrun import estimated_lines
+    from llmctl.engine.model import model_spec_for
     from llmctl.spec.planfile import load_plan
 
     ref, tp = parallel_cases[family]
     plan = load_plan(parallel_cases["_plans"][family][1])
-    est = estimated_lines(plan)
+    est = estimated_lines(model_spec_for(plan.model), plan.setup)
     for kind in ("parameters", "gradients", "optimizer"):
         for r, rank in enumerate(tp["state_bytes"]):
             assert abs(rank[kind] / est[kind] - 1) <= 0.005, (family, kind, r, rank[kind], est[kind])
     ref_plan = load_plan(parallel_cases["_plans"][family][0])
     whole = sum(r["parameters"] for r in ref["state_bytes"])
-    assert abs(whole / (4 * estimated_lines(ref_plan)["parameters"]) - 1) <= 0.005
+    assert abs(whole / (4 * estimated_lines(model_spec_for(ref_plan.model), ref_plan.setup)["parameters"]) - 1) <= 0.005
 
 
 @pytest.mark.parametrize("family", [mt for mt, f in REGISTRY.items() if f.tp_plan is None])

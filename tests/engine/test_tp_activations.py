@@ -115,7 +115,7 @@ def saved_lines(plan: Plan, tp: int | None = None) -> dict[str, int]:
     """The estimate's saved-for-backward lines for the plan's model as the engine builds it (padded vocabulary), at
     the plan's tp or another."""
     setup = plan.setup if tp is None else replace(plan.setup, tp=tp)
-    est = mem.estimate(model_spec_for(plan), setup)
+    est = mem.estimate(model_spec_for(plan.model), setup)
     return {c.name: c.bytes for c in est.components if c.name.startswith(SAVED)}
 
 
@@ -141,7 +141,7 @@ def test_each_block_and_the_head_match(measured: dict, case: str) -> None:
     path, got = measured[case]
     assert "error" not in got, got.get("error")
     plan = load_plan(path)
-    spec, setup = model_spec_for(plan), plan.setup
+    spec, setup = model_spec_for(plan.model), plan.setup
     b, s, ab, ck, tp = setup.micro_batch_size, setup.seq_len, setup.compute_bytes, setup.checkpointing, setup.tp
     regions = got["ranks"][0]
     for i, layer in enumerate(spec.layers):

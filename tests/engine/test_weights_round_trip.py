@@ -268,12 +268,12 @@ def test_lora_trains_only_the_adapters_and_checkpoints_only_them(runs: dict[str,
 
     plan = load_plan(runs["lora-llama"])
     start = records(runs["lora-llama"], "start")[0]
-    want = adapter_params(model_spec_for(plan), plan.setup.finetune)
+    want = adapter_params(model_spec_for(plan.model), plan.setup.finetune)
     # 2 blocks x 4 x ((64+64) + 2 (64+32) + (64+64) + 2 (64+172) + (172+64)): the peft count of this model
     assert start["trainable_params"] == want == 2 * 4 * (128 + 2 * 96 + 128 + 3 * 236)
     assert start["finetune"] == "lora r4" and "LoRA adapters new" in start["init"]
     # MFU counts the method's FLOPs: no weight gradients for the frozen base (the planner's convention)
-    spec, ft = model_spec_for(plan), plan.setup.finetune
+    spec, ft = model_spec_for(plan.model), plan.setup.finetune
     lora_flops = sum(method_flops_per_token(spec, 32, ft))
     assert start["model_flops_per_token"] == lora_flops < 0.8 * model_flops_per_token(spec, 32)
     got = losses(runs["lora-llama"])

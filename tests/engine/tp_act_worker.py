@@ -30,7 +30,7 @@ from engine_runs import finish  # this script's folder is on sys.path
 from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, install_cpu_ring, use_ring_attention, whole
 from llmctl.engine.data import Batch
 from llmctl.engine.loss import model_loss, select_loss
-from llmctl.engine.model import base_spec, build_meta_model, materialize, select_attention
+from llmctl.engine.model import Values, base_spec, build_meta_model, materialize, model_spec_for, select_attention
 from llmctl.engine.parallelize import build_mesh, parallelize
 from llmctl.families import tensor_parallel as tpp
 from llmctl.families.modules import decoder_layers
@@ -114,17 +114,17 @@ def measure(path: str, world: int, detail: bool) -> dict:
     plan = load_plan(path)
     t, setup = plan.training, plan.setup
     attn, _ = select_attention(t.attention, False, False, setup.cp)
-    mesh = build_mesh(plan, "cpu", world)
-    model = build_meta_model(plan, attn)
+    mesh = build_mesh(plan.setup.dims, "cpu")
+    model = build_meta_model(model_spec_for(plan.model), plan.setup, attn)
     ring = cp_mesh(mesh)
     split = whole if ring is None else SequenceSplit(ring, setup.cp_load_balance, setup.cp_rotate)
     if ring is not None:
         use_ring_attention(model)
         install_cpu_ring()
-    parallelize(model, plan, mesh)
-    materialize(model, plan, torch.device("cpu"))
+    parallelize(model, model_spec_for(plan.model), plan.setup, mesh)
+    materialize(model, plan.setup, torch.device("cpu"), Values(plan.training.seed, base_spec(plan.model).vocab_size))
     model.train()
-    vocab = base_spec(plan).vocab_size
+    vocab = base_spec(plan.model).vocab_size
     impl, _ = select_loss(0, False, False, setup.tp)
     ids = torch.randint(0, vocab, (t.micro_batch_size, t.seq_len + 1), generator=torch.Generator().manual_seed(0))
     inputs, targets = ids[:, :-1], ids[:, 1:]

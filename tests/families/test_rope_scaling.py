@@ -115,18 +115,18 @@ def write_config(folder: Path, cfg: dict[str, Any]) -> str:
 
 
 def meta_model(plan: Plan) -> torch.nn.Module:
-    from llmctl.engine.model import build_meta_model
+    from llmctl.engine.model import build_meta_model, model_spec_for
 
-    return build_meta_model(plan, "sdpa")
+    return build_meta_model(model_spec_for(plan.model), plan.setup, "sdpa")
 
 
 def cpu_model(plan: Plan) -> torch.nn.Module:
     """The engine's model with values, in this process (a world of one): rotary tables recomputed by the model's
     own init rules, as every rank does after sharding."""
-    from llmctl.engine.model import materialize
+    from llmctl.engine.model import Values, base_spec, materialize
 
     model = meta_model(plan)
-    materialize(model, plan, torch.device("cpu"))
+    materialize(model, plan.setup, torch.device("cpu"), Values(plan.training.seed, base_spec(plan.model).vocab_size))
     return model
 
 

@@ -53,7 +53,7 @@ def pool_for(over: dict | None = None, **space: object) -> tune_space.Pool:
         data["model"] = over["model"]  # a different model: not merged with the tiny one's overrides
     plan = plan_from_dict(data)
     gpu = resolve_gpu(plan.hardware.gpu) if plan.hardware.gpu else None
-    spec = base_spec(plan)
+    spec = base_spec(plan.model)
     req = tune_space.request_for_plan(plan, spec, gpu)
     s = tune_space.space_for(plan.setup, spec, **space)  # type: ignore[arg-type]
     return tune_space.make_pool(req, s, gpu.name if gpu else None)
