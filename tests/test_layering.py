@@ -22,10 +22,7 @@ KNOWN_CYCLES: list[set[str]] = []
 """Module-level cycles left for later, each with a comment naming it. A known cycle that is gone fails the test too,
 so that this list only shrinks."""
 
-KNOWN_DEFERRED_CYCLES: list[set[str]] = [
-    # issue 43: the memory model's adapter terms and its ledger (plan/memory, being split on the planner's branch)
-    {"llmctl.plan.memory.adapters", "llmctl.plan.memory.ledger"},
-]
+KNOWN_DEFERRED_CYCLES: list[set[str]] = []
 """Cycles through imports inside functions left for later (the same rule: the list only shrinks)."""
 
 FORBIDDEN = {
