@@ -72,7 +72,9 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
     check_out(req.out, req.force, step_dir)
     import torch
 
-    trainer = torch.load(step_dir / "trainer.pt", weights_only=False) if (step_dir / "trainer.pt").is_file() else {}
+    from llmctl.engine.checkpoint_files import load_plain
+
+    trainer = load_plain(step_dir / "trainer.pt") if (step_dir / "trainer.pt").is_file() else {}  # plain data only
     current = base_identity(plan)
     check_base(trainer.get("frozen_base"), current, f"checkpoint {step_dir}")
     if merge and not plan.model.weights:

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.engine import export as ex
+from llmctl.engine.checkpoint_files import write_marker
 from llmctl.engine.model import base_spec, model_spec_for
 from llmctl.spec.planfile import load_plan
 from tests.engine.conftest import CORPUS, REPO, TINY, check_ok, deep_update, engine_cmd, engine_env
@@ -246,6 +247,7 @@ def make_checkpoint(
     dcp.save({"model": net.state_dict()}, checkpoint_id=str(step), no_dist=True)
     if with_plan:
         shutil.copy(plan_path, step / "plan.yaml")
+    write_marker(step)  # what the engine's Checkpointer writes last: the export reads only folders llmctl wrote
     return step, net.eval()
 
 
@@ -409,8 +411,8 @@ def corrupt(step: Path, how: str, tmp_path: Path) -> Path:
             lambda c, t: (t / "s" / "step_00000002").mkdir(parents=True) or t / "s",
             ("step_00000002: not a torch.distributed.checkpoint folder (no .metadata file)",),
         ),
-        (lambda c, t: corrupt(c, "metadata", t), ("not readable as torch.distributed.checkpoint metadata",)),
-        (lambda c, t: corrupt(c, "shard", t), ("cannot read checkpoint",)),
+        (lambda c, t: corrupt(c, "metadata", t), (".metadata: 12 bytes, the save wrote", "is damaged")),
+        (lambda c, t: corrupt(c, "shard", t), (".distcp: 1000 bytes, the save wrote", "is damaged")),
     ],
     ids=["missing", "file", "empty", "run-folder", "interrupted", "not-dcp", "bad-metadata", "truncated-shard"],
 )
