@@ -27,6 +27,7 @@ from llmctl.cli.main import app
 from llmctl.engine import export as ex
 from llmctl.engine.checkpoint_files import write_marker
 from llmctl.engine.model import base_spec, model_spec_for
+from llmctl.errors import RuntimeFailure, describe
 from llmctl.spec.planfile import load_plan
 from tests.engine.conftest import CORPUS, REPO, TINY, check_ok, deep_update, engine_cmd, engine_env
 
@@ -330,8 +331,11 @@ def test_a_crash_mid_write_leaves_nothing_that_looks_complete(
         out.mkdir()
         (out / "config.json").write_text("{}")
     request = ex.ExportRequest(checkpoint=small_ckpt, out=out, force=True, max_shard_bytes=100 * 1024)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(RuntimeFailure) as err:  # one line naming the file and the bytes (issue 46), exit 1
         ex.export_checkpoint(request)
+    message, code = describe(err.value)
+    assert code == 1 and "no space left on the device writing" in message and "model-00002-of-" in message
+    assert "bytes" in message and "\n" not in message
     assert len(calls) == 2 and Path(calls[0]).parent.name.startswith(".hf.tmp-")
     if existing:
         assert [p.name for p in out.iterdir()] == ["config.json"]
