@@ -332,7 +332,7 @@ class Trainer:
 
     def _load_checkpoint(self, path: Path) -> tuple[int, str]:
         """Load `path` (every rank): the plan's fingerprint checked first (llmctl.engine.resume), then the states."""
-        from llmctl.engine.resume import check_fingerprint, plan_fingerprint
+        from llmctl.engine.resume import check_fingerprint
 
         assert self.ckpt is not None
         trainer = self.ckpt.read(path)

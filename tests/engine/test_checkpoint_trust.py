@@ -206,3 +206,29 @@ def test_no_space_writing_a_plan_file(tmp_path: Path, monkeypatch: pytest.Monkey
     message, code = describe(err.value)
     assert code == 1 and str(target) in message and "1,000 bytes" in message
     assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["plan.yaml"]
+
+
+def test_dry_start_says_a_resume_would_be_refused(tmp_path: Path) -> None:
+    """The fingerprint (issue 46): what changes the math changes it, a longer run does not; dry-start's note names
+    the change before any rank starts."""
+    from llmctl.engine.resume import fingerprint_changes, plan_fingerprint, resume_note
+    from llmctl.spec.planfile import load_plan
+    from tests.engine.conftest import write_plan
+
+    old = load_plan(write_plan(tmp_path / "a", {"training": {"max_steps": 10}}))
+    longer = load_plan(write_plan(tmp_path / "b", {"training": {"max_steps": 99}}))
+    other = load_plan(write_plan(tmp_path / "c", {"optimizer": {"lr": 1e-3}, "training": {"seed": 7}}))
+    assert fingerprint_changes(plan_fingerprint(old), plan_fingerprint(longer)) == []
+    assert fingerprint_changes(plan_fingerprint(old), plan_fingerprint(other)) == [
+        "optimizer.lr: 0.003 -> 0.001",
+        "training.seed: 0 -> 7",
+    ]
+    ckpt = Checkpointer(tmp_path / "ckpt", keep_last=2, rank=0)
+    model, opt, sched = _model()
+    ckpt.save(2, model, opt, sched, {"step": 2, "fingerprint": plan_fingerprint(old)})
+    folder = tmp_path / "ckpt" / step_dir_name(2)
+    assert resume_note(longer, folder) is None
+    note = resume_note(other, folder)
+    assert note is not None and "optimizer.lr: 0.003 -> 0.001" in note and "refused" in note
+    (folder / MARKER).unlink()
+    assert "llmctl-checkpoint.json: missing" in (resume_note(old, folder) or "")
