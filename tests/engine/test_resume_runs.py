@@ -93,3 +93,17 @@ def test_resume_anyway_logs_the_change_and_uses_the_new_lr(resumed: dict[str, An
     assert len(event) == 1 and event[0]["step"] == 6 and event[0]["changes"] == ["optimizer.lr: 0.003 -> 0.001"]
     lr7 = next(r["lr"] for r in reversed(records(plan, "step")) if r["step"] == 7)
     assert lr7 == pytest.approx(1e-3 * lr_factor(6, 8, 3, 0.1))
+
+
+def test_launch_resume_anyway_sets_the_engine_variable(tmp_path: Path) -> None:
+    """`llmctl launch --resume-anyway` hands LLMCTL_RESUME_ANYWAY=1 to the ranks (what the runs above set); without
+    it the command line has no such variable."""
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+
+    plan = _plan(tmp_path, "p.yaml", {"training": {"max_steps": 4}})
+    with_flag = CliRunner().invoke(app, ["launch", str(plan), "--resume-anyway", "--dry-run"])
+    without = CliRunner().invoke(app, ["launch", str(plan), "--dry-run"])
+    assert with_flag.exit_code == 0 and without.exit_code == 0, (with_flag.output, without.output)
+    assert "LLMCTL_RESUME_ANYWAY=1 " in with_flag.output and "LLMCTL_RESUME_ANYWAY" not in without.output
