@@ -370,5 +370,7 @@ def _cause_line(e: BaseException) -> str:
     """The first line of the innermost failure (a CheckpointException's text is every rank's traceback)."""
     inner = [x for x in _causes(e) if type(x).__name__ != "CheckpointException"]
     x = inner[0] if inner else e
+    if type(x).__name__ == "UnpicklingError":  # torch's text goes on to suggest weights_only=False: not here
+        return "UnpicklingError: an entry that is corrupt or not plain data"
     lines = str(x).strip().splitlines()
     return f"{type(x).__name__}: {lines[0][:200]}" if lines else type(x).__name__
