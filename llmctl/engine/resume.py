@@ -131,9 +131,10 @@ def check_fingerprint(path: Path, saved: dict[str, Any] | None, current: dict[st
     return changes
 
 
-def resume_note(plan: Plan, folder: Path) -> str | None:
-    """dry-start: why the checkpoint in `folder` would not be resumed as it is (no marker, damaged, another plan),
-    or None. Reads and moves nothing but trainer.pt (plain data) once the marker matched."""
+def resume_note(fingerprint: dict[str, Any], folder: Path) -> str | None:
+    """dry-start: why the checkpoint in `folder` would not be resumed as it is by a plan of this `fingerprint` (no
+    marker, damaged, another plan), or None. Reads and moves nothing but trainer.pt (plain data) once the marker
+    matched."""
     from llmctl.engine.checkpoint_files import load_plain
 
     try:
@@ -141,7 +142,7 @@ def resume_note(plan: Plan, folder: Path) -> str | None:
         saved = load_plain(folder / "trainer.pt").get("fingerprint")
     except InputError as e:
         return f"the resume would stop or fall back: {e.message}"
-    changes = fingerprint_changes(saved, plan_fingerprint(plan))
+    changes = fingerprint_changes(saved, fingerprint)
     if changes:
         verdict = "resumed anyway (--resume-anyway)" if resume_anyway() else "refused without --resume-anyway"
         return f"{folder} was trained under another plan ({'; '.join(changes)}): {verdict}"

@@ -228,8 +228,8 @@ def test_dry_start_says_a_resume_would_be_refused(tmp_path: Path) -> None:
     model, opt, sched = _model()
     ckpt.save(2, model, opt, sched, {"step": 2, "fingerprint": plan_fingerprint(old)})
     folder = tmp_path / "ckpt" / step_dir_name(2)
-    assert resume_note(longer, folder) is None
-    note = resume_note(other, folder)
+    assert resume_note(plan_fingerprint(longer), folder) is None
+    note = resume_note(plan_fingerprint(other), folder)
     assert note is not None and "optimizer.lr: 0.003 -> 0.001" in note and "refused" in note
     (folder / MARKER).unlink()
-    assert "llmctl-checkpoint.json: missing" in (resume_note(old, folder) or "")
+    assert "llmctl-checkpoint.json: missing" in (resume_note(plan_fingerprint(old), folder) or "")
