@@ -23,10 +23,34 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, mode: int | No
         # mkstemp creates the file 0600; a plan or a report is as readable as any file the user writes.
         os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise_if_no_space(e, p, len(data.encode() if isinstance(data, str) else data))
         raise
     fsync_dir(p.parent)
+
+
+def raise_if_no_space(e: OSError, path: str | os.PathLike[str], needed_bytes: int) -> None:
+    """A full disk (or quota) while writing `path`: one line naming it and the bytes it needs (RuntimeFailure,
+    exit 1), instead of an internal error. Any other OSError: returns (the caller re-raises it)."""
+    import errno
+    import shutil
+
+    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return
+    from llmctl.errors import RuntimeFailure
+    from llmctl.units import fmt_bytes
+
+    try:
+        free = f", {fmt_bytes(shutil.disk_usage(Path(path).parent).free)} free"
+    except OSError:
+        free = ""
+    raise RuntimeFailure(
+        f"no space left on the device writing {path}: it needs {needed_bytes:,} bytes ({fmt_bytes(needed_bytes)})"
+        f"{free}; the previous file, if any, is intact",
+        hint="free space, or write it elsewhere",
+    ) from None
 
 
 def _umask() -> int:

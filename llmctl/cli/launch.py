@@ -116,6 +116,16 @@ AllowNoCheckpointOpt = Annotated[
     ),
 ]
 
+ResumeAnywayOpt = Annotated[
+    bool,
+    typer.Option(
+        "--resume-anyway",
+        help="Resume the checkpoint in checkpoint.dir even though the plan changed what it trains (model, data, "
+        "optimizer, schedule, batch): the new plan's values apply from there, and a `resume` event in "
+        "metrics.jsonl records the change. Without it such a resume is refused.",
+    ),
+]
+
 
 @with_decisions("dry-start", "override", after="allocate_all")
 def launch(
@@ -137,6 +147,7 @@ def launch(
     spare_nodes: SpareNodesOpt = 0,
     allow_synthetic: AllowSyntheticOpt = False,
     allow_no_checkpoint: AllowNoCheckpointOpt = False,
+    resume_anyway: ResumeAnywayOpt = False,
     decisions: dict[str, Any] | None = None,
     **slurm_options: Any,
 ) -> None:
@@ -173,6 +184,10 @@ def launch(
 
         nodes, nproc = cluster_shape(gpus, nodes, nproc if nproc_per_node is not None else None, nproc)
     job_env = shell.job_env(env or [], socket_ifname, nccl_debug)
+    if resume_anyway:  # read by the engine on every rank
+        from llmctl.engine.resume import RESUME_ANYWAY_ENV
+
+        job_env[RESUME_ANYWAY_ENV] = "1"
     if not backend.slurm:
         given = SlurmOptions.given_flags(slurm_options)
         if given:

@@ -145,6 +145,11 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
         if found:
             wins = "its adapters on the base" if setup.finetune.adapters else "its weights win over model.weights"
             notes.append(f"would resume from {found[1]} (step {found[0]}); {wins}")
+            from llmctl.engine.resume import plan_fingerprint, resume_note
+
+            note = resume_note(plan_fingerprint(plan), found[1])
+            if note:
+                notes.append(note)
     # The kernel does not change what is allocated at setup: build with SDPA here, say what the target picks.
     if setup.attention in (Attention.FLASH, Attention.AUTO):
         notes.append(

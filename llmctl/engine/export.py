@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.engine.checkpoint import PLAN_FILE, TMP_PREFIX, complete_checkpoints, latest_checkpoint
 from llmctl.engine.model import base_spec, padded_vocab_size
 from llmctl.errors import InputError, RuntimeFailure, SpecError
-from llmctl.fileio import fsync_dir, pid_alive
+from llmctl.fileio import fsync_dir, pid_alive, raise_if_no_space
 from llmctl.spec.planfile import DataSection, ModelSection, Plan, load_plan
 
 if TYPE_CHECKING:
@@ -147,10 +147,10 @@ def resolve_checkpoint(path: Path) -> tuple[Path, int | None]:
     )
 
 
-def resolve_plan(step_dir: Path, plan: Path | None) -> tuple[Plan, Path]:
-    """The plan given with --plan, else the plan.yaml the engine wrote into the checkpoint."""
-    if plan is not None:
-        return load_plan(plan), plan
+def resolve_plan(step_dir: Path, given: Path | None) -> tuple[Plan, Path]:
+    """The plan file given with --plan, else the plan.yaml the engine wrote into the checkpoint."""
+    if given is not None:
+        return load_plan(given), given
     saved = step_dir / PLAN_FILE
     if not saved.is_file():
         raise InputError(
@@ -274,7 +274,11 @@ def export_checkpoint(req: ExportRequest, on_shard: ShardCallback | None = None)
         total = 0
         for i, names in enumerate(shards, 1):
             name = shard_file_name(i, len(shards))
-            written = _write_shard(tmp / name, [by_name[n] for n in names], step_dir, model)
+            try:
+                written = _write_shard(tmp / name, [by_name[n] for n in names], step_dir, model)
+            except OSError as e:  # a full disk: the whole export's bytes named; --out untouched (tmp removed below)
+                raise_if_no_space(e, tmp / name, sum(t.nbytes for t in tensors))
+                raise
             weight_map.update(dict.fromkeys(written, name))
             total += _nbytes(written)
             if on_shard is not None:
@@ -368,8 +372,13 @@ def _meta_model(config: Any, dtype: torch.dtype) -> torch.nn.Module:
 
 
 def _read_metadata(step_dir: Path) -> Any:
+    """DCP's metadata (a pickle), read only from a folder llmctl wrote and as it wrote it (its marker checked:
+    llmctl.engine.checkpoint_files.verify)."""
     from torch.distributed.checkpoint import FileSystemReader
 
+    from llmctl.engine.checkpoint_files import verify
+
+    verify(step_dir)
     try:
         return FileSystemReader(str(step_dir)).read_metadata()
     except Exception as e:  # a truncated or foreign .metadata: pickle raises several types

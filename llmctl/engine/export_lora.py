@@ -72,9 +72,10 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
     check_out(req.out, req.force, step_dir)
     import torch
 
-    trainer = torch.load(step_dir / "trainer.pt", weights_only=False) if (step_dir / "trainer.pt").is_file() else {}
+    from llmctl.engine.checkpoint_files import load_plain
     from llmctl.engine.model import model_spec_for
 
+    trainer = load_plain(step_dir / "trainer.pt") if (step_dir / "trainer.pt").is_file() else {}  # plain data only
     # a weights folder is known by its files: its config is read only for the adapters' config below
     current = base_identity(plan.model, plan.training.seed, None if plan.model.weights else model_spec_for(plan.model))
     check_base(trainer.get("frozen_base"), current, f"checkpoint {step_dir}")

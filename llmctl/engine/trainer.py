@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmctl.engine import float8
-from llmctl.engine.checkpoint import Checkpointer, StopSignal, latest_checkpoint
+from llmctl.engine.checkpoint import Checkpointer, StopSignal
 from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
 from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers, one_row
 from llmctl.engine.evaluate import Evaluator
@@ -52,8 +52,9 @@ from llmctl.engine.model import (
 from llmctl.engine.optim import build_optimizer, lr_factor
 from llmctl.engine.optim import check_installed as check_optimizer_installed
 from llmctl.engine.parallelize import build_mesh, check_world, needs_fsdp, parallelize
+from llmctl.engine.resume import plan_fingerprint
 from llmctl.engine.scaler import GradStep, LossScaler, overflow_injection
-from llmctl.errors import SpecError
+from llmctl.errors import InputError, SpecError
 from llmctl.spec.attention import Attention
 from llmctl.spec.planfile import Plan, plan_to_yaml
 
@@ -176,6 +177,10 @@ class Trainer:
         check_lora_installed(s.finetune)
         self.metrics: MetricsLog | None = None
         self.step = 0
+        self._resume_warnings: list[str] = []
+        """Damaged checkpoints set aside at the restore (rank 0), logged as `warning` events."""
+        self._resume_changes: list[str] = []
+        """What the plan changed from the checkpoint's (resumed with --resume-anyway), logged as a `resume` event."""
 
     # --- setup ---------------------------------------------------------------------------------------------------
     def setup(self) -> None:
@@ -253,6 +258,7 @@ class Trainer:
             run = RunRecord(plan.name, plan_to_yaml(plan), plan.model_dump(mode="json"))
             sinks = open_sinks(plan.logging, self.run_id, self.start, run)
             self.metrics = MetricsLog(Path(plan.logging.dir) / "metrics.jsonl", total, sinks=sinks)
+        self._resume_events()
         self.emit(self._start_record(peak, rss_base, rss_setup, rss_all))
 
     def _find_checkpoint(self) -> tuple[int, Path] | None:
@@ -274,7 +280,10 @@ class Trainer:
         )
         self.ckpt.clean_partial()
         dist.barrier()
-        return latest_checkpoint(self.ckpt.root)
+        from llmctl.engine.resume import usable_checkpoint
+
+        found, self._resume_warnings = usable_checkpoint(self.ckpt.root, self.env.rank)
+        return found
 
     def _build_model(self, weights: Any, resuming: bool) -> int:
         """The model on the meta device, then AC -> compile -> FSDP2 (llmctl.engine.parallelize), then this rank's
@@ -308,26 +317,77 @@ class Trainer:
         return rss_base
 
     def _restore(self, found: tuple[int, Path] | None) -> tuple[int, str]:
-        """(the step to start at, the run id): 0 and a new id, or what the newest complete checkpoint holds (its
-        model, optimizer and scheduler states loaded in place)."""
-        start = 0
-        run_id = new_run_id()  # a run from step 0 is a new TensorBoard/W&B run; a resumed one continues its own
-        if self.ckpt is not None and found is not None:
-            state = self.ckpt.load(found[1], self.model, self.optimizer, self.scheduler)
-            start = int(state["step"])
-            run_id = str(state.get("run_id") or run_id)
-            scaler = self.grad_step.scaler
-            if scaler is not None and state.get("loss_scaler"):
-                scaler.load_state_dict(state["loss_scaler"])  # the scale the run had reached, not the initial one
-            elif scaler is not None:
-                log.info("%s has no loss scale (saved in another precision): it starts at %g", found[1], scaler.scale)
-            if state.get("samples_consumed") != self.data.samples_consumed(start):
-                raise SpecError(
-                    f"checkpoint {found[1]} was made with a different global batch "
-                    f"(data position {state.get('samples_consumed')} at step {start})",
-                    hint="resume with the plan it was saved with, or use a new checkpoint.dir",
-                )
+        """(the step to start at, the run id): 0 and a new id, or what the newest usable checkpoint holds (its
+        model, optimizer and scheduler states loaded in place). A checkpoint that fails to load (damaged in a way
+        its marker did not show) is set aside and the one before it is loaded (llmctl.engine.resume)."""
+        from llmctl.engine.checkpoint_files import DamagedCheckpoint
+        from llmctl.engine.resume import damaged_warning, usable_checkpoint
+
+        damage: DamagedCheckpoint | None = None  # the last load that failed (the same on every rank)
+        while self.ckpt is not None and found is not None:
+            try:
+                return self._load_checkpoint(found[1])
+            except DamagedCheckpoint as e:
+                damage = e
+                if self.env.rank == 0:
+                    self._resume_warnings.append(damaged_warning(e, found[1]))
+                found, more = usable_checkpoint(self.ckpt.root, self.env.rank, below=found[0])
+                self._resume_warnings += more
+        if damage is not None:
+            raise InputError(f"no checkpoint left to resume from: {damage.message}")
+        return 0, new_run_id()  # a run from step 0 is a new TensorBoard/W&B run; a resumed one continues its own
+
+    def _load_checkpoint(self, path: Path) -> tuple[int, str]:
+        """Load `path` (every rank): the plan's fingerprint checked first (llmctl.engine.resume), then the states."""
+        from llmctl.engine.resume import check_fingerprint
+
+        assert self.ckpt is not None
+        trainer = self.ckpt.read(path)
+        self._resume_changes = check_fingerprint(path, trainer.get("fingerprint"), plan_fingerprint(self.plan))
+        state = self.ckpt.load(path, self.model, self.optimizer, self.scheduler, trainer)
+        if self._resume_changes:
+            self._apply_plan_optimizer()
+        start = int(state["step"])
+        run_id = str(state.get("run_id") or new_run_id())
+        scaler = self.grad_step.scaler
+        if scaler is not None and state.get("loss_scaler"):
+            scaler.load_state_dict(state["loss_scaler"])  # the scale the run had reached, not the initial one
+        elif scaler is not None:
+            log.info("%s has no loss scale (saved in another precision): it starts at %g", path, scaler.scale)
+        if state.get("samples_consumed") != self.data.samples_consumed(start):
+            raise SpecError(
+                f"checkpoint {path} was made with a different global batch "
+                f"(data position {state.get('samples_consumed')} at step {start})",
+                hint="resume with the plan it was saved with, or use a new checkpoint.dir",
+            )
         return start, run_id
+
+    def _apply_plan_optimizer(self) -> None:
+        """--resume-anyway: the new plan's AdamW values and peak lr over the checkpoint's (the loaded param groups
+        and scheduler hold the old ones; the schedule's shape is the new plan's closure already). The groups are
+        build_optimizer's: decayed matrices, then vectors without decay."""
+        o, groups = self.plan.optimizer, self.optimizer.param_groups
+        self.scheduler.base_lrs = [o.lr] * len(groups)
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for g, decay in zip(groups, (o.weight_decay, 0.0), strict=False):
+            g.update(lr=o.lr * factor, initial_lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=decay)
+        self.scheduler._last_lr = [g["lr"] for g in groups]  # what get_last_lr (the step record's lr) reads
+
+    def _resume_events(self) -> None:
+        """The warnings about damaged checkpoints set aside, and a `resume` event for a --resume-anyway change."""
+        for w in self._resume_warnings:
+            self.emit({"event": "warning", "step": self.start, "message": w})
+        changes = self._resume_changes
+        if changes:
+            self.emit(
+                {
+                    "event": "resume",
+                    "step": self.start,
+                    "changes": changes,
+                    "message": f"resuming at step {self.start} under a changed plan (--resume-anyway): "
+                    + "; ".join(changes),
+                }
+            )
 
     def _start_record(self, peak: float | None, rss_base: int, rss_setup: int, rss_all: list[Any]) -> dict[str, Any]:
         plan, t, spec, mesh = self.plan, self.setup_, self.spec, self.mesh
@@ -490,6 +550,7 @@ class Trainer:
                 "world_size": self.env.world_size,
                 "seed": self.plan.training.seed,
                 "run_id": self.run_id,
+                "fingerprint": plan_fingerprint(self.plan),
                 **({"loss_scaler": sc.state_dict()} if (sc := self.grad_step.scaler) is not None else {}),
             },
         )

@@ -25,7 +25,9 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.engine import export as ex
+from llmctl.engine.checkpoint_files import write_marker
 from llmctl.engine.model import base_spec, model_spec_for
+from llmctl.errors import RuntimeFailure, describe
 from llmctl.spec.planfile import load_plan
 from tests.engine.conftest import CORPUS, REPO, TINY, check_ok, deep_update, engine_cmd, engine_env
 
@@ -246,6 +248,7 @@ def make_checkpoint(
     dcp.save({"model": net.state_dict()}, checkpoint_id=str(step), no_dist=True)
     if with_plan:
         shutil.copy(plan_path, step / "plan.yaml")
+    write_marker(step)  # what the engine's Checkpointer writes last: the export reads only folders llmctl wrote
     return step, net.eval()
 
 
@@ -328,8 +331,11 @@ def test_a_crash_mid_write_leaves_nothing_that_looks_complete(
         out.mkdir()
         (out / "config.json").write_text("{}")
     request = ex.ExportRequest(checkpoint=small_ckpt, out=out, force=True, max_shard_bytes=100 * 1024)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(RuntimeFailure) as err:  # one line naming the file and the bytes (issue 46), exit 1
         ex.export_checkpoint(request)
+    message, code = describe(err.value)
+    assert code == 1 and "no space left on the device writing" in message and "model-00002-of-" in message
+    assert "bytes" in message and "\n" not in message
     assert len(calls) == 2 and Path(calls[0]).parent.name.startswith(".hf.tmp-")
     if existing:
         assert [p.name for p in out.iterdir()] == ["config.json"]
@@ -409,8 +415,8 @@ def corrupt(step: Path, how: str, tmp_path: Path) -> Path:
             lambda c, t: (t / "s" / "step_00000002").mkdir(parents=True) or t / "s",
             ("step_00000002: not a torch.distributed.checkpoint folder (no .metadata file)",),
         ),
-        (lambda c, t: corrupt(c, "metadata", t), ("not readable as torch.distributed.checkpoint metadata",)),
-        (lambda c, t: corrupt(c, "shard", t), ("cannot read checkpoint",)),
+        (lambda c, t: corrupt(c, "metadata", t), (".metadata: 12 bytes, the save wrote", "is damaged")),
+        (lambda c, t: corrupt(c, "shard", t), (".distcp: 1000 bytes, the save wrote", "is damaged")),
     ],
     ids=["missing", "file", "empty", "run-folder", "interrupted", "not-dcp", "bad-metadata", "truncated-shard"],
 )

@@ -130,7 +130,7 @@ def test_fp16_resume_is_bit_exact_and_the_skipped_step_changed_nothing(runs: dic
     assert any(k.startswith("model.") for k in before) and any(k.endswith(".exp_avg_sq") for k in before)
     for k in before:
         assert torch.equal(before[k], after[k]), k  # weights, Adam's moments and its step count: untouched
-    trainer = torch.load(runs["root"] / "fp16-ckpt" / f"step_{OVERFLOW_STEP:08d}" / "trainer.pt", weights_only=False)
+    trainer = torch.load(runs["root"] / "fp16-ckpt" / f"step_{OVERFLOW_STEP:08d}" / "trainer.pt", weights_only=True)
     assert trainer["loss_scaler"]["scale"] == 2.0**15 and trainer["loss_scaler"]["skipped_steps"] == 1
 
 

@@ -287,7 +287,7 @@ def test_lora_trains_only_the_adapters_and_checkpoints_only_them(runs: dict[str,
     # the optimizer's states are the adapters' only
     moments = {k for k in state["optim"]["state"]}
     assert moments and all(".lora_" in k for k in moments)
-    trainer = torch.load(step_dir / "trainer.pt", weights_only=False)
+    trainer = torch.load(step_dir / "trainer.pt", weights_only=True)
     assert trainer["frozen_base"]["fingerprint"] == fingerprint_folder(Path(plan.model.weights or ""))
 
 

@@ -239,6 +239,9 @@ def checkpoint_of(plan_path: Path) -> Path:
     step = plan_path.parent / "ckpt" / "step_00000001"
     dcp.save({"model": model.state_dict()}, checkpoint_id=str(step), no_dist=True)
     shutil.copy(plan_path, step / "plan.yaml")
+    from llmctl.engine.checkpoint_files import write_marker
+
+    write_marker(step)  # the export reads only folders llmctl wrote
     return step
 
 
