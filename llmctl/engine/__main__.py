@@ -10,8 +10,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from llmctl.errors import InputError, report
+
+if TYPE_CHECKING:
+    from llmctl.spec.planfile import Plan
 
 USAGE = (
     "usage: python -m llmctl.engine PLAN.yaml   (or: torchrun --nproc_per_node N -m llmctl.engine PLAN.yaml)\n"
@@ -52,6 +56,22 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+_RUN_LOCK: list[object] = []
+"""The run folder's lock (llmctl.launch.runlock), held until this process ends."""
+
+
+def _own_run_folder(plan: Plan) -> None:
+    """Rank 0 locks the run folder before anything is written there, unless `llmctl launch` holds it; a second run
+    on the same folder stops here with one line naming the holder (exit 2)."""
+    from llmctl.launch import runlock
+
+    lock = runlock.for_engine(plan.logging.dir, plan.checkpoint.dir, _rank())
+    if lock is not None:
+        for warning in lock.warnings:
+            logging.getLogger("llmctl.engine").warning("warning: %s", warning)
+        _RUN_LOCK.append(lock)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
@@ -77,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmctl.spec.planfile import load_plan
 
         plan = load_plan(args[0])
+        _own_run_folder(plan)
         from llmctl.engine.loop import run
 
         run(plan)
