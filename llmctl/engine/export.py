@@ -48,6 +48,9 @@ MODEL_PREFIX = "model."
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_MAX_SHARD = "5GB"
 """Hugging Face's customary shard size (parsed by llmctl.units.parse_bytes, which reads GB as GiB)."""
+EXPORT_MARKER = ".llmctl-export"
+"""The file every export folder holds: `--force` replaces a folder only when it has one (a folder of the user's is
+never deleted)."""
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = (
@@ -105,7 +108,7 @@ class ExportResult:
     checkpoint_vocab_size: int
     """Rows of the embedding in the checkpoint (the padded vocabulary)."""
     files: tuple[str, ...]
-    """Every file in the exported folder."""
+    """Every file in the exported folder (but EXPORT_MARKER)."""
     tokenizer_files: tuple[str, ...]
     tokenizer_source: str | None
     """The plan's data.tokenizer folder, or None (llmctl's byte-level tokenizer: no files to copy)."""
@@ -159,7 +162,8 @@ def resolve_plan(step_dir: Path, plan: Path | None) -> tuple[Plan, Path]:
 
 
 def check_out(out: Path, force: bool, step_dir: Path) -> None:
-    """Refuse an output folder that holds files (unless --force), that is a file, or that holds the checkpoint."""
+    """Refuse an output folder that holds files (unless --force, and then only one an export wrote), that is a
+    file, or that holds the checkpoint."""
     target = out.resolve()
     source = step_dir.resolve()
     if target == source or target in source.parents:
@@ -168,9 +172,21 @@ def check_out(out: Path, force: bool, step_dir: Path) -> None:
         raise InputError(f"--out {out}: a broken symbolic link")
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise InputError(
+                f"--out {out}: folder is not empty", hint="choose an empty folder, or --force to replace it once done"
+            )
+        _check_replaceable(out)
+
+
+def _check_replaceable(out: Path) -> None:
+    """--force replaces only a folder `llmctl export` wrote (its EXPORT_MARKER): it used to delete any non-empty
+    folder, and a user's thesis.tex and a sub-folder went with it (issue 46)."""
+    if not (out / EXPORT_MARKER).is_file():
         raise InputError(
-            f"--out {out}: folder is not empty", hint="choose an empty folder, or --force to replace it once done"
+            f"--out {out}: not a folder llmctl export wrote (no {EXPORT_MARKER} in it); --force replaces only those",
+            hint="choose another folder; to replace this one, delete it yourself",
         )
 
 
@@ -533,7 +549,9 @@ def _remove_stale_temps(out: Path) -> None:
 
 
 def publish_durably(tmp: Path, out: Path, force: bool) -> None:
-    """Every file and folder under `tmp` fsynced (durable before the rename publishes them), then `_publish`."""
+    """EXPORT_MARKER written, every file and folder under `tmp` fsynced (durable before the rename publishes them),
+    then `_publish`."""
+    (tmp / EXPORT_MARKER).write_text(json.dumps({"written_by": "llmctl export"}) + "\n")
     for f in sorted(tmp.rglob("*")):
         if f.is_file():
             with open(f, "rb") as fh:
@@ -551,6 +569,7 @@ def _publish(tmp: Path, out: Path, force: bool) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not force:  # files appeared since the check
             raise InputError(f"--out {out}: folder is not empty", hint="--force to replace it")
+        _check_replaceable(out)  # again: the folder may have changed since the check
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)
