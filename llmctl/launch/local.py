@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from llmctl.errors import InputError, RuntimeFailure, one_line
+from llmctl.fileio import whole_lines_end
 from llmctl.launch import jobs, runlock, shell
 from llmctl.launch.backends import Job, LaunchBackend
 
@@ -511,7 +512,8 @@ class LocalBackend(LaunchBackend):
         record = job.record(self.name, "local", folder, [console], argv)
         record.host = socket.gethostname()
         metrics = Path(record.metrics)  # type: ignore[arg-type]
-        offset = metrics.stat().st_size if metrics.is_file() else 0  # the plan's earlier runs wrote before this
+        # The plan's earlier runs wrote before this; a torn last line of theirs is cut by the engine on open.
+        offset = whole_lines_end(metrics)
         print(one_line(f"llmctl: {job.env_prefix()}{shell.join(argv)}"), file=sys.stderr, flush=True)
 
         def started(proc: subprocess.Popen) -> None:
