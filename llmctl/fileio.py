@@ -3,6 +3,7 @@ full disk never leaves a half-written file or destroys the previous one. Torch-f
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -23,8 +24,12 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, mode: int | No
         # mkstemp creates the file 0600; a plan or a report is as readable as any file the user writes.
         os.chmod(tmp, mode if mode is not None else 0o666 & ~_umask())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            # A full disk names the file the user asked for, not the temporary one (or none: a failed flush); the
+            # previous file is untouched (the rename never happened).
+            raise OSError(e.errno, e.strerror, str(p)) from None
         raise
     fsync_dir(p.parent)
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.checkpoint import PLAN_FILE, TMP_PREFIX, complete_checkpoints, latest_checkpoint
 from llmctl.engine.model import base_spec, padded_vocab_size
-from llmctl.errors import InputError, RuntimeFailure, SpecError
+from llmctl.errors import InputError, RuntimeFailure, SpecError, disk_full
 from llmctl.fileio import fsync_dir, pid_alive
 from llmctl.spec.planfile import Plan, load_plan
 
@@ -307,8 +307,9 @@ def export_checkpoint(req: ExportRequest, on_shard: ShardCallback | None = None)
         copied = _copy_tokenizer(tok_folder, tmp)
         files = tuple(sorted(p.name for p in tmp.iterdir()))
         publish_durably(tmp, out, req.force)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise_disk_full(e, req.out)
         raise
     return ExportResult(
         out=req.out,
@@ -546,6 +547,15 @@ def _remove_stale_temps(out: Path) -> None:
         pid = p.name[len(prefix) :]
         if p.name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
+
+
+def raise_disk_full(e: BaseException, out: Path) -> None:
+    """A full disk or quota while writing the export (an OSError, or safetensors' own error that carries the OS
+    error): an OSError naming --out, which the CLI says in one line (llmctl.errors.disk_full). The temporary folder
+    is gone and a previous --out is as it was."""
+    full = disk_full(e)
+    if full is not None:
+        raise OSError(full, os.strerror(full), str(out)) from None
 
 
 def publish_durably(tmp: Path, out: Path, force: bool) -> None:

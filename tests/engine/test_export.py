@@ -352,6 +352,27 @@ def test_a_crash_mid_write_leaves_nothing_that_looks_complete(
     assert sorted(p.name for p in tmp_path.iterdir()) == (["hf"] if existing else [])
 
 
+def test_a_full_disk_is_one_line_naming_out(small_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """safetensors reports a full disk in its own error type (the OS error only in its text): one line naming --out,
+    exit 1, no temporary folder left (issue 46; it was "internal error ... a bug in llmctl" on main)."""
+    import safetensors.torch
+
+    class SafetensorError(Exception):  # its text, as safetensors wrote it on a full 64 KiB tmpfs
+        pass
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    out = tmp_path / "hf"
+    result = export_cli(small_ckpt, "--out", out)
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"llmctl: error: {out}: no space left on device (free some space, or write it elsewhere)"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_stale_temporary_folders_of_killed_exports_are_removed(small_ckpt: Path, tmp_path: Path) -> None:
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale = tmp_path / f".hf.tmp-{int(dead.stdout)}"
