@@ -116,8 +116,8 @@ def _lock_one(lock: RunLock, folder: Path) -> None:
         os.close(fd)
         raise RunFolderBusy(
             one_line(f"run folder {folder} is in use by {text}"),
-            hint="wait for that run to end or cancel it; two runs of one plan at once would mix their checkpoints "
-            "and metrics (set logging.dir and checkpoint.dir to run beside it)",
+            hint="wait for that run to end or cancel it; to run beside it, give this plan another logging.dir and "
+            "checkpoint.dir",
         ) from None
     except OSError as e:
         os.close(fd)
