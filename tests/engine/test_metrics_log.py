@@ -75,3 +75,16 @@ def test_a_whole_last_record_without_its_newline_is_kept(tmp_path: Path) -> None
     assert repair_torn_tail(tmp_path / "missing.jsonl") is None
     path.write_text('{"event": "st')  # nothing whole at all
     assert repair_torn_tail(path) == ("dropped", 13) and path.read_bytes() == b""
+
+
+def test_calibrate_skips_the_cut_last_line_of_a_killed_run(tmp_path: Path) -> None:
+    """Before any new run repaired it: `plan --calibrate` reads the whole lines, and still refuses a bad line that is
+    not the cut tail."""
+    from llmctl.errors import SpecError
+
+    path = tmp_path / "metrics.jsonl"
+    killed_run(path, steps=4)
+    assert read_calibration(str(path)).steps == 2  # steps 1-3 whole, the first left out as warm-up
+    path.write_text(path.read_text().replace('{"event": "start", "step": 0}', "{oops"))
+    with pytest.raises(SpecError, match="line 1: not valid JSON"):
+        read_calibration(str(path))
