@@ -56,20 +56,22 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-_RUN_LOCK: list[object] = []
-"""The run folder's lock (llmctl.launch.runlock), held until this process ends."""
-
-
-def _own_run_folder(plan: Plan) -> None:
-    """Rank 0 locks the run folder before anything is written there, unless `llmctl launch` holds it; a second run
-    on the same folder stops here with one line naming the holder (exit 2)."""
+def _run_owning_the_folder(plan: Plan) -> None:
+    """Run the plan, rank 0 holding the run folder's lock (llmctl.launch.runlock) from before anything is written
+    there until the run ends, unless `llmctl launch` holds it; a second run on the same folder stops here with one
+    line naming the holder (exit 2). Released on return, so that one process may run plans one after another."""
     from llmctl.launch import runlock
 
     lock = runlock.for_engine(plan.logging.dir, plan.checkpoint.dir, _rank())
-    if lock is not None:
-        for warning in lock.warnings:
-            logging.getLogger("llmctl.engine").warning("warning: %s", warning)
-        _RUN_LOCK.append(lock)
+    for warning in lock.warnings if lock is not None else []:
+        logging.getLogger("llmctl.engine").warning("warning: %s", warning)
+    try:
+        from llmctl.engine.loop import run
+
+        run(plan)
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,10 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmctl.spec.planfile import load_plan
 
         plan = load_plan(args[0])
-        _own_run_folder(plan)
-        from llmctl.engine.loop import run
-
-        run(plan)
+        _run_owning_the_folder(plan)
     except BaseException as e:
         if not isinstance(e, Exception | KeyboardInterrupt):
             raise  # SystemExit and friends

@@ -142,3 +142,25 @@ def test_a_file_system_that_cannot_lock_warns_and_runs(workdir: Path, monkeypatc
     assert lock.files == {} and lock.warnings == [
         f"run folder {workdir / 'run'}: the file system cannot lock (No locks available); not locked"
     ]
+
+
+def test_the_engine_lets_go_when_its_run_ends(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held while the run runs, released when it returns or fails: tests/engine/engine_runs.py runs plans one after
+    another in one process, a resume among them on the same folder."""
+    from llmctl.engine import __main__ as engine_main
+    from llmctl.spec.planfile import load_plan
+
+    seen: list[bool] = []
+
+    def run(plan: object) -> None:
+        seen.append(_unlocked(workdir / "run"))
+        if len(seen) == 2:
+            raise RuntimeError("a failed run")
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr("llmctl.engine.loop.run", run)
+    plan = load_plan(workdir / "plan.yaml")
+    engine_main._run_owning_the_folder(plan)
+    with pytest.raises(RuntimeError):
+        engine_main._run_owning_the_folder(plan)
+    assert seen == [False, False] and _unlocked(workdir / "run")
