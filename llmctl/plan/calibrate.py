@@ -60,7 +60,8 @@ def calibrate(records: list[dict[str, Any]], source: str = "metrics") -> Calibra
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
     """The records of a metrics.jsonl. A last line without its newline that is not JSON is the line a run killed
-    mid-write (or still writing) left: skipped, not a reason to refuse the file; a bad line anywhere else is."""
+    mid-write (or still writing) left: skipped after whole lines, not a reason to refuse the file; a bad line
+    anywhere else is."""
     p = Path(path)
     text = read_input(p, "metrics file")
     lines = text.splitlines()
@@ -71,8 +72,8 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            if i == len(lines) and not text.endswith("\n"):
-                break
+            if 1 < i == len(lines) and not text.endswith("\n"):
+                break  # after whole lines only: a file of one bad line is no metrics file
             raise SpecError(f"{p} line {i}: not valid JSON ({e.msg})") from None
         if not isinstance(rec, dict):
             raise SpecError(f"{p} line {i}: expected a JSON object per line")
