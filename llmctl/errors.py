@@ -12,6 +12,7 @@ structured record rather than by scraping their stderr.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -102,6 +103,20 @@ def is_out_of_memory(e: BaseException) -> bool:
     return type(e).__name__ == "OutOfMemoryError"
 
 
+DISK_FULL_HINT = "free some space, or write it elsewhere"
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(e: BaseException) -> int | None:
+    """ENOSPC or EDQUOT when `e` says the disk or the quota is full, else None: an OSError, or an error of a library
+    written in Rust that carries the OS error in its text (safetensors: "I/O error: No space left on device (os error
+    28)")."""
+    if isinstance(e, OSError):
+        return e.errno if e.errno in _DISK_FULL else None
+    text = str(e)
+    return next((code for code in _DISK_FULL if f"(os error {code})" in text), None)
+
+
 def one_line(text: str) -> str:
     """`text` with every character that would break or hide the line (newline, \\x1e, U+2028, other controls)
     written as its escape: a user's path or value with a line break still makes one error line."""
@@ -124,6 +139,11 @@ def _describe(e: BaseException) -> tuple[str, int]:
         return ("interrupted", 130) if signum is None else (f"interrupted ({e})", 128 + signum)
     if isinstance(e, ValueError) and str(e) == "embedded null byte":  # os.* on a path or value holding NUL
         return "a path or value contains a NUL byte (\\x00)", 2
+    full = disk_full(e)
+    if full is not None:  # a full disk or quota: the user's to fix, not a bug
+        path = getattr(e, "filename", None)
+        what = os.strerror(full).lower()
+        return (f"{path}: {what}" if path else what) + f" ({DISK_FULL_HINT})", 1
     first = (str(e).strip().splitlines() or [""])[0]
     if is_out_of_memory(e):
         return f"out of memory: {first} ({OOM_HINT})", 1

@@ -3,6 +3,7 @@ full disk never leaves a half-written file or destroys the previous one. Torch-f
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -26,6 +27,7 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, mode: int | No
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
+            # a full disk names the file asked for, not the temporary one; the previous file is untouched
             raise_if_no_space(e, p, len(data.encode() if isinstance(data, str) else data))
         raise
     fsync_dir(p.parent)
@@ -34,7 +36,6 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes, mode: int | No
 def raise_if_no_space(e: OSError, path: str | os.PathLike[str], needed_bytes: int) -> None:
     """A full disk (or quota) while writing `path`: one line naming it and the bytes it needs (RuntimeFailure,
     exit 1), instead of an internal error. Any other OSError: returns (the caller re-raises it)."""
-    import errno
     import shutil
 
     if e.errno not in (errno.ENOSPC, errno.EDQUOT):
@@ -229,3 +230,54 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # another user's process
     return True
+
+
+# ------------------------------------------------------------------------------------------ append-only JSON lines
+
+
+def whole_lines_end(path: str | os.PathLike[str]) -> int:
+    """The byte offset just past the last newline of `path` (0 for a missing or empty file, or one without any):
+    where a JSON-lines file's whole lines end. Read backwards, a block at a time (a torn tail is one line)."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return 0
+    with f:
+        end = f.seek(0, os.SEEK_END)
+        while end > 0:
+            start = max(0, end - 65536)
+            f.seek(start)
+            block = f.read(end - start)
+            i = block.rfind(b"\n")
+            if i >= 0:
+                return start + i + 1
+            end = start
+        return 0
+
+
+def repair_torn_tail(path: str | os.PathLike[str]) -> tuple[str, int] | None:
+    """Before appending to a JSON-lines file: a last line without its newline (a writer killed mid-write) would be
+    glued to the next line written, and both become unreadable. A tail that is a whole JSON object gets its newline;
+    anything else (a cut line) is truncated away. Returns None when the file was whole, else ("newline" | "dropped",
+    bytes of the tail)."""
+    import json
+
+    whole = whole_lines_end(path)
+    try:
+        with open(path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == whole:
+                return None
+            f.seek(whole)
+            tail = f.read()
+            try:
+                complete = isinstance(json.loads(tail), dict)
+            except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+                complete = False
+            if complete:
+                f.write(b"\n")
+                return ("newline", len(tail))
+            f.truncate(whole)
+            return ("dropped", len(tail))
+    except FileNotFoundError:
+        return None

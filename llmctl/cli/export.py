@@ -39,7 +39,11 @@ DtypeOpt = Annotated[
     ),
 ]
 ForceOpt = Annotated[
-    bool, typer.Option("--force", help="Replace a non-empty --out folder (only once the new one is complete).")
+    bool,
+    typer.Option(
+        "--force",
+        help="Replace a non-empty --out folder that llmctl export wrote (only once the new one is complete).",
+    ),
 ]
 PlanOpt = Annotated[
     Optional[Path],

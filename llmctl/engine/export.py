@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.checkpoint import PLAN_FILE, TMP_PREFIX, complete_checkpoints, latest_checkpoint
 from llmctl.engine.model import base_spec, padded_vocab_size
-from llmctl.errors import InputError, RuntimeFailure, SpecError
+from llmctl.errors import InputError, RuntimeFailure, SpecError, disk_full
 from llmctl.fileio import fsync_dir, pid_alive, raise_if_no_space
 from llmctl.spec.planfile import DataSection, ModelSection, Plan, load_plan
 
@@ -50,6 +50,9 @@ MODEL_PREFIX = "model."
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_MAX_SHARD = "5GB"
 """Hugging Face's customary shard size (parsed by llmctl.units.parse_bytes, which reads GB as GiB)."""
+EXPORT_MARKER = ".llmctl-export"
+"""The file every export folder holds: `--force` replaces a folder only when it has one (a folder of the user's is
+never deleted)."""
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = (
@@ -107,7 +110,7 @@ class ExportResult:
     checkpoint_vocab_size: int
     """Rows of the embedding in the checkpoint (the padded vocabulary)."""
     files: tuple[str, ...]
-    """Every file in the exported folder."""
+    """Every file in the exported folder (but EXPORT_MARKER)."""
     tokenizer_files: tuple[str, ...]
     tokenizer_source: str | None
     """The plan's data.tokenizer folder, or None (llmctl's byte-level tokenizer: no files to copy)."""
@@ -161,7 +164,8 @@ def resolve_plan(step_dir: Path, given: Path | None) -> tuple[Plan, Path]:
 
 
 def check_out(out: Path, force: bool, step_dir: Path) -> None:
-    """Refuse an output folder that holds files (unless --force), that is a file, or that holds the checkpoint."""
+    """Refuse an output folder that holds files (unless --force, and then only one an export wrote), that is a
+    file, or that holds the checkpoint."""
     target = out.resolve()
     source = step_dir.resolve()
     if target == source or target in source.parents:
@@ -170,9 +174,21 @@ def check_out(out: Path, force: bool, step_dir: Path) -> None:
         raise InputError(f"--out {out}: a broken symbolic link")
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise InputError(
+                f"--out {out}: folder is not empty", hint="choose an empty folder, or --force to replace it once done"
+            )
+        _check_replaceable(out)
+
+
+def _check_replaceable(out: Path) -> None:
+    """--force replaces only a folder `llmctl export` wrote (its EXPORT_MARKER): it used to delete any non-empty
+    folder, and a user's thesis.tex and a sub-folder went with it (issue 46)."""
+    if not (out / EXPORT_MARKER).is_file():
         raise InputError(
-            f"--out {out}: folder is not empty", hint="choose an empty folder, or --force to replace it once done"
+            f"--out {out}: not a folder llmctl export wrote (no {EXPORT_MARKER} in it); --force replaces only those",
+            hint="choose another folder; to replace this one, delete it yourself",
         )
 
 
@@ -297,8 +313,9 @@ def export_checkpoint(req: ExportRequest, on_shard: ShardCallback | None = None)
         copied = _copy_tokenizer(tok_folder, tmp)
         files = tuple(sorted(p.name for p in tmp.iterdir()))
         publish_durably(tmp, out, req.force)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise_disk_full(e, req.out)
         raise
     return ExportResult(
         out=req.out,
@@ -542,8 +559,19 @@ def _remove_stale_temps(out: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def raise_disk_full(e: BaseException, out: Path) -> None:
+    """A full disk or quota while writing the export (an OSError, or safetensors' own error that carries the OS
+    error): an OSError naming --out, which the CLI says in one line (llmctl.errors.disk_full). The temporary folder
+    is gone and a previous --out is as it was."""
+    full = disk_full(e)
+    if full is not None:
+        raise OSError(full, os.strerror(full), str(out)) from None
+
+
 def publish_durably(tmp: Path, out: Path, force: bool) -> None:
-    """Every file and folder under `tmp` fsynced (durable before the rename publishes them), then `_publish`."""
+    """EXPORT_MARKER written, every file and folder under `tmp` fsynced (durable before the rename publishes them),
+    then `_publish`."""
+    (tmp / EXPORT_MARKER).write_text(json.dumps({"written_by": "llmctl export"}) + "\n")
     for f in sorted(tmp.rglob("*")):
         if f.is_file():
             with open(f, "rb") as fh:
@@ -561,6 +589,7 @@ def _publish(tmp: Path, out: Path, force: bool) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not force:  # files appeared since the check
             raise InputError(f"--out {out}: folder is not empty", hint="--force to replace it")
+        _check_replaceable(out)  # again: the folder may have changed since the check
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         shutil.rmtree(old, ignore_errors=True)
         os.replace(out, old)

@@ -32,6 +32,7 @@ from llmctl.engine.export import (
     fresh_temp,
     peak_rss_bytes,
     publish_durably,
+    raise_disk_full,
     resolve_checkpoint,
     resolve_plan,
 )
@@ -112,8 +113,9 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
             dtype = req.dtype or default_dtype(plan.setup)
             merged = _merge(plan.model, plan.data, tmp, tmp / MERGED, dtype, req.max_shard_bytes)
         publish_durably(tmp, out, req.force)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise_disk_full(e, req.out)
         raise
     ft = plan.setup.finetune
     return AdapterExport(

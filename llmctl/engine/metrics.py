@@ -10,6 +10,8 @@ cores here are shared), so on a CPU MFU is null rather than a made-up number.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import resource
 import sys
 from collections.abc import Sequence
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from llmctl.engine.loggers import Sink, scalars
+from llmctl.fileio import repair_torn_tail
 from llmctl.plan.flops import (
     adapter_recompute_flops_per_token,
     method_flops_per_token,
@@ -26,6 +29,8 @@ from llmctl.plan.flops import (
 from llmctl.spec.finetune import Finetune
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.planfile import Predicted
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,27 @@ def with_predictions(record: dict[str, Any], predicted: Predicted) -> dict[str, 
     return out
 
 
+def open_jsonl(path: Path) -> int:
+    """metrics.jsonl opened for appending, its torn last line (a run killed mid-write) repaired first, so that this
+    run's first line is not glued to it (which made `plan --calibrate` refuse the whole file). Issue 46."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    repaired = repair_torn_tail(path)
+    if repaired is not None:
+        how, nbytes = repaired
+        what = "ended with its missing newline" if how == "newline" else "dropped (a cut line)"
+        log.warning("%s: its last line (%d bytes, a run killed mid-write) %s", path, nbytes, what)
+    # O_APPEND: every write lands at the end, even if another writer appended meanwhile.
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+def append_line(fd: int, line: str) -> None:
+    """One line in one write (a kill leaves whole lines, or one cut line that the next open repairs); a short write
+    (a full disk's last bytes) is finished by the next."""
+    data = line.encode()
+    while data:
+        data = data[os.write(fd, data) :]
+
+
 class MetricsLog:
     """metrics.jsonl (appended across resumes: one line per event) and the human display, rank 0 only."""
 
@@ -156,11 +182,9 @@ class MetricsLog:
         self.sinks = list(sinks)
         """TensorBoard / W&B (llmctl.engine.loggers): they get the numbers of step and eval records."""
         self.stream = stream if stream is not None else sys.stdout
-        self._file = None
+        self._fd: int | None = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Line-buffered: a killed run keeps every full line. Closed in close() (lives as long as the run).
-            self._file = open(path, "a", buffering=1)  # noqa: SIM115
+            self._fd = open_jsonl(path)
         self._progress = None
         self._task = None
         if self.stream.isatty():
@@ -178,8 +202,8 @@ class MetricsLog:
             self._progress.start()
 
     def event(self, record: dict[str, Any]) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(record) + "\n")
+        if self._fd is not None:
+            append_line(self._fd, json.dumps(record) + "\n")
         if record.get("event") in ("step", "eval") and self.sinks:
             values = scalars(record)
             for sink in self.sinks:
@@ -208,5 +232,6 @@ class MetricsLog:
             sink.close()
         if self._progress is not None:
             self._progress.stop()
-        if self._file is not None:
-            self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

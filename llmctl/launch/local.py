@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from llmctl.errors import InputError, RuntimeFailure, one_line
-from llmctl.launch import jobs, shell
+from llmctl.fileio import whole_lines_end
+from llmctl.launch import jobs, runlock, shell
 from llmctl.launch.backends import Job, LaunchBackend
 
 ENGINE_MODULE = "llmctl.engine"
@@ -464,6 +465,17 @@ def _stop_on_signal(record: jobs.JobRecord, proc: subprocess.Popen, signum: int,
             os.kill(pid, kill)
 
 
+def _own_run_folder(job: Job) -> runlock.RunLock:
+    """The run folder's lock (llmctl.launch.runlock), held by this llmctl while torchrun runs."""
+    plan = job.effective_plan
+    ckpt = plan.checkpoint.dir
+    folders = runlock.run_folders(job.workdir / plan.logging.dir, job.workdir / ckpt if ckpt else None)
+    lock = runlock.acquire(folders)  # the job id follows once torchrun runs (describe)
+    for warning in lock.warnings:
+        print(one_line(f"llmctl: warning: {warning}"), file=sys.stderr, flush=True)
+    return lock
+
+
 class LocalBackend(LaunchBackend):
     name = "local"
     help = "torchrun --standalone on this machine"
@@ -488,6 +500,13 @@ class LocalBackend(LaunchBackend):
         self._check(job)
         if job.resized:
             job.effective_plan  # noqa: B018 - validate before creating anything
+        lock = _own_run_folder(job)  # before anything is written: a second launch stops here, in one line
+        try:
+            return self._run(job, lock)
+        finally:
+            lock.release()
+
+    def _run(self, job: Job, lock: runlock.RunLock) -> jobs.JobRecord:
         folder = job.new_folder()
         # The engine reads the world size from the plan too: a resized run uses the folder's copy that says so;
         # otherwise the user's own file (so the command is the one they would type).
@@ -497,12 +516,14 @@ class LocalBackend(LaunchBackend):
         record = job.record(self.name, "local", folder, [console], argv)
         record.host = socket.gethostname()
         metrics = Path(record.metrics)  # type: ignore[arg-type]
-        offset = metrics.stat().st_size if metrics.is_file() else 0  # the plan's earlier runs wrote before this
+        # The plan's earlier runs wrote before this; a torn last line of theirs is cut by the engine on open.
+        offset = whole_lines_end(metrics)
         print(one_line(f"llmctl: {job.env_prefix()}{shell.join(argv)}"), file=sys.stderr, flush=True)
 
         def started(proc: subprocess.Popen) -> None:
             record.job_id, record.pid, record.pid_start = f"local-{proc.pid}", proc.pid, _process_start(proc.pid)
             record.save()
+            lock.describe(record.job_id)
             print(
                 one_line(f"llmctl: job {record.job_id}, folder {shell.quote(str(folder))}"), file=sys.stderr, flush=True
             )
@@ -513,7 +534,8 @@ class LocalBackend(LaunchBackend):
             signals.append(signum)
             _stop_on_signal(record, proc, signum, count)
 
-        code = run(argv, env=job.env, on_start=started, console=console, on_signal=stop)
+        env = {**job.env, runlock.HELD_ENV: str(os.getpid())}  # the ranks take no lock of their own
+        code = run(argv, env=env, on_start=started, console=console, on_signal=stop)
         if _cancel_requested(record):
             outcome = _run_outcome(record.metrics, offset)
             if not (code == 0 and outcome["end"] == "done"):  # else it finished before the stop took effect

@@ -59,8 +59,12 @@ def calibrate(records: list[dict[str, Any]], source: str = "metrics") -> Calibra
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl. A last line without its newline that is not JSON is the line a run killed
+    mid-write (or still writing) left: skipped after whole lines, not a reason to refuse the file; a bad line
+    anywhere else is."""
     p = Path(path)
-    lines = read_input(p, "metrics file").splitlines()
+    text = read_input(p, "metrics file")
+    lines = text.splitlines()
     out = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -68,6 +72,8 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
+            if 1 < i == len(lines) and not text.endswith("\n"):
+                break  # after whole lines only: a file of one bad line is no metrics file
             raise SpecError(f"{p} line {i}: not valid JSON ({e.msg})") from None
         if not isinstance(rec, dict):
             raise SpecError(f"{p} line {i}: expected a JSON object per line")

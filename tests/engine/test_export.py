@@ -294,16 +294,31 @@ def test_weights_folder_config_and_generation_config(tmp_path: Path) -> None:
     torch.testing.assert_close(exported_logits(out), want, atol=1e-5, rtol=0)
 
 
-def test_refuses_a_non_empty_out_and_force_replaces_it(small_ckpt: Path, tmp_path: Path) -> None:
+def test_refuses_a_non_empty_out_and_force_replaces_only_an_export(small_ckpt: Path, tmp_path: Path) -> None:
+    """--force replaces a folder an export wrote, never a user's (issue 46: it used to delete any non-empty folder,
+    and a thesis.tex and a sub-folder went with it; this test failed on main then)."""
     out = tmp_path / "hf"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
+    (out / "chapters").mkdir(parents=True)
+    (out / "thesis.tex").write_text("mine")
+    (out / "chapters" / "one.tex").write_text("also mine")
     assert_one_line(export_cli(small_ckpt, "--out", out), f"--out {out}: folder is not empty", "--force")
-    assert [p.name for p in out.iterdir()] == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+    line = assert_one_line(export_cli(small_ckpt, "--out", out, "--force"))
+    assert line == (
+        f"llmctl: error: --out {out}: not a folder llmctl export wrote (no {ex.EXPORT_MARKER} in it); --force "
+        "replaces only those (choose another folder; to replace this one, delete it yourself)"
+    )
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["chapters", "chapters/one.tex", "thesis.tex"]
+    assert (out / "thesis.tex").read_text() == "mine" and (out / "chapters" / "one.tex").read_text() == "also mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
-    assert_ok(export_cli(small_ckpt, "--out", out, "--force"))
-    assert not (out / "keep.txt").exists() and (out / "model.safetensors").is_file()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no temporary or old folder beside it
+    export = tmp_path / "export"
+    assert_ok(export_cli(small_ckpt, "--out", export))
+    assert (export / ex.EXPORT_MARKER).is_file()
+    (export / "stale.txt").write_text("from the previous export")
+    assert_ok(export_cli(small_ckpt, "--out", export, "--force"))
+    assert not (export / "stale.txt").exists() and (export / "model.safetensors").is_file()
+    assert (export / ex.EXPORT_MARKER).is_file()  # still an export: the next --force may replace it again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export", "hf"]  # no temporary or old folder beside it
 
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -330,6 +345,7 @@ def test_a_crash_mid_write_leaves_nothing_that_looks_complete(
     if existing:  # --force over a previous export: that one stays as it was
         out.mkdir()
         (out / "config.json").write_text("{}")
+        (out / ex.EXPORT_MARKER).write_text("{}")
     request = ex.ExportRequest(checkpoint=small_ckpt, out=out, force=True, max_shard_bytes=100 * 1024)
     with pytest.raises(RuntimeFailure) as err:  # one line naming the file and the bytes (issue 46), exit 1
         ex.export_checkpoint(request)
@@ -338,8 +354,29 @@ def test_a_crash_mid_write_leaves_nothing_that_looks_complete(
     assert "bytes" in message and "\n" not in message
     assert len(calls) == 2 and Path(calls[0]).parent.name.startswith(".hf.tmp-")
     if existing:
-        assert [p.name for p in out.iterdir()] == ["config.json"]
+        assert sorted(p.name for p in out.iterdir()) == [ex.EXPORT_MARKER, "config.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == (["hf"] if existing else [])
+
+
+def test_a_full_disk_is_one_line_naming_out(small_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """safetensors reports a full disk in its own error type (the OS error only in its text): one line naming --out,
+    exit 1, no temporary folder left (issue 46; it was "internal error ... a bug in llmctl" on main)."""
+    import safetensors.torch
+
+    class SafetensorError(Exception):  # its text, as safetensors wrote it on a full 64 KiB tmpfs
+        pass
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    out = tmp_path / "hf"
+    result = export_cli(small_ckpt, "--out", out)
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines()[-1] == (
+        f"llmctl: error: {out}: no space left on device (free some space, or write it elsewhere)"
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_stale_temporary_folders_of_killed_exports_are_removed(small_ckpt: Path, tmp_path: Path) -> None:
