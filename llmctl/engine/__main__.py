@@ -9,13 +9,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from llmctl.errors import InputError, report
-
-if TYPE_CHECKING:
-    from llmctl.spec.planfile import Plan
 
 USAGE = (
     "usage: python -m llmctl.engine PLAN.yaml   (or: torchrun --nproc_per_node N -m llmctl.engine PLAN.yaml)\n"
@@ -56,19 +53,18 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _run_owning_the_folder(plan: Plan) -> None:
-    """Run the plan, rank 0 holding the run folder's lock (llmctl.launch.runlock) from before anything is written
-    there until the run ends, unless `llmctl launch` holds it; a second run on the same folder stops here with one
-    line naming the holder (exit 2). Released on return, so that one process may run plans one after another."""
+@contextmanager
+def _owning(run_dir: str, checkpoint_dir: str) -> Iterator[None]:
+    """Rank 0 holds the run folder's lock (llmctl.launch.runlock) from before anything is written there until the
+    run ends, unless `llmctl launch` holds it; a second run on the same folder stops here with one line naming the
+    holder (exit 2). Released on leaving, so that one process may run plans one after another."""
     from llmctl.launch import runlock
 
-    lock = runlock.for_engine(plan.logging.dir, plan.checkpoint.dir, _rank())
+    lock = runlock.for_engine(run_dir, checkpoint_dir, _rank())
     for warning in lock.warnings if lock is not None else []:
         logging.getLogger("llmctl.engine").warning("warning: %s", warning)
     try:
-        from llmctl.engine.loop import run
-
-        run(plan)
+        yield
     finally:
         if lock is not None:
             lock.release()
@@ -99,7 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from llmctl.spec.planfile import load_plan
 
         plan = load_plan(args[0])
-        _run_owning_the_folder(plan)
+        with _owning(plan.logging.dir, plan.checkpoint.dir):
+            from llmctl.engine.loop import run
+
+            run(plan)
     except BaseException as e:
         if not isinstance(e, Exception | KeyboardInterrupt):
             raise  # SystemExit and friends

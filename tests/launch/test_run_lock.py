@@ -159,8 +159,8 @@ def test_the_engine_lets_go_when_its_run_ends(workdir: Path, monkeypatch: pytest
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr("llmctl.engine.loop.run", run)
-    plan = load_plan(workdir / "plan.yaml")
-    engine_main._run_owning_the_folder(plan)
+    load_plan(workdir / "plan.yaml")  # a valid plan: what main runs is the run below
+    assert engine_main.main([str(workdir / "plan.yaml")]) == 0
     with pytest.raises(RuntimeError):
-        engine_main._run_owning_the_folder(plan)
+        engine_main.main([str(workdir / "plan.yaml")])
     assert seen == [False, False] and _unlocked(workdir / "run")
