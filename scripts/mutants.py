@@ -58,8 +58,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     M(
         "cp-imbalance",
-        "llmctl/plan/flops.py",
-        "return (2 * cp - 1) / cp",
+        "llmctl/spec/parallel.py",
+        "return (2 * self.cp - 1) / self.cp",
         "return 1.0",
         ("tests/plan/test_cp_cost.py",),
         "no load imbalance without the head-tail split",
@@ -92,8 +92,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "loss-buffers",
         "llmctl/plan/memory/estimate.py",
-        'comps.append(Component("loss backward buffers", 8 * bsv, ("loss_backward",)))',
-        'comps.append(Component("loss backward buffers", 4 * bsv, ("loss_backward",)))',
+        'Component("loss backward buffers", 8 * bsv, ("loss_backward",)),',
+        'Component("loss backward buffers", 4 * bsv, ("loss_backward",)),',
         (
             "tests/plan/test_memory_golden.py",
             "tests/plan/test_measured_h100.py",
@@ -128,7 +128,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "root-module",
         "llmctl/plan/memory/estimate.py",
-        "root = int((spec.embedding_params + spec.head_params) / setup.tp * cb)",
+        "root = int(shard.params(spec.embedding_params + spec.head_params) * cb)",
         "root = 0",
         ("tests/plan/test_measured_h100.py",),
         "FSDP2's unsharded root module not counted",
@@ -144,8 +144,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "activations-silu",
         "llmctl/plan/memory/activations.py",
-        'terms["mlp: HF silu(gate) kept"] = ab * sb * i',
-        'terms["mlp: HF silu(gate) kept"] = 0',
+        '"mlp: HF silu(gate) kept": ab * sb * i,',
+        '"mlp: HF silu(gate) kept": 0,',
         ("tests/plan/test_memory_measured.py",),
         "Hugging Face's kept silu(gate) left out of the saved activations",
     ),
@@ -390,7 +390,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "kernel-sdpa-fa2-on-hopper",
         "llmctl/spec/kernels.py",
-        'if attention == "sdpa" and gpu.architecture in SDPA_CUDNN_ARCHS:',
+        "if kind is Attention.SDPA and gpu.architecture in SDPA_CUDNN_ARCHS:",
         "if False:",
         ("tests/spec/test_kernels.py", "tests/plan/test_kernel_time.py"),
         "SDPA priced at FlashAttention-2 on Hopper, where the profile shows cuDNN's kernel",
