@@ -16,6 +16,7 @@ from llmctl.errors import LlmctlError
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
+from llmctl.spec.pipeline import schedule
 from llmctl.spec.precision import PRECISION_HELP, policy
 from llmctl.spec.text import check_line
 
@@ -83,6 +84,10 @@ Sharding = Annotated[Literal["full_shard", "hybrid_shard", "no_shard"], BeforeVa
 Precision = Annotated[str, BeforeValidator(_as(lambda v: policy(v).name, "a precision name (" + PRECISION_HELP + ")"))]
 """Any name or alias llmctl.spec.precision accepts, stored as the policy's own name (`fp16` -> fp16-mixed)."""
 AttentionName = Literal["auto", "flash", "sdpa", "eager"]
+PipelineSchedule = Annotated[
+    str, BeforeValidator(_as(lambda v: str(schedule(v)), "a pipeline schedule (1f1b, interleaved-1f1b, zbv, gpipe)"))
+]
+"""llmctl.spec.pipeline's schedules, stored as our name (torch's `Interleaved1F1B` -> interleaved-1f1b)."""
 Checkpointing = Annotated[str, BeforeValidator(_as(ckpt_modes.parse, f"one of {ckpt_modes.SPELLINGS}"))]
 """llmctl.spec.checkpointing: none | selective | partial:K | full."""
 States = Annotated[Literal["auto", "fp32", "bf16", "8bit"], BeforeValidator(_states)]

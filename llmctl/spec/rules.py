@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.errors import RuleError
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
+from llmctl.spec.pipeline import Schedule
 
 if TYPE_CHECKING:
     from llmctl.spec.models import ModelSpec
@@ -144,6 +145,29 @@ def _float8_tp(s: Setup) -> str | None:
     return None
 
 
+def _pp_stages(s: Setup) -> str | None:
+    sched, v = s.pp_schedule, s.virtual_stages
+    if not s.dims.pp_enabled:
+        return None
+    if sched is Schedule.ZBV and v != 2:
+        return f"pipeline schedule zbv runs 2 stages per rank in a V, not {v}"
+    if sched.looped and v < 2:
+        return f"pipeline schedule {sched} loops over 2 or more stages per rank, not {v}"
+    if not sched.looped and v != 1:
+        return f"pipeline schedule {sched} runs one stage per rank, not {v} (use interleaved-1f1b for virtual stages)"
+    return None
+
+
+def _pp_microbatches(s: Setup) -> str | None:
+    m = s.pipeline_microbatches
+    if s.dims.pp_enabled and s.grad_accum_steps % m:
+        return (
+            f"pp microbatches {m} must divide the {s.grad_accum_steps} accumulation micro-batches of a step (each "
+            "schedule run takes pp microbatches of them)"
+        )
+    return None
+
+
 AFTER_LAYOUT = (
     Rule("sequence split", ("seq_len", "tp", "cp"), _sequence, "choose a sequence length that is a multiple of it"),
     Rule(
@@ -157,6 +181,13 @@ AFTER_LAYOUT = (
     Rule("offload is fsdp2's", ("offload", "engine"), _offload_fsdp2, "use --engine fsdp2"),
     Rule("adapters", ("finetune", "tp", "pp", "precision", "offload", "engine"), _adapters, _adapters_hint),
     Rule("float8 at tp 1", ("precision", "tp"), _float8_tp, "use tp 1 with float8, or bf16-mixed with tp"),
+    Rule("pp stages per rank", ("pp", "pp_schedule", "pp_virtual_stages"), _pp_stages, "leave pp_virtual_stages out"),
+    Rule(
+        "pp microbatches",
+        ("pp", "pp_microbatches", "grad_accum_steps"),
+        _pp_microbatches,
+        "use a pp microbatches that divides --grad-accum, or leave it out",
+    ),
 )
 
 
@@ -204,9 +235,22 @@ def _targets(s: Setup, spec: ModelSpec) -> str | None:
     return targets_problem(spec, s.finetune)
 
 
+def _pp_split(s: Setup, spec: ModelSpec) -> str | None:
+    from llmctl.spec.pipeline import max_stages
+
+    most = max_stages(spec.num_layers)
+    if s.dims.pp_enabled and s.pipeline_stages > most:
+        return (
+            f"{s.pipeline_stages} pipeline stages (pp {s.pp} x {s.virtual_stages} per rank) cannot split "
+            f"{spec.name}'s {spec.num_layers} layers (at most {most}: the embedding and the head count as one each)"
+        )
+    return None
+
+
 MODEL_RULES = (
     Rule("tp plan", ("tp",), _tp_splits, "use --tp 1, or no pin"),
     Rule("ring attention", ("cp",), _ring_runs, "use --cp 1, or no pin"),
+    Rule("pp split", ("pp", "pp_virtual_stages"), _pp_split, "use a smaller --pp"),
     Rule("learned positions", ("seq_len",), _positions),
     Rule("nf4 base", ("finetune",), _nf4_base, "use --finetune lora"),
     Rule("lora targets", ("lora_targets",), _targets, "leave finetune.lora_targets out for the family's defaults"),

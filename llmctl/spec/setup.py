@@ -24,7 +24,7 @@ from llmctl.bounds import LIMITS
 from llmctl.errors import InputError, UnknownNameError
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import fields as ft
-from llmctl.spec import rules
+from llmctl.spec import pipeline, rules
 from llmctl.spec.attention import Attention, attention
 from llmctl.spec.decisions import decision, part
 from llmctl.spec.finetune import Finetune
@@ -32,6 +32,7 @@ from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.optimizer_states import HELP as STATES_HELP
 from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ParallelDims, canonical_strategy
+from llmctl.spec.pipeline import Schedule
 from llmctl.spec.precision import PRECISION_HELP, PrecisionPolicy, policy
 from llmctl.units import GIB
 
@@ -185,13 +186,56 @@ class TrainSetup:
     )
     pp: int = decision(
         1,
+        json="pp",
         key="parallel.pp",
         file_type=ft.Int,
         bounds={"ge": 1, "le": LIMITS["--pp"]},
         write_default=False,
         flag="--pp",
-        commands=("estimate",),
-        help="Pipeline-parallel degree (divides layers; 1F1B: the first stage holds pp micro-batches in flight).",
+        commands=("estimate", "plan", "dry-start"),
+        metavar="N",
+        help="Pipeline-parallel degree: the layers split into pp stages (torchtitan's split: the embedding and the "
+        "head count as one layer each), micro-batches sent stage to stage (torch.distributed.pipelining).",
+        pin_help="Pin the pipeline-parallel degree (1: off).",
+        plan_default=None,
+    )
+    pp_schedule: Schedule | str = decision(
+        Schedule.ONE_F_ONE_B,
+        json="pp_schedule",
+        key="parallel.pp_schedule",
+        file_type=ft.PipelineSchedule,
+        write_default=False,
+        flag="--pp-schedule",
+        commands=("estimate", "plan", "dry-start"),
+        cli_type=str,
+        metavar="NAME",
+        to_file=lambda v: str(v),
+        plan_default=None,
+        help="Pipeline schedule: 1f1b | interleaved-1f1b (v stages per rank, bubble / v) | zbv (zero bubble, V "
+        "placement) | gpipe (all micro-batches held); torch's names (Interleaved1F1B, ZBVZeroBubble) accepted.",
+    )
+    pp_microbatches: int | None = decision(
+        None,
+        json="pp_microbatches",
+        key="parallel.pp_microbatches",
+        file_type=ft.Int | None,
+        bounds={"ge": 1, "le": LIMITS["--global-batch"]},
+        write_default=False,
+        flag="--pp-microbatches",
+        commands=("estimate", "plan", "dry-start"),
+        metavar="N",
+        help="Micro-batches per pipeline schedule run (divides grad accumulation; default: all of a step's, one "
+        "run per step). More micro-batches, smaller bubble.",
+    )
+    pp_virtual_stages: int | None = decision(
+        None,
+        json="pp_virtual_stages",
+        key="parallel.pp_virtual_stages",
+        file_type=ft.Int | None,
+        bounds={"ge": 1, "le": LIMITS["--pp"]},
+        write_default=False,
+        help="Pipeline stages per rank for the looped schedules (interleaved-1f1b: 2 or more, default 2; zbv: 2; "
+        "1f1b and gpipe: 1).",
     )
     ep: int = decision(
         1,
@@ -358,6 +402,7 @@ class TrainSetup:
         if self.seq_len < 1:
             raise InputError(f"seq len must be a positive integer, got {self.seq_len}")
         object.__setattr__(self, "cp_rotate", canonical(self.cp_rotate, CP_ROTATES, "cp rotate method"))
+        object.__setattr__(self, "pp_schedule", pipeline.schedule(self.pp_schedule))
         if self.loss_chunk_tokens < 0:
             raise InputError(f"loss chunk must be >= 0 tokens, got {self.loss_chunk_tokens}")
         if self.cuda_context_bytes < 0 or not 0 <= self.headroom_fraction < 1:
@@ -401,6 +446,21 @@ class TrainSetup:
     @property
     def training(self) -> bool:
         return self.optimizer != "none"
+
+    @property
+    def pipeline_microbatches(self) -> int:
+        """Micro-batches per pipeline schedule run (`pp_microbatches`, else all of a step's)."""
+        return self.pp_microbatches or self.grad_accum_steps
+
+    @property
+    def virtual_stages(self) -> int:
+        """Pipeline stages per pp rank (`pp_virtual_stages`, else the schedule's default)."""
+        return self.pp_virtual_stages or self.pp_schedule.default_virtual_stages()
+
+    @property
+    def pipeline_stages(self) -> int:
+        """Stages the model splits into: pp x stages per rank."""
+        return self.pp * self.virtual_stages
 
     @property
     def per_rank_batch(self) -> int:
