@@ -29,8 +29,8 @@ InputsArg = Annotated[
     list[str],
     typer.Argument(
         help="Files or folders: .txt/.md/.rst (a document per file), .jsonl (per line), .csv (per row), .parquet "
-        "(per row), a datasets `save_to_disk` folder (its 'train' split if a DatasetDict). Folders are expanded, "
-        "sorted.",
+        "(per row), a datasets `save_to_disk` folder (its 'train' split if a DatasetDict); .jsonl/.csv/text also "
+        "compressed (.gz .bz2 .xz .zst). Folders are expanded, sorted.",
         show_default=False,
     ),
 ]
@@ -80,8 +80,18 @@ InstructionOpt = Annotated[
     bool,
     typer.Option(
         "--instruction",
-        help="Chat records (.jsonl/.parquet: {messages: [{role, content}]} or {prompt, response}): rendered with the "
+        help="Chat records (.jsonl/.parquet: {messages: [{role, content}]}, {prompt, response}, Alpaca's "
+        "{instruction, input, output} or ShareGPT's {conversations: [{from, value}]}): rendered with the "
         "tokenizer's chat template, loss on the assistant turns only, packed whole into sequences of --seq-len.",
+    ),
+]
+GlobOpt = Annotated[
+    Optional[list[str]],
+    typer.Option(
+        "--glob",
+        metavar="PATTERN",
+        help="Also read files whose name matches PATTERN as text, a document per file ('*.py'); repeatable.",
+        show_default=False,
     ),
 ]
 ForceOpt = Annotated[
@@ -101,6 +111,7 @@ def prepare(
     shard_tokens: ShardTokensOpt = 2**28,
     force: ForceOpt = False,
     instruction: InstructionOpt = False,
+    glob: GlobOpt = None,
 ) -> None:
     """Tokenize a corpus once (streaming, in parallel) into train/val shards that `data.kind: tokens` trains on."""
     from llmctl.data.job import usable_cores
@@ -117,6 +128,7 @@ def prepare(
         shard_tokens=shard_tokens,
         force=force,
         instruction=instruction,
+        text_globs=tuple(glob or ()),
     )
     # SIGTERM and SIGHUP unwind like Ctrl-C: the workers stop, the temporary folder goes, one line, exit 128 + N.
     with interrupts.raise_on(signal.SIGTERM, signal.SIGHUP), _ProgressBar() as on_progress:

@@ -1,9 +1,12 @@
 """Instruction (chat) records for `llmctl data prepare --instruction`: read, checked, rendered to tokens with a mask.
 
-A record is one JSON object per line of a .jsonl file, or one row of a .parquet file, in one of two shapes:
+A record is one JSON object per line of a .jsonl file (also .jsonl.gz/.bz2/.xz/.zst), or one row of a .parquet
+file, in one of four shapes:
 
     {"messages": [{"role": "system" | "user" | "assistant", "content": str}, ...]}
     {"prompt": str, "response": str}          ("completion" for "response"; an optional "system": str)
+    {"instruction": str, "input": str, "output": str}                        (Alpaca; "input" may be empty)
+    {"conversations": [{"from": "system" | "human" | "gpt", "value": str}, ...]}   (ShareGPT)
 
 Rendering: with the tokenizer's own chat template (Hugging Face `apply_chat_template`) when it has one, else
 llmctl's plain template (PLAIN_TEMPLATE below; the built-in byte tokenizer always uses it). Only the assistant turns
@@ -62,11 +65,16 @@ def _messages(where: str, row: Any) -> list[dict[str, str]]:
                 raise InputError(f"{where}: messages[{i}] has no string 'content'")
             out.append({"role": m["role"], "content": m["content"]})
         return out
+    if row.get("conversations") is not None:
+        return _sharegpt(where, row["conversations"])
+    if row.get("instruction") is not None:
+        return _alpaca(where, row)
     response = row.get("response", row.get("completion"))
     if not isinstance(row.get("prompt"), str) or not isinstance(response, str):
         raise InputError(
-            f"{where}: no 'messages' list and no string 'prompt' with a string 'response' (or 'completion')",
-            hint="one object per line: {'messages': [...]} or {'prompt': ..., 'response': ...}",
+            f"{where}: no 'messages' or 'conversations' list, no 'instruction' and no string 'prompt' with a string "
+            "'response' (or 'completion')",
+            hint=SHAPES_HINT,
         )
     system = row.get("system")
     if system is not None and not isinstance(system, str):
@@ -75,9 +83,56 @@ def _messages(where: str, row: Any) -> list[dict[str, str]]:
     return [*head, {"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": response}]
 
 
+SHAPES_HINT = (
+    "one object per line: {'messages': [...]}, {'prompt': ..., 'response': ...}, Alpaca's {'instruction', 'input', "
+    "'output'} or ShareGPT's {'conversations': [{'from', 'value'}]}"
+)
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"}
+"""ShareGPT's speakers (`from`) as chat roles; `chatgpt`/`bing`/`bard` replies of the original dumps are the
+assistant's too (FastChat's conversion keeps them as "gpt")."""
+SHAREGPT_ROLES.update({"chatgpt": "assistant", "bing": "assistant", "bard": "assistant"})
+
+
+def _sharegpt(where: str, turns: Any) -> list[dict[str, str]]:
+    """ShareGPT's `conversations`: [{"from": "human" | "gpt" | "system", "value": str}, ...] (the role/content
+    spelling some exports use is read too)."""
+    if not isinstance(turns, list) or not turns:
+        raise InputError(f"{where}: 'conversations' must be a non-empty list of {{from, value}} objects")
+    out = []
+    for i, t in enumerate(turns):
+        if not isinstance(t, dict):
+            raise InputError(f"{where}: conversations[{i}] is not an object")
+        who, text = t.get("from", t.get("role")), t.get("value", t.get("content"))
+        role = SHAREGPT_ROLES.get(who) if isinstance(who, str) else None
+        if role is None:
+            raise InputError(
+                f"{where}: conversations[{i}] is from {who!r} (expected one of {', '.join(sorted(SHAREGPT_ROLES))})"
+            )
+        if not isinstance(text, str):
+            raise InputError(f"{where}: conversations[{i}] has no string 'value'")
+        out.append({"role": role, "content": text})
+    return out
+
+
+def _alpaca(where: str, row: dict[str, Any]) -> list[dict[str, str]]:
+    """Alpaca's {"instruction", "input" (may be empty), "output"}: one user turn (the instruction, then the input
+    after a blank line, as Stanford Alpaca's prompt puts it) and the output as the assistant's reply, rendered with
+    the tokenizer's chat template like any conversation (not Alpaca's own "### Instruction:" text)."""
+    instruction, extra, output = row.get("instruction"), row.get("input", ""), row.get("output")
+    if not isinstance(instruction, str) or not isinstance(output, str) or not isinstance(extra, str | None):
+        raise InputError(f"{where}: an Alpaca record needs string 'instruction' and 'output' (and 'input' if given)")
+    prompt = f"{instruction}\n\n{extra}" if extra else instruction
+    system = row.get("system")
+    head = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
+    return [*head, {"role": "user", "content": prompt}, {"role": "assistant", "content": output}]
+
+
 def _jsonl(path: Path) -> Iterator[Record]:
+    from llmctl.data.sources import _decompress_errors, open_stream, stream_error
+
     try:
-        with path.open("rb") as f:
+        with open_stream(path) as f:
             for n, raw in enumerate(f, 1):
                 if not raw.strip():
                     continue
@@ -91,8 +146,8 @@ def _jsonl(path: Path) -> Iterator[Record]:
                 except RecursionError:
                     raise InputError(f"{where}: JSON nested too deeply") from None
                 yield Record(where, _messages(where, row))
-    except OSError as e:
-        raise InputError(f"{path}: cannot read ({e.strerror or e})") from None
+    except (OSError, *_decompress_errors()) as e:
+        raise stream_error(path, e) from None
 
 
 def _parquet(path: Path) -> Iterator[Record]:
@@ -103,9 +158,13 @@ def _parquet(path: Path) -> Iterator[Record]:
     try:
         f = pq.ParquetFile(path)
         names = set(f.schema_arrow.names)
-        columns = [c for c in ("messages", "prompt", "response", "completion", "system") if c in names]
-        if not columns:
-            raise InputError(f"{path}: no 'messages' or 'prompt' column (columns: {', '.join(sorted(names)[:10])})")
+        known = ("messages", "conversations", "prompt", "response", "completion", "instruction", "input", "output")
+        columns = [c for c in (*known, "system") if c in names]
+        if not set(columns) & {"messages", "conversations", "prompt", "instruction"}:
+            raise InputError(
+                f"{path}: no 'messages', 'conversations', 'prompt' or 'instruction' column (columns: "
+                f"{', '.join(sorted(names)[:10])})"
+            )
         for batch in f.iter_batches(batch_size=BATCH_ROWS, columns=columns, use_threads=False):
             for r in batch.to_pylist():
                 where = f"{path}:row {row}"
@@ -124,8 +183,9 @@ def read_records(inputs: tuple[str, ...]) -> Iterator[Record]:
     for path, kind in files:
         if kind.name not in ("jsonl", "parquet"):
             raise InputError(
-                f"{path}: --instruction reads chat records from .jsonl or .parquet files, not {kind.name}",
-                hint="one record per line: {'messages': [...]} or {'prompt': ..., 'response': ...}",
+                f"{path}: --instruction reads chat records from .jsonl (also compressed) or .parquet files, not "
+                f"{kind.name}",
+                hint=SHAPES_HINT,
             )
     for path, kind in files:
         yield from _jsonl(path) if kind.name == "jsonl" else _parquet(path)

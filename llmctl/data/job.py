@@ -52,6 +52,8 @@ class PrepareConfig:
     """Replace an existing prepared --out (only once the new one is complete)."""
     instruction: bool = False
     """Chat records, masked and packed into sequences of exactly seq_len tokens (llmctl.data.instruct)."""
+    text_globs: tuple[str, ...] = ()
+    """File-name patterns (`*.py`) read as text files (a document each), whatever their suffix."""
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -67,7 +69,13 @@ class PrepareConfig:
         if not self.text_field:
             raise InputError("--text-field must not be empty")
         if self.instruction and self.seq_len is None:
-            raise InputError("--instruction needs --seq-len (the length of the packs it writes)")
+            raise InputError(
+                "--instruction needs --seq-len: each chat example is packed whole into sequences of exactly that many "
+                "tokens, so it must be the plan's training.seq_len",
+                hint="pass the plan's sequence length, e.g. --seq-len 2048",
+            )
+        if self.instruction and self.text_globs:
+            raise InputError("--glob reads plain text files; --instruction reads chat records (.jsonl, .parquet)")
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,7 @@ def prepare(cfg: PrepareConfig, on_progress: Callable[[Progress], None] | None =
         from llmctl.data.instruct import prepare_instruction
 
         return prepare_instruction(cfg, on_progress)
-    sources = open_sources(cfg.inputs, cfg.text_field)  # every input checked before any process starts
+    sources = open_sources(cfg.inputs, cfg.text_field, cfg.text_globs)  # every input checked before any process starts
     pool = _pool(cfg)
     try:
         described = pool.submit(_describe).result()

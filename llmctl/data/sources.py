@@ -6,9 +6,10 @@ the column exists, the extra is installed), `documents()` streams its texts (nev
 metadata), else None. A new format is one `SourceKind` entry in SOURCE_KINDS.
 
 Kinds:
-- text      .txt .md .rst   one document per file
+- text      .txt .md .rst   one document per file (and any file matching a `--glob`, e.g. '*.py')
 - jsonl     .jsonl          one document per line, the string field --text-field (blank lines skipped)
 - csv       .csv            one document per row, the column --text-field (stdlib csv: RFC 4180 quoting)
+The three above are also read compressed (.gz .bz2 .xz .zst, streamed: `corpus.jsonl.zst`).
 - parquet   .parquet        one document per row of the string column --text-field (pyarrow, row-group batches)
 - hf-disk   a folder made by `Dataset.save_to_disk` (state.json) or `DatasetDict.save_to_disk`
             (dataset_dict.json): one document per row of the column --text-field. Of a DatasetDict only the
@@ -54,6 +55,8 @@ class SourceKind:
     """File suffixes of this kind (lower case)."""
     is_folder: Callable[[Path], bool] | None = None
     """For kinds stored as a folder: does this folder hold one (a folder kind is never expanded into its files)."""
+    streams: bool = False
+    """Read as one byte stream, so a compressed file of this kind (COMPRESSIONS) is read too."""
 
 
 def _require(module: str, path: Path, what: str) -> Any:
@@ -70,6 +73,68 @@ def _read_error(path: Path, e: OSError) -> InputError:
     return InputError(f"{path}: cannot read ({e.strerror or e})")
 
 
+# --- compressed files ------------------------------------------------------------------------------------------
+COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+"""Whole-file compressions read as a stream (gzip, bzip2 and xz from the standard library; zstd with the
+`zstandard` package of the [data] extra): `corpus.jsonl.gz` is a jsonl file."""
+
+
+def compression(path: Path) -> str | None:
+    """The compression suffix of a file (`.gz`), or None."""
+    suffix = path.suffix.lower()
+    return suffix if suffix in COMPRESSIONS else None
+
+
+def inner_suffix(path: Path) -> str:
+    """The suffix that says the format: `.jsonl` of `corpus.jsonl.gz`."""
+    return Path(path.stem).suffix.lower() if compression(path) else path.suffix.lower()
+
+
+def open_stream(path: Path) -> Any:
+    """A binary file object of `path`'s bytes, decompressed as they are read (never the whole file in memory)."""
+    import io
+
+    kind = compression(path)
+    if kind == ".gz":
+        import gzip
+
+        return gzip.open(path, "rb")
+    if kind == ".bz2":
+        import bz2
+
+        return bz2.open(path, "rb")
+    if kind == ".xz":
+        import lzma
+
+        return lzma.open(path, "rb")
+    if kind == ".zst":
+        zstd = _require("zstandard", path, "zstd-compressed files")
+        raw = path.open("rb")
+        return io.BufferedReader(zstd.ZstdDecompressor().stream_reader(raw, closefd=True))
+    return path.open("rb")
+
+
+def _decompress_errors() -> tuple[type[BaseException], ...]:
+    import lzma
+    import zlib
+
+    errors: list[type[BaseException]] = [EOFError, zlib.error, lzma.LZMAError]
+    try:
+        import zstandard
+
+        errors.append(zstandard.ZstdError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def stream_error(path: Path, e: BaseException) -> InputError:
+    """One line for a file that cannot be read or decompressed."""
+    if isinstance(e, OSError) and not compression(path):
+        return _read_error(path, e)
+    return InputError(f"{path}: cannot read ({compression(path) or 'file'} stream: {_first_line(e)})")
+
+
 # --- text files ------------------------------------------------------------------------------------------------
 @dataclass
 class TextFile:
@@ -81,9 +146,11 @@ class TextFile:
 
     def documents(self) -> Iterator[str]:
         try:
-            yield self.path.read_text(encoding="utf-8", errors="replace")
-        except OSError as e:
-            raise _read_error(self.path, e) from None
+            with open_stream(self.path) as f:
+                data = f.read()
+        except (OSError, *_decompress_errors()) as e:
+            raise stream_error(self.path, e) from None
+        yield data.decode("utf-8", errors="replace")
 
 
 @dataclass
@@ -99,7 +166,7 @@ class JsonlFile:
         import json
 
         try:
-            with self.path.open("rb") as f:
+            with open_stream(self.path) as f:
                 for n, raw in enumerate(f, 1):
                     if not raw.strip():
                         continue
@@ -117,8 +184,8 @@ class JsonlFile:
                             f"{self.path}:{n}: no string field {self.text_field!r}", hint="set --text-field"
                         )
                     yield text
-        except OSError as e:
-            raise _read_error(self.path, e) from None
+        except (OSError, *_decompress_errors()) as e:
+            raise stream_error(self.path, e) from None
 
 
 @dataclass
@@ -131,11 +198,12 @@ class CsvFile:
 
     def documents(self) -> Iterator[str]:
         import csv
+        import io
 
         # A document is often longer than csv's default field limit (128 KiB); the limit is process-wide.
         csv.field_size_limit(2**31 - 1)
         try:
-            with self.path.open(encoding="utf-8", newline="") as f:
+            with io.TextIOWrapper(open_stream(self.path), encoding="utf-8", newline="") as f:
                 reader = csv.reader(f)
                 try:
                     header = next(reader, None)
@@ -157,8 +225,8 @@ class CsvFile:
                     raise InputError(f"{self.path}:{reader.line_num}: not valid CSV ({e})") from None
                 except UnicodeDecodeError as e:
                     raise InputError(f"{self.path}: not UTF-8 (after line {reader.line_num}, {e.reason})") from None
-        except OSError as e:
-            raise _read_error(self.path, e) from None
+        except (OSError, *_decompress_errors()) as e:
+            raise stream_error(self.path, e) from None
 
 
 # --- columnar sources --------------------------------------------------------------------------------------------
@@ -262,61 +330,76 @@ def _first_line(e: BaseException) -> str:
 
 
 SOURCE_KINDS: tuple[SourceKind, ...] = (
-    SourceKind("text", TextFile, suffixes=(".txt", ".md", ".rst")),
-    SourceKind("jsonl", JsonlFile, suffixes=(".jsonl",)),
-    SourceKind("csv", CsvFile, suffixes=(".csv",)),
+    SourceKind("text", TextFile, suffixes=(".txt", ".md", ".rst"), streams=True),
+    SourceKind("jsonl", JsonlFile, suffixes=(".jsonl",), streams=True),
+    SourceKind("csv", CsvFile, suffixes=(".csv",), streams=True),
     SourceKind("parquet", ParquetSource, suffixes=(".parquet",)),
     SourceKind("hf-disk", SavedDataset, is_folder=is_saved_dataset),
 )
 
 
-def kind_of(path: Path) -> SourceKind | None:
-    """The kind that reads `path` (a file by suffix, a folder by its marker files), or None."""
+TEXT_KIND = SOURCE_KINDS[0]
+
+
+def kind_of(path: Path, text_globs: Sequence[str] = ()) -> SourceKind | None:
+    """The kind that reads `path` (a file by suffix, its compression's stripped; a folder by its marker files), or
+    None. A file whose name matches one of `text_globs` (`*.py`) is a text file whatever its suffix."""
+    import fnmatch
+
     is_dir = path.is_dir()
+    suffix = inner_suffix(path)
     for kind in SOURCE_KINDS:
         if kind.is_folder is not None:
             if is_dir and kind.is_folder(path):
                 return kind
-        elif not is_dir and path.suffix.lower() in kind.suffixes:
+        elif not is_dir and suffix in kind.suffixes and (kind.streams or not compression(path)):
             return kind
+    if not is_dir and any(fnmatch.fnmatch(path.name, g) for g in text_globs):
+        return TEXT_KIND
     return None
 
 
 def _known_suffixes() -> str:
-    return " ".join(s for k in SOURCE_KINDS for s in k.suffixes)
+    return " ".join(s for k in SOURCE_KINDS for s in k.suffixes) + " (" + " ".join(COMPRESSIONS) + " compressed)"
 
 
-def expand(inputs: Sequence[str | Path]) -> list[tuple[Path, SourceKind]]:
+def _unknown(p: Path) -> InputError:
+    if compression(p) and inner_suffix(p) in (".parquet",):
+        return InputError(f"{p}: a compressed parquet file (parquet compresses inside): decompress it first")
+    return InputError(
+        f"{p}: unknown kind of input {p.suffix or '(no suffix)'!r}",
+        hint=f"known: {_known_suffixes()} and datasets folders (save_to_disk); other text files: --glob '*{p.suffix}'",
+    )
+
+
+def expand(inputs: Sequence[str | Path], text_globs: Sequence[str] = ()) -> list[tuple[Path, SourceKind]]:
     """Inputs as given, folders expanded to the sources under them, sorted (the order never depends on the disk).
 
     A folder that is itself a source (a saved dataset) is one source, never expanded; inside folders, files of
     unknown suffixes and hidden entries (".git", a prepare's ".OUT.tmp-*") are skipped; a file named explicitly must
-    be of a known kind."""
+    be of a known kind, or match one of `text_globs` (read as text)."""
     out: list[tuple[Path, SourceKind]] = []
     for p in map(Path, inputs):
         if not p.exists():
             raise InputError(f"{p}: no such file or folder")
-        kind = kind_of(p)
+        kind = kind_of(p, text_globs)
         if kind is not None:
             out.append((p, kind))
         elif p.is_dir():
-            found = _walk(p)
+            found = _walk(p, text_globs)
             if not found:
                 raise InputError(
                     f"{p}: no documents found in this folder (known: {_known_suffixes()}, datasets folders)"
                 )
             out += found
         else:
-            raise InputError(
-                f"{p}: unknown kind of input {p.suffix or '(no suffix)'!r}",
-                hint=f"known: {_known_suffixes()} and datasets folders (save_to_disk)",
-            )
+            raise _unknown(p)
     if not out:
         raise InputError("no inputs given")
     return out
 
 
-def _walk(root: Path) -> list[tuple[Path, SourceKind]]:
+def _walk(root: Path, text_globs: Sequence[str] = ()) -> list[tuple[Path, SourceKind]]:
     found: list[tuple[Path, SourceKind]] = []
     for folder, dirs, files in os.walk(root):
         d = Path(folder)
@@ -332,12 +415,12 @@ def _walk(root: Path) -> list[tuple[Path, SourceKind]]:
         dirs[:] = keep
         for name in files:
             if not name.startswith("."):
-                kind = kind_of(d / name)
+                kind = kind_of(d / name, text_globs)
                 if kind is not None:
                     found.append((d / name, kind))
     return sorted(found, key=lambda e: e[0])
 
 
-def open_sources(inputs: Sequence[str | Path], text_field: str) -> list[Source]:
+def open_sources(inputs: Sequence[str | Path], text_field: str, text_globs: Sequence[str] = ()) -> list[Source]:
     """Expand and open every input (so that a missing column in the last file is found before any work)."""
-    return [kind.open(path, text_field) for path, kind in expand(inputs)]
+    return [kind.open(path, text_field) for path, kind in expand(inputs, text_globs)]

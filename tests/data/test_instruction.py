@@ -217,7 +217,10 @@ def test_a_plain_folder_has_no_flags(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("line", "message"),
     [
-        ('{"prompt": "a"}', "chat.jsonl:2: no 'messages' list and no string 'prompt' with a string 'response'"),
+        (
+            '{"prompt": "a"}',
+            "chat.jsonl:2: no 'messages' or 'conversations' list, no 'instruction' and no string 'prompt' with a string 'response'",
+        ),
         ('{"messages": []}', "chat.jsonl:2: 'messages' must be a non-empty list"),
         ('{"messages": [{"role": "bot", "content": "x"}]}', "chat.jsonl:2: messages[0] has role 'bot'"),
         ('{"messages": [{"role": "user", "content": 3}]}', "chat.jsonl:2: messages[0] has no string 'content'"),
@@ -255,7 +258,10 @@ def test_a_text_file_is_refused_in_instruction_mode(tmp_path: Path) -> None:
     code, output = run(
         "data", "prepare", tmp_path / "a.txt", "--out", tmp_path / "o", "--instruction", "--seq-len", "8"
     )
-    assert code == 2 and "--instruction reads chat records from .jsonl or .parquet files" in output, output
+    assert (
+        code == 2
+        and "--instruction reads chat records from .jsonl (also compressed) or .parquet files, not text" in output
+    ), output
 
 
 def test_plan_data_names_the_pack_length(tmp_path: Path) -> None:
