@@ -134,6 +134,15 @@ def load_hub_config(repo_id: str, revision: str | None = None) -> tuple[dict, st
     return unwrap_text_config(config, source)
 
 
+def cached_repo_ids() -> list[str]:
+    """The model ids of the local Hugging Face cache (`models--org--name` folders)."""
+    try:
+        names = [p.name for p in hub_cache_dir().iterdir() if p.name.startswith("models--")]
+    except OSError:
+        return []
+    return sorted(n[len("models--") :].replace("--", "/", 1) for n in names)
+
+
 def cached_config_path(repo_id: str, revision: str | None, cache: Path) -> Path | None:
     """Where config.json of `repo_id` at `revision` lies in the hub cache, or None when it is not there.
 

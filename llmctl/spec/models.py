@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -593,5 +594,45 @@ def from_name(name: str) -> ModelSpec:
     except UnknownNameError:
         if not hub.looks_like_hub_id(name):
             raise
-    cfg, where = hub.load_hub_config(name)
+    try:
+        cfg, where = hub.load_hub_config(name)
+    except SpecError as e:
+        if hub.cached_config_path(name, None, hub.hub_cache_dir()) is not None:
+            raise  # the cached config itself is bad: say so, never guess past it
+        entry = preset_variant(name)
+        if entry is None:
+            close = suggest(name, [*preset_hub_ids(), *hub.cached_repo_ids()])
+            raise SpecError(e.message, hint=f"{close} {e.hint or ''}".strip() if close else e.hint) from None
+        print(
+            f"llmctl: note: {name}: config.json is not cached here; planned as preset {entry['name']} "
+            f"({entry['hf_id']}: the same architecture, another checkpoint of it)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return from_hf_config(entry["config"], name=name, source="preset")
     return from_hf_config(cfg, name=name, source="hub")
+
+
+VARIANT_WORDS = frozenset({"instruct", "base", "chat", "it", "hf", "pt", "thinking"})
+"""Words of a hub id that name another checkpoint of the same architecture (Llama-3.1-8B-Instruct, Qwen3-8B-Base,
+gemma-2-9b-it, Llama-2-7b-chat-hf); a 4-digit word is a release date (Mistral-Nemo-Instruct-2407,
+Qwen3-235B-A22B-Instruct-2507). Version words (v0.2) are not: their configs differ."""
+
+
+def _core_name(repo_id: str) -> str:
+    words = repo_id.rsplit("/", 1)[-1].lower().split("-")
+    return "-".join(w for w in words if w not in VARIANT_WORDS and not re.fullmatch(r"\d{4}", w))
+
+
+def preset_variant(repo_id: str) -> dict[str, Any] | None:
+    """The preset whose hub id is `repo_id` but for its variant words (same organisation), or None."""
+    org, core = repo_id.split("/", 1)[0].lower(), _core_name(repo_id)
+    for e in _preset_entries():
+        hf = e.get("hf_id", "")
+        if hf and hf.split("/", 1)[0].lower() == org and _core_name(hf) == core:
+            return copy.deepcopy(e)
+    return None
+
+
+def preset_hub_ids() -> list[str]:
+    return [e["hf_id"] for e in _preset_entries() if e.get("hf_id")]

@@ -135,3 +135,42 @@ def test_plan_never_picks_a_kernel_the_model_lacks():
     r = run("plan", "gemma-2-9b", "--gpu", "H100-SXM", "--gpus-per-node", "8", "--no-write", "--attention", "sdpa")
     assert r.exit_code == 2
     assert "gemma-2-9b (gemma2) has no sdpa path in transformers" in r.output
+
+
+@pytest.mark.parametrize(
+    ("repo_id", "preset"),
+    [
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b"),
+        ("Qwen/Qwen3-8B-Base", "qwen3-8b"),
+        ("google/gemma-2-9b-it", "gemma-2-9b"),
+        ("meta-llama/Llama-2-7b-chat-hf", "llama-2-7b"),
+    ],
+)
+def test_an_uncached_variant_of_a_preset_plans_as_the_preset(monkeypatch, tmp_path, repo_id, preset):
+    """Issue 49: offline, another checkpoint of a preset's architecture (-Instruct, -Base, -it, -chat) resolves to
+    the preset with one note, instead of a cache error."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = run("estimate-memory", repo_id, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["params"] == models.from_preset(preset).params
+    assert [x for x in r.stderr.splitlines() if "planned as preset" in x] == [
+        f"llmctl: note: {repo_id}: config.json is not cached here; planned as preset {preset} "
+        f"({models.preset_entry(preset)['hf_id']}: the same architecture, another checkpoint of it)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("repo_id", "want"),
+    [
+        ("meta-lama/Llama-3.1-8B", "did you mean: meta-llama/Llama-3.1-8B"),  # a typo of the organisation
+        ("unsloth/Llama-3.1-8B-Instruct", "did you mean: "),  # another org's upload: never guessed, suggested
+        ("mistralai/Mistral-7B-Instruct-v0.2", "HF_HUB_OFFLINE"),  # v0.2's config differs from v0.1's: not a variant
+    ],
+)
+def test_what_is_not_a_variant_is_refused_with_suggestions(monkeypatch, tmp_path, repo_id, want):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = run("estimate-memory", repo_id)
+    assert r.exit_code == 2 and want in r.output, r.output
+    assert "planned as preset" not in r.output and "Traceback" not in r.output
