@@ -476,6 +476,25 @@ def _own_run_folder(job: Job) -> runlock.RunLock:
     return lock
 
 
+def check_machine(job: Job) -> None:
+    """A GPU plan launched here needs the GPUs it asks for: on a machine with fewer (none), torchrun would start
+    ranks that fail one by one ("flash needs a CUDA GPU", a ChildFailedError), or, with attention auto, train
+    silently on the CPU at another speed and precision than planned. One line before anything starts instead (the
+    same for --dry-run and --dry-start)."""
+    gpu = job.plan.hardware.gpu
+    if gpu is None:
+        return
+    have = visible_gpus()
+    if have < job.nproc_per_node:
+        seen = "no GPU" if have == 0 else f"{have} GPU{'s' if have > 1 else ''}"
+        raise InputError(
+            f"the plan is for {job.nproc_per_node} {gpu} GPU{'s' if job.nproc_per_node > 1 else ''} per node and "
+            f"this machine has {seen} visible (CUDA_VISIBLE_DEVICES, nvidia-smi)",
+            hint="launch it where the GPUs are (--slurm), or plan for this machine: hardware.gpu null runs on the CPU "
+            "(gloo)",
+        )
+
+
 class LocalBackend(LaunchBackend):
     name = "local"
     help = "torchrun --standalone on this machine"
@@ -487,6 +506,7 @@ class LocalBackend(LaunchBackend):
                 f"the plan is for {job.nodes} nodes; a local launch runs on this one machine",
                 hint="add --slurm, or pass --nodes 1",
             )
+        check_machine(job)
 
     def render(self, job: Job) -> str:
         self._check(job)

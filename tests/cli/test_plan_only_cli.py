@@ -63,6 +63,7 @@ def test_launch_of_other_kinds_is_not_refused(
         monkeypatch.setenv("LLMCTL_GPU_CATALOG", str(catalog))
     text = gaudi_plan.read_text()
     gaudi_plan.write_text(text.replace("gpu: Gaudi-3", f"gpu: {gpu}"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(64))))  # the GPUs it asks for are here
     r = CliRunner().invoke(app, ["launch", str(gaudi_plan), "--dry-run", "--allow-synthetic", "--allow-no-checkpoint"])
     assert r.exit_code == 0, r.output
     assert "torchrun" in r.output and "cannot run" not in r.output
