@@ -89,6 +89,7 @@ def estimate_memory(
             f"{kernel}, estimated here",
             soft_wrap=True,
         )
+    if kernel != setup.attention:  # auto: the kernel the engine picks on this GPU kind (a plan file's default)
         setup = dec.with_values(setup, attention=kernel)
     if precision_why:
         render.err_console.print(f"note: --precision auto is {precision_why}")

@@ -188,3 +188,14 @@ def test_grad_accum_puts_the_gradients_in_the_forward() -> None:
     for bad in ("0", "-1", "1000001"):
         r = run("estimate-memory", "llama-3.2-1b", "--grad-accum", bad)
         assert r.exit_code == 2 and "--grad-accum" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+@pytest.mark.parametrize(("cp", "kernel"), [("1", "flash"), ("8", "sdpa")])
+def test_attention_auto_is_the_kernel_the_engine_picks(cp, kernel):
+    """Issue 49: the ring's refusal of flash says "use attention auto", so auto must estimate (flash on an H100 in
+    bf16, SDPA under a ring) and equal the estimate of that kernel named."""
+    args = ["estimate-memory", "llama-3.1-8b", "--gpu", "H100", "--gpus", "8", "--cp", cp, "--seq-len", "32k", "--json"]
+    auto = CliRunner().invoke(app, [*args, "--attention", "auto"])
+    named = CliRunner().invoke(app, [*args, "--attention", kernel])
+    assert auto.exit_code == 0 and named.exit_code == 0, auto.output
+    assert json.loads(auto.stdout) == json.loads(named.stdout)
