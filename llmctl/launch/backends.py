@@ -102,6 +102,15 @@ class Job:
             checkpoint_dir=str(self.workdir / ckpt) if ckpt else None,
         )
 
+    def run_folders(self) -> list[Path]:
+        """The folders the run owns (llmctl.launch.runlock): logging.dir, and checkpoint.dir outside it, as the
+        engine resolves them from the workdir."""
+        from llmctl.launch import runlock
+
+        plan = self.effective_plan
+        ckpt = plan.checkpoint.dir
+        return runlock.run_folders(self.workdir / plan.logging.dir, self.workdir / ckpt if ckpt else None)
+
     def env_prefix(self) -> str:
         """`NAME=value ` words for a printed command line (values shell-quoted)."""
         return "".join(f"{k}={shell.quote(v)} " for k, v in sorted(self.env.items()))
@@ -138,6 +147,35 @@ class LaunchBackend(ABC):
     @abstractmethod
     def cancel(self, record: jobs.JobRecord) -> str | None:
         """Stop the job (no requeue). Returns the line `llmctl cancel` prints (None: a plain "cancelled job ...")."""
+
+
+def check_run_folders_free(job: Job) -> None:
+    """Before a submission: one line (exit 2) when the run folders are held by a live run (their lock) or belong to
+    a job still queued or running that llmctl submitted (its record in the job index), instead of a second job that
+    would wait in the queue only to fail, or worse, share the folder with the first."""
+    from llmctl.launch import registry, runlock
+
+    folders = job.run_folders()
+    runlock.probe(folders)
+    for entry in registry.entries():
+        try:
+            record = jobs.load(Path(entry.folder))
+        except (OSError, ValueError, TypeError, InputError):
+            continue
+        owned = {Path(p) for p in (record.checkpoint_dir, record.metrics and Path(record.metrics).parent) if p}
+        shared = [f for f in folders if f in owned]
+        if not shared or record.backend == "local":  # a local run holds the lock while it runs: probed above
+            continue
+        try:
+            state = get_backend(record.backend).state(record)
+        except InputError:
+            continue  # a backend this llmctl does not have: not ours to judge
+        if state.split(" ")[0] in jobs.ACTIVE:
+            raise runlock.RunFolderBusy(
+                f"run folder {shared[0]} belongs to job {record.job_id} ({record.backend}, {state})",
+                hint=f"wait for it or `llmctl cancel {record.job_id}`; to run beside it, give this plan another "
+                "logging.dir and checkpoint.dir",
+            )
 
 
 class SlurmBackend(LaunchBackend):

@@ -467,10 +467,7 @@ def _stop_on_signal(record: jobs.JobRecord, proc: subprocess.Popen, signum: int,
 
 def _own_run_folder(job: Job) -> runlock.RunLock:
     """The run folder's lock (llmctl.launch.runlock), held by this llmctl while torchrun runs."""
-    plan = job.effective_plan
-    ckpt = plan.checkpoint.dir
-    folders = runlock.run_folders(job.workdir / plan.logging.dir, job.workdir / ckpt if ckpt else None)
-    lock = runlock.acquire(folders)  # the job id follows once torchrun runs (describe)
+    lock = runlock.acquire(job.run_folders())  # the job id follows once torchrun runs (describe)
     for warning in lock.warnings:
         print(one_line(f"llmctl: warning: {warning}"), file=sys.stderr, flush=True)
     return lock

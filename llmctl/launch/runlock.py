@@ -102,6 +102,33 @@ def acquire(folders: Iterable[Path], job: str | None = None) -> RunLock:
     return lock
 
 
+def probe(folders: Iterable[Path]) -> None:
+    """Raise RunFolderBusy when a live process holds one of these folders' locks; take nothing and create nothing
+    (a SLURM submission: the job's rank 0 takes the lock when it starts, maybe hours later)."""
+    for folder in folders:
+        path = Path(folder) / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue  # no lock file: nobody ever ran there
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # conflicts with the holder's exclusive lock only
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except BlockingIOError:
+            raise RunFolderBusy(
+                one_line(f"run folder {folder} is in use by {_read_holder(fd)}"), hint=BUSY_HINT
+            ) from None
+        except OSError:
+            pass  # a file system that cannot lock: nothing to learn here
+        finally:
+            os.close(fd)
+
+
+BUSY_HINT = (
+    "wait for that run to end or cancel it; to run beside it, give this plan another logging.dir and checkpoint.dir"
+)
+
+
 def _lock_one(lock: RunLock, folder: Path) -> None:
     path = folder / LOCK_FILE
     try:
@@ -114,11 +141,7 @@ def _lock_one(lock: RunLock, folder: Path) -> None:
     except BlockingIOError:
         text = _read_holder(fd)
         os.close(fd)
-        raise RunFolderBusy(
-            one_line(f"run folder {folder} is in use by {text}"),
-            hint="wait for that run to end or cancel it; to run beside it, give this plan another logging.dir and "
-            "checkpoint.dir",
-        ) from None
+        raise RunFolderBusy(one_line(f"run folder {folder} is in use by {text}"), hint=BUSY_HINT) from None
     except OSError as e:
         os.close(fd)
         if e.errno not in _UNSUPPORTED:

@@ -38,7 +38,7 @@ import llmctl
 from llmctl.errors import InputError, RuntimeFailure
 from llmctl.fileio import write_atomic
 from llmctl.launch import jobs, local, sharedfs, shell, slurm_options, slurm_resources
-from llmctl.launch.backends import Job, SlurmBackend
+from llmctl.launch.backends import Job, SlurmBackend, check_run_folders_free
 from llmctl.launch.local import ENGINE_MODULE
 from llmctl.launch.preflight.options import PreflightOptions
 from llmctl.launch.slurm_options import SlurmOptions
@@ -492,6 +492,7 @@ class SbatchBackend(SlurmBackend):
         # Validate everything before creating anything on disk.
         params = params_for(job, job.dry_run_folder())
         job.effective_plan  # noqa: B018
+        check_run_folders_free(job)
         folder = job.new_folder()
         params = replace(params, job_dir=str(folder), plan_path=str(folder / "plan.yaml"))
         script = folder / "job.sbatch"

@@ -21,7 +21,7 @@ from typing import Any
 
 from llmctl.errors import InputError, RuntimeFailure
 from llmctl.launch import jobs, sharedfs, shell
-from llmctl.launch.backends import Job, SlurmBackend
+from llmctl.launch.backends import Job, SlurmBackend, check_run_folders_free
 from llmctl.launch.local import ENGINE_MODULE
 
 PREEMPT_SIGNAL = "USR1"
@@ -212,6 +212,7 @@ class SubmititBackend(SlurmBackend):
         check_folder(job.jobs_root)  # before anything is created
         params = executor_parameters(job)
         job.effective_plan  # noqa: B018
+        check_run_folders_free(job)
         folder = job.new_folder()
         task = EngineTask(str(folder / "plan.yaml"), str(job.workdir), job.env)
         job_id, logs = submit(folder, params, task)

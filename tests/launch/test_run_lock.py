@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launch_helpers import minimal_plan_yaml
+from launch_helpers import minimal_plan_yaml, write_stub
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -164,3 +164,58 @@ def test_the_engine_lets_go_when_its_run_ends(workdir: Path, monkeypatch: pytest
     with pytest.raises(RuntimeError):
         engine_main.main([str(workdir / "plan.yaml")])
     assert seen == [False, False] and _unlocked(workdir / "run")
+
+
+@pytest.fixture
+def fake_sbatch(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """sbatch prints job 123 (and counts its calls); squeue answers with the state in `squeue-state`."""
+    bindir = workdir / "fakebin"
+    bindir.mkdir()
+    (workdir / "squeue-state").write_text("PENDING\n")
+    write_stub(bindir, "sbatch", f'echo x >> {str(workdir / "sbatch-calls")!r}; echo "123;cluster"')
+    write_stub(bindir, "squeue", f"cat {str(workdir / 'squeue-state')!r}")
+    for name in ("sacct", "scontrol"):
+        write_stub(bindir, name, "exit 1")
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    return workdir / "sbatch-calls"
+
+
+def _submit(workdir: Path) -> tuple[int, str]:
+    r = CliRunner().invoke(app, ["launch", str(workdir / "plan.yaml"), "--slurm", "--no-preflight"])
+    return r.exit_code, r.output
+
+
+def test_a_slurm_submission_refuses_a_folder_a_run_holds(workdir: Path, holder, fake_sbatch: Path) -> None:
+    """Issue 46: the check at submission, not hours later when the job starts and its rank 0 finds the lock."""
+    code, out = _submit(workdir)
+    assert code == 2, out
+    assert f"run folder {workdir / 'run'} is in use by job local-4242" in out
+    assert not fake_sbatch.exists() and not (workdir / "llmctl-jobs").exists()  # nothing submitted or written
+
+
+def test_a_second_submission_refuses_the_folder_of_a_queued_job(workdir: Path, fake_sbatch: Path) -> None:
+    code, out = _submit(workdir)
+    assert code == 0 and "submitted job 123" in out, out
+    code, out = _submit(workdir)  # job 123 is PENDING: it owns the folder though it holds no lock yet
+    assert code == 2, out
+    assert f"run folder {workdir / 'run'} belongs to job 123 (sbatch, PENDING)" in out and "llmctl cancel 123" in out
+    assert fake_sbatch.read_text().count("x") == 1
+    (workdir / "squeue-state").write_text("")  # gone from the queue; sacct knows nothing: the folder says
+    code, out = _submit(workdir)
+    assert code == 0, out
+    assert fake_sbatch.read_text().count("x") == 2
+
+
+def test_probe_takes_nothing_and_creates_nothing(tmp_path: Path) -> None:
+    folder = tmp_path / "never-run"
+    runlock.probe([folder])
+    assert not folder.exists()
+    lock = runlock.acquire([folder])
+    try:
+        with pytest.raises(runlock.RunFolderBusy, match="is in use by"):
+            runlock.probe([folder])
+    finally:
+        lock.release()
+    runlock.probe([folder])  # free again
+    again = runlock.acquire([folder])  # the probe left no lock behind
+    again.release()
