@@ -58,6 +58,25 @@ def test_ring_buffers_all_gather_rotation_by_hand() -> None:
     assert not ring.backward_is_recompute
 
 
+@pytest.mark.parametrize(
+    ("cp", "rotate", "step", "blocks"),
+    [
+        (4, "allgather", 0, 6),  # the gathered 4, the concatenated send copy, the contiguous copies of k and v
+        (4, "allgather", 1, 4),  # the gathered buffer alone
+        (2, "allgather", 0, 4),
+        (4, "alltoall", 0, 3),  # the block in use, its send copy, the block being received
+        (4, "alltoall", 1, 3),
+        (2, "alltoall", 1, 1),  # cp 2 after step 0: nothing left to receive
+    ],
+)
+def test_kv_blocks_in_flight_per_step(cp: int, rotate: str, step: int, blocks: int) -> None:
+    """The K/V blocks each ring step holds, term by term (the peak alone hides step 0's count: issue 51's mutant
+    ring-mem-allgather survived the by-hand totals)."""
+    from llmctl.plan.memory.ring import kv_blocks
+
+    assert kv_blocks(cp, rotate, step) == blocks
+
+
 def test_ring_buffers_all_to_all_and_without_load_balance() -> None:
     # All-to-all: the block in use, its send copy and the block being received (3 KV), at every step from cp 3 on.
     ring = mem.ring_buffers(TINY, setup(cp_rotate="alltoall"))
