@@ -33,6 +33,14 @@ def status(
     job: Annotated[str | None, typer.Argument(help="Job id or folder (default: the latest jobs).")] = None,
     jobs_dir: JobsDirOpt = None,
     every: Annotated[bool, typer.Option("--all", help=f"Every job, not only the latest {SHOWN}.")] = False,
+    stacks: Annotated[
+        bool,
+        typer.Option(
+            "--stacks",
+            help="Every rank's Python stack now (ranks on this host; those with the same stack listed once): what a "
+            "STALLED run's ranks are doing.",
+        ),
+    ] = False,
 ) -> None:
     """State of the jobs llmctl launched (from any folder), from each job's own executor (SLURM, or a local run's pid)
     and its folder's events: RUNNING, COMPLETED, FAILED (exit N), CANCELLED, REQUEUED, ...; and the last checkpoint."""
@@ -40,6 +48,9 @@ def status(
     from rich.table import Table
     from rich.text import Text
 
+    if stacks:
+        _print_stacks(jobs.find(job, _root(jobs_dir)))
+        return
     if job:
         records, found = [jobs.find(job, _root(jobs_dir))], None
     else:
@@ -52,6 +63,7 @@ def status(
         return
     table = Table(box=None)
     notes = [jobs.preflight_note(r) for r in records]
+    stalls: list[str] = []
     columns = ("job", "backend", "plan", "nodes", "state", "checkpoint", "submitted", "folder")
     for col in columns + (("preflight",) if any(notes) else ()):
         table.add_column(col, overflow="fold")
@@ -62,7 +74,7 @@ def status(
             r.backend,
             r.plan_name,
             f"{r.nodes}x{r.nproc_per_node}" + (f" +{r.spare_nodes} spare" if r.spare_nodes else ""),
-            _state(r),
+            _state(r, stalls),
             "" if step is None else f"step {step}",
             r.submitted_at.split(".")[0].rstrip("Z") + "Z",  # to the second (the record keeps milliseconds)
             r.folder,
@@ -72,6 +84,8 @@ def status(
         # reaches the terminal with control characters escaped, and as plain text (no rich markup).
         table.add_row(*(Text(one_line(str(c))) for c in cells))
     Console(width=240).print(table)
+    for line in stalls:
+        typer.echo(one_line(line))
     if found is not None and len(records) < len(found.records):
         typer.echo(f"(the latest {len(records)} of {len(found.records)} jobs; --all lists every one)")
 
@@ -121,14 +135,42 @@ def logs(
         time.sleep(1.0)
 
 
-def _state(record: jobs.JobRecord) -> str:
-    """The job's state from its own backend; a record naming a backend that is not registered here says so."""
+def _state(record: jobs.JobRecord, stalls: list[str] | None = None) -> str:
+    """The job's state from its own backend; a record naming a backend that is not registered here says so. A
+    RUNNING job whose ranks stopped moving (their heartbeats) is STALLED, its diagnosis added to `stalls`."""
     from llmctl.launch import backends
 
     try:
-        return backends.backend_for(record).state(record)
+        state = backends.backend_for(record).state(record)
     except InputError:
         return f"UNKNOWN (executor {record.backend!r} not registered)"
+    if state.startswith("RUNNING"):
+        found = record.diagnosis()
+        if found is not None and found.stalled:
+            if stalls is not None:
+                stalls.append(f"job {record.job_id}: {found.line()}")
+            return "STALLED"
+    return state
+
+
+def _print_stacks(record: jobs.JobRecord) -> None:
+    """`status --stacks JOB`: each group of ranks with the same stack once, the smallest group first."""
+    from llmctl.launch import heartbeat
+
+    if not record.metrics:
+        raise InputError(f"job {record.job_id} has no run folder recorded (an older llmctl launched it)")
+    run_dir = Path(record.metrics).parent
+    found = record.diagnosis()
+    if found is None:
+        raise InputError(f"job {record.job_id}: no heartbeats in {run_dir} (the engine has not started yet)")
+    typer.echo(one_line(f"job {record.job_id}: {found.line()}"))
+    texts, missing = heartbeat.request_stacks(run_dir)
+    for ranks, text in heartbeat.group_stacks(texts):
+        label = ", ".join(map(str, ranks))
+        typer.echo(f"\n== rank{'s' if len(ranks) > 1 else ''} {label} ==")
+        typer.echo(text)
+    for why in missing:
+        typer.echo(one_line(f"no stack: {why}"), err=True)
 
 
 def cancel(

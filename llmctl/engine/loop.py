@@ -10,20 +10,29 @@ from typing import Any
 
 from llmctl.engine.checkpoint import StopSignal
 from llmctl.engine.trainer import RankEnv, Trainer
+from llmctl.engine.watchdog import collective_failure, flight_recorder_env
 from llmctl.spec.planfile import Plan
 
 
-def init_distributed(env: RankEnv, backend: str) -> None:
+def init_distributed(env: RankEnv, backend: str, timeout_s: float | None = None) -> None:
+    """The process group; `timeout_s`: how long a collective may wait (the plan's watchdog), else torch's default."""
+    import datetime
+
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
+    kw: dict[str, Any] = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
     if env.under_torchrun:
         # On CUDA also a gloo backend for CPU tensors (the stop-flag agreement must not sync the GPU).
-        dist.init_process_group(backend="cuda:nccl,cpu:gloo" if backend == "nccl" else "gloo")
+        dist.init_process_group(backend="cuda:nccl,cpu:gloo" if backend == "nccl" else "gloo", **kw)
     else:  # one plain process: a world of one, no rendezvous needed
         dist.init_process_group(
-            backend="cuda:nccl,cpu:gloo" if backend == "nccl" else "gloo", store=dist.HashStore(), rank=0, world_size=1
+            backend="cuda:nccl,cpu:gloo" if backend == "nccl" else "gloo",
+            store=dist.HashStore(),
+            rank=0,
+            world_size=1,
+            **kw,
         )
 
 
@@ -36,14 +45,23 @@ def run(plan: Plan) -> dict[str, Any]:
     stop = StopSignal()
     stop.install()
     trainer = Trainer(plan, env, stop)
-    init_distributed(env, trainer.choice.backend)
+    timeout = plan.watchdog.timeout_s(plan.predicted.step_time_s)
+    if trainer.choice.backend == "nccl":
+        flight_recorder_env(plan.logging.dir)
+    init_distributed(env, trainer.choice.backend, timeout)
     finished = False
     try:
         trainer.setup()
         summary = trainer.train()
         finished = True
         return summary
+    except RuntimeError as e:  # a collective that timed out or lost its peer: one line, not a traceback per rank
+        failure = collective_failure(e, env.rank, trainer.watch.where(), timeout)
+        if failure is None:
+            raise
+        raise failure from None
     finally:
+        trainer.watch.close()
         if dist.is_initialized() and finished:
             # All ranks leave together: tearing gloo down while a peer's last collective (or a sub-group of the
             # 2-D mesh) is still in flight can abort a rank ("terminate called without an active exception",

@@ -54,6 +54,7 @@ from llmctl.engine.optim import check_installed as check_optimizer_installed
 from llmctl.engine.parallelize import build_mesh, check_world, needs_fsdp, parallelize
 from llmctl.engine.resume import plan_fingerprint
 from llmctl.engine.scaler import GradStep, LossScaler, overflow_injection
+from llmctl.engine.watchdog import Watchdog
 from llmctl.errors import InputError, SpecError
 from llmctl.spec.attention import Attention
 from llmctl.spec.planfile import Plan, plan_to_yaml
@@ -176,6 +177,7 @@ class Trainer:
         check_optimizer_installed(plan.optimizer)  # 8-bit states need torchao: one line before anything is built
         check_lora_installed(s.finetune)
         self.metrics: MetricsLog | None = None
+        self.watch = Watchdog(plan.logging.dir, env.rank)  # heartbeats and stacks (issue 50)
         self.step = 0
         self._resume_warnings: list[str] = []
         """Damaged checkpoints set aside at the restore (rank 0), logged as `warning` events."""
@@ -476,6 +478,7 @@ class Trainer:
             if div is not None:
                 loss = loss * (acc / div)
             self.phase_peaks.mark("forward")
+            self.watch.beat("backward")
             (loss * (self.grad_step.loss_multiplier * inject / acc)).backward()  # inside the split: the ring too
             self.phase_peaks.mark("backward")
         return local_value(loss)
@@ -495,11 +498,15 @@ class Trainer:
                 # neither the memory model nor the planner assumes.
                 self.model.set_requires_all_reduce(m == acc - 1)
             t_wait = time.perf_counter()
+            if m == 0:
+                self.watch.data(self.step, lambda: self.stop.received is not None)
             b = next(batches)
+            self.watch.beat("forward")
             self._data_wait += time.perf_counter() - t_wait
             inject = overflow_injection(self.step + 1, self.env.rank, m) if self.grad_step.scaler else 1.0
             loss = self.forward_backward(b, inject)
             loss_sum += loss.detach()
+        self.watch.beat("optimizer")
         stepping, grad_norm = self.grad_step(self.model.parameters())
         if stepping:
             self.optimizer.step()
@@ -638,10 +645,12 @@ class Trainer:
             if step % plan.logging.interval_steps == 0 or step == total:
                 losses[step] = self.log_step(out)
             if self.evaluator is not None and ((every_eval and step % every_eval == 0) or step == total):
+                self.watch.beat("eval", step)
                 self.evaluate()
                 self._new_window(time.perf_counter())  # keep evaluation time out of the next step-time measurement
             stopping = self.stop.agreed()
             if self.ckpt is not None and (stopping or step % plan.checkpoint.interval_steps == 0 or step == total):
+                self.watch.beat("checkpoint", step)
                 self.save_checkpoint()
                 self._new_window(time.perf_counter())  # keep save time out of the next step-time measurement
             if stopping:
@@ -660,6 +669,7 @@ class Trainer:
                     }
                 )
                 break
+        self.watch.beat("done", self.step)
         self.emit(
             {"event": "end", "step": self.step, "reason": reason, "message": f"finished at step {self.step}/{total}"}
         )

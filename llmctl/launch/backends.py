@@ -100,6 +100,11 @@ class Job:
             # The engine resolves the plan's relative paths from the workdir (where it runs).
             metrics=str(self.workdir / plan.logging.dir / "metrics.jsonl"),
             checkpoint_dir=str(self.workdir / ckpt) if ckpt else None,
+            stall={
+                "step_s": plan.predicted.step_time_s,
+                "factor": plan.watchdog.stall_factor,
+                "floor_s": plan.watchdog.stall_floor_s,
+            },
         )
 
     def run_folders(self) -> list[Path]:

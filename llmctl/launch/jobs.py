@@ -26,7 +26,7 @@ from pathlib import Path
 
 from llmctl.errors import InputError, RuntimeFailure
 from llmctl.fileio import write_atomic
-from llmctl.launch import registry, shell
+from llmctl.launch import heartbeat, registry, shell
 
 RECORD = "job.json"
 EVENTS = "events"
@@ -64,6 +64,21 @@ class JobRecord:
     """The engine's metrics.jsonl (absolute): the plan's logging.dir as seen from the launch's folder."""
     checkpoint_dir: str | None = None
     """The plan's checkpoint.dir (absolute), None without checkpoints: `status` shows its latest step."""
+    stall: dict[str, float | None] | None = None
+    """The plan's watchdog for `status`: {"step_s": predicted step time, "factor": ..., "floor_s": ...}."""
+
+    def diagnosis(self, now: float | None = None) -> heartbeat.Diagnosis | None:
+        """What the ranks' heartbeats say (llmctl.launch.heartbeat), None without them."""
+        if not self.metrics:
+            return None
+        w = self.stall or {}
+        return heartbeat.diagnose(
+            heartbeat.read_all(Path(self.metrics).parent),
+            now,
+            planned_step_s=w.get("step_s"),
+            factor=w.get("factor") or heartbeat.DEFAULT_FACTOR,
+            floor_s=w.get("floor_s") or heartbeat.DEFAULT_FLOOR_S,
+        )
 
     def save(self) -> None:
         """Write job.json and the job's entry in the per-user index (a failure there is a warning: the job runs)."""

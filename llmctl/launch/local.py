@@ -174,6 +174,7 @@ def run(
     on_start: Callable[[subprocess.Popen], None] | None = None,
     console: Path | None = None,
     on_signal: Callable[[subprocess.Popen, int, int], None] | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> int:
     """Run the command, its output on this terminal's stdout/stderr, and return its exit code. `env` is added to this
     process's environment; `on_start` is called with the process once it runs. With `console`, the output also goes
@@ -181,7 +182,8 @@ def run(
 
     Without `on_signal`, Ctrl-C reaches torchrun through the terminal's process group; we only wait for it. With it,
     the command runs in a session of its own (no terminal signal reaches it), and each STOP_SIGNALS this process gets
-    while it runs calls `on_signal(process, signal, how many so far)`; we keep waiting (and copying its output)."""
+    while it runs calls `on_signal(process, signal, how many so far)`; we keep waiting (and copying its output), and
+    call `on_tick()` every TICK_S seconds meanwhile (the stall watch)."""
     if console is not None:
         env = {**(env or {}), "PYTHONUNBUFFERED": "1"}  # a crashed rank's last lines are not lost in a buffer
         sys.stdout.flush()
@@ -204,7 +206,7 @@ def run(
         try:
             if on_start is not None:
                 on_start(proc)
-            return _wait(proc, received, on_signal)
+            return _wait(proc, received, on_signal, on_tick)
         finally:
             if tee is not None:
                 tee.close()
@@ -229,8 +231,14 @@ def _ends_with(parent: int) -> Callable[[], None]:
     return preexec
 
 
+TICK_S = 2.0
+
+
 def _wait(
-    proc: subprocess.Popen, received: list[int], on_signal: Callable[[subprocess.Popen, int, int], None] | None
+    proc: subprocess.Popen,
+    received: list[int],
+    on_signal: Callable[[subprocess.Popen, int, int], None] | None,
+    on_tick: Callable[[], None] | None = None,
 ) -> int:
     if on_signal is None:
         try:
@@ -243,6 +251,7 @@ def _wait(
                 proc.send_signal(signal.SIGKILL)
                 return _exit_code(proc.wait())
     handled = 0
+    next_tick = time.monotonic() + TICK_S
     while True:
         while handled < len(received):  # the handlers only record: the work runs here, between waits
             handled += 1
@@ -251,6 +260,9 @@ def _wait(
             return _exit_code(proc.wait(timeout=0.2))
         except subprocess.TimeoutExpired:
             pass
+        if on_tick is not None and time.monotonic() >= next_tick:
+            next_tick = time.monotonic() + TICK_S
+            on_tick()
 
 
 class _Tee:
@@ -268,9 +280,14 @@ class _Tee:
 
     def _copy(self, src: BinaryIO, dst: object) -> None:
         out = getattr(dst, "buffer", None)
+        quiet = AgentTraceback()
         for line in iter(src.readline, b""):
             with self.lock:
                 self.log.write(line)
+            shown = quiet.filter(line)
+            if not shown:
+                continue
+            line = b"".join(shown)
             try:
                 if out is not None:
                     out.write(line)
@@ -289,6 +306,35 @@ class _Tee:
             t.join(timeout=10)
         if not any(t.is_alive() for t in self.threads):
             self.log.close()
+
+
+class AgentTraceback:
+    """Leaves torchrun's own ChildFailedError traceback (30 lines: its frames, then the failures table) out of the
+    terminal: each rank already said why it failed in one line, and llmctl ends with one line naming the console log,
+    which keeps every line."""
+
+    RULE = b"=" * 20
+
+    def __init__(self) -> None:
+        self.held: bytes | None = None
+        self.rules_left = 0
+
+    def filter(self, line: bytes) -> list[bytes]:
+        """The lines to show for this one (none, it, or a held line and it)."""
+        if self.rules_left:
+            if line.startswith(self.RULE):
+                self.rules_left -= 1
+            return []
+        if self.held is not None:
+            held, self.held = self.held, None
+            if b"bin/torchrun" in line or b"torch/distributed/run.py" in line:
+                self.rules_left = 2  # through the failures table's closing rule
+                return []
+            return [held, *self.filter(line)]
+        if line.startswith(b"Traceback (most recent call last):"):
+            self.held = line
+            return []
+        return [line]
 
 
 def _exit_code(rc: int) -> int:
@@ -473,6 +519,32 @@ def _own_run_folder(job: Job) -> runlock.RunLock:
     return lock
 
 
+def _stall_watch(record: jobs.JobRecord) -> Callable[[], None]:
+    """The local launcher's stall watch (issue 50): once the ranks' heartbeats say STALLED, one warning line naming
+    the rank behind and how to see the stacks (again only after the run moved and stalled anew), and a `stalled`
+    event in the job folder."""
+    said: list[float] = []
+
+    def tick() -> None:
+        try:
+            found = record.diagnosis()
+        except OSError:
+            return
+        if found is None or not found.stalled:
+            said.clear()
+            return
+        last = max(b.since for b in found.behind + found.ahead)
+        if said and said[0] == last:
+            return
+        said[:] = [last]
+        line = f"{found.line()}; `llmctl status --stacks {record.job_id}`"
+        print(one_line(f"llmctl: warning: {line}"), file=sys.stderr, flush=True)
+        with contextlib.suppress(OSError):
+            jobs.append_event(record, f"stalled {jobs.now_utc()} {one_line(found.line())}")
+
+    return tick
+
+
 def check_machine(job: Job) -> None:
     """A GPU plan launched here needs the GPUs it asks for: on a machine with fewer (none), torchrun would start
     ranks that fail one by one ("flash needs a CUDA GPU", a ChildFailedError), or, with attention auto, train
@@ -552,7 +624,7 @@ class LocalBackend(LaunchBackend):
             _stop_on_signal(record, proc, signum, count)
 
         env = {**job.env, runlock.HELD_ENV: str(os.getpid())}  # the ranks take no lock of their own
-        code = run(argv, env=env, on_start=started, console=console, on_signal=stop)
+        code = run(argv, env=env, on_start=started, console=console, on_signal=stop, on_tick=_stall_watch(record))
         if _cancel_requested(record):
             outcome = _run_outcome(record.metrics, offset)
             if not (code == 0 and outcome["end"] == "done"):  # else it finished before the stop took effect

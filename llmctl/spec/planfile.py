@@ -297,6 +297,29 @@ class LoggingSection(_Strict):
     """Warn when peak reserved GPU memory is more than this fraction above the prediction."""
 
 
+class WatchdogSection(_Strict):
+    """A hung run (llmctl.launch.heartbeat): when it counts as STALLED, and how long a collective may wait before the
+    ranks give up. Written to a plan file only when not at these defaults."""
+
+    stall_factor: Float = Field(3.0, gt=1, le=GENERIC_FLOAT_LIMIT)
+    """STALLED when no rank moved for this many step times (measured by the ranks, else predicted.step_time_s)."""
+    stall_floor_s: Float = Field(60.0, gt=0, le=GENERIC_FLOAT_LIMIT)
+    """Never STALLED before this many seconds of quiet (start-up, the first compile, a checkpoint)."""
+    collective_timeout_s: Float | None = Field(None, gt=0, le=GENERIC_FLOAT_LIMIT)
+    """The process group's timeout: how long a rank waits in a collective before the run ends with one line. None:
+    10 x predicted.step_time_s, at least 600 s (instead of NCCL's 10 and gloo's 30 minutes)."""
+
+    def timeout_s(self, predicted_step_s: float | None) -> float:
+        if self.collective_timeout_s is not None:
+            return self.collective_timeout_s
+        return max(DEFAULT_COLLECTIVE_TIMEOUT_S, 10 * (predicted_step_s or 0.0))
+
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
+"""The floor of a derived collective timeout: a checkpoint save of a large model, a first compile, a slow data
+loader's first batch all fit in it."""
+
+
 class Predicted(_Strict):
     """What `llmctl plan` predicted; the engine logs its measurements next to these."""
 
@@ -324,6 +347,7 @@ class Plan(_Strict):
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     predicted: Predicted = Field(default_factory=Predicted)
+    watchdog: WatchdogSection = Field(default_factory=WatchdogSection)
 
     @model_validator(mode="after")
     def _consistent(self) -> Plan:
@@ -505,6 +529,8 @@ def plan_to_yaml(plan: Plan) -> str:
             del data[d.section][d.file_key]
     if data["finetune"]["method"] == "full":
         del data["finetune"]  # likewise
+    if data["watchdog"] == WatchdogSection().model_dump(mode="json"):
+        del data["watchdog"]
     return yaml.safe_dump(data, sort_keys=False)
 
 
