@@ -5,14 +5,16 @@ shape float8 kernels refuse: llmctl.spec.precision.float8_convertible) computes 
 
 Under the tensorwise recipe with FSDP2 the weights are all-gathered in float8 (1 byte a parameter instead of 2) and
 their scales are computed for all layers at once after each optimizer step (one all-reduce of amaxes:
-`precompute_float8_dynamic_scale_for_fsdp`). torchao is the optional extra `llmctl[fp8]`.
+`precompute_float8_dynamic_scale_for_fsdp`). Under tensor parallelism the converted layers take torchao's float8 TP
+styles (`tp_styles`), which cast before TP's all-gather. torchao is the optional extra `llmctl[fp8]`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -92,6 +94,70 @@ def convert(model: torch.nn.Module, p: PrecisionPolicy, fsdp: bool) -> Float8Con
         )
     log.info("%s", out.summary())
     return out
+
+
+def tensorwise(module: torch.nn.Module) -> bool:
+    """Whether `module` is a Float8Linear whose input, weight and gradient casts all use one dynamic scale per tensor:
+    the layers torchao's float8 TP styles take (they assume tensorwise scaling: torchao/float8/float8_tensor_parallel.py).
+    Without torchao imported no Float8Linear exists, so a bf16 run never imports it here."""
+    linear = sys.modules.get("torchao.float8.float8_linear")
+    if linear is None or not isinstance(module, linear.Float8Linear):
+        return False
+    from torchao.float8.config import ScalingGranularity, ScalingType
+
+    c = module.config
+    casts = (c.cast_config_input, c.cast_config_weight, c.cast_config_grad_output)
+    return all(
+        x.scaling_type is ScalingType.DYNAMIC and x.scaling_granularity is ScalingGranularity.TENSORWISE for x in casts
+    )
+
+
+def tp_styles() -> tuple[type, type, type]:
+    """torchao's (colwise, rowwise, module-input) float8 TP styles: the same splits as torch's ColwiseParallel,
+    RowwiseParallel and PrepareModuleInput, with the activation cast to float8 (its scale the amax over the whole tp
+    group) before the sequence all-gather, so TP's all-gather moves 1 byte an element and a block's q, k and v (or
+    gate and up) share one cast; the gradient of each output is cast to float8 on the way back. Rowwise-scaled layers
+    keep torch's styles (their input all-gathered in bf16, then cast), as torchtitan's parallelize_llama does."""
+    import_torchao()
+    from torchao.float8.float8_tensor_parallel import (
+        Float8ColwiseParallel,
+        Float8RowwiseParallel,
+        PrepareFloat8ModuleInput,
+    )
+
+    return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+
+
+def count_linear_styles(styles: Iterable[object]) -> int:
+    """How many of `styles` are torchao's float8 colwise or rowwise styles (0, importing nothing, without them)."""
+    if "torchao.float8.float8_tensor_parallel" not in sys.modules:
+        return 0
+    colwise, rowwise, _ = tp_styles()
+    return sum(isinstance(st, (colwise, rowwise)) for st in styles)
+
+
+def gather_as_bytes() -> None:
+    """Make torchao's all-gather of a float8 activation (TP's sequence all-gather under the float8 styles) send its
+    data as uint8 bytes, which gloo takes: gloo has no float8 dtype ('Invalid scalar type'), NCCL does. The same bytes
+    move either way (FSDP2 all-gathers float8 weights in a uint8 buffer too); CPU runs only, once a process."""
+    import torch
+    from torchao.float8 import float8_ops
+    from torchao.float8.float8_training_tensor import Float8TrainingTensor
+
+    table, op = float8_ops.FLOAT8_OPS_TABLE, torch.ops._c10d_functional.all_gather_into_tensor.default
+    if getattr(table[op], "as_bytes", False):
+        return
+
+    def all_gather(aten_op, args, kwargs=None):  # noqa: ANN001, ANN202 - torchao's op-table signature
+        x = args[0]
+        data = x._data.contiguous()
+        out = aten_op(data.view(torch.uint8), *args[1:], **(kwargs or {}))
+        return Float8TrainingTensor(
+            out.view(data.dtype), x._scale, x._orig_dtype, x._linear_mm_config, x._gemm_input_role
+        )
+
+    all_gather.as_bytes = True  # type: ignore[attr-defined]
+    table[op] = all_gather
 
 
 def scale_precompute(conv: Float8Conversion | None) -> Callable[[torch.nn.Module], None] | None:

@@ -9,6 +9,11 @@ o_proj and down_proj (forward; backward the mirror). The embedding is split by v
 rank's sequence shard. The LM head is split by vocabulary and the loss is computed on the vocabulary shards
 (`loss_parallel`): logits stay a DTensor sharded on their last dimension.
 
+Under float8 (llmctl.engine.float8, converted before TP as torchtitan does) every linear layer that became a tensorwise
+Float8Linear takes torchao's float8 style of the same split, and an attention or MLP input whose consumers all did is
+cast to float8 before its all-gather (`PrepareFloat8ModuleInput`, torchtitan's parallelize_llama); layers left in
+bf16 (the LM head, odd shapes) and rowwise-scaled ones keep torch's styles.
+
 Parameters the plan does not split (the MoE blocks, replicated over the tp group) stay plain tensors: their inputs
 are the same on every rank of the group, so are their gradients; llmctl.engine.scaler's `grad_norm` sums norms over DTensors of different
 meshes (FSDP2's 1-D data-parallel ones and the 2-D data x tp ones), which `clip_grad_norm_` refuses to stack.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from llmctl.engine import float8
 from llmctl.errors import SpecError
 from llmctl.families import family_of
 from llmctl.families import tensor_parallel as tpp
@@ -42,18 +48,27 @@ def _at(root: torch.nn.Module, path: str) -> torch.nn.Module | None:
     return obj
 
 
+def _styles(*modules: torch.nn.Module | None) -> tuple[type, type, type]:
+    """The (colwise, rowwise, module-input) style classes for a split whose linear layers are `modules`: torchao's
+    float8 ones when every one of them is a tensorwise Float8Linear, else torch's own."""
+    if modules and all(m is not None and float8.tensorwise(m) for m in modules):
+        return float8.tp_styles()
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+
+    return ColwiseParallel, RowwiseParallel, PrepareModuleInput
+
+
+def _consumers(layer: torch.nn.Module, tp_plan: dict[str, str], path: str) -> list[torch.nn.Module | None]:
+    """The column-split linear layers under `path` (an attention block's q, k and v): what reads its input."""
+    return [_at(layer, p) for p, style in tp_plan.items() if p.startswith(f"{path}.") and style == "colwise"]
+
+
 def _layer_styles(layer: torch.nn.Module, tp_plan: dict[str, str]) -> dict[str, object]:
     """One decoder layer's {submodule path: ParallelStyle} from the family's tensor-parallel plan (paths the layer
     lacks skipped: a no-rope layer, a layer without q/k norms)."""
     import torch
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        PrepareModuleInputOutput,
-        RowwiseParallel,
-        SequenceParallel,
-    )
+    from torch.distributed.tensor.parallel import PrepareModuleInputOutput, SequenceParallel
 
     styles: dict[str, object] = {}
     for path, style in tp_plan.items():
@@ -68,20 +83,22 @@ def _layer_styles(layer: torch.nn.Module, tp_plan: dict[str, str]) -> dict[str, 
             # (b, s, heads/tp, head_dim): the local heads are a shard of dimension 2.
             styles[path] = SequenceParallel(sequence_dim=2, use_local_output=True)
         elif style == "attention":
-            styles[path] = PrepareModuleInput(
+            prepare = _styles(*_consumers(layer, tp_plan, path))[2]
+            styles[path] = prepare(
                 input_kwarg_layouts={"hidden_states": Shard(1)},
                 desired_input_kwarg_layouts={"hidden_states": Replicate()},
             )
         elif style == "colwise":
-            styles[path] = ColwiseParallel()
+            styles[path] = _styles(module)[0]()
         elif style == "rowwise":
-            styles[path] = RowwiseParallel(output_layouts=Shard(1))
+            styles[path] = _styles(module)[1](output_layouts=Shard(1))
         elif style in ("mlp", "mlp_pair"):
             if all(isinstance(getattr(module, n, None), torch.nn.Linear) for n in DENSE_MLP):
-                styles[path] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-                styles[f"{path}.gate_proj"] = ColwiseParallel()
-                styles[f"{path}.up_proj"] = ColwiseParallel()
-                styles[f"{path}.down_proj"] = RowwiseParallel(output_layouts=Shard(1))
+                gate, up, down = (getattr(module, n) for n in DENSE_MLP)
+                styles[path] = _styles(gate, up)[2](input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                styles[f"{path}.gate_proj"] = _styles(gate)[0]()
+                styles[f"{path}.up_proj"] = _styles(up)[0]()
+                styles[f"{path}.down_proj"] = _styles(down)[1](output_layouts=Shard(1))
             else:  # a mixture of experts: replicated over the tp group (expert parallelism is a later step)
                 if style == "mlp_pair":
                     # Llama 4's MoE returns its output flattened to (b*s, h): back to (b, s, h) before the output is
@@ -144,6 +161,7 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         },
     )
     layers = decoder_layers(model)
+    float8_styles = 0
     for i, layer in enumerate(layers):
         styles = _layer_styles(layer, dict(fam.tp_plan))
         if i == 0:  # the whole sequence in, this rank's s/tp tokens out to the residual stream
@@ -155,9 +173,18 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
                 ),
             )
         parallelize_module(layer, tp_mesh, styles)
+        float8_styles += float8.count_linear_styles(styles.values())
+    if float8_styles and tp_mesh.device_type == "cpu":
+        float8.gather_as_bytes()
     if tied:  # the embedding and the head are both split by vocabulary rows (Shard(0)): one parameter again
         root["head"].weight = root["embed"].weight
-    log.info("tensor parallel: tp %d, %s plan over %d layers", tp_mesh.size(), fam.family, len(layers))
+    log.info(
+        "tensor parallel: tp %d, %s plan over %d layers%s",
+        tp_mesh.size(),
+        fam.family,
+        len(layers),
+        f", {float8_styles} float8 linear layers on torchao's float8 styles" if float8_styles else "",
+    )
 
 
 def select_async_tp(requested: bool, cuda_available: bool, compiled: bool) -> tuple[bool, str]:

@@ -221,6 +221,10 @@ class Trainer:
         )
         self.data = RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(env.rank), dims.dp)
         self.start, self.run_id = self._restore(found)
+        if self.float8_scales is not None and dims.tp_enabled:
+            # The first step's float8 weight scales from the whole weight too (as every later step's): without one
+            # precomputed, FSDP2's cast reduces the amax over the data-parallel ranks only, each tp rank its shard's.
+            self.float8_scales(self.model)
         self.step = self.start
         rss_setup = max_rss_bytes()
         # Every rank's (before model, peak) resident memory: the start event reports the worst rank.

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmctl.errors import InputError, RuntimeFailure
-from llmctl.spec.bench import BenchReport, CollectiveResult, gbit_s
+from llmctl.spec.bench import BenchReport, CollectiveResult, gbit_s, p2p_result
 from llmctl.units import MIB, fmt_bytes
 
 
@@ -67,6 +67,20 @@ def summary_table(report: BenchReport) -> Table:
     return t
 
 
+def p2p_line(report: BenchReport) -> str | None:
+    """The send/recv sweeps a pipeline's stage-to-stage sends are priced with (llmctl.spec.bench.p2p_bandwidth), at
+    their peak; None when the run swept no send/recv."""
+    parts = []
+    for inter_node, where in ((False, "inside a node"), (True, "between nodes")):
+        r = p2p_result(report, inter_node)
+        if r is not None:
+            s = r.summary
+            parts.append(f"{where} {s.peak_busbw_gbytes_s:.3f} GB/s at {fmt_bytes(s.peak_size_bytes)}")
+    if not parts:
+        return None
+    return "P2P send/recv between pipeline stages (busbw = algbw, peak): " + "; ".join(parts)
+
+
 def render(report: BenchReport, console: Console | None = None) -> None:
     console = console or Console()
     hosts = ", ".join(f"{n.name} ({len(n.ranks)} rank{'s' if len(n.ranks) > 1 else ''})" for n in report.nodes)
@@ -80,6 +94,9 @@ def render(report: BenchReport, console: Console | None = None) -> None:
         console.print(result_table(r))
     if report.results:
         console.print(summary_table(report))
+    p2p = p2p_line(report)
+    if p2p:
+        console.print(escape(p2p))
     if report.links:
         t = Table(title="inter-node links (pairwise all-reduce, local rank 0 of each node)", title_justify="left")
         for col in ("link", "size", "busbw GB/s", "Gbit/s", "verdict"):

@@ -26,9 +26,13 @@ with the scale precomputed once a step (precompute_float8_dynamic_scale_for_fsdp
 all-reduce of the amaxes over the shard group); the gather moves 1 byte a parameter and the unsharded weight is
 float8, so the linear casts no weight itself.
 
-Tensor parallelism: torchao's Float8ColwiseParallel / Float8RowwiseParallel (float8_tensor_parallel.py) cast each
-operand on this rank's shard (a column-wise input before its all-gather), so a rank casts 1/tp of what the split
-linears cast; the MoE blocks a tp group replicates (llmctl.families.tensor_parallel) are cast whole.
+Tensor parallelism (llmctl.engine.tensor_parallel): under tensorwise scaling torchao's Float8ColwiseParallel /
+Float8RowwiseParallel (float8_tensor_parallel.py) cast each operand on this rank's shard (a column-wise input before
+its all-gather, a row-wise output's gradient before the backward all-gather), so a rank casts 1/tp of what the split
+linears cast (an upper bound: q, k and v, or gate and up, share one input cast there). Rowwise-scaled layers keep
+torch's styles: a column-wise linear casts its input after TP's bf16 all-gather, the whole sequence on every rank,
+and a row-wise one its output's gradient after the backward all-gather, whole too (`_shares`). The MoE blocks a tp
+group replicates (llmctl.families.tensor_parallel) are cast whole.
 """
 
 from __future__ import annotations
@@ -149,6 +153,23 @@ def linear_count(spec: ModelSpec) -> int:
     return sum(n * sum(converted(spec, layer)) for layer, n in spec.layer_groups)
 
 
+ROW_SPLIT = ("o_proj", "down_proj", "shared down_proj")
+"""The matmuls a tensor-parallel plan splits by rows (input features: RowwiseParallel); the others it splits are
+column-wise (llmctl.families.tensor_parallel)."""
+
+
+def _shares(policy: PrecisionPolicy, name: str, replicated: bool, tp: int) -> tuple[int, int, int]:
+    """(input, weight, grad_output) divisors: how many tp ranks share one linear's cast of each (module docstring).
+    Under rowwise scaling torch's styles hand a column-wise linear the all-gathered input and a row-wise one the
+    all-gathered gradient of its output: those casts are whole on every rank."""
+    if replicated or tp <= 1:
+        return 1, 1, 1
+    if not policy.float8_row_scales:
+        return tp, tp, tp
+    row = name in ROW_SPLIT
+    return (tp if row else 1), tp, (1 if row else tp)
+
+
 def params_per_rank(total: int, replicated: int, tp: int) -> float:
     """What one rank of a tp group holds (or casts) of a quantity whose `replicated` part a tp group does not split."""
     return (total - replicated) / tp + replicated
@@ -196,16 +217,16 @@ def _cast_bytes(
     again = {layer: (n, mask) for layer, n, mask in _recomputed(spec, checkpointing)}
     for layer, n in spec.layer_groups:
         redo_n, mask = again.get(layer, (0, []))
-        for k, ((_, i, o), c, r) in enumerate(
+        for k, ((name, i, o), c, r) in enumerate(
             zip(layer_matmuls(spec, layer), converted(spec, layer), _replicated(spec, layer))
         ):
             if not c:
                 continue
-            share = 1 if r else tp
-            weight = 0 if gathered else e * i * o
-            forward = (e * tokens * i + weight) / share
+            s_in, s_w, s_go = _shares(policy, name, r, tp)
+            inp, weight = e * tokens * i / s_in, (0 if gathered else e * i * o) / s_w
+            forward = inp + weight
             fwd += n * forward
-            bwd += n * (e * tokens * (2 * o + i) + weight) / share
+            bwd += n * (2 * e * tokens * o / s_go + inp + weight)
             if redo_n and mask[k]:
                 bwd += redo_n * forward
     if gathered:
@@ -258,15 +279,15 @@ def _transient(spec: ModelSpec, policy: PrecisionPolicy, tokens: int, tp: int, g
     rowwise = policy.float8_row_scales
     fwd = bwd = 0.0
     for layer, _ in spec.layer_groups:
-        for (_, i, o), c, r in zip(layer_matmuls(spec, layer), converted(spec, layer), _replicated(spec, layer)):
+        for (name, i, o), c, r in zip(layer_matmuls(spec, layer), converted(spec, layer), _replicated(spec, layer)):
             if not c:
                 continue
-            share = 1 if r else tp
-            weight = 0 if gathered else i * o
+            s_in, s_w, s_go = _shares(policy, name, r, tp)
+            inp, weight = tokens * i / s_in, (0 if gathered else i * o) / s_w
             scales_f = AMAX_BYTES * ((tokens + o) if rowwise else 2)
             scales_b = AMAX_BYTES * ((tokens + o + 2 * i) if rowwise else 4)
-            fwd = max(fwd, (tokens * i + weight) / share + scales_f)
-            bwd = max(bwd, (tokens * (2 * o + i) + weight) / share + scales_b)
+            fwd = max(fwd, inp + weight + scales_f)
+            bwd = max(bwd, 2 * tokens * o / s_go + inp + weight + scales_b)
     return math.ceil(fwd), math.ceil(bwd)
 
 

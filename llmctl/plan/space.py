@@ -98,7 +98,6 @@ TP_REFUSED = {
         f"tensor parallelism: --loss-chunk {req.pin('loss_chunk_tokens')} (TP computes the loss unchunked)"
     ),
     "adapters": lambda req: f"tensor parallelism: {req.finetune.method} adapters run at tp 1 in llmctl's engine",
-    "float8 at tp 1": lambda req: f"tensor parallelism: {req.precision.name} runs at tp 1 in llmctl's engine",
 }
 """How the search words a rule (llmctl.spec.rules) that leaves only tp 1."""
 
@@ -123,7 +122,7 @@ def checkpointing_modes(spec: ModelSpec) -> list[str]:
 
 def tp_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:
     """The tensor-parallel degrees to search: the pin, or valid_tp, each degree's setup asked to the rules (a
-    sequence it splits evenly, no pinned loss chunk, what the engine runs with adapters and float8)."""
+    sequence it splits evenly, no pinned loss chunk, what the engine runs with adapters)."""
     if req.pin("tp") is not None:
         return [req.pin("tp")]  # checked by PlanRequest
     tps, refused = [1], {}

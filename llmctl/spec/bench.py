@@ -310,6 +310,29 @@ class BenchReport(_Model):
         return bw * r.groups_per_node if per_node and r is not None else bw
 
 
+def p2p_result(bench: BenchReport, inter_node: bool) -> CollectiveResult | None:
+    """The send/recv sweep over the links a pipeline's stage-to-stage sends cross: inside a node (the intra-node
+    groups; a single-node report's world) or between nodes (the inter-node groups, every local rank's at once, as
+    every rank of a stage sends to the next stage's together; a world ring that crosses nodes when there are no such
+    groups, its slowest hop an inter-node one). None where the report has no such sweep."""
+    several = len(bench.nodes) > 1
+    world = bench.result("world", "send_recv")
+    if inter_node:
+        return (bench.result("inter_node", "send_recv") or world) if several else None
+    # several nodes without intra-node groups (one rank per node, uneven nodes): nothing measured inside a node
+    return bench.result("intra_node", "send_recv") or (None if several else world)
+
+
+def p2p_bandwidth(bench: BenchReport, inter_node: bool, size_bytes: int = 32 * 2**20) -> float | None:
+    """GB/s of nccl-tests' sendrecv between ranks of one node or of two nodes (`p2p_result`) at `size_bytes` (the
+    message: a pipeline stage's activations; interpolated in log size, clamped to the measured range): each rank sends
+    S to the next while it receives S from the previous, algbw = S / t and busbw = algbw (NVIDIA/nccl-tests
+    doc/PERFORMANCE.md). None without a send/recv sweep over those links (reports written before bench-net swept it,
+    `--collectives` without send_recv, or a link the run did not cross): the caller then says what it assumed."""
+    r = p2p_result(bench, inter_node)
+    return None if r is None else r.busbw_at(size_bytes)
+
+
 def load_bench(path: str | Path) -> BenchReport:
     """Read and validate a bench-net JSON file; any problem is one SpecError line naming the file."""
     p = Path(path)

@@ -138,13 +138,6 @@ def _adapters_hint(s: Setup) -> str:
     return next((hint for bad, _, hint in _adapter_refusals(s) if bad), "")
 
 
-def _float8_tp(s: Setup) -> str | None:
-    # torchao's float8 TP styles (Float8ColwiseParallel, ...) differ from the bf16 plan's; not wired yet
-    if s.precision.float8 and s.dims.tp_enabled:
-        return f"precision {s.precision.name} with tensor parallelism (tp {s.tp}) is not run by llmctl's engine"
-    return None
-
-
 def _pp_stages(s: Setup) -> str | None:
     sched, v = s.pp_schedule, s.virtual_stages
     if not s.dims.pp_enabled:
@@ -180,7 +173,6 @@ AFTER_LAYOUT = (
     Rule("flash needs half", ("attention", "precision"), _flash_half, "use --attention sdpa with fp32"),
     Rule("offload is fsdp2's", ("offload", "engine"), _offload_fsdp2, "use --engine fsdp2"),
     Rule("adapters", ("finetune", "tp", "pp", "precision", "offload", "engine"), _adapters, _adapters_hint),
-    Rule("float8 at tp 1", ("precision", "tp"), _float8_tp, "use tp 1 with float8, or bf16-mixed with tp"),
     Rule("pp stages per rank", ("pp", "pp_schedule", "pp_virtual_stages"), _pp_stages, "leave pp_virtual_stages out"),
     Rule(
         "pp microbatches",

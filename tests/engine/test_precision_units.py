@@ -147,6 +147,50 @@ def test_float8_converts_the_linear_layers_but_the_head_and_odd_shapes(tmp_path:
     assert float8.convert(_tiny_meta(tmp_path / "b"), policy("bf16-mixed"), fsdp=True) is None
 
 
+def _tp_styles(tmp: Path, precision: str, intermediate: int) -> dict[str, str]:
+    """{path in a decoder layer: the class name of its TP style} for the tiny Llama converted under `precision`."""
+    from llmctl.engine import float8
+    from llmctl.engine.tensor_parallel import _layer_styles
+    from llmctl.families import family_of
+    from llmctl.families.modules import decoder_layers
+
+    model = _tiny_meta(tmp, {**TINY["model"]["overrides"], "intermediate_size": intermediate})
+    float8.convert(model, policy(precision), fsdp=True)
+    styles = _layer_styles(decoder_layers(model)[0], dict(family_of("llama").tp_plan))
+    return {path: type(st).__name__ for path, st in styles.items()}
+
+
+def test_float8_linears_take_torchaos_float8_tp_styles(tmp_path: Path) -> None:
+    """Under tensorwise float8 each converted linear takes torchao's float8 style of its split, and an input whose
+    consumers are all converted is cast before its all-gather (PrepareFloat8ModuleInput: q, k, v; gate, up), as
+    torchtitan's parallelize_llama; a linear left in bf16 (the MLP's 172 columns) keeps torch's style, and so does
+    every rowwise-scaled one (torchao's float8 styles assume one scale per tensor)."""
+    pytest.importorskip("torchao", reason="needs torchao (pip install 'llmctl[fp8]')")
+    attention = {
+        "self_attn": "PrepareFloat8ModuleInput",
+        **{f"self_attn.{p}_proj": "Float8ColwiseParallel" for p in "qkv"},
+        "self_attn.o_proj": "Float8RowwiseParallel",
+    }
+    mlp = {
+        "mlp": "PrepareFloat8ModuleInput",
+        "mlp.gate_proj": "Float8ColwiseParallel",
+        "mlp.up_proj": "Float8ColwiseParallel",
+        "mlp.down_proj": "Float8RowwiseParallel",
+    }
+    norms = {"input_layernorm": "SequenceParallel", "post_attention_layernorm": "SequenceParallel"}
+    assert _tp_styles(tmp_path / "a", "fp8", 128) == {**norms, **attention, **mlp}
+    bf16_mlp = {
+        "mlp": "PrepareModuleInput",
+        "mlp.gate_proj": "ColwiseParallel",
+        "mlp.up_proj": "ColwiseParallel",
+        "mlp.down_proj": "RowwiseParallel",
+    }
+    assert _tp_styles(tmp_path / "b", "fp8", 172) == {**norms, **attention, **bf16_mlp}
+    plain = _tp_styles(tmp_path / "c", "bf16-mixed", 128)
+    assert _tp_styles(tmp_path / "d", "fp8-rowwise", 128) == plain
+    assert not any("Float8" in v for v in plain.values())
+
+
 def test_float8_refuses_a_model_with_nothing_to_convert(tmp_path: Path) -> None:
     pytest.importorskip("torchao", reason="needs torchao (pip install 'llmctl[fp8]')")
     from llmctl.engine import float8

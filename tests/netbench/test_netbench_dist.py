@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from netbench_helpers import LLMCTL, free_port, run_env
 
-from llmctl.spec.bench import BenchReport, load_bench
+from llmctl.spec.bench import BenchReport, load_bench, p2p_bandwidth
 from llmctl.spec.collectives import bus_factor
 
 pytestmark = pytest.mark.dist
@@ -74,6 +74,10 @@ def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Pa
     assert sr is not None and [p.size_bytes for p in sr.points] == [256 * 1024, 2**20]
     assert "world send_recv" in proc.stdout
     print("loopback busbw GB/s at 1 MiB:", {x.collective: round(x.points[-1].busbw_gbytes_s, 3) for x in r.results})
+    # what the planner prices a pipeline stage's send with: one node, so inside it only
+    assert p2p_bandwidth(r, inter_node=False, size_bytes=2**20) == sr.points[-1].busbw_gbytes_s > 0
+    assert p2p_bandwidth(r, inter_node=True) is None
+    assert "P2P send/recv between pipeline stages (busbw = algbw, peak): inside a node" in proc.stdout
     assert r.env["GLOO_SOCKET_IFNAME"] == "lo" and r.env["NCCL_DEBUG"] == "WARN"
     assert r.versions["torch"].startswith("2.")
     assert [p.size_bytes for p in r.results[0].points] == [256 * 1024, 2**20]
@@ -152,6 +156,14 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
     assert set(groups[("intra_node", "all_reduce")].per_group_busbw_gbytes_s) == {"box0", "box1"}
     assert [(lk.a, lk.b) for lk in r.links] == [("box0", "box1")]
     assert r.intra_node_busbw_gbytes_s() > 0 and r.inter_node_busbw_gbytes_s() > 0
+    # a pipeline stage's send: inside a node the intra-node ring's, between nodes the inter-node groups' (both local
+    # ranks of a node sending at once, as a stage's ranks do)
+    assert p2p_bandwidth(r, inter_node=False) == groups[("intra_node", "send_recv")].points[0].busbw_gbytes_s > 0
+    assert p2p_bandwidth(r, inter_node=True) == sr.points[0].busbw_gbytes_s > 0
+    print(
+        "loopback send/recv GB/s at 1 MiB:",
+        {g: round(groups[(g, "send_recv")].points[0].busbw_gbytes_s, 3) for g in ("world", "intra_node", "inter_node")},
+    )
     check_consistent(r)
 
 

@@ -214,6 +214,51 @@ def test_send_recv_round_trips_and_old_reports_still_load(tmp_path: Path) -> Non
     assert bench.load_bench(path).result("world", "send_recv") is None
 
 
+def with_p2p(r: bench.BenchReport, busbw: dict[str, float]) -> bench.BenchReport:
+    """`r` plus a send/recv sweep on each group of `busbw` (GB/s at every size, by group) its all-reduce swept."""
+    more = [
+        res.model_copy(
+            update={
+                "collective": "send_recv",
+                "points": [
+                    bench.SizePoint.measured("send_recv", res.ranks_per_group, p.size_bytes, [p.size_bytes / bw / 1e9])
+                    for p in res.points
+                ],
+            }
+        )
+        for res in r.results
+        if res.collective == "all_reduce" and (bw := busbw.get(res.group))
+    ]
+    return r.model_copy(update={"results": [*r.results, *more]})
+
+
+def test_p2p_bandwidth_reads_the_links_a_pipeline_stage_send_crosses(tmp_path: Path) -> None:
+    """Inside a node: the intra-node groups' send/recv (a single node's world); between nodes: the inter-node
+    groups' (a world ring that crosses nodes where there are none); None where nothing was measured, and for every
+    report written before the sweep, which still loads."""
+    two = with_p2p(make_report(), {"world": 0.4, "intra_node": 3.0, "inter_node": 0.5})
+    assert bench.p2p_bandwidth(two, inter_node=False) == pytest.approx(3.0)
+    assert bench.p2p_bandwidth(two, inter_node=True, size_bytes=8 * MiB) == pytest.approx(0.5)
+    one = with_p2p(make_report(nodes=1), {"world": 2.0})
+    assert bench.p2p_bandwidth(one, inter_node=False) == pytest.approx(2.0)
+    assert bench.p2p_bandwidth(one, inter_node=True) is None  # no node boundary to cross
+    # several nodes, only the world group (one rank per node, or nodes of uneven size): its ring crosses nodes
+    world = two.model_copy(update={"results": [x for x in two.results if x.group == "world"]})
+    assert bench.p2p_bandwidth(world, inter_node=True) == pytest.approx(0.4)
+    assert bench.p2p_bandwidth(world, inter_node=False) is None
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(json.loads(make_report().model_dump_json(by_alias=True))))
+    old = bench.load_bench(path)
+    assert bench.p2p_bandwidth(old, inter_node=False) is None and bench.p2p_bandwidth(old, inter_node=True) is None
+    from llmctl.netbench.render import p2p_line
+
+    assert p2p_line(old) is None
+    assert p2p_line(two) == (
+        "P2P send/recv between pipeline stages (busbw = algbw, peak): inside a node 3.000 GB/s at 4 MiB; "
+        "between nodes 0.500 GB/s at 4 MiB"
+    )
+
+
 def test_plan_network_reads_measured_send_recv_and_falls_back_to_all_gather(tmp_path: Path) -> None:
     from llmctl.plan.network import bench_network
 

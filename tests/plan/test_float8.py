@@ -81,11 +81,21 @@ def test_routers_routed_experts_and_conv1d_stay_in_bf16() -> None:
 
 
 def test_a_tp_rank_casts_its_share_and_the_replicated_moe_blocks_whole() -> None:
-    """Under tensor parallelism (priced for when the engine runs float8 with it) a rank casts 1/tp of the split
-    linears (torchao's Float8ColwiseParallel casts on the shard) and all of an MoE block's shared expert."""
-    t, fp8 = 4096, policy("fp8-rowwise")
-    one = f8.cast_bytes(L8B, fp8, t, "none", compiled=True)
-    assert f8.cast_bytes(L8B, fp8, t, "none", compiled=True, tp=2) == (one[0] / 2, one[1] / 2)
+    """Under tensor parallelism a tensorwise rank casts 1/tp of the split linears (torchao's float8 TP styles cast on
+    the shard) and all of an MoE block's shared expert; a rowwise rank (torch's styles) casts the all-gathered input
+    of a column-wise linear and the all-gathered output gradient of a row-wise one (o, down) whole."""
+    t, tw, rw = 4096, policy("fp8"), policy("fp8-rowwise")
+    one = f8.cast_bytes(L8B, tw, t, "none", compiled=True)
+    assert f8.cast_bytes(L8B, tw, t, "none", compiled=True, tp=2) == (one[0] / 2, one[1] / 2)
+    col_in, row_in = 5 * 4096, 4096 + 14336  # q, k, v, gate, up read the hidden state; o and down are row-split
+    col_out, row_out = 4096 + 2 * 1024 + 2 * 14336, 2 * 4096
+    fwd = 3 * 32 * (t * (col_in + row_in / 2) + BLOCK_IO / 2)  # compiled: 2 + 1 bytes an element
+    bwd = fwd + 3 * 32 * 2 * t * (col_out / 2 + row_out)
+    assert f8.cast_bytes(L8B, rw, t, "none", compiled=True, tp=2) == (fwd, bwd)
+    assert f8.cast_bytes(L8B, rw, t, "none", compiled=True) == f8.cast_bytes(L8B, tw, t, "none", compiled=True)
+    # the largest float8 copies at tp 2 are down_proj's either way: its input and weight shards (+ scales)
+    assert f8.transient_bytes(L8B, tw, t, tp=2)[0] == (t * 14336 + 14336 * 4096) / 2 + 2 * 4
+    assert f8.transient_bytes(L8B, rw, t, tp=2)[0] == (t * 14336 + 14336 * 4096) / 2 + 4 * (t + 4096)
     ds = resolve_model("deepseek-v3")
     total, replicated = f8.linear_params(ds)
     shared = 3 * 7168 * 2048  # one shared expert of 2048 (n_shared_experts 1 x moe_intermediate_size 2048)
