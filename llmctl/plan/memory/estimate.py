@@ -610,9 +610,13 @@ def min_gpus(
         if gpn % setup.dims.batch_sharers:
             what = "tp x cp" if setup.dims.cp_enabled else "tp"
             return MinGpus(strategy, None, None, None, f"{what} does not divide GPUs per node")
-        e = est_at(2, gpn)
+        # Two replicas of the shard group; a pipeline may span nodes (pp x tp over gpus per node of them each).
+        nodes = 2 * -(-unit // gpn)
+        if nodes * gpn % unit:
+            return MinGpus(strategy, None, None, None, "tp x pp does not divide the GPUs of whole nodes")
+        e = est_at(nodes, gpn)
         if fits(e, device_memory_bytes, host_memory_bytes):
-            return MinGpus(strategy, 2 * gpn, 2, e.device_bytes, "memory does not shrink with more nodes")
+            return MinGpus(strategy, nodes * gpn, nodes, e.device_bytes, "memory does not shrink with more nodes")
         return MinGpus(strategy, None, None, e.device_bytes, "does not fit when sharded over one node")
     # Inside one node: unit, 2*unit, ... up to gpus_per_node.
     for n in range(unit, gpn + 1, unit):
@@ -621,30 +625,34 @@ def min_gpus(
         e = est_at(1, n)
         if fits(e, device_memory_bytes, host_memory_bytes):
             return MinGpus(strategy, n, 1, e.device_bytes)
-    if strategy == "no_shard":
-        e = est_at(1, gpn)
+    # A replica spans whole nodes when a pipeline (tp x cp x pp) is larger than one: node counts are its multiples.
+    step = unit // gpn if unit > gpn and unit % gpn == 0 else 1
+    if strategy == "no_shard" and (gpn % unit == 0 or step > 1):
+        e = est_at(step, gpn)
         return MinGpus(strategy, None, None, e.device_bytes, "replicated states do not shrink with more GPUs")
     # Whole nodes: memory is non-increasing in nodes for sharded strategies; binary search.
-    if gpn % unit or not fits(est_at(max_nodes, gpn), device_memory_bytes, host_memory_bytes):
-        e = est_at(max_nodes, gpn) if gpn % unit == 0 else None
+    most = max_nodes // step * step
+    if (gpn % unit and step == 1) or not fits(est_at(most, gpn), device_memory_bytes, host_memory_bytes):
+        e = est_at(most, gpn) if gpn % unit == 0 or step > 1 else None
         return MinGpus(
             strategy,
             None,
             None,
             e.device_bytes if e else None,
-            f"does not fit even on {max_nodes} nodes"
+            f"does not fit even on {most} nodes"
             if e
             else f"tp x {'cp x ' if setup.dims.cp_enabled else ''}pp does not divide GPUs per node",
         )
-    lo, hi = 1, max_nodes  # lo: does not fit (checked above with n = gpn), hi: fits
+    # lo: does not fit (one node checked above with n = gpn; none when a replica spans nodes), hi: fits (in replicas)
+    lo, hi = (1 if step == 1 else 0), most // step
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(est_at(mid, gpn), device_memory_bytes, host_memory_bytes):
+        if fits(est_at(mid * step, gpn), device_memory_bytes, host_memory_bytes):
             hi = mid
         else:
             lo = mid
-    e = est_at(hi, gpn)
-    return MinGpus(strategy, hi * gpn, hi, e.device_bytes)
+    e = est_at(hi * step, gpn)
+    return MinGpus(strategy, hi * step * gpn, hi * step, e.device_bytes)
 
 
 # --- pipeline parallelism: one estimate per pp rank ---------------------------------------------------------------
@@ -661,12 +669,18 @@ PIPELINE_NOTE = (
 
 def _pipeline_estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Every pp rank's estimate (llmctl.plan.memory.pipeline); the heaviest is the answer, carrying them all."""
-    ledger = state_ledger(spec, setup)
     ranks = pl.pipeline_ranks(spec, setup)
-    ests = [_rank_estimate(spec, setup, ledger, r) for r in ranks]
+    ests = pipeline_rank_estimates(spec, setup)
     stages = tuple(_stage_memory(spec, setup, e, r) for e, r in zip(ests, ranks))
     worst = max(range(len(ests)), key=lambda i: (ests[i].device_bytes, -i))
     return replace(ests[worst], stages=stages, pipeline_rank=worst)
+
+
+def pipeline_rank_estimates(spec: ModelSpec, setup: TrainSetup) -> list[MemoryEstimate]:
+    """Each pp rank's own estimate, in rank order (`estimate` answers with the heaviest)."""
+    _check_estimable(setup)
+    ledger = state_ledger(spec, setup)
+    return [_rank_estimate(spec, setup, ledger, r) for r in pl.pipeline_ranks(spec, setup)]
 
 
 def _rank_estimate(

@@ -43,6 +43,8 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         out["finetune"] = _finetune_report(spec, setup)
     if setup.cp > 1:
         out["context_parallel"] = context_parallel_report(spec, setup, est)
+    if setup.pp > 1:
+        out["pipeline"] = pipeline_report(est)
     if setup.precision.float8:
         out["float8"] = {**f8.summary(spec, setup.seq_len, setup.precision), "note": FLOAT8_NOTE}
     # CPU offload: the host's memory per GPU where the catalog knows the kind's node (None: not checked).
@@ -239,4 +241,33 @@ def context_parallel_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstim
         "activations_bytes": activations(est),
         "activations_at_cp1_bytes": activations(whole),
         "per_gpu_total_at_cp1_bytes": whole.device_bytes,
+    }
+
+
+def pipeline_report(est: MemoryEstimate) -> dict[str, Any]:
+    """Every pp rank's memory (llmctl.plan.memory.estimate's StageMemory), the schedule it comes from and which rank
+    is the answer: the heaviest."""
+    s = est.setup
+    return {
+        "schedule": str(s.pp_schedule),
+        "microbatches": s.pipeline_microbatches,
+        "virtual_stages": s.virtual_stages,
+        "stages_total": s.pipeline_stages,
+        "heaviest_rank": est.pipeline_rank,
+        "ranks": [
+            {
+                "rank": st.rank,
+                "stages": list(st.stages),
+                "blocks": st.blocks,
+                "params": st.params,
+                "params_bytes": st.params_bytes,
+                "grads_bytes": st.grads_bytes,
+                "states_bytes": st.states_bytes,
+                "activations_bytes": st.activations_bytes,
+                "in_flight": st.in_flight,
+                "peak_phase": st.peak_phase,
+                "per_gpu_total_bytes": st.device_bytes,
+            }
+            for st in est.stages
+        ],
     }

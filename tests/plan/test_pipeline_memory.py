@@ -1,0 +1,204 @@
+"""Pipeline parallelism's memory per pp rank (llmctl.plan.memory.pipeline): each rank's parameters and states against
+an independent count on a model split on the meta device, the micro-batches in flight per schedule, and the saved
+activations of each stage of a tiny model measured on the CPU (llmctl.measure.saved)."""
+
+import math
+
+import pytest
+
+from llmctl.plan import memory as mem
+from llmctl.plan.memory import pipeline as pl
+from llmctl.plan.memory.estimate import PP_INPUT_GRADS, PP_RECV_BUFFERS, PP_STAGE_OUTPUTS
+from llmctl.spec import models
+from llmctl.spec.pipeline import Schedule, in_flight, split_layers, stages_of_rank
+from llmctl.spec.setup import TrainSetup
+
+torch = pytest.importorskip("torch", reason="needs torch (pip install 'llmctl[train]')")
+transformers = pytest.importorskip("transformers", reason="needs transformers (pip install 'llmctl[train]')")
+
+from llmctl.measure.saved import SavedBytes  # noqa: E402
+
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "num_hidden_layers": 8,
+    "tie_word_embeddings": False,
+}
+
+
+def build(cfg: dict, device: str = "meta", dtype=torch.float32):
+    cfg = dict(cfg)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    config.use_cache = False
+    torch.manual_seed(0)
+    with torch.device(device):
+        return transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").to(dtype)
+
+
+def stage_modules(model, stages: int) -> list[list]:
+    """The modules of each stage of torchtitan's split: the embedding on the first, the blocks, norm + LM head on the
+    last (a tied LM head is the embedding's matrix again: the last stage counts it as its own copy)."""
+    out = []
+    for part in split_layers(model.config.num_hidden_layers, stages):
+        mods = [model.model.embed_tokens] if part.embedding else []
+        mods += [model.model.layers[i] for i in part.blocks]
+        mods += [model.model.norm, model.lm_head] if part.head else []
+        out.append(mods)
+    return out
+
+
+def counted(modules: list, tp: int) -> int:
+    """Parameters of a stage's modules on one tp rank, counted on the modules: norms whole, the rest / tp."""
+    total = 0
+    for mod in modules:
+        for name, p in mod.named_parameters():
+            total += p.numel() if "norm" in name or p.dim() == 1 else p.numel() // tp
+    return total
+
+
+def rank_counts(model, sched: Schedule, pp: int, v: int, tp: int) -> list[int]:
+    mods = stage_modules(model, pp * v)
+    return [sum(counted(mods[i], tp) for i in stages_of_rank(sched, r, pp, v)) for r in range(pp)]
+
+
+@pytest.mark.parametrize(
+    "cfg,sched,pp,tp",
+    [
+        (TINY, Schedule.ONE_F_ONE_B, 4, 1),  # 8 blocks + 2 over 4 stages: 3, 3, 2, 2 "layers": uneven
+        (TINY, Schedule.ONE_F_ONE_B, 3, 2),
+        (TINY, Schedule.INTERLEAVED_1F1B, 2, 1),
+        (TINY, Schedule.ZBV, 2, 2),
+        ({**TINY, "tie_word_embeddings": True}, Schedule.ONE_F_ONE_B, 4, 1),
+    ],
+    ids=["8-over-4", "8-over-3-tp2", "interleaved", "zbv-tp2", "tied"],
+)
+def test_rank_states_equal_a_split_model(cfg, sched, pp, tp):
+    """Each pp rank's parameters, and its fp32 master + gradients + AdamW states (16 bytes per parameter, FSDP2),
+    equal the count of the modules its stages hold: ratio 1.00 on every rank, the heaviest included."""
+    model = build(cfg)
+    spec = models.from_hf_config(cfg, name="tiny")
+    setup = TrainSetup(gpus_per_node=pp * tp * 2, tp=tp, pp=pp, pp_schedule=sched, attention="sdpa")
+    expected = rank_counts(model, sched, pp, setup.virtual_stages, tp)
+    ranks = pl.pipeline_ranks(spec, setup)
+    assert [pl.rank_params(spec, setup, r) for r in ranks] == expected
+    for est, count in zip(mem.pipeline_rank_estimates(spec, setup), expected):
+        assert est.model_state_bytes == math.ceil(count * 4 / 2) * 2 + math.ceil(count * 8 / 2)  # fsdp 2
+    heaviest = mem.estimate(spec, setup)
+    assert mem.stage_params(spec, setup)[0] == max(expected)
+    assert heaviest.device_bytes == max(s.device_bytes for s in heaviest.stages)
+
+
+def test_405b_stages_counted_on_meta():
+    """Llama 3.1 405B, 126 blocks: pp 8 (16 blocks a stage but 15 on the first and the last, which hold the embedding
+    and the head) and interleaved pp 8 x 2 under tp 8: every rank's parameters equal the split model's (ratio 1.00;
+    ceil(126 / 8) = 16 blocks plus an end would over-count the ends' ranks, and an even split of the blocks
+    under-counts the middle ones)."""
+    entry = models.preset_entry("llama-3.1-405b")
+    model = build(entry["config"])
+    spec = models.from_preset("llama-3.1-405b")
+    for sched in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B):
+        setup = TrainSetup(nodes=64, gpus_per_node=8, tp=8, pp=8, pp_schedule=sched, seq_len=8192, attention="sdpa")
+        expected = rank_counts(model, sched, 8, setup.virtual_stages, 8)
+        got = [pl.rank_params(spec, setup, r) for r in pl.pipeline_ranks(spec, setup)]
+        assert [g / e for g, e in zip(got, expected)] == [1.0] * 8
+    assert got == [6_240_043_008] + [6_375_866_368] * 6 + [6_240_059_392]
+
+
+@pytest.mark.parametrize(
+    "sched,m,expected",
+    [
+        (Schedule.GPIPE, 8, [(8,)] * 4),
+        (Schedule.ONE_F_ONE_B, 8, [(4,), (3,), (2,), (1,)]),
+        (Schedule.ONE_F_ONE_B, 2, [(2,), (2,), (2,), (1,)]),
+        # (v - 1) pp + 2 (pp - r - 1) + 1 = 11, 9, 7, 5 forwards before the first backward, 4 (m // (m // pp)) a round
+        # per local stage: rank 0 runs 4 of stage 0, 4 of stage 4, 3 of stage 0 again
+        (Schedule.INTERLEAVED_1F1B, 8, [(7, 4), (5, 4), (4, 3), (4, 1)]),
+        (Schedule.INTERLEAVED_1F1B, 1, [(1, 1)] * 4),
+        (Schedule.ZBV, 8, [(4, 4)] * 4),
+    ],
+)
+def test_micro_batches_in_flight_per_stage(sched, m, expected):
+    """How many micro-batches of each of its stages a rank holds at its peak (pp 4, 8 blocks)."""
+    spec = models.from_hf_config(TINY, name="tiny")
+    setup = TrainSetup(gpus_per_node=4, pp=4, pp_schedule=sched, grad_accum_steps=m, attention="sdpa")
+    ranks = pl.pipeline_ranks(spec, setup)
+    assert [tuple(h.micro_batches for h in r.held) for r in ranks] == expected
+    assert [r.in_flight for r in ranks] == [in_flight(sched, r, 4, m, setup.virtual_stages) for r in range(4)]
+
+
+def test_in_flight_scales_the_activations():
+    """1F1B: rank r keeps pp - r micro-batches of its stage: with equal stages, the activations line is in the same
+    ratio (stage 0 and the last differ by their ends only)."""
+    spec = models.from_hf_config({**TINY, "num_hidden_layers": 14}, name="tiny")  # 16 "layers": 4 per stage
+    setup = TrainSetup(gpus_per_node=4, pp=4, grad_accum_steps=8, attention="sdpa", seq_len=128)
+    acts = [
+        next(c.bytes for c in e.components if c.name.startswith("activations ("))
+        for e in mem.pipeline_rank_estimates(spec, setup)
+    ]
+    assert acts[1] * 2 == acts[2] * 3  # 3 and 2 micro-batches of 4 blocks each
+
+
+def test_p2p_buffers_follow_torch_pipelining():
+    """torch's PipelineStage: a receive buffer per micro-batch for each stage but the first (activations) and each
+    but the last (gradients), b x s/cp x h/tp in the compute dtype; the received inputs' gradients until the next
+    step; each in-flight forward's output until its backward."""
+    spec = models.from_preset("llama-3.1-8b")
+    setup = TrainSetup(gpus_per_node=8, tp=2, pp=4, grad_accum_steps=8, seq_len=4096, attention="sdpa")
+    boundary = 2 * 1 * (4096 // 2) * 4096
+    assert pl.boundary_bytes(setup, spec.hidden_size) == boundary
+    ests = mem.pipeline_rank_estimates(spec, setup)
+
+    def line(e, name):
+        return next((c.bytes for c in e.components if c.name == name), 0)
+
+    assert [line(e, PP_RECV_BUFFERS) for e in ests] == [
+        8 * boundary,
+        16 * boundary,
+        16 * boundary,
+        8 * boundary,
+    ]
+    assert [line(e, PP_INPUT_GRADS) for e in ests] == [0, 8 * boundary, 8 * boundary, 8 * boundary]
+    assert [line(e, PP_STAGE_OUTPUTS) for e in ests] == [4 * boundary, 3 * boundary, 2 * boundary, 0]
+
+
+def stage_forward(model, part, ids, boundary):
+    """One micro-batch through one stage of the model, as a PipelineStage runs it: the token ids (first stage) or the
+    received activation (a leaf), the stage's blocks with the position embeddings its forward builds, and the norm,
+    head and loss on the last. Returns the output (keeps the graph alive)."""
+    inner = model.model
+    x = inner.embed_tokens(ids) if part.embedding else boundary
+    pos = torch.arange(ids.shape[1]).unsqueeze(0)
+    cos_sin = inner.rotary_emb(x, pos)
+    for i in part.blocks:
+        x = inner.layers[i](x, attention_mask=None, position_ids=pos, position_embeddings=cos_sin)
+        x = x[0] if isinstance(x, tuple) else x
+    if part.head:
+        logits = model.lm_head(inner.norm(x))
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+    return x
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_stage_activations_match_measurement(pp):
+    """Each stage's saved activations for one micro-batch (1F1B at one micro-batch per run: one in flight on every
+    rank), measured on the CPU in bf16 with the saved-tensor harness, within 3% of the estimate's line: its blocks',
+    its rotary tables, the ids on the first, the LM head's input and the loss's log-softmax on the last."""
+    b, s = 2, 128
+    model = build(TINY, device="cpu", dtype=torch.bfloat16)
+    model.train()
+    spec = models.from_hf_config(TINY, name="tiny")
+    setup = TrainSetup(gpus_per_node=pp, pp=pp, seq_len=s, micro_batch_size=b, attention="sdpa", precision="bf16-mixed")
+    ids = torch.randint(0, TINY["vocab_size"], (b, s))
+    keep = ("activations (", "input ids", "final norm + LM-head input", "loss log-softmax")
+    for part, est in zip(split_layers(TINY["num_hidden_layers"], pp), mem.pipeline_rank_estimates(spec, setup)):
+        received = torch.randn(b, s, TINY["hidden_size"], dtype=torch.bfloat16, requires_grad=True)
+        with SavedBytes([*model.parameters(), received, ids]) as saved:
+            out = stage_forward(model, part, ids, received)
+        assert out.requires_grad
+        predicted = sum(c.bytes for c in est.components if c.name.startswith(keep))
+        assert predicted == pytest.approx(saved.total(), rel=0.03), (part, predicted, saved.total())
