@@ -304,8 +304,8 @@ def _saved_activation_components(spec: ModelSpec, setup: TrainSetup, stage_layer
     ck, attn, ft = setup.checkpointing, setup.attention, setup.finetune
     sp = sequence_parallel_degree(spec, setup)
     rest = shard.tensor_ranks // sp
-    in_flight = setup.pp  # 1F1B: the first stage holds pp micro-batches
-    saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck, sp) // rest
+    # pp 1 (pipeline parallelism: _pipeline_activation_components)
+    saved = stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck, sp) // rest
     # Context parallelism passes each sequence's own positions (b rows), so the rotary tables have b rows too.
     rows = b if shard.split_sequences else 1
     saved += shared_activation_bytes(spec, b, s, cb, attn, position_rows=rows) // rest
@@ -809,16 +809,27 @@ def _p2p_buffer_components(setup: TrainSetup, prank: pl.PipelineRank, boundary: 
     return comps
 
 
+PP_LOGITS_KEPT = "logits kept for backward (pipelining fwd_cache, b*s*V)"
+
+
 def _pipeline_loss_components(spec: ModelSpec, setup: TrainSetup, prank: pl.PipelineRank) -> list[Component]:
-    """The loss's buffers on the rank holding the head: the saved fp32 log-softmax once per micro-batch in flight on
-    the last stage (the loss runs in its forward), the rest one at a time."""
+    """The loss's buffers on the rank holding the head, the engine's whole loss (no chunks under pp): per micro-batch
+    in flight on the last stage its saved fp32 log-softmax and its logits (the stage's output, which PipelineStage
+    keeps in fwd_cache until that micro-batch's backward; with `step(return_outputs=False)`, as torchtitan runs it:
+    otherwise `output_chunks` keeps every micro-batch's logits to the step's end); one at a time their fp32 upcast
+    and the loss's backward buffers."""
     n = next(h.micro_batches for h in prank.held if h.part.head)
-    return [
-        Component(c.name, c.bytes * n, c.phases, c.bytes_per_param, c.note)
-        if c.name.startswith("loss log-softmax")
-        else c
-        for c in _loss_components(spec, setup)
+    shard = setup.dims.rank_shard(setup.seq_len)
+    bsv = shard.whole_columns(setup.micro_batch_size * shard.tokens * spec.vocab_size)
+    cb, live = setup.compute_bytes, ("forward", "backward")
+    comps = [
+        Component("loss log-softmax (fp32, b*s*V)", 4 * bsv * n, ("forward", "loss_backward")),
+        Component(PP_LOGITS_KEPT, cb * bsv * n, live),
+        Component("loss backward buffers", 8 * bsv, ("loss_backward",)),
     ]
+    if cb != 4:
+        comps.insert(2, Component("logits fp32 upcast (until the loss)", 4 * bsv, ("forward",)))
+    return comps
 
 
 def _stage_memory(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate, prank: pl.PipelineRank) -> StageMemory:

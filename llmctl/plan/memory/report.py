@@ -113,7 +113,7 @@ def _estimate_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate) ->
         "layer_activation_terms": layer_activation_terms(
             spec,
             setup.micro_batch_size,
-            setup.seq_len // setup.cp,
+            setup.dims.rank_shard(setup.seq_len).tokens,
             setup.compute_bytes,
             setup.attention,
             tp=sequence_parallel_degree(spec, setup),
@@ -131,7 +131,7 @@ def _estimate_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate) ->
 def _adapter_terms(spec: ModelSpec, setup: TrainSetup) -> dict[str, int]:
     """The largest block's terms with the adapters' (llmctl.plan.memory.adapters): what they add and what the frozen
     base no longer keeps."""
-    b, s, ab = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
+    b, s, ab = setup.micro_batch_size, setup.dims.rank_shard(setup.seq_len).tokens, setup.compute_bytes
     layer = max((la for la, _ in spec.layer_groups), key=spec.params_of)
     return lora.adapter_activation_terms(spec, layer, b, s, ab, setup.attention, setup.finetune, DROPOUT_MASK_BYTES)
 
@@ -231,7 +231,7 @@ def context_parallel_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstim
         "cp": setup.cp,
         "rotate": setup.cp_rotate,
         "load_balance": setup.cp_load_balance,
-        "tokens_per_rank": setup.seq_len // setup.cp,
+        "tokens_per_rank": setup.dims.rank_shard(setup.seq_len).tokens,
         "fsdp_shard": setup.dims.fsdp_shard,
         "ring_forward_kv_bytes": ring.forward_kv,
         "ring_forward_merge_bytes": ring.forward_merge,
