@@ -217,3 +217,24 @@ def test_stage_activations_match_measurement(pp):
         assert lines % held.micro_batches == 0
         predicted = lines // held.micro_batches
         assert predicted == pytest.approx(saved.total(), rel=0.03), (held.part, predicted, saved.total())
+
+
+SPLITS = [
+    (layers, sched, v, pp)
+    for layers in (1, 2, 5, 8, 13, 32)
+    for sched, v in ((Schedule.ONE_F_ONE_B, 1), (Schedule.INTERLEAVED_1F1B, 2), (Schedule.INTERLEAVED_1F1B, 3))
+    for pp in (2, 4, 8)
+    if pp * v <= layers + 2
+]
+
+
+@pytest.mark.parametrize("layers,sched,v,pp", SPLITS)
+def test_ranks_hold_the_model_once(layers, sched, v, pp):
+    """Whatever the split, the pp ranks together hold every parameter once (untied, tp 1), every block on one rank."""
+    spec = models.from_hf_config({**TINY, "num_hidden_layers": layers}, name="tiny")
+    setup = TrainSetup(
+        gpus_per_node=pp, pp=pp, pp_schedule=sched, pp_virtual_stages=v if sched.looped else None, grad_accum_steps=pp
+    )
+    ranks = pl.pipeline_ranks(spec, setup)
+    assert sum(pl.rank_params(spec, setup, r) for r in ranks) == spec.params
+    assert sorted(i for r in ranks for i in r.blocks) == list(range(layers))
