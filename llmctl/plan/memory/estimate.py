@@ -34,9 +34,9 @@ import math
 from dataclasses import dataclass, field, replace
 
 import llmctl.plan.memory.adapters as lora
+import llmctl.plan.memory.pipeline as pl
 from llmctl.errors import InputError
 from llmctl.plan import float8 as f8
-from llmctl.plan.memory import pipeline as pl
 from llmctl.plan.memory.activations import (
     head_activation_bytes,
     input_ids_bytes,

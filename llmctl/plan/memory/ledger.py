@@ -16,8 +16,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+import llmctl.plan.memory.pipeline as pl
 from llmctl.plan.flops import _memo
-from llmctl.plan.memory import pipeline as pl
 from llmctl.spec import optimizer_states as ostates
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.precision import DTYPE_BYTES
@@ -92,7 +92,14 @@ def adam_8bit_rank_bytes(spec: ModelSpec, setup: TrainSetup) -> int | None:
     zero engine (DeepSpeed partitions flat buffers)."""
     if spec.measured is not None or spec.source == "params" or setup.engine != "fsdp2":
         return None
-    key = ("adam_8bit", setup.dims.fsdp_shard, setup.tp, setup.pp, setup.pipeline_stages, setup.precision.param_bytes)
+    key = (
+        "adam_8bit",
+        setup.dims.fsdp_shard,
+        pl.layer_ranks(setup),
+        setup.pp,
+        setup.pipeline_stages,
+        setup.precision.param_bytes,
+    )
     return _memo(spec, key, lambda: _adam_8bit_rank_bytes(spec, setup))
 
 
@@ -103,24 +110,25 @@ def _adam_8bit_rank_bytes(spec: ModelSpec, setup: TrainSetup) -> int:
 def adam_8bit_pipeline_rank_bytes(spec: ModelSpec, setup: TrainSetup, prank: pl.PipelineRank) -> int:
     """adam_8bit_rank_bytes for the GPUs of one pp rank: its blocks, its embedding or norm + head (the tied
     embedding's copy on the last stage under pp, llmctl.plan.memory.pipeline)."""
-    deg, tp, fallback = setup.dims.fsdp_shard, setup.tp, setup.precision.param_bytes
+    deg, ways, fallback = setup.dims.fsdp_shard, pl.layer_ranks(setup), setup.precision.param_bytes
     shapes: list[tuple[tuple[int, ...], int]] = []  # (shape before FSDP, how many)
     for layer, n in Counter(spec.layers[i] for i in prank.blocks).items():
         tensors = spec.block_tensors(layer)
         moe = any("experts" in name for name, _ in tensors)  # a MoE block stays whole under tp (ledger above)
-        shapes += [(_tp_shape(name, shape, tp, moe), n) for name, shape in tensors]
+        shapes += [(_tp_shape(name, shape, ways, moe), n) for name, shape in tensors]
     ends = (spec.embedding_tensors() if prank.embedding else []) + (spec.head_tensors() if prank.head else [])
     if prank.head and spec.tie_embeddings and setup.pp > 1:
         ends.append(("lm_head.weight", (spec.vocab_size, spec.hidden_size)))
-    shapes += [(_tp_shape(name, shape, tp, False), 1) for name, shape in ends]
+    shapes += [(_tp_shape(name, shape, ways, False), 1) for name, shape in ends]
     return _largest_rank_bytes(shapes, deg, fallback)
 
 
-def _tp_shape(name: str, shape: tuple[int, ...], tp: int, moe: bool) -> tuple[int, ...]:
-    """A tensor's shape on one tp rank, its split counted on dim 0 (norms, and MoE blocks, are replicated)."""
-    if tp == 1 or not shape or "norm" in name or (moe and name.startswith("mlp.")):
+def _tp_shape(name: str, shape: tuple[int, ...], ways: int, moe: bool) -> tuple[int, ...]:
+    """A tensor's shape on one of the `ways` tp ranks, its split counted on dim 0 (norms, and MoE blocks, are
+    replicated)."""
+    if ways == 1 or not shape or "norm" in name or (moe and name.startswith("mlp.")):
         return shape
-    return (-(-shape[0] // tp), *shape[1:])
+    return (-(-shape[0] // ways), *shape[1:])
 
 
 def _largest_rank_bytes(shapes: list[tuple[tuple[int, ...], int]], deg: int, fallback: int) -> int:
@@ -187,7 +195,7 @@ def stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
     """(parameters held by the heaviest pipeline rank after TP division, blocks on it). Exact per rank under pp
     (llmctl.plan.memory.pipeline: torchtitan's split, the embedding on the first stage, norm + head on the last).
     Cached per spec."""
-    key = ("stage_params", setup.tp, setup.pp, setup.engine, setup.pipeline_stages, setup.pp_schedule)
+    key = ("stage_params", pl.layer_ranks(setup), setup.pp, setup.engine, setup.pipeline_stages, setup.pp_schedule)
     return _memo(spec, key, lambda: _stage_params(spec, setup))
 
 
@@ -195,11 +203,12 @@ def _stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
     if setup.pp > 1:
         ranks = [(pl.rank_params(spec, setup, r), len(r.blocks)) for r in pl.pipeline_ranks(spec, setup)]
         return max(ranks)
-    if setup.tp == 1:
+    ways = pl.layer_ranks(setup)
+    if ways == 1:
         return spec.params, spec.num_layers
 
     per = {layer: pl.tp_block_params(spec, setup, layer) for layer, _ in spec.layer_groups}
     # The final norm is replicated over the tp group like the blocks' norms; the LM head is split by vocabulary.
     final_norm = 0 if spec.measured is not None else sum(math.prod(s) for n, s in spec.head_tensors() if "norm" in n)
-    ends = [spec.embedding_params / setup.tp, (spec.head_params - final_norm) / setup.tp + final_norm]
+    ends = [spec.embedding_params / ways, (spec.head_params - final_norm) / ways + final_norm]
     return int(round(sum(per[la] for la in spec.layers) + sum(ends))), spec.num_layers

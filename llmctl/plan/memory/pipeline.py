@@ -115,7 +115,7 @@ def rank_params(spec: ModelSpec, setup: TrainSetup, prank: PipelineRank) -> int:
     """Parameters one GPU of pp rank `prank` holds after the tensor-parallel split (before FSDP): its blocks, the
     embedding on the first stage, the final norm and the LM head on the last (the tied embedding's copy there: module
     docstring). Norms are replicated over the tp group; in llmctl's engine a mixture-of-experts block is whole."""
-    key = ("rank_params", setup.tp, setup.engine, setup.pipeline_stages, prank.stages)
+    key = ("rank_params", layer_ranks(setup), setup.engine, setup.pipeline_stages, prank.stages)
     return _memo(spec, key, lambda: _rank_params(spec, setup, prank))
 
 
@@ -123,29 +123,35 @@ def _rank_params(spec: ModelSpec, setup: TrainSetup, prank: PipelineRank) -> int
     per = {layer: tp_block_params(spec, setup, layer) for layer, _ in spec.layer_groups}
     total = sum(per[spec.layers[i]] for i in prank.blocks)
     if prank.embedding:
-        total += spec.embedding_params / setup.tp
+        total += spec.embedding_params / layer_ranks(setup)
     if prank.head:
         final_norm = (
             0 if spec.measured is not None else sum(math.prod(s) for n, s in spec.head_tensors() if "norm" in n)
         )
         tied_copy = spec.vocab_size * spec.hidden_size if spec.tie_embeddings and setup.pp > 1 else 0
-        total += (spec.head_params - final_norm + tied_copy) / setup.tp + final_norm
+        total += (spec.head_params - final_norm + tied_copy) / layer_ranks(setup) + final_norm
     return int(round(total))
 
 
 def tp_block_params(spec: ModelSpec, setup: TrainSetup, layer: Layer) -> float:
     """One block's parameters on one tp rank."""
-    if setup.tp == 1:
+    ranks = layer_ranks(setup)
+    if ranks == 1:
         return spec.params_of(layer)
     if spec.measured is not None:
-        return spec.params_of(layer) / setup.tp
+        return spec.params_of(layer) / ranks
     tensors = layer.tensors(spec.hidden_size)
     # Replicated over the tp group: the norms, and in llmctl's engine a mixture-of-experts block whole
     # (llmctl.families.tensor_parallel: experts are not split until expert parallelism; Megatron's expert
     # tensor parallelism, the zero ledger, splits them).
     moe = setup.engine == "fsdp2" and any("experts" in n for n, _ in tensors)
     whole = sum(math.prod(s) for n, s in tensors if "norm" in n or (moe and n.startswith("mlp.")))
-    return (spec.params_of(layer) - whole) / setup.tp + whole
+    return (spec.params_of(layer) - whole) / ranks + whole
+
+
+def layer_ranks(setup: TrainSetup) -> int:
+    """Ranks one layer is split over (tensor parallelism)."""
+    return setup.dims.rank_shard(setup.seq_len).tensor_ranks
 
 
 def boundary_bytes(setup: TrainSetup, hidden_size: int) -> int:
