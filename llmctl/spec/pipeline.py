@@ -144,15 +144,19 @@ def in_flight(sched: Schedule, rank: int, pp: int, microbatches: int, virtual: i
     """Stage-micro-batches of activations pp rank `rank` holds at its peak (one unit: one micro-batch's activations
     of one of its stages). From the schedules' warm-up counts in torch.distributed.pipelining (and the papers above):
     GPipe holds every micro-batch of its stage; 1F1B warms up pp - rank - 1 forwards and holds one more; interleaved
-    warms up (v - 1) pp + 2 (pp - rank - 1) stage-forwards; ZB-V holds 1F1B's activation memory (2 pp half-stage
-    units on every rank, arXiv 2401.10241 section 6)."""
+    warms up (v - 1) pp + 2 (pp - rank - 1) stage-forwards (a round of m // max(1, m // pp) for pp when pp does not
+    divide m); ZB-V holds 1F1B's activation memory (2 pp half-stage units on every rank, arXiv 2401.10241 section
+    6)."""
     m, v = microbatches, virtual
     if sched is Schedule.GPIPE:
         return m
     if sched is Schedule.ONE_F_ONE_B:
         return min(pp - rank, m)
     if sched is Schedule.INTERLEAVED_1F1B:
-        return min((v - 1) * pp + 2 * (pp - rank - 1) + 1, m * v)
+        # torch runs the micro-batches in max(1, m // pp) rounds: a round (m // rounds, pp when pp divides m) per
+        # local stage in the warm-up (_get_warmup_ops)
+        per_round = m // max(1, m // pp)
+        return min((v - 1) * per_round + 2 * (pp - rank - 1) + 1, m * v)
     return min(2 * pp, 2 * m)
 
 

@@ -238,3 +238,20 @@ def test_ranks_hold_the_model_once(layers, sched, v, pp):
     ranks = pl.pipeline_ranks(spec, setup)
     assert sum(pl.rank_params(spec, setup, r) for r in ranks) == spec.params
     assert sorted(i for r in ranks for i in r.blocks) == list(range(layers))
+
+
+def test_interleaved_in_flight_is_torchs_warm_up():
+    """in_flight for interleaved 1F1B is torch's own warm-up (ScheduleInterleaved1F1B: _get_warmup_ops with its rounds
+    of micro-batches) plus the steady state's first forward, capped at every forward of the run; also when pp does
+    not divide the micro-batches (rounds of m // max(1, m // pp))."""
+    from torch.distributed.pipelining.schedules import _get_warmup_ops
+
+    for pp in (2, 4, 8):
+        for m in range(1, 3 * pp + 1):
+            rounds = max(1, m // pp)
+            if m % rounds:
+                continue  # torch refuses these
+            for v in (2, 3):
+                for r in range(pp):
+                    warm = _get_warmup_ops(r, v, m // rounds, pp, m, multiply_factor=2)
+                    assert in_flight(Schedule.INTERLEAVED_1F1B, r, pp, m, v) == min(warm + 1, m * v), (pp, m, v, r)
