@@ -120,7 +120,8 @@ def test_405b_stages_counted_on_meta():
         # per local stage: rank 0 runs 4 of stage 0, 4 of stage 4, 3 of stage 0 again
         (Schedule.INTERLEAVED_1F1B, 8, [(7, 4), (5, 4), (4, 3), (4, 1)]),
         (Schedule.INTERLEAVED_1F1B, 1, [(1, 1)] * 4),
-        (Schedule.ZBV, 8, [(4, 4)] * 4),
+        # ZB-V: 2 pp in all, 2 pp - r of the rank's first stage (r) and r of its second (2 pp - 1 - r)
+        (Schedule.ZBV, 8, [(8, 0), (7, 1), (6, 2), (5, 3)]),
     ],
 )
 def test_micro_batches_in_flight_per_stage(sched, m, expected):
@@ -255,3 +256,44 @@ def test_interleaved_in_flight_is_torchs_warm_up():
                 for r in range(pp):
                     warm = _get_warmup_ops(r, v, m // rounds, pp, m, multiply_factor=2)
                     assert in_flight(Schedule.INTERLEAVED_1F1B, r, pp, m, v) == min(warm + 1, m * v), (pp, m, v, r)
+
+
+def torch_peak(sched: Schedule, rank: int, pp: int, m: int, v: int) -> tuple[int, list[tuple[int, ...]]]:
+    """The most stage-micro-batches `rank` holds over torch's own action list for the schedule (its
+    `_calculate_single_rank_operations`; a forward adds one of its stage, a full or weight backward frees it), and the
+    per-stage counts at every moment it holds that many."""
+    from torch.distributed.pipelining import schedules as ts
+
+    cls = {Schedule.INTERLEAVED_1F1B: ts.ScheduleInterleaved1F1B, Schedule.ZBV: ts.ScheduleZBVZeroBubble}[sched]
+    sch = object.__new__(cls)  # the action list needs only these, not the stages and process groups
+    sch.pp_group_size, sch._n_microbatches, sch.n_local_stages, sch.num_stages = pp, m, v, pp * v
+    sch.number_of_rounds = max(1, m // pp)
+    sch.microbatches_per_round = m // sch.number_of_rounds
+    own = stages_of_rank(sched, rank, pp, v)
+    held, best, at = dict.fromkeys(own, 0), -1, []
+    for a in sch._calculate_single_rank_operations(rank):
+        if a is None or a.microbatch_index >= m or a.computation_type.value not in ("F", "B", "W"):
+            continue
+        held[a.stage_index] += 1 if a.computation_type.value == "F" else -1
+        now = tuple(held[s] for s in own)
+        if sum(now) > best:
+            best, at = sum(now), [now]
+        elif sum(now) == best:
+            at.append(now)
+    return best, at
+
+
+@pytest.mark.parametrize(
+    "sched,v", [(Schedule.INTERLEAVED_1F1B, 2), (Schedule.INTERLEAVED_1F1B, 3), (Schedule.ZBV, 2)], ids=str
+)
+@pytest.mark.parametrize("pp,m", [(2, 8), (4, 4), (4, 6), (4, 8), (4, 16), (8, 8), (8, 16)])
+def test_in_flight_follows_torchs_action_lists(sched, v, pp, m):
+    """The in-flight count and how it falls on the rank's stages equal the peak over torch's own schedule, every
+    rank, also with fewer micro-batches than ZB-V's 2 pp - 1."""
+    if sched is Schedule.INTERLEAVED_1F1B and m % max(1, m // pp):
+        pytest.skip("torch refuses it")
+    for r in range(pp):
+        best, at = torch_peak(sched, r, pp, m, v)
+        k = in_flight(sched, r, pp, m, v)
+        assert k == best
+        assert pl.held_micro_batches(sched, pp, m, v, k, r) in at

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from llmctl.plan.flops import _memo
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
-from llmctl.spec.pipeline import Schedule, StagePart, in_flight, split_layers, stages_of_rank
+from llmctl.spec.pipeline import Schedule, StagePart, in_flight, split_layers, stages_of_rank, zbv_held
 from llmctl.spec.setup import TrainSetup
 
 
@@ -90,20 +90,23 @@ def pipeline_ranks(spec: ModelSpec, setup: TrainSetup) -> tuple[PipelineRank, ..
     for r in range(pp):
         own = stages_of_rank(sched, r, pp, v) if pp > 1 else (0,)
         k = in_flight(sched, r, pp, m, v) if pp > 1 else 1
-        units = held_micro_batches(sched, pp, m, len(own), k)
+        units = held_micro_batches(sched, pp, m, len(own), k, r)
         out.append(PipelineRank(r, tuple(HeldStage(parts[i], n) for i, n in zip(own, units)), k))
     return tuple(out)
 
 
-def held_micro_batches(sched: Schedule, pp: int, microbatches: int, local_stages: int, units: int) -> tuple[int, ...]:
+def held_micro_batches(
+    sched: Schedule, pp: int, microbatches: int, local_stages: int, units: int, rank: int = 0
+) -> tuple[int, ...]:
     """How a rank's `units` in-flight stage-micro-batches fall on its `local_stages` stages at the peak: the forwards
     its warm-up runs before the first backward. Interleaved 1F1B runs `microbatches_per_round` forwards of one local
-    stage before the next (torch's ScheduleInterleaved1F1B: rounds = max(1, m // pp), forward_stage_index); ZB-V's
-    V holds its two stages alike (arXiv 2401.10241 section 6), the first one taking the odd one."""
+    stage before the next (torch's ScheduleInterleaved1F1B: rounds = max(1, m // pp), forward_stage_index). ZB-V
+    as llmctl.spec.pipeline.zbv_held counts them (2 pp - r of the rank's first stage and r of its second, r = `rank`,
+    when m >= 2 pp - 1)."""
     if local_stages == 1:
         return (units,)
     if sched is Schedule.ZBV:
-        return (units - units // 2, units // 2)
+        return zbv_held(rank, pp, microbatches)
     per_round = microbatches // max(1, microbatches // pp)
     counts = [0] * local_stages
     for u in range(units):
