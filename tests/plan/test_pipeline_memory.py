@@ -297,3 +297,46 @@ def test_in_flight_follows_torchs_action_lists(sched, v, pp, m):
         k = in_flight(sched, r, pp, m, v)
         assert k == best
         assert pl.held_micro_batches(sched, pp, m, v, k, r) in at
+
+
+def test_fsdp2_under_pipelining_keeps_whole_fp32_gradients_and_parameters():
+    """What the estimate's two largest pp lines stand on (PIPELINE_NOTE), run on torch itself (gloo, one rank): inside a
+    schedule run every FSDP2 unit keeps its parameters unsharded and its gradients accumulated whole in the reduce
+    dtype (fp32) until the schedule's reduce-scatter (PipelineStage.perform_reduce_grad)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(3)])
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in model:
+            fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        stage = PipelineStage(model, 0, 1, torch.device("cpu"), group=dist.group.WORLD)
+        seen: dict = {}
+        reduce = stage.perform_reduce_grad
+
+        def before_reduce(*args, **kwargs):
+            groups = [g for s in fully_shard.state(model)._state_ctx.all_states for g in s._fsdp_param_groups]
+            seen["unsharded"] = [g.is_unsharded for g in groups]
+            seen["grads"] = [
+                (p.unsharded_accumulated_grad.dtype, p.unsharded_accumulated_grad.numel())
+                for g in groups
+                for p in g.fsdp_params
+            ]
+            return reduce(*args, **kwargs)
+
+        stage.perform_reduce_grad = before_reduce
+        loss = lambda y, t: ((y.float() - t) ** 2).mean()  # noqa: E731
+        ScheduleGPipe(stage, n_microbatches=2, loss_fn=loss).step(torch.randn(4, 64), target=torch.randn(4, 64))
+    finally:
+        dist.destroy_process_group()
+    assert seen["unsharded"] == [True] * 3
+    assert seen["grads"] == [(torch.float32, 64 * 64), (torch.float32, 64)] * 3
