@@ -82,3 +82,19 @@ def test_pp1_has_no_pipeline_section():
     r = CliRunner().invoke(app, ["estimate-memory", "llama-3.1-8b", "--gpus", "8", "--json"])
     assert r.exit_code == 0, r.output
     assert "pipeline" not in json.loads(r.output)
+
+
+def test_strategies_a_pipeline_leaves_no_room_for_say_why():
+    """pp 4 on 16 GPUs leaves 4 data-parallel ranks, fewer than a node's hybrid shard group: that row says so, the
+    command still answers."""
+    r = CliRunner().invoke(
+        app,
+        [
+            *("estimate-memory", "llama-3.1-70b", "--gpu", "H100", "--nodes", "2", "--gpus-per-node", "8"),
+            *("--pp", "4", "--grad-accum", "16", "--pp-microbatches", "8", "--checkpointing", "full", "--json"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert "does not divide the 4 data-parallel ranks" in d["min_gpus_by_strategy"]["hybrid_shard"]["note"]
+    assert [x["in_flight"] for x in d["pipeline"]["ranks"]] == [4, 3, 2, 1]

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import llmctl.plan.memory.adapters as lora
 import llmctl.plan.memory.pipeline as pl
-from llmctl.errors import InputError
+from llmctl.errors import InputError, RuleError
 from llmctl.plan import float8 as f8
 from llmctl.plan.memory.activations import (
     head_activation_bytes,
@@ -614,7 +614,10 @@ def min_gpus(
         nodes = 2 * -(-unit // gpn)
         if nodes * gpn % unit:
             return MinGpus(strategy, None, None, None, "tp x pp does not divide the GPUs of whole nodes")
-        e = est_at(nodes, gpn)
+        try:
+            e = est_at(nodes, gpn)
+        except RuleError as err:  # a pipeline leaves fewer data-parallel ranks than a node's shard group
+            return MinGpus(strategy, None, None, None, err.message)
         if fits(e, device_memory_bytes, host_memory_bytes):
             return MinGpus(strategy, nodes * gpn, nodes, e.device_bytes, "memory does not shrink with more nodes")
         return MinGpus(strategy, None, None, e.device_bytes, "does not fit when sharded over one node")
