@@ -19,6 +19,8 @@ def show(result: dict[str, Any]) -> None:
     est: mem.MemoryEstimate = result["_estimate"]
     _show_header(result, est)
     _show_states(result, est)
+    if "pipeline" in result:
+        _show_pipeline(result["pipeline"])
     _show_per_gpu(result, est)
     _show_notes(result, est)
     if "gpu" in result:
@@ -79,6 +81,49 @@ def _show_states(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
             gib(comp.bytes * s.world_size),
         )
     render.console.print(t)
+
+
+def _show_pipeline(pipe: dict[str, Any]) -> None:
+    """Every pp rank's memory, each at its own peak (fit_report's "pipeline"); the heaviest is the answer."""
+    t = render.table(
+        f"Per pipeline rank ({pipe['schedule']}, {pipe['stages_total']} stages, {pipe['virtual_stages']} per rank, "
+        f"{pipe['microbatches']} micro-batch{'es' if pipe['microbatches'] > 1 else ''} per schedule run; GiB per GPU "
+        "at the rank's peak)",
+        [
+            ("rank", "right"),
+            ("stage(s)", "left"),
+            ("blocks", "right"),
+            ("params", "right"),
+            ("params GiB", "right"),
+            ("grads GiB", "right"),
+            ("states GiB", "right"),
+            ("activations GiB", "right"),
+            ("in flight", "right"),
+            ("total GiB", "right"),
+        ],
+    )
+    for r in pipe["ranks"]:
+        heaviest = r["rank"] == pipe["heaviest_rank"]
+        total = gib(r["per_gpu_total_bytes"], 2)
+        t.add_row(
+            str(r["rank"]),
+            ", ".join(map(str, r["stages"])),
+            str(r["blocks"]),
+            render.human_count(r["params"]),
+            gib(r["params_bytes"], 2),
+            gib(r["grads_bytes"], 2),
+            gib(r["states_bytes"], 2),
+            gib(r["activations_bytes"], 2),
+            str(r["in_flight"]),
+            f"[bold]{total}[/bold] (heaviest)" if heaviest else total,
+        )
+    render.console.print(t)
+    render.console.print(
+        "[dim]params: the rank's parameters after the tp split (masters sharded, compute-dtype copies whole under "
+        "pp); activations: saved activations of the micro-batches in flight, the pipeline's buffers and the loss's; "
+        "total adds headroom and the CUDA context. The tables below are the heaviest rank's.[/dim]",
+        soft_wrap=True,
+    )
 
 
 def _show_per_gpu(result: dict[str, Any], est: mem.MemoryEstimate) -> None:

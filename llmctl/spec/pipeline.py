@@ -144,16 +144,31 @@ def in_flight(sched: Schedule, rank: int, pp: int, microbatches: int, virtual: i
     """Stage-micro-batches of activations pp rank `rank` holds at its peak (one unit: one micro-batch's activations
     of one of its stages). From the schedules' warm-up counts in torch.distributed.pipelining (and the papers above):
     GPipe holds every micro-batch of its stage; 1F1B warms up pp - rank - 1 forwards and holds one more; interleaved
-    warms up (v - 1) pp + 2 (pp - rank - 1) stage-forwards; ZB-V holds 1F1B's activation memory (2 pp half-stage
-    units on every rank, arXiv 2401.10241 section 6)."""
+    warms up (v - 1) pp + 2 (pp - rank - 1) stage-forwards (a round of m // max(1, m // pp) for pp when pp does not
+    divide m); ZB-V holds 1F1B's activation memory (2 pp half-stage units on every rank, arXiv 2401.10241 section
+    6) when m >= 2 pp - 1, fewer otherwise (zbv_held)."""
     m, v = microbatches, virtual
     if sched is Schedule.GPIPE:
         return m
     if sched is Schedule.ONE_F_ONE_B:
         return min(pp - rank, m)
     if sched is Schedule.INTERLEAVED_1F1B:
-        return min((v - 1) * pp + 2 * (pp - rank - 1) + 1, m * v)
-    return min(2 * pp, 2 * m)
+        # torch runs the micro-batches in max(1, m // pp) rounds: a round (m // rounds, pp when pp divides m) per
+        # local stage in the warm-up (_get_warmup_ops)
+        per_round = m // max(1, m // pp)
+        return min((v - 1) * per_round + 2 * (pp - rank - 1) + 1, m * v)
+    return sum(zbv_held(rank, pp, m))
+
+
+def zbv_held(rank: int, pp: int, microbatches: int) -> tuple[int, int]:
+    """Micro-batches of its two stages (rank, 2 pp - 1 - rank) a ZB-V rank holds at its peak, from torch's
+    ScheduleZBVZeroBubble: 2 (pp - rank) - 1 forwards of the first stage, then rank of each, then the second stage's
+    forward-backward pairs (held: one of them at a time), then a first-stage forward before its first backward; each
+    count capped by the micro-batches. 2 pp in all when m >= 2 pp - 1 (arXiv 2401.10241 section 6)."""
+    m = microbatches
+    pairs = (min(2 * pp - rank - 1, m), min(rank + 1, m))  # during the second stage's first forward-backward pair
+    stable = (min(2 * pp - rank, m), min(rank, m))  # at the first stage's first backward
+    return stable if sum(stable) >= sum(pairs) else pairs
 
 
 def bubble_fraction(sched: Schedule, pp: int, microbatches: int, virtual: int) -> float:

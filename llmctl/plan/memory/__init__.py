@@ -21,7 +21,8 @@ Activations are derived tensor by tensor from what Hugging Face's Llama and GPT-
 The package: `ledger` (model states), `activations` (what blocks, head and loss keep), `ring` (context parallelism's
 ring attention buffers), `estimate` (phases, fit, largest micro-batch, fewest GPUs; CPU offload's host lines), `report`
 (estimate-memory's answer), `adapters` (LoRA / QLoRA: the frozen base, the adapters' states, what they change in the
-activations), `states` (which ledger a setup keeps). Callers use the names below.
+activations), `states` (which ledger a setup keeps), `pipeline` (pipeline parallelism: each pp rank's stages,
+parameters and micro-batches in flight; the estimate is the heaviest rank's). Callers use the names below.
 """
 
 from llmctl.plan.memory.activations import (
@@ -44,12 +45,14 @@ from llmctl.plan.memory.estimate import (
     Component,
     MemoryEstimate,
     MinGpus,
+    StageMemory,
     estimate,
     fits,
     host_capacity_bytes,
     max_micro_batch,
     memory_key,
     min_gpus,
+    pipeline_rank_estimates,
     ring_components,
     state_shard_degree,
 )
@@ -69,6 +72,7 @@ __all__ = [
     "MemoryEstimate",
     "MinGpus",
     "RingBuffers",
+    "StageMemory",
     "StateLine",
     "block_activation_terms",
     "classic_bytes_per_param",
@@ -87,6 +91,7 @@ __all__ = [
     "measured_saved_bytes",
     "min_gpus",
     "offload_report",
+    "pipeline_rank_estimates",
     "optimizer_bytes_per_param",
     "recompute_buffer_bytes",
     "ring_buffers",

@@ -573,3 +573,60 @@ def loss_chunk_backward_bytes(spec: ModelSpec, chunk: int, act_bytes: int) -> in
     chunk's weight gradient (V*h, compute dtype) before it is added to the accumulated one."""
     v, h = spec.vocab_size, spec.hidden_size
     return max(12 * chunk * v, 8 * chunk * v + act_bytes * v * h)
+
+
+def stage_blocks_saved_bytes(
+    spec: ModelSpec,
+    blocks: range,
+    b: int,
+    s: int,
+    act_bytes: int,
+    attention: str,
+    checkpointing: str,
+    tp: int = 1,
+    input_whole: bool = False,
+) -> int:
+    """Bytes one pipeline stage's blocks (spec.layers[blocks]) keep for backward for one micro-batch, one rank's under
+    tp. partial:K checkpoints by the stage's own block count (each stage is its own module). `input_whole`: the stage's
+    first block, checkpointed, holds the whole sequence as its input (under tp the embedding's all-reduced output: the
+    first stage's only; a later stage receives the sequence shard). Cached per spec."""
+    key = ("stage_blocks_saved_bytes", blocks.start, blocks.stop, b, s, act_bytes, attention, checkpointing, tp)
+    key += (input_whole,)
+    return fl._memo(
+        spec,
+        key,
+        lambda: _stage_blocks_saved_bytes(spec, blocks, b, s, act_bytes, attention, checkpointing, tp, input_whole),
+    )
+
+
+def _stage_blocks_saved_bytes(
+    spec: ModelSpec,
+    blocks: range,
+    b: int,
+    s: int,
+    act_bytes: int,
+    attention: str,
+    checkpointing: str,
+    tp: int,
+    input_whole: bool,
+) -> int:
+    total = 0
+    for i, index in enumerate(blocks):
+        mode = stage_block_mode(checkpointing, len(blocks), i)
+        first = input_whole and i == 0 and tp > 1 and mode != "none"
+        total += layer_saved_bytes(spec, b, s, act_bytes, attention, mode, spec.layers[index], tp, first)
+    return total
+
+
+def stage_block_mode(checkpointing: str, num_blocks: int, i: int) -> str:
+    """The checkpointing mode of a stage's i-th block: partial:K's whole-layer checkpoints counted within the stage."""
+    if not ckpt_modes.partial_every(checkpointing):
+        return checkpointing
+    return "full" if i in set(ckpt_modes.whole_layers(checkpointing, num_blocks)) else "none"
+
+
+def input_ids_bytes(spec: ModelSpec, b: int, s: int) -> int:
+    """What the embedding keeps for backward: the token ids (int64), and GPT-2's embedding dropout mask (on the first
+    pipeline stage; head_activation_bytes counts them with the head's at pp 1)."""
+    embd_dropout = DROPOUT_MASK_BYTES * s * b * spec.hidden_size if spec.embd_dropout > 0 else 0
+    return 8 * s * b + embd_dropout

@@ -34,18 +34,22 @@ import math
 from dataclasses import dataclass, field, replace
 
 import llmctl.plan.memory.adapters as lora
-from llmctl.errors import InputError
+import llmctl.plan.memory.pipeline as pl
+from llmctl.errors import InputError, RuleError
 from llmctl.plan import float8 as f8
 from llmctl.plan.memory.activations import (
     head_activation_bytes,
+    input_ids_bytes,
     layer_activation_bytes,
     loss_chunk_backward_bytes,
     loss_chunk_forward_bytes,
     recompute_buffer_bytes,
     shared_activation_bytes,
     stage_activation_bytes,
+    stage_block_mode,
+    stage_blocks_saved_bytes,
 )
-from llmctl.plan.memory.ledger import StateLine, stage_params
+from llmctl.plan.memory.ledger import StateLine, adam_8bit_pipeline_rank_bytes, stage_params
 from llmctl.plan.memory.ring import ring_buffers
 from llmctl.plan.memory.states import state_ledger
 from llmctl.spec import checkpointing as ckpt_modes
@@ -68,6 +72,27 @@ class Component:
 
 
 @dataclass(frozen=True)
+class StageMemory:
+    """One pp rank's memory under pipeline parallelism, by kind, each at the rank's own peak phase."""
+
+    rank: int
+    stages: tuple[int, ...]
+    blocks: int
+    params: int
+    """Parameters one GPU of the rank holds after the tensor-parallel split (before FSDP)."""
+    params_bytes: int
+    """Parameter copies: the sharded masters and the unsharded compute-dtype copies."""
+    grads_bytes: int
+    states_bytes: int
+    """Optimizer states."""
+    activations_bytes: int
+    """Everything else live at the peak: saved activations, the pipeline's buffers, the loss's, transients."""
+    in_flight: int
+    peak_phase: str
+    device_bytes: int
+
+
+@dataclass(frozen=True)
 class MemoryEstimate:
     spec: ModelSpec
     setup: TrainSetup
@@ -76,6 +101,10 @@ class MemoryEstimate:
     ledger: list[StateLine] = field(default_factory=list)
     host_components: list[Component] = field(default_factory=list)
     """Under CPU offload, what this GPU's rank keeps in host memory (the ledger's lines); empty otherwise."""
+    stages: tuple[StageMemory, ...] = ()
+    """Under pipeline parallelism, every pp rank's memory (this estimate is the heaviest one's); empty at pp 1."""
+    pipeline_rank: int | None = None
+    """Under pipeline parallelism, the pp rank this estimate is (the heaviest)."""
 
     @property
     def host_bytes(self) -> int:
@@ -129,8 +158,11 @@ def state_shard_degree(setup: TrainSetup, line: StateLine) -> int:
 
 def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Per-GPU memory of one training step (see module docstring for what is predicted): the model states, FSDP's
-    gathered layers, the activations and the loss's buffers, then the buffers of one layer at a time."""
+    gathered layers, the activations and the loss's buffers, then the buffers of one layer at a time. Under pipeline
+    parallelism the heaviest pp rank's, with every rank's in `stages`."""
     _check_estimable(setup)
+    if setup.pp > 1:
+        return _pipeline_estimate(spec, setup)
     held_params, stage_layers = stage_params(spec, setup)
     ledger = state_ledger(spec, setup)
     comps, host = _state_components(setup, ledger, held_params)
@@ -272,8 +304,8 @@ def _saved_activation_components(spec: ModelSpec, setup: TrainSetup, stage_layer
     ck, attn, ft = setup.checkpointing, setup.attention, setup.finetune
     sp = sequence_parallel_degree(spec, setup)
     rest = shard.tensor_ranks // sp
-    in_flight = setup.pp  # 1F1B: the first stage holds pp micro-batches
-    saved = in_flight * stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck, sp) // rest
+    # pp 1 (pipeline parallelism: _pipeline_activation_components)
+    saved = stage_activation_bytes(spec, stage_layers, b, s, cb, attn, ck, sp) // rest
     # Context parallelism passes each sequence's own positions (b rows), so the rotary tables have b rows too.
     rows = b if shard.split_sequences else 1
     saved += shared_activation_bytes(spec, b, s, cb, attn, position_rows=rows) // rest
@@ -578,9 +610,16 @@ def min_gpus(
         if gpn % setup.dims.batch_sharers:
             what = "tp x cp" if setup.dims.cp_enabled else "tp"
             return MinGpus(strategy, None, None, None, f"{what} does not divide GPUs per node")
-        e = est_at(2, gpn)
+        # Two replicas of the shard group; a pipeline may span nodes (pp x tp over gpus per node of them each).
+        nodes = 2 * -(-unit // gpn)
+        if nodes * gpn % unit:
+            return MinGpus(strategy, None, None, None, "tp x pp does not divide the GPUs of whole nodes")
+        try:
+            e = est_at(nodes, gpn)
+        except RuleError as err:  # a pipeline leaves fewer data-parallel ranks than a node's shard group
+            return MinGpus(strategy, None, None, None, err.message)
         if fits(e, device_memory_bytes, host_memory_bytes):
-            return MinGpus(strategy, 2 * gpn, 2, e.device_bytes, "memory does not shrink with more nodes")
+            return MinGpus(strategy, nodes * gpn, nodes, e.device_bytes, "memory does not shrink with more nodes")
         return MinGpus(strategy, None, None, e.device_bytes, "does not fit when sharded over one node")
     # Inside one node: unit, 2*unit, ... up to gpus_per_node.
     for n in range(unit, gpn + 1, unit):
@@ -589,27 +628,242 @@ def min_gpus(
         e = est_at(1, n)
         if fits(e, device_memory_bytes, host_memory_bytes):
             return MinGpus(strategy, n, 1, e.device_bytes)
-    if strategy == "no_shard":
-        e = est_at(1, gpn)
+    # A replica spans whole nodes when a pipeline (tp x cp x pp) is larger than one: node counts are its multiples.
+    step = unit // gpn if unit > gpn and unit % gpn == 0 else 1
+    if strategy == "no_shard" and (gpn % unit == 0 or step > 1):
+        e = est_at(step, gpn)
         return MinGpus(strategy, None, None, e.device_bytes, "replicated states do not shrink with more GPUs")
     # Whole nodes: memory is non-increasing in nodes for sharded strategies; binary search.
-    if gpn % unit or not fits(est_at(max_nodes, gpn), device_memory_bytes, host_memory_bytes):
-        e = est_at(max_nodes, gpn) if gpn % unit == 0 else None
+    most = max_nodes // step * step
+    if (gpn % unit and step == 1) or not fits(est_at(most, gpn), device_memory_bytes, host_memory_bytes):
+        e = est_at(most, gpn) if gpn % unit == 0 or step > 1 else None
         return MinGpus(
             strategy,
             None,
             None,
             e.device_bytes if e else None,
-            f"does not fit even on {max_nodes} nodes"
+            f"does not fit even on {most} nodes"
             if e
             else f"tp x {'cp x ' if setup.dims.cp_enabled else ''}pp does not divide GPUs per node",
         )
-    lo, hi = 1, max_nodes  # lo: does not fit (checked above with n = gpn), hi: fits
+    # lo: does not fit (one node checked above with n = gpn; none when a replica spans nodes), hi: fits (in replicas)
+    lo, hi = (1 if step == 1 else 0), most // step
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if fits(est_at(mid, gpn), device_memory_bytes, host_memory_bytes):
+        if fits(est_at(mid * step, gpn), device_memory_bytes, host_memory_bytes):
             hi = mid
         else:
             lo = mid
-    e = est_at(hi, gpn)
-    return MinGpus(strategy, hi * gpn, hi, e.device_bytes)
+    e = est_at(hi * step, gpn)
+    return MinGpus(strategy, hi * step * gpn, hi * step, e.device_bytes)
+
+
+# --- pipeline parallelism: one estimate per pp rank ---------------------------------------------------------------
+PP_UNSHARDED_PARAMS = "unsharded parameters (pp: kept until the schedule's end)"
+PP_UNSHARDED_GRADS = "unsharded gradients (pp: accumulated until the schedule's reduce-scatter)"
+PP_STAGE_OUTPUTS = "stage outputs kept for backward (pipelining fwd_cache)"
+PP_RECV_BUFFERS = "P2P receive buffers (activations and gradients, one per micro-batch)"
+PP_INPUT_GRADS = "P2P input gradients (until the next step)"
+PIPELINE_NOTE = (
+    "torch.distributed.pipelining under FSDP2: no gradient sync nor reshard after each micro-batch's backward, one "
+    "reduce-scatter after the schedule's last (stage.py backward_maybe_with_nosync, perform_reduce_grad)"
+)
+
+
+def _pipeline_estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
+    """Every pp rank's estimate (llmctl.plan.memory.pipeline); the heaviest is the answer, carrying them all."""
+    ranks = pl.pipeline_ranks(spec, setup)
+    ests = pipeline_rank_estimates(spec, setup)
+    stages = tuple(_stage_memory(spec, setup, e, r) for e, r in zip(ests, ranks))
+    worst = max(range(len(ests)), key=lambda i: (ests[i].device_bytes, -i))
+    return replace(ests[worst], stages=stages, pipeline_rank=worst)
+
+
+def pipeline_rank_estimates(spec: ModelSpec, setup: TrainSetup) -> list[MemoryEstimate]:
+    """Each pp rank's own estimate, in rank order (`estimate` answers with the heaviest)."""
+    _check_estimable(setup)
+    ledger = state_ledger(spec, setup)
+    return [_rank_estimate(spec, setup, ledger, r) for r in pl.pipeline_ranks(spec, setup)]
+
+
+def _rank_estimate(
+    spec: ModelSpec, setup: TrainSetup, ledger: list[StateLine], prank: pl.PipelineRank
+) -> MemoryEstimate:
+    """One pp rank's estimate: its states (its exact parameters), its unsharded copies, its in-flight activations and
+    the pipeline's buffers, the loss's on the rank holding the head."""
+    held = pl.rank_params(spec, setup, prank)
+    ledger = [
+        replace(line, rank_bytes=adam_8bit_pipeline_rank_bytes(spec, setup, prank)) if line.rank_bytes else line
+        for line in ledger
+    ]
+    comps, host = _state_components(setup, ledger, held)
+    layer_params = setup.dims.rank_shard(setup.seq_len).params(spec.params_per_layer)
+    comps += _pipeline_fsdp_components(spec, setup, prank, held, layer_params)
+    if setup.levers.offload:
+        comps += offload_components(setup, layer_params)
+    if setup.training:
+        comps += _pipeline_activation_components(spec, setup, prank)
+        if prank.head:
+            comps += _pipeline_loss_components(spec, setup, prank)
+        if not setup.fused_optimizer:
+            (host if setup.levers.offload else comps).append(_foreach_temporaries(comps + host))
+    else:
+        comps += [c for c in _forward_only_components(spec, setup) if prank.head or c.name != "logits"]
+    comps += _one_layer_transients(spec, setup)
+    if setup.training:
+        comps = [_in_loss_backward(c, setup) for c in comps]
+        if setup.pipeline_microbatches == 1:  # one micro-batch: its loss's backward comes before any gradient
+            comps = [_without_loss_backward(c) if c.name == PP_UNSHARDED_GRADS else c for c in comps]
+    phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in PHASES}
+    if not setup.training:
+        phases = {"forward": phases["forward"]}
+    return MemoryEstimate(
+        spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger, host_components=host
+    )
+
+
+def _without_loss_backward(c: Component) -> Component:
+    return Component(c.name, c.bytes, tuple(p for p in c.phases if p != "loss_backward"), c.bytes_per_param, c.note)
+
+
+def _pipeline_fsdp_components(
+    spec: ModelSpec, setup: TrainSetup, prank: pl.PipelineRank, held: int, layer_params: float
+) -> list[Component]:
+    """What FSDP keeps unsharded on a pp rank. FSDP2 (PIPELINE_NOTE; torchtitan: no reshard after forward under pp):
+    the rank's parameters whole in the compute dtype (float8 for the converted linears under the float8 all-gather)
+    from the first forward to the schedule's end, their gradients whole in the reduce dtype from the first backward to
+    the reduce-scatter. ZeRO: as at pp 1, over the rank's blocks."""
+    dims, cb, p = setup.dims, setup.compute_bytes, setup.precision
+    blocks = len(prank.blocks)
+    if setup.engine != "fsdp2":
+        return _fsdp_components(spec, setup, blocks, layer_params)
+    wrapped = dims.fsdp_shard > 1 or dims.dp_replicate > 1 or p.mixed or setup.levers.offload
+    if not wrapped:
+        return []
+    unsharded = held * cb
+    if p.float8_all_gather:
+        shard = setup.dims.rank_shard(setup.seq_len)
+        f8_layer = f8.unsharded_layer_bytes(spec, cb, shard.tensor_ranks)
+        unsharded += blocks * (f8_layer - layer_params * cb)
+    comps = [Component(PP_UNSHARDED_PARAMS, int(unsharded), ("forward", "backward"), note=PIPELINE_NOTE)]
+    if setup.training:
+        grad_bytes = p.reduce_bytes if p.reduce_dtype != p.compute_dtype else cb
+        phases = ("forward", "backward") if setup.pipeline_microbatches > 1 else ("backward",)
+        comps.append(Component(PP_UNSHARDED_GRADS, held * grad_bytes, phases, note=PIPELINE_NOTE))
+    return comps
+
+
+def _pipeline_activation_components(spec: ModelSpec, setup: TrainSetup, prank: pl.PipelineRank) -> list[Component]:
+    """A pp rank's saved activations: each of its stages' micro-batches in flight (llmctl.plan.memory.pipeline), each
+    its blocks', the shared tensors its forward builds, the input ids on the first stage, the LM head's input on the
+    last; the stage outputs kept for backward and torch's P2P buffers; the block recomputed in backward."""
+    shard = setup.dims.rank_shard(setup.seq_len)
+    b, s, cb = setup.micro_batch_size, shard.tokens, setup.compute_bytes
+    ck, attn, m = setup.checkpointing, setup.attention, setup.pipeline_microbatches
+    sp = sequence_parallel_degree(spec, setup)
+    rest = shard.tensor_ranks // sp
+    boundary = pl.boundary_bytes(setup, spec.hidden_size)
+    rows = b if shard.split_sequences else 1
+    shared = shared_activation_bytes(spec, b, s, cb, attn, position_rows=rows) // rest
+    saved = ids = head = outputs = kept = 0
+    for h in prank.held:
+        blocks, n = h.part.blocks, h.micro_batches
+        unit = stage_blocks_saved_bytes(spec, blocks, b, s, cb, attn, ck, sp, input_whole=h.part.embedding) // rest
+        if h.receives and len(blocks) and stage_block_mode(ck, len(blocks), 0) != "none":
+            unit -= boundary  # the first block's checkpointed input is the receive buffer, counted below
+        saved += n * (unit + (shared if len(blocks) else 0))
+        kept += n * _layers_saved_whole(ck, len(blocks))
+        ids += n * input_ids_bytes(spec, b, s) // rest if h.part.embedding else 0
+        head += (
+            n * (head_activation_bytes(spec, b, s, cb, sp) - input_ids_bytes(spec, b, s)) // rest if h.part.head else 0
+        )
+        outputs += n * boundary if h.sends else 0
+    what = {"none": "saved for backward", "full": "block inputs, checkpointed"}.get(ck, f"{ck} checkpointing")
+    what += ", measured on fake tensors" if spec.measured is not None else ""
+    note = f"{prank.in_flight} stage-micro-batches in flight ({setup.pp_schedule}, m {m}, stages {prank.label()})"
+    live = ("forward", "backward")
+    comps = [Component(f"activations ({what})", saved, live, note=note)]
+    if copy := ring_output_copy_bytes(spec, setup):
+        comps.append(Component("activations (ring attention: a second attention output per layer)", kept * copy, live))
+    if ids:
+        comps.append(Component("input ids (first stage)", ids, live))
+    if outputs:
+        comps.append(Component(PP_STAGE_OUTPUTS, outputs, live))
+    comps += _p2p_buffer_components(setup, prank, boundary)
+    if ck != "none" and prank.blocks:
+        rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck, sp) // rest + copy
+        comps.append(Component("recomputed block (backward)", rec, ("backward",)))
+    if head:
+        comps.append(Component("final norm + LM-head input", head, live))
+    return comps
+
+
+def _p2p_buffer_components(setup: TrainSetup, prank: pl.PipelineRank, boundary: int) -> list[Component]:
+    """torch.distributed.pipelining's buffers (llmctl.plan.memory.pipeline): per micro-batch of a schedule run, a
+    receive buffer for each receiving stage's input and for each sending stage's output gradient, kept all run; the
+    received inputs' gradients until the next step."""
+    m = setup.pipeline_microbatches
+    receiving = sum(h.receives for h in prank.held)
+    sending = sum(h.sends for h in prank.held)
+    comps = [Component(PP_RECV_BUFFERS, m * boundary * (receiving + sending), ("forward", "backward", "optimizer"))]
+    if receiving:
+        phases = ("forward", "backward", "optimizer") if m > 1 else ("backward", "optimizer")
+        comps.append(Component(PP_INPUT_GRADS, m * boundary * receiving, phases))
+    return comps
+
+
+PP_LOGITS_KEPT = "logits kept for backward (pipelining fwd_cache, b*s*V)"
+
+
+def _pipeline_loss_components(spec: ModelSpec, setup: TrainSetup, prank: pl.PipelineRank) -> list[Component]:
+    """The loss's buffers on the rank holding the head, the engine's whole loss (no chunks under pp): per micro-batch
+    in flight on the last stage its saved fp32 log-softmax and its logits (the stage's output, which PipelineStage
+    keeps in fwd_cache until that micro-batch's backward; with `step(return_outputs=False)`, as torchtitan runs it:
+    otherwise `output_chunks` keeps every micro-batch's logits to the step's end); one at a time their fp32 upcast
+    and the loss's backward buffers."""
+    n = next(h.micro_batches for h in prank.held if h.part.head)
+    shard = setup.dims.rank_shard(setup.seq_len)
+    bsv = shard.whole_columns(setup.micro_batch_size * shard.tokens * spec.vocab_size)
+    cb, live = setup.compute_bytes, ("forward", "backward")
+    comps = [
+        Component("loss log-softmax (fp32, b*s*V)", 4 * bsv * n, ("forward", "loss_backward")),
+        Component(PP_LOGITS_KEPT, cb * bsv * n, live),
+        Component("loss backward buffers", 8 * bsv, ("loss_backward",)),
+    ]
+    if cb != 4:
+        comps.insert(2, Component("logits fp32 upcast (until the loss)", 4 * bsv, ("forward",)))
+    return comps
+
+
+def _stage_memory(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate, prank: pl.PipelineRank) -> StageMemory:
+    """A pp rank's estimate by kind at its peak phase (estimate-memory's per-stage table)."""
+    kinds = {"params": 0, "grads": 0, "states": 0, "activations": 0}
+    for c in est.components:
+        if est.peak_phase in c.phases:
+            kinds[_kind(c)] += c.bytes
+    return StageMemory(
+        rank=prank.rank,
+        stages=prank.stages,
+        blocks=len(prank.blocks),
+        params=pl.rank_params(spec, setup, prank),
+        params_bytes=kinds["params"],
+        grads_bytes=kinds["grads"],
+        states_bytes=kinds["states"],
+        activations_bytes=kinds["activations"],
+        in_flight=prank.in_flight,
+        peak_phase=est.peak_phase,
+        device_bytes=est.device_bytes,
+    )
+
+
+def _kind(c: Component) -> str:
+    """The kind of memory a component is, for the per-stage table."""
+    if c.name.startswith(("gradients", "unsharded gradients", "unsharded layer gradients")):
+        return "grads"
+    if c.name.startswith("optimizer states"):
+        return "states"
+    if c.bytes_per_param is not None or c.name.startswith(
+        ("unsharded parameters", "unsharded layers", "unsharded root")
+    ):
+        return "params"
+    return "activations"

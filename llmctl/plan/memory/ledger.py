@@ -16,9 +16,9 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+import llmctl.plan.memory.pipeline as pl
 from llmctl.plan.flops import _memo
 from llmctl.spec import optimizer_states as ostates
-from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.precision import DTYPE_BYTES
 from llmctl.spec.setup import TrainSetup
@@ -92,32 +92,43 @@ def adam_8bit_rank_bytes(spec: ModelSpec, setup: TrainSetup) -> int | None:
     zero engine (DeepSpeed partitions flat buffers)."""
     if spec.measured is not None or spec.source == "params" or setup.engine != "fsdp2":
         return None
-    key = ("adam_8bit", setup.dims.fsdp_shard, setup.tp, setup.pp, setup.precision.param_bytes)
+    key = (
+        "adam_8bit",
+        setup.dims.fsdp_shard,
+        pl.layer_ranks(setup),
+        setup.pp,
+        setup.pipeline_stages,
+        setup.precision.param_bytes,
+    )
     return _memo(spec, key, lambda: _adam_8bit_rank_bytes(spec, setup))
 
 
 def _adam_8bit_rank_bytes(spec: ModelSpec, setup: TrainSetup) -> int:
-    deg, tp, fallback = setup.dims.fsdp_shard, setup.tp, setup.precision.param_bytes
-    per_stage = math.ceil(spec.num_layers / setup.pp)
-    stages = [spec.layers[i : i + per_stage] for i in range(0, spec.num_layers, per_stage)]
-    best = 0
-    for i, stage in enumerate(stages):
-        shapes: list[tuple[tuple[int, ...], int]] = []  # (shape before FSDP, how many)
-        for layer, n in Counter(stage).items():
-            tensors = spec.block_tensors(layer)
-            moe = any("experts" in name for name, _ in tensors)  # a MoE block stays whole under tp (ledger above)
-            shapes += [(_tp_shape(name, shape, tp, moe), n) for name, shape in tensors]
-        ends = (spec.embedding_tensors() if i == 0 else []) + (spec.head_tensors() if i == len(stages) - 1 else [])
-        shapes += [(_tp_shape(name, shape, tp, False), 1) for name, shape in ends]
-        best = max(best, _largest_rank_bytes(shapes, deg, fallback))
-    return best
+    return max(adam_8bit_pipeline_rank_bytes(spec, setup, r) for r in pl.pipeline_ranks(spec, setup))
 
 
-def _tp_shape(name: str, shape: tuple[int, ...], tp: int, moe: bool) -> tuple[int, ...]:
-    """A tensor's shape on one tp rank, its split counted on dim 0 (norms, and MoE blocks, are replicated)."""
-    if tp == 1 or not shape or "norm" in name or (moe and name.startswith("mlp.")):
+def adam_8bit_pipeline_rank_bytes(spec: ModelSpec, setup: TrainSetup, prank: pl.PipelineRank) -> int:
+    """adam_8bit_rank_bytes for the GPUs of one pp rank: its blocks, its embedding or norm + head (the tied
+    embedding's copy on the last stage under pp, llmctl.plan.memory.pipeline)."""
+    deg, ways, fallback = setup.dims.fsdp_shard, pl.layer_ranks(setup), setup.precision.param_bytes
+    shapes: list[tuple[tuple[int, ...], int]] = []  # (shape before FSDP, how many)
+    for layer, n in Counter(spec.layers[i] for i in prank.blocks).items():
+        tensors = spec.block_tensors(layer)
+        moe = any("experts" in name for name, _ in tensors)  # a MoE block stays whole under tp (ledger above)
+        shapes += [(_tp_shape(name, shape, ways, moe), n) for name, shape in tensors]
+    ends = (spec.embedding_tensors() if prank.embedding else []) + (spec.head_tensors() if prank.head else [])
+    if prank.head and spec.tie_embeddings and setup.pp > 1:
+        ends.append(("lm_head.weight", (spec.vocab_size, spec.hidden_size)))
+    shapes += [(_tp_shape(name, shape, ways, False), 1) for name, shape in ends]
+    return _largest_rank_bytes(shapes, deg, fallback)
+
+
+def _tp_shape(name: str, shape: tuple[int, ...], ways: int, moe: bool) -> tuple[int, ...]:
+    """A tensor's shape on one of the `ways` tp ranks, its split counted on dim 0 (norms, and MoE blocks, are
+    replicated)."""
+    if ways == 1 or not shape or "norm" in name or (moe and name.startswith("mlp.")):
         return shape
-    return (-(-shape[0] // tp), *shape[1:])
+    return (-(-shape[0] // ways), *shape[1:])
 
 
 def _largest_rank_bytes(shapes: list[tuple[tuple[int, ...], int]], deg: int, fallback: int) -> int:
@@ -181,36 +192,23 @@ def model_bytes_per_param(spec: ModelSpec, ledger: list[StateLine]) -> float:
 
 
 def stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
-    """(parameters held by the largest pipeline stage after TP division, layers on it). Cached per spec."""
-    key = ("stage_params", setup.tp, setup.pp, setup.engine)
+    """(parameters held by the heaviest pipeline rank after TP division, blocks on it). Exact per rank under pp
+    (llmctl.plan.memory.pipeline: torchtitan's split, the embedding on the first stage, norm + head on the last).
+    Cached per spec."""
+    key = ("stage_params", pl.layer_ranks(setup), setup.pp, setup.engine, setup.pipeline_stages, setup.pp_schedule)
     return _memo(spec, key, lambda: _stage_params(spec, setup))
 
 
 def _stage_params(spec: ModelSpec, setup: TrainSetup) -> tuple[int, int]:
-    layers = math.ceil(spec.num_layers / setup.pp)
-    if setup.tp == setup.pp == 1:
-        return spec.params, layers
+    if setup.pp > 1:
+        ranks = [(pl.rank_params(spec, setup, r), len(r.blocks)) for r in pl.pipeline_ranks(spec, setup)]
+        return max(ranks)
+    ways = pl.layer_ranks(setup)
+    if ways == 1:
+        return spec.params, spec.num_layers
 
-    def tp_params(layer: Layer) -> float:
-        if spec.measured is not None:
-            return spec.params_of(layer) / setup.tp
-        tensors = layer.tensors(spec.hidden_size)
-        # Replicated over the tp group: the norms, and in llmctl's engine a mixture-of-experts block whole
-        # (llmctl.families.tensor_parallel: experts are not split until expert parallelism; Megatron's expert
-        # tensor parallelism, the zero ledger, splits them).
-        moe = setup.engine == "fsdp2" and any("experts" in n for n, _ in tensors)
-        whole = sum(math.prod(s) for n, s in tensors if "norm" in n or (moe and n.startswith("mlp.")))
-        return (spec.params_of(layer) - whole) / setup.tp + whole
-
-    per = {layer: tp_params(layer) for layer, _ in spec.layer_groups}
-    stages = [spec.layers[i : i + layers] for i in range(0, spec.num_layers, layers)]
+    per = {layer: pl.tp_block_params(spec, setup, layer) for layer, _ in spec.layer_groups}
     # The final norm is replicated over the tp group like the blocks' norms; the LM head is split by vocabulary.
     final_norm = 0 if spec.measured is not None else sum(math.prod(s) for n, s in spec.head_tensors() if "norm" in n)
-    ends = [spec.embedding_params / setup.tp, (spec.head_params - final_norm) / setup.tp + final_norm]
-    if setup.pp > 1:
-        # The first stage holds the embedding, the last the head; the largest stage decides.
-        totals = [sum(per[la] for la in st) for st in stages]
-        totals[0] += ends[0]
-        totals[-1] += ends[1]
-        return int(round(max(totals))), layers
-    return int(round(sum(per[la] for la in spec.layers) + sum(ends))), layers
+    ends = [spec.embedding_params / ways, (spec.head_params - final_norm) / ways + final_norm]
+    return int(round(sum(per[la] for la in spec.layers) + sum(ends))), spec.num_layers

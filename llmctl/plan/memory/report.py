@@ -43,6 +43,8 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         out["finetune"] = _finetune_report(spec, setup)
     if setup.cp > 1:
         out["context_parallel"] = context_parallel_report(spec, setup, est)
+    if setup.pp > 1:
+        out["pipeline"] = pipeline_report(est)
     if setup.precision.float8:
         out["float8"] = {**f8.summary(spec, setup.seq_len, setup.precision), "note": FLOAT8_NOTE}
     # CPU offload: the host's memory per GPU where the catalog knows the kind's node (None: not checked).
@@ -111,7 +113,7 @@ def _estimate_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate) ->
         "layer_activation_terms": layer_activation_terms(
             spec,
             setup.micro_batch_size,
-            setup.seq_len // setup.cp,
+            setup.dims.rank_shard(setup.seq_len).tokens,
             setup.compute_bytes,
             setup.attention,
             tp=sequence_parallel_degree(spec, setup),
@@ -129,7 +131,7 @@ def _estimate_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate) ->
 def _adapter_terms(spec: ModelSpec, setup: TrainSetup) -> dict[str, int]:
     """The largest block's terms with the adapters' (llmctl.plan.memory.adapters): what they add and what the frozen
     base no longer keeps."""
-    b, s, ab = setup.micro_batch_size, setup.seq_len // setup.cp, setup.compute_bytes
+    b, s, ab = setup.micro_batch_size, setup.dims.rank_shard(setup.seq_len).tokens, setup.compute_bytes
     layer = max((la for la, _ in spec.layer_groups), key=spec.params_of)
     return lora.adapter_activation_terms(spec, layer, b, s, ab, setup.attention, setup.finetune, DROPOUT_MASK_BYTES)
 
@@ -229,7 +231,7 @@ def context_parallel_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstim
         "cp": setup.cp,
         "rotate": setup.cp_rotate,
         "load_balance": setup.cp_load_balance,
-        "tokens_per_rank": setup.seq_len // setup.cp,
+        "tokens_per_rank": setup.dims.rank_shard(setup.seq_len).tokens,
         "fsdp_shard": setup.dims.fsdp_shard,
         "ring_forward_kv_bytes": ring.forward_kv,
         "ring_forward_merge_bytes": ring.forward_merge,
@@ -239,4 +241,33 @@ def context_parallel_report(spec: ModelSpec, setup: TrainSetup, est: MemoryEstim
         "activations_bytes": activations(est),
         "activations_at_cp1_bytes": activations(whole),
         "per_gpu_total_at_cp1_bytes": whole.device_bytes,
+    }
+
+
+def pipeline_report(est: MemoryEstimate) -> dict[str, Any]:
+    """Every pp rank's memory (llmctl.plan.memory.estimate's StageMemory), the schedule it comes from and which rank
+    is the answer: the heaviest."""
+    s = est.setup
+    return {
+        "schedule": str(s.pp_schedule),
+        "microbatches": s.pipeline_microbatches,
+        "virtual_stages": s.virtual_stages,
+        "stages_total": s.pipeline_stages,
+        "heaviest_rank": est.pipeline_rank,
+        "ranks": [
+            {
+                "rank": st.rank,
+                "stages": list(st.stages),
+                "blocks": st.blocks,
+                "params": st.params,
+                "params_bytes": st.params_bytes,
+                "grads_bytes": st.grads_bytes,
+                "states_bytes": st.states_bytes,
+                "activations_bytes": st.activations_bytes,
+                "in_flight": st.in_flight,
+                "peak_phase": st.peak_phase,
+                "per_gpu_total_bytes": st.device_bytes,
+            }
+            for st in est.stages
+        ],
     }
