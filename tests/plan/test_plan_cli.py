@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -380,14 +379,19 @@ print("TORCH=" + str("torch" in sys.modules), "CODE=" + str(code), "SECONDS=%.3f
 
 
 def test_plan_for_1024_nodes_is_torch_free_and_fast() -> None:
-    t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
-    wall = time.perf_counter() - t
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    r = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=300)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("TORCH=False CODE=0"), r.stderr[-2000:]
     data = json.loads(r.stdout)
     assert data["chosen"]["tokens_per_s"] > 0
-    assert wall < 5  # the strict < 1 s check lives in benchmarks/plan_speed.py
+    # The child's CPU seconds, not wall time: a loaded machine (CI beside other jobs) stretches the wall clock 4x
+    # without the plan doing more work. The speed claim (< 1 s, side by side) lives in benchmarks/plan_speed.py.
+    assert cpu < 5, cpu
 
 
 @pytest.mark.parametrize(
