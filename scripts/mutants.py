@@ -92,9 +92,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "loss-buffers",
         "llmctl/plan/memory/estimate.py",
-        '        # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.\n'
+        "        # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.\n"
         '        Component("loss backward buffers", 8 * bsv, ("loss_backward",)),',
-        '        # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.\n'
+        "        # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.\n"
         '        Component("loss backward buffers", 4 * bsv, ("loss_backward",)),',
         (
             "tests/plan/test_memory_golden.py",

@@ -144,10 +144,16 @@ def _show_per_gpu(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
     terms = result["layer_activation_terms"]
     hf = {k: v for k, v in terms.items() if ": HF" in k}
     if hf:
+        kept = {k: v for k, v in terms.items() if not k.endswith(" not kept")}
+        # Adapters' corrections are savings (what a frozen layer no longer keeps): said as such, not as negative GiB.
+        saved = {k.removeprefix("LoRA: ").removesuffix(" not kept"): -v for k, v in terms.items() if k not in kept}
+        less = f"; with adapters it does not keep {', '.join(f'{k} {gib(v, 3)}' for k, v in saved.items())} GiB"
         c.print(
             "[dim]one block without checkpointing keeps "
-            + ", ".join(f"{k} {gib(v, 3)}" for k, v in terms.items())
-            + f" GiB; the HF-only lines ({gib(sum(hf.values()), 3)} GiB per block) are what a fused RMSNorm and"
+            + ", ".join(f"{k} {gib(v, 3)}" for k, v in kept.items())
+            + " GiB"
+            + (less if saved else "")
+            + f"; the HF-only lines ({gib(sum(hf.values()), 3)} GiB per block) are what a fused RMSNorm and"
             " SwiGLU (torchtitan, Liger, torch.compile) do not keep[/dim]",
             soft_wrap=True,
         )

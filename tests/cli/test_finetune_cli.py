@@ -50,6 +50,18 @@ def test_qlora_estimate() -> None:
     assert d["finetune"]["method"] == "qlora" and d["fits"]
 
 
+def test_qlora_of_a_moe_says_its_experts_stay_in_the_compute_dtype() -> None:
+    """Issue 49: Qwen3-30B-A3B's QLoRA base is ~1.95 bytes/param because its experts are stacked parameters (not
+    nn.Linear), which the line now says; the adapters' savings are words, never negative GiB."""
+    args = ("qwen3-30b-a3b", "--gpu", "H100", "--gpus", "8", "--finetune", "qlora")
+    d = json.loads(run("estimate", *args, "--json").stdout)
+    base = next(line for line in d["ledger"] if line["name"].startswith("frozen base"))
+    assert base["name"] == "frozen base (NF4 linears 3.0% of params, bf16 rest: experts, sharded)"
+    assert 1.9 < base["bytes_per_param"] < 2.0
+    text = run("estimate", *args).stdout
+    assert "with adapters it does not keep frozen linears' inputs" in text and " -0." not in text
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

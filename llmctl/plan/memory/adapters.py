@@ -117,6 +117,19 @@ def base_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
     return (q_bytes + (spec.params - q) * cb) / spec.params
 
 
+def _qlora_base_name(spec: ModelSpec, setup: TrainSetup) -> str:
+    """The QLoRA base's line, saying how much of the model is NF4 when it is not most of it: a MoE's experts are
+    stacked parameters, not nn.Linear layers, and stay in the compute dtype (Qwen3-30B-A3B: ~1.95 bytes/param, not
+    ~0.6), which the bytes per parameter alone would leave unexplained."""
+    dtype = setup.precision.compute_dtype
+    q, _ = nf4_base_bytes(spec, setup.dims.fsdp_shard, setup.compute_bytes)
+    share = q / spec.params if spec.params else 0.0
+    if share >= 0.5:
+        return f"frozen base (NF4 linears, {dtype} rest, sharded)"
+    rest = f"{dtype} rest: experts" if spec.moe else f"{dtype} rest"
+    return f"frozen base (NF4 linears {share:.1%} of params, {rest}, sharded)"
+
+
 def gathered_layer_bytes(spec: ModelSpec, setup: TrainSetup, layer_params: float) -> float:
     """Bytes of one layer as FSDP all-gathers it: the compute dtype's copy in full training; with adapters the frozen
     layer (NF4 linears under QLoRA) and its adapters in the compute dtype."""
@@ -184,9 +197,7 @@ def adapter_ledger(spec: ModelSpec, setup: TrainSetup) -> list[StateLine]:
     p, ft = setup.precision, setup.finetune
     n = adapter_params(spec, ft)
     if ft.method == "qlora":
-        base = StateLine(
-            f"frozen base (NF4 linears, {p.compute_dtype} rest, sharded)", base_bytes_per_param(spec, setup), 3
-        )
+        base = StateLine(_qlora_base_name(spec, setup), base_bytes_per_param(spec, setup), 3)
     else:
         base = StateLine(f"frozen base ({p.compute_dtype}, sharded)", float(p.compute_bytes), 3)
     if not setup.training:
