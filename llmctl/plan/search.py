@@ -10,16 +10,18 @@ import itertools
 import math
 from dataclasses import replace
 
-from llmctl.plan import kernel_time
+from llmctl.plan import kernel_time, stages
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
 from llmctl.plan.ranking import recompute_seconds, sort_key
 from llmctl.plan.request import PlanRequest
 from llmctl.plan.space import Choice, Space, dp_ranks
 from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
+from llmctl.spec import pipeline
 from llmctl.spec.attention import Attention
 from llmctl.spec.decisions import search_key
 from llmctl.spec.models import ModelSpec
+from llmctl.spec.pipeline import max_stages
 from llmctl.spec.setup import CP_ROTATES, TrainSetup
 from llmctl.units import GIB
 
@@ -74,6 +76,42 @@ def offload_can_win(req: PlanRequest, best: Candidate, families: list[Choice]) -
         if _metric(req, setup, evaluate(req, setup).predicted.step_time_s - gpu_step + host) > target:
             return True
     return False
+
+
+def probe_accum(choice: Choice) -> int:
+    """The accumulation the memory search sizes a choice at: 2 (gradients live in the forward), or under pp enough
+    micro-batches a run that every schedule holds its most in flight (llmctl.spec.pipeline.in_flight: at most
+    (v + 1) pp stage-micro-batches, reached with 2 pp micro-batches), a multiple of pinned pp microbatches."""
+    if choice.pp == 1:
+        return 2
+    m = choice.pp_microbatches
+    return 2 * choice.pp if m is None else m * -(-2 * choice.pp // m)
+
+
+def pipeline_bound(
+    req: PlanRequest, choice: Choice, schedules: list[tuple[str, int | None]], times: dict[tuple, tuple[float, float]]
+) -> float:
+    """An upper bound on what a pp > 1 family predicts (tokens/s, or per GPU for the cost objective): at each
+    micro-batch that divides the per-rank batch, an even 1/pp of the compute without recompute or communication,
+    plus the least bubble a searched schedule has at that many micro-batches (ZB-V's from the same times); the best
+    of those. The heaviest rank holds at least 1/pp and communication, recompute and a larger bubble only add.
+    `times`: the whole model's micro-batch times by (tp, kernel, compile, micro-batch), shared across pp and nodes."""
+    dp = dp_ranks(req, choice.nodes, choice.tp, 1, choice.pp)
+    per_rank = req.global_batch // dp
+    pinned = req.pin("micro_batch_size")
+    best = 0.0
+    for mb in [pinned] if pinned else divisors(per_rank):
+        key = (choice.tp, choice.attention, choice.compile, mb)
+        if key not in times:
+            flat = replace(choice, strategy="full_shard", checkpointing="none", loss_chunk_tokens=0, pp=1)
+            times[key] = compute_times(req, flat.at(mb, per_rank).setup(req))[1:]
+        fwd, bwd = times[key]
+        f, b, m, p = fwd / choice.pp, bwd / choice.pp, per_rank // mb, choice.pp
+        # W is at most the forward (its matmuls): the largest W gives ZB-V its least idle time
+        least = min(stages.bubble(pipeline.schedule(s), p, m, v or 2, f, b, f) for s, v in schedules)
+        tps = per_rank * req.seq_len * dp / (m * (f + b) * (1 + least))
+        best = max(best, tps if req.objective == "throughput" else tps / (choice.nodes * req.gpus_per_node))
+    return best
 
 
 def _metric(req: PlanRequest, setup: TrainSetup, step_s: float) -> float:
@@ -155,7 +193,11 @@ class MemorySearch:
         key = (*choice.memory, accumulating)
         if key not in self.needs:
             one = replace(
-                choice, compile=False, async_tp=False, micro_batch_size=1, grad_accum_steps=2 if accumulating else 1
+                choice,
+                compile=False,
+                async_tp=False,
+                micro_batch_size=1,
+                grad_accum_steps=probe_accum(choice) if accumulating else 1,
             )
             self.needs[key] = mem.estimate(self.req.spec, one.setup(self.req))
         return self.needs[key]
@@ -201,7 +243,7 @@ class MemorySearch:
         """The largest micro-batch to try: the largest that fits with accumulation, or the whole per-rank batch when
         it fits as one micro-batch (no accumulation: no gradient lives in its forward, llmctl.plan.memory.estimate)."""
         most = min(self._search(choice)[0], per_gpu)
-        if most < per_gpu and self.whole_fits(choice, per_gpu):
+        if most < per_gpu and choice.pp == 1 and self.whole_fits(choice, per_gpu):
             return per_gpu
         return most
 
@@ -220,13 +262,15 @@ class MemorySearch:
         on the node count, and its search stops at that count's per-rank batch (what the planner asks)."""
         req = self.req
         n = choice.nodes if choice.strategy == "full_shard" else 1
-        dp = n * req.gpus_per_node // (choice.tp * choice.cp)
+        dp = max(1, n * req.gpus_per_node // (choice.tp * choice.cp * choice.pp))
         limit = max(1, req.global_batch // max(1, dp))
         key = (*choice.memory, limit)
         if key not in self.cache:
             # With accumulation (gradients live in the forward); max_mb adds the whole batch without it.
             one = self.need_estimate(choice)
-            setup = replace(choice, compile=False, async_tp=False, micro_batch_size=1, grad_accum_steps=2).setup(req)
+            accum = probe_accum(choice)
+            setup = replace(choice, compile=False, async_tp=False, micro_batch_size=1, grad_accum_steps=accum)
+            setup = setup.setup(req)
             need, cap = one.device_bytes, req.capacity_bytes
             fitted = mem.max_micro_batch(req.spec, setup, cap, limit=limit, one=one) if need <= cap else 0
             self.cache[key] = (fitted, need)
@@ -285,6 +329,7 @@ class Search:
         self.evaluated = 0
         self.top = 0.0  # the best candidate's sort key so far (its first figure)
         self.pruned: dict[tuple[int, int], float] = {}
+        self.pp_pruned: dict[tuple[int, int], float] = {}  # (tp, pp) -> the bound of the PP families not searched
         self.saturated: dict[tuple, int] = {}  # (tp, strategy, nodes, kernel) -> least cp whose cheapest option fit all
         pairs = list(itertools.product(space.checkpointing, sorted({0, *space.loss_chunks})))
         self.order = {
@@ -300,13 +345,16 @@ class Search:
 
     def run(self) -> None:
         sp = self.space
-        # Without TP or CP every data-parallel family is searched: the table compares them.
-        for strategy in sp.strategies:
-            for n in sp.usable.get((1, 1), []):
-                for attn in sp.attentions:
-                    self.family(Choice(strategy, n, attention=attn))
-        self._tp_families()
-        ring_pruned = self._cp_families()
+        ring_pruned: dict[tuple[int, int], float] = {}
+        if 1 in sp.pps:  # unless --pp pins a pipeline
+            # Without TP or CP every data-parallel family is searched: the table compares them.
+            for strategy in sp.strategies:
+                for n in sp.usable.get((1, 1), []):
+                    for attn in sp.attentions:
+                        self.family(Choice(strategy, n, attention=attn))
+            self._tp_families()
+            ring_pruned = self._cp_families()
+        self._pp_families()
         # What was pruned, against the best at the end of the search.
         self._say_pruned(self.pruned, "even without communication or recompute")
         self._say_pruned(ring_pruned, "with the least recompute that fits and no communication but the ring's", cp=True)
@@ -333,6 +381,51 @@ class Search:
                 continue
             for strategy in sp.strategies:
                 self.family(Choice(strategy, n, tp, 1, attention=attn))
+
+    def _pp_families(self) -> None:
+        """With PP (cp 1), after the families without it: a (tp, pp, nodes, kernel) family is searched only if its
+        bound (`pipeline_bound`: an even 1/pp of the compute, no recompute or communication, the least bubble of the
+        schedules searched) could beat the best so far; then each schedule x stages per rank the model's layers
+        split into, each strategy. The pruned are said in `rejected` with their bound."""
+        sp, req, comp = self.space, self.req, max(self.space.compiles)
+        if not sp.schedules:
+            return
+        times: dict[tuple, tuple[float, float]] = {}
+        bounds = sorted(
+            (
+                (
+                    pipeline_bound(
+                        req, Choice("full_shard", n, tp, attention=a, compile=comp, pp=pp), sp.schedules, times
+                    ),
+                    tp,
+                    pp,
+                    n,
+                    a,
+                )
+                for (tp, pp), nodes in sp.pp_usable.items()
+                for n in nodes
+                for a in sp.attentions
+            ),
+            key=lambda b: -b[0],
+        )
+        most = max_stages(req.spec.num_layers)
+        for bound, tp, pp, n, attn in bounds:
+            if self.best and bound < -self.top:
+                self.pp_pruned[(tp, pp)] = max(self.pp_pruned.get((tp, pp), 0.0), bound)
+                continue
+            for sched, v in sp.schedules:
+                if pp * (v or pipeline.schedule(sched).default_virtual_stages()) > most:
+                    continue  # the layers do not split into that many stages (rule "pp split")
+                for strategy in sp.strategies:
+                    f = Choice(strategy, n, tp, attention=attn, pp=pp, pp_schedule=sched, pp_virtual_stages=v)
+                    self.family(replace(f, pp_microbatches=req.pin("pp_microbatches")))
+        metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
+        for (tp, pp), bound in self.pp_pruned.items():
+            what = f"PP {pp}" + (f" x TP {tp}" if tp > 1 else "")
+            self.rejected.append(
+                f"{what} on some node counts: at most {bound:,.0f} {metric} even without communication or recompute "
+                f"and with the least bubble, below the best {-self.top:,.0f}"
+            )
 
     def _cp_families(self) -> dict[tuple[int, int], float]:
         """With CP, after every family without it: ring attention runs on SDPA, and a family is searched only if its
@@ -383,15 +476,18 @@ class Search:
         req, g = self.req, self.req.gpus_per_node
         if f.strategy == "hybrid_shard" and (f.nodes < 2 or g % (f.tp * f.cp) or g // (f.tp * f.cp) < 2):
             return  # one node, or a shard group of one rank: that is full_shard, or no_shard
+        dp = dp_ranks(req, f.nodes, f.tp, f.cp, f.pp)
+        if f.strategy == "hybrid_shard" and (dp % (g // (f.tp * f.cp)) or dp // (g // (f.tp * f.cp)) < 2):
+            return  # under pp a node's shard group holds all of a stage's data-parallel ranks: no replicas
         if req.pin("offload") and (problem := self.memory.host_problem(f)):
             self.rejected.append(problem)  # CPU offload's states do not fit the host's memory: no micro-batch helps
             return
-        fam = (f.tp, f.strategy, f.nodes, f.attention)
+        fam = (f.tp, f.strategy, f.nodes, f.attention, f.pp, f.pp_schedule, f.pp_virtual_stages)
         if self.saturated.get(fam, f.cp) < f.cp:
             # A smaller cp ran the whole per-rank batch in one micro-batch without recompute: a larger one runs the
             # same tokens per GPU in GEMMs as large at best, and its ring only adds communication.
             return
-        per_rank = req.global_batch // dp_ranks(req, f.nodes, f.tp, f.cp)
+        per_rank = req.global_batch // dp
         top = req.pin("micro_batch_size") or per_rank  # the largest micro-batch worth fitting
         # Ring attention: the all-to-all rotation never holds more than the all-gather's buffers
         # (llmctl.plan.memory.ring), so its memory search stands for both; the all-gather is timed beside it where it
@@ -411,11 +507,26 @@ class Search:
             # the timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
             if not mbs or mbs[-1] < largest:
                 continue
+            if f.pp > 1:  # the bubble falls with more, smaller micro-batches: every one that fits is timed
+                for mb in (m for m in mbs if m > largest and self._pipelines(option, m, per_rank)):
+                    self._time(option.at(mb, per_rank))
+                largest = mbs[-1]
+                continue
             largest = mbs[-1]
             # Only the largest micro-batch that fits is timed: a step's compute time falls with the micro-batch
             # (the GEMM-shape efficiency rises with the tokens per micro-batch) and so does its communication
             # (fewer micro-batches, each hiding more behind longer compute).
             self._time(option.at(largest, per_rank))
+
+    def _pipelines(self, f: Choice, mb: int, per_rank: int) -> bool:
+        """Whether a pipeline runs this micro-batch: pinned pp microbatches divide the accumulation (rule "pp
+        microbatches"), and a looped schedule has at least pp micro-batches a run (torch's interleaved schedules
+        need them to fill the loop; the bubble formulas assume them)."""
+        accum = per_rank // mb
+        m = f.pp_microbatches or accum
+        if accum % m:
+            return False
+        return m >= f.pp or not pipeline.schedule(f.pp_schedule).looped
 
     def _time(self, c: Choice) -> None:
         """Time a choice at its micro-batch: each compile choice without CP; with CP only the faster (compile only
