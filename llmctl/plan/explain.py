@@ -229,7 +229,9 @@ def table_rows(ranked: list[Candidate]) -> list[Candidate]:
     rows: dict[tuple, Candidate] = {}
     for c in ranked:
         s = c.setup
-        rows.setdefault((s.tp, s.dims.cp_enabled, s.strategy, s.nodes, s.checkpointing != "none"), c)
+        # under pp each schedule has its row (interleaved against 1f1b is the choice a person weighs)
+        pp = (s.pp, str(s.pp_schedule)) if s.pp > 1 else ()
+        rows.setdefault((s.tp, s.dims.cp_enabled, s.strategy, s.nodes, s.checkpointing != "none", *pp), c)
     return list(rows.values())
 
 

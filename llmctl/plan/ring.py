@@ -64,10 +64,9 @@ def ring_layers(
     s = setup.seq_len // cp
     imbalance = setup.dims.attention_imbalance(setup.cp_load_balance)
     recomputed: dict[Layer, int] = {}
-    mine = set(range(spec.num_layers) if blocks is None else blocks)
     if setup.checkpointing != "selective":
         for i in ckpt_modes.whole_layers(setup.checkpointing, spec.num_layers):
-            if i in mine:
+            if blocks is None or i in blocks:
                 recomputed[spec.layers[i]] = recomputed.get(spec.layers[i], 0) + 1
     groups = spec.layer_groups
     if blocks is not None:  # a pipeline rank's blocks only

@@ -90,27 +90,35 @@ def probe_accum(choice: Choice) -> int:
 
 def pipeline_bound(
     req: PlanRequest, choice: Choice, schedules: list[tuple[str, int | None]], times: dict[tuple, tuple[float, float]]
-) -> float:
-    """An upper bound on what a pp > 1 family predicts (tokens/s, or per GPU for the cost objective): at each
-    micro-batch that divides the per-rank batch, an even 1/pp of the compute without recompute or communication,
-    plus the least bubble a searched schedule has at that many micro-batches (ZB-V's from the same times); the best
-    of those. The heaviest rank holds at least 1/pp and communication, recompute and a larger bubble only add.
-    `times`: the whole model's micro-batch times by (tp, kernel, compile, micro-batch), shared across pp and nodes."""
+) -> dict[tuple[str, int | None], float]:
+    """Per schedule, an upper bound on what a pp > 1 family predicts with it (tokens/s, or per GPU for the cost
+    objective): the best, over the micro-batches that divide the per-rank batch, of the heaviest rank's least share
+    of the compute (its smallest of matmul, attention and parameter shares, llmctl.plan.stages.RankShare) without
+    recompute or communication, plus the schedule's bubble at that many micro-batches (ZB-V's with the largest W it
+    can have, the forward). Communication, recompute and a larger share only add time. `times`: the whole model's
+    micro-batch times by (tp, kernel, compile, micro-batch), shared across pp and nodes."""
     dp = dp_ranks(req, choice.nodes, choice.tp, 1, choice.pp)
-    per_rank = req.global_batch // dp
+    per_rank, p = req.global_batch // dp, choice.pp
     pinned = req.pin("micro_batch_size")
-    best = 0.0
+    scale = 1.0 if req.objective == "throughput" else 1 / (choice.nodes * req.gpus_per_node)
+    shares = {}
+    for sched, v in schedules:
+        probe = req.candidate(nodes=choice.nodes, tp=choice.tp, pp=p, pp_schedule=sched, pp_virtual_stages=v)
+        share = stages.heaviest_rank(req.spec, probe)
+        shares[(sched, v)] = min(share.matmul, share.attention, share.params)
+    best = dict.fromkeys(shares, 0.0)
     for mb in [pinned] if pinned else divisors(per_rank):
         key = (choice.tp, choice.attention, choice.compile, mb)
         if key not in times:
             flat = replace(choice, strategy="full_shard", checkpointing="none", loss_chunk_tokens=0, pp=1)
             times[key] = compute_times(req, flat.at(mb, per_rank).setup(req))[1:]
         fwd, bwd = times[key]
-        f, b, m, p = fwd / choice.pp, bwd / choice.pp, per_rank // mb, choice.pp
-        # W is at most the forward (its matmuls): the largest W gives ZB-V its least idle time
-        least = min(stages.bubble(pipeline.schedule(s), p, m, v or 2, f, b, f) for s, v in schedules)
-        tps = per_rank * req.seq_len * dp / (m * (f + b) * (1 + least))
-        best = max(best, tps if req.objective == "throughput" else tps / (choice.nodes * req.gpus_per_node))
+        m = per_rank // mb
+        for (sched, v), share in shares.items():
+            f, b = fwd * share, bwd * share
+            idle = stages.bubble(pipeline.schedule(sched), p, m, v or 2, f, b, f)
+            tps = per_rank * req.seq_len * dp / (m * (f + b) * (1 + idle)) * scale
+            best[(sched, v)] = max(best[(sched, v)], tps)
     return best
 
 
@@ -382,6 +390,14 @@ class Search:
             for strategy in sp.strategies:
                 self.family(Choice(strategy, n, tp, 1, attention=attn))
 
+    def _splits(self, pp: int) -> list[tuple[str, int | None]]:
+        """The searched (schedule, stages per rank) whose pp x v stages the model's layers split into (rule "pp
+        split")."""
+        most = max_stages(self.req.spec.num_layers)
+        return [
+            (s, v) for s, v in self.space.schedules if pp * (v or pipeline.schedule(s).default_virtual_stages()) <= most
+        ]
+
     def _pp_families(self) -> None:
         """With PP (cp 1), after the families without it: a (tp, pp, nodes, kernel) family is searched only if its
         bound (`pipeline_bound`: an even 1/pp of the compute, no recompute or communication, the least bubble of the
@@ -393,32 +409,23 @@ class Search:
         times: dict[tuple, tuple[float, float]] = {}
         bounds = sorted(
             (
-                (
-                    pipeline_bound(
-                        req, Choice("full_shard", n, tp, attention=a, compile=comp, pp=pp), sp.schedules, times
-                    ),
-                    tp,
-                    pp,
-                    n,
-                    a,
-                )
+                (bound, tp, pp, n, a, sched)
                 for (tp, pp), nodes in sp.pp_usable.items()
                 for n in nodes
                 for a in sp.attentions
+                for sched, bound in pipeline_bound(
+                    req, Choice("full_shard", n, tp, attention=a, compile=comp, pp=pp), self._splits(pp), times
+                ).items()
             ),
             key=lambda b: -b[0],
         )
-        most = max_stages(req.spec.num_layers)
-        for bound, tp, pp, n, attn in bounds:
+        for bound, tp, pp, n, attn, (sched, v) in bounds:
             if self.best and bound < -self.top:
                 self.pp_pruned[(tp, pp)] = max(self.pp_pruned.get((tp, pp), 0.0), bound)
                 continue
-            for sched, v in sp.schedules:
-                if pp * (v or pipeline.schedule(sched).default_virtual_stages()) > most:
-                    continue  # the layers do not split into that many stages (rule "pp split")
-                for strategy in sp.strategies:
-                    f = Choice(strategy, n, tp, attention=attn, pp=pp, pp_schedule=sched, pp_virtual_stages=v)
-                    self.family(replace(f, pp_microbatches=req.pin("pp_microbatches")))
+            for strategy in sp.strategies:
+                f = Choice(strategy, n, tp, attention=attn, pp=pp, pp_schedule=sched, pp_virtual_stages=v)
+                self.family(replace(f, pp_microbatches=req.pin("pp_microbatches")))
         metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
         for (tp, pp), bound in self.pp_pruned.items():
             what = f"PP {pp}" + (f" x TP {tp}" if tp > 1 else "")
@@ -529,12 +536,12 @@ class Search:
         return m >= f.pp or not pipeline.schedule(f.pp_schedule).looped
 
     def _time(self, c: Choice) -> None:
-        """Time a choice at its micro-batch: each compile choice without CP; with CP only the faster (compile only
+        """Time a choice at its micro-batch: each compile choice without CP or PP; with them only the faster (compile only
         ever speeds a step up in this model: COMPILE_SPEEDUP, and async TP), and the all-gather rotation where it fits
         and its ring hides as much as the all-to-all's (equal predictions keep it: torch's and torchtitan's
         default)."""
         req = self.req
-        if c.cp == 1:
+        if c.cp == 1 and c.pp == 1:
             for comp in self.space.compiles:
                 # async TP only hides communication
                 self.keep(
@@ -544,6 +551,9 @@ class Search:
         comp = max(self.space.compiles)
         setup = replace(c, compile=comp, async_tp=c.tp > 1 and comp and req.async_tp).setup(req)
         timed = evaluate(req, setup)
+        if c.cp == 1:  # PP: no ring rotation to choose
+            self.keep(timed)
+            return
         gathered = replace(setup, cp_rotate="allgather")
         if (
             cp_comm(req, gathered, timed.predicted.efficiency).exposed_s <= timed.predicted.cp_comm_exposed_s

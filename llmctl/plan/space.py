@@ -72,7 +72,8 @@ class Choice:
     pp_microbatches: int | None = None
 
     def setup(self, req: PlanRequest) -> TrainSetup:
-        return req.candidate(**{f: getattr(self, f) for f in _CHOICE_FIELDS})
+        fields_ = _CHOICE_FIELDS if self.pp > 1 else _FLAT_FIELDS  # pp 1: the pipeline's options at their defaults
+        return req.candidate(**{f: getattr(self, f) for f in fields_})
 
     @classmethod
     def of(cls, setup: TrainSetup) -> Choice:
@@ -104,6 +105,7 @@ class Choice:
 
 
 _CHOICE_FIELDS = tuple(f.name for f in fields(Choice))
+_FLAT_FIELDS = tuple(f for f in _CHOICE_FIELDS if not f.startswith("pp_"))
 
 
 TP_REFUSED = {
