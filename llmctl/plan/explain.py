@@ -71,6 +71,8 @@ def explain_memory_choice(
         for chunk in chunks if s.tp == 1 else [0]:
             mbs = search.micro_batches(replace(Choice.of(s), checkpointing=mode, loss_chunk_tokens=chunk), per_gpu, [])
             for mb in mbs:
+                if s.pp_microbatches and (per_gpu // mb) % s.pp_microbatches:
+                    continue  # pinned pp microbatches must divide the accumulation
                 alt_setup = replace(
                     s, micro_batch_size=mb, grad_accum_steps=per_gpu // mb, checkpointing=mode, loss_chunk_tokens=chunk
                 )

@@ -218,7 +218,8 @@ def _with_memory(req: PlanRequest, ranked: list[Candidate]) -> list[Candidate]:
     sized: dict[TrainSetup, int] = {}
     out = []
     for c in ranked:
-        k = mem.memory_key(c.setup)
+        # under pp the accumulation sets the micro-batches in flight a run: the setup is its own key
+        k = c.setup if c.setup.pp > 1 else mem.memory_key(c.setup)
         if k not in sized:
             sized[k] = mem.estimate(req.spec, k).device_bytes
         out.append(replace(c, predicted=replace(c.predicted, memory_per_gpu_bytes=sized[k])))
