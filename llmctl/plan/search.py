@@ -515,8 +515,14 @@ class Search:
             if not mbs or mbs[-1] < largest:
                 continue
             if f.pp > 1:  # the bubble falls with more, smaller micro-batches: every one that fits is timed
-                for mb in (m for m in mbs if m > largest and self._pipelines(option, m, per_rank)):
+                runs = [m for m in mbs if m > largest and self._pipelines(option, m, per_rank)]
+                for mb in runs:
                     self._time(option.at(mb, per_rank))
+                if not runs and f.pp_microbatches and largest == 0:
+                    self.rejected.append(
+                        f"{f.where()}: --pp-microbatches {f.pp_microbatches} divides the accumulation of no "
+                        f"micro-batch that fits ({', '.join(map(str, mbs))} of {per_rank} sequences per rank)"
+                    )
                 largest = mbs[-1]
                 continue
             largest = mbs[-1]

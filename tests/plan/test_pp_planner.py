@@ -119,3 +119,31 @@ def test_70b_on_8_nodes_says_whether_pp_or_fsdp_x_tp_wins_and_why(engine_runs_pp
     assert _pct(text, "bubble") == pytest.approx(p.bubble_s / p.step_time_s, abs=0.0006)
     dp = p.comm_exposed_s - p.tp_comm_exposed_s - p.cp_comm_exposed_s - p.p2p_comm_exposed_s
     assert f"data-parallel communication {dp:.2f} s exposed" in text
+
+
+@pytest.mark.parametrize(
+    ("pins", "message"),
+    [
+        ({"pp": 3}, "--pp 3 does not divide the 8 GPUs"),
+        ({"pp": 4, "tp": 4}, "--pp 4 x --tp 4 does not divide the 8 GPUs"),
+    ],
+)
+def test_bad_pp_pins_are_one_line(pins: dict, message: str) -> None:
+    from llmctl.errors import InputError
+
+    with pytest.raises(InputError, match=re.escape(message)):
+        h100("llama-3.1-8b", 1, seq_len=2048, **pins)
+
+
+def test_pp_beyond_the_layers_is_refused() -> None:
+    from llmctl.errors import InputError
+
+    with pytest.raises(InputError, match="4 layers split into at most 6 pipeline stages"):
+        h100("llama-tiny", 1, seq_len=64, pp=8)
+
+
+def test_pp_microbatches_that_divide_nothing_say_so(engine_runs_pp: None) -> None:
+    from llmctl.errors import DoesNotFitError
+
+    with pytest.raises(DoesNotFitError, match="--pp-microbatches 3 divides the accumulation of no micro-batch"):
+        pl.plan(h100("llama-3.1-8b", 1, seq_len=2048, pp=2, pp_microbatches=3))
