@@ -503,6 +503,8 @@ class Search:
         largest = 0
         # (TP computes the loss on vocabulary shards, loss parallel: unchunked.)
         options = [o for o in self.order[f.attention] if (o[1] == 0 if f.tp > 1 else o[1] in self.space.loss_chunks)]
+        if f.pp > 1 and not self._pipeline_fits(f, options):
+            return
         for k, (ckpt, chunk) in enumerate(options):
             if largest >= top:
                 break
@@ -530,6 +532,24 @@ class Search:
             # (the GEMM-shape efficiency rises with the tokens per micro-batch) and so does its communication
             # (fewer micro-batches, each hiding more behind longer compute).
             self._time(option.at(largest, per_rank))
+
+    def _pipeline_fits(self, f: Choice, options: list[tuple[str, int]]) -> bool:
+        """Whether a pp family's least memory fits micro-batch 1: full checkpointing with the most chunked loss keeps
+        the least of every option (each other mode keeps more of a block, an unchunked loss all its logits). When it
+        does not, the family is dropped in one line before the memory search of each option."""
+        least = [o for o in options if o[0] == "full"]
+        if not least:
+            return True
+        ckpt, chunk = max(least, key=lambda o: o[1])
+        need = self.memory.need(replace(f, checkpointing=ckpt, loss_chunk_tokens=chunk))
+        cap = self.req.capacity_bytes
+        if need <= cap:
+            return True
+        self.rejected.append(
+            f"{f.where()}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB even with full "
+            "checkpointing"
+        )
+        return False
 
     def _pipelines(self, f: Choice, mb: int, per_rank: int) -> bool:
         """Whether a pipeline runs this micro-batch: pinned pp microbatches divide the accumulation (rule "pp
