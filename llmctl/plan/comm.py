@@ -20,7 +20,9 @@ Zhao et al. 2023 "PyTorch FSDP", arXiv:2304.11277):
 - dp_replicate (R groups): one all-reduce of the local gradient shard (1/S of the gradients) across the R replicas
   per optimizer step (during the last micro-batch's backward).
 So FULL_SHARD (1, N) moves only the first, NO_SHARD/DDP (N, 1) only the second, HYBRID_SHARD (nodes, G) both; where
-each group runs (inside a node, one rank per node, or a ring across nodes) comes from the degrees' layout.
+each group runs (inside a node, one rank per node, or a ring across nodes) comes from the degrees' layout. Under
+pipeline parallelism a stage is gathered once per schedule run and reduced at the run's last backward (`step_comm`,
+`pipelined`); the sends between stages are llmctl.plan.stages'.
 
 Overlap: FSDP prefetches the next layer's all-gather during the current layer's compute and reduce-scatters during
 backward. `overlap` is the fraction of the overlappable time that is really hidden (a stated parameter):

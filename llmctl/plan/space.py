@@ -10,6 +10,10 @@ sequence) x strategy (full_shard, hybrid_shard, no_shard: what the engine runs) 
 divisors of the cluster's node count: on a slow network fewer nodes can win) x checkpointing x attention kernel x
 compile x loss chunk (0 with tp > 1: TP computes the loss on vocabulary shards; past LONG_CONTEXT_TOKENS only the
 chunked loss). The micro-batch and accumulation are found per family (llmctl.plan.search).
+
+Pipeline parallelism (cp 1; once llmctl's engine runs it, or pinned): pp 1, 2, 4, ... while the layers split
+(`pp_degrees`) x schedule and stages per rank (`pp_schedules`: 1f1b, interleaved-1f1b at 2, 4, 8, zbv; gpipe only
+pinned); pp microbatches: all of a step's (one schedule run: the least bubble and the fewest FSDP gathers), or the pin.
 """
 
 from __future__ import annotations

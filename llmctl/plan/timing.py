@@ -31,6 +31,11 @@ NF4 dequantization's memory traffic (`qlora_dequant_s`). No optimizer step is ti
 
 CPU offload (`TrainSetup.levers.offload`): the copies between host and GPU, the host's gradient additions and its
 optimizer step (llmctl.plan.offload) add `offload_s` to the step: step = compute + exposed communication + offload.
+
+Pipeline parallelism (pp > 1, llmctl.plan.stages): the heaviest pp rank's share of each micro-batch's kernels, FSDP
+and TP on its stages only, its optimizer step on its parameters, the schedule's bubble added to the compute
+(`Prediction.bubble_s`, the step split's "bubble") and the sends between stages to the exposed communication
+(`Prediction.p2p_comm_exposed_s`). At pp = 1 none of this runs: every figure is as before.
 """
 
 from __future__ import annotations
