@@ -481,9 +481,14 @@ class TrainSetup:
 
     @property
     def label(self) -> str:
-        """'full_shard 8x1 ckpt none', '... compiled': the decisions `llmctl tune` varies."""
+        """'full_shard 8x1 ckpt none', '... compiled', 'full_shard pp4 zbv 1x16 ...': the decisions `llmctl tune`
+        varies."""
+        pipe = ""
+        if self.pp > 1:
+            v = f" v{self.virtual_stages}" if self.pp_schedule is Schedule.INTERLEAVED_1F1B else ""
+            pipe = f" pp{self.pp} {self.pp_schedule}{v}"
         return (
-            f"{self.strategy} {self.micro_batch_size}x{self.grad_accum_steps} ckpt {self.checkpointing}"
+            f"{self.strategy}{pipe} {self.micro_batch_size}x{self.grad_accum_steps} ckpt {self.checkpointing}"
             f"{' compiled' if self.compile else ''}"
         )
 
