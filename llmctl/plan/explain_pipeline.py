@@ -95,7 +95,7 @@ def explain_pp_choice(
         return f"{text}; {_versus(req, chosen, other)}; the best without PP ({_short(other)}) predicts {_gap(req, other, chosen)}"
     if other is None:
         if pruned:
-            (tp, pp), bound = max(pruned.items(), key=lambda kv: kv[1])
+            (_, pp), bound = max(pruned.items(), key=lambda kv: kv[1])
             metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
             return (
                 f"pipeline parallelism cannot win here: even without communication or recompute and with the least "

@@ -146,7 +146,7 @@ def hops(dims: ParallelDims, gpus_per_node: int) -> tuple[int, int]:
 
 def activation_bytes(setup: TrainSetup, hidden: int) -> float:
     """Bytes one stage boundary sends per micro-batch each way: micro_batch x seq/cp x hidden x compute bytes."""
-    return setup.micro_batch_size * setup.seq_len // setup.cp * hidden * setup.compute_bytes
+    return setup.micro_batch_size * setup.dims.rank_shard(setup.seq_len).tokens * hidden * setup.compute_bytes
 
 
 def p2p_comm(setup: TrainSetup, hidden: int, net: cm.Network, overlap: float) -> cm.StepComm:

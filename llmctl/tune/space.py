@@ -72,7 +72,7 @@ def with_pipeline(b: TrainSetup, pipe: Pipeline) -> TrainSetup:
         return b
     tokens = b.tokens_per_step
     flat = replace(b, pp=1, pp_schedule="1f1b", pp_virtual_stages=None, pp_microbatches=None, micro_batch_size=1)
-    dp = flat.world_size // (b.tp * b.cp * pp)
+    dp = flat.dims.dp // pp  # the data-parallel ranks at pp 1, split into pp stages
     per_rank = tokens // b.seq_len // dp
     return replace(flat, pp=pp, pp_schedule=sched, pp_virtual_stages=v, grad_accum_steps=per_rank)
 
