@@ -517,9 +517,9 @@ class Search:
             if not mbs or mbs[-1] < largest:
                 continue
             if f.pp > 1:  # the bubble falls with more, smaller micro-batches: every one that fits is timed
-                runs = [m for m in mbs if m > largest and self._pipelines(option, m, per_rank)]
-                for mb in runs:
-                    self._time(option.at(mb, per_rank))
+                runs = [c for c in (self._pipeline_run(option, m, per_rank) for m in mbs if m > largest) if c]
+                for c in runs:
+                    self._time(c)
                 if not runs and f.pp_microbatches and largest == 0:
                     self.rejected.append(
                         f"{f.where()}: --pp-microbatches {f.pp_microbatches} divides the accumulation of no "
@@ -551,15 +551,24 @@ class Search:
         )
         return False
 
-    def _pipelines(self, f: Choice, mb: int, per_rank: int) -> bool:
-        """Whether a pipeline runs this micro-batch: pinned pp microbatches divide the accumulation (rule "pp
-        microbatches"), and a looped schedule has at least pp micro-batches a run (torch's interleaved schedules
-        need them to fill the loop; the bubble formulas assume them)."""
-        accum = per_rank // mb
-        m = f.pp_microbatches or accum
-        if accum % m:
-            return False
-        return m >= f.pp or not pipeline.schedule(f.pp_schedule).looped
+    def _pipeline_run(self, f: Choice, mb: int, per_rank: int) -> Choice | None:
+        """The choice at micro-batch `mb` with the most micro-batches a schedule run that fits the GPU (all of the
+        step's first: the least bubble and the fewest FSDP gathers; fewer a run hold fewer in flight and fewer
+        receive buffers, llmctl.plan.memory), or the pinned count; None when none fits or runs. A run's count
+        divides the accumulation (rule "pp microbatches"), and a looped schedule has at least pp micro-batches a run
+        (torch's interleaved schedules need them to fill the loop; the bubble formulas assume them)."""
+        req, accum = self.req, per_rank // mb
+        pinned = f.pp_microbatches
+        looped = pipeline.schedule(f.pp_schedule).looped
+        for m in [pinned] if pinned else sorted(divisors(accum), reverse=True):
+            if accum % m:
+                continue
+            if looped and m < f.pp:
+                break
+            c = replace(f, pp_microbatches=m if pinned or m < accum else None).at(mb, per_rank)
+            if mem.estimate(req.spec, c.setup(req)).device_bytes <= req.capacity_bytes:
+                return c
+        return None
 
     def _time(self, c: Choice) -> None:
         """Time a choice at its micro-batch: each compile choice without CP or PP; with them only the faster (compile only
