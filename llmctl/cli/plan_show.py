@@ -10,6 +10,7 @@ from rich.markup import escape
 from llmctl.cli import render
 from llmctl.plan import planner as pl
 from llmctl.spec.decisions import as_json
+from llmctl.spec.setup import TrainSetup
 from llmctl.units import duration, gib
 
 
@@ -42,6 +43,15 @@ def _header(result: pl.PlanResult) -> None:
     )
 
 
+def pp_cell(s: TrainSetup) -> str:
+    """The table's pp cell: '8 i2' (interleaved 1F1B, 2 stages a rank), '8 zbv', '8 1f1b', '1'."""
+    if s.pp == 1:
+        return "1"
+    if s.pp_schedule == "interleaved-1f1b":
+        return f"{s.pp} i{s.virtual_stages}"
+    return f"{s.pp} {s.pp_schedule}"
+
+
 def _candidates(result: pl.PlanResult, top: int) -> None:
     req, c = result.request, render.console
     cols = [
@@ -65,6 +75,9 @@ def _candidates(result: pl.PlanResult, top: int) -> None:
         cols.append(("time", "right"))
     if req.price_per_gpu_hour is not None and req.token_budget:
         cols.append(("cost", "right"))
+    piped = any(x.setup.pp > 1 for x in result.candidates[:top])
+    if piped:  # only when a row has a pipeline, so that the tables without one stay as they were
+        cols.insert(5, ("pp", "right"))
     offload = " with CPU offload" if result.chosen.setup.levers.offload else ""
     t = render.table(
         f"Best setup per strategy x nodes x checkpointing{offload} (by {'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
@@ -81,6 +94,7 @@ def _candidates(result: pl.PlanResult, top: int) -> None:
             str(s.nodes),
             f"{d['tp']}{'a' if d['async_tp'] else ''}",
             f"{d['cp']}{ring}",
+            *([pp_cell(s)] if piped else []),
             f"{s.micro_batch_size}x{s.grad_accum_steps}",
             s.checkpointing,
             s.attention,
@@ -101,7 +115,9 @@ def _candidates(result: pl.PlanResult, top: int) -> None:
     c.print(
         "[dim]compute and comm: seconds per optimizer step; comm is the communication compute does not hide; "
         "tp: tensor-parallel degree (a: async TP); cp: context-parallel degree (g: K/V all-gather, p: passed on "
-        "hop by hop); mb: per data-parallel rank[/dim]"
+        "hop by hop); mb: per data-parallel rank"
+        + ("; pp: pipeline stages and schedule (i2: interleaved 1F1B, 2 stages a rank)" if piped else "")
+        + "[/dim]"
     )
 
 
@@ -133,6 +149,8 @@ def _chosen(result: pl.PlanResult) -> None:
         c.print(f"[bold]tensor parallel[/bold]: {escape(result.tp_choice)}")
     if result.cp_choice:
         c.print(f"[bold]context parallel[/bold]: {escape(result.cp_choice)}")
+    if result.pp_choice:
+        c.print(f"[bold]pipeline parallel[/bold]: {escape(result.pp_choice)}")
     if req.token_budget:
         cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
         c.print(f"{req.token_budget:,} tokens: {duration(ch.budget_time_s)} on {cs.gpus} GPUs{cost}")

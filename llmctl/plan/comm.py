@@ -20,7 +20,9 @@ Zhao et al. 2023 "PyTorch FSDP", arXiv:2304.11277):
 - dp_replicate (R groups): one all-reduce of the local gradient shard (1/S of the gradients) across the R replicas
   per optimizer step (during the last micro-batch's backward).
 So FULL_SHARD (1, N) moves only the first, NO_SHARD/DDP (N, 1) only the second, HYBRID_SHARD (nodes, G) both; where
-each group runs (inside a node, one rank per node, or a ring across nodes) comes from the degrees' layout.
+each group runs (inside a node, one rank per node, or a ring across nodes) comes from the degrees' layout. Under
+pipeline parallelism a stage is gathered once per schedule run and reduced at the run's last backward (`step_comm`,
+`pipelined`); the sends between stages are llmctl.plan.stages'.
 
 Overlap: FSDP prefetches the next layer's all-gather during the current layer's compute and reduce-scatters during
 backward. `overlap` is the fraction of the overlappable time that is really hidden (a stated parameter):
@@ -240,19 +242,24 @@ def step_comm(
     net: Network,
     overlap: float = DEFAULT_OVERLAP,
     sync_every_micro_batch: bool = True,
+    pipelined: bool = False,
 ) -> StepComm:
     """Communication per optimizer step for the parallel degrees `dims`, ranks filled node by node.
 
     fwd_s / bwd_s: compute time of ONE micro-batch's forward and backward (recompute included) on one GPU.
     sync_every_micro_batch: reduce-scatter the gradients after every micro-batch (FSDP's default, and what keeps
     gradients sharded as the memory model assumes); False models no_sync accumulation (one reduce per step).
+    pipelined: under pipeline parallelism (dims.pp > 1; `shape` is one pp rank's stages) FSDP gathers a stage's
+    parameters once per schedule run and keeps them (no reshard after forward, nor after backward until the run's
+    last) and reduce-scatters its gradients at the run's last backward (torch.distributed.pipelining.stage,
+    backward_maybe_with_nosync): `grad_accum` is then the schedule runs per step, fwd_s / bwd_s one micro-batch's.
     """
     if not 0 <= overlap <= 1:
         raise InputError(f"overlap must be in [0, 1], got {overlap}")
     if grad_accum < 1:
         raise InputError(f"gradient accumulation must be >= 1, got {grad_accum}")
-    if dims.pp > 1:
-        raise InputError("the communication model covers data, context and tensor parallelism only (pp = 1)")
+    if dims.pp > 1 and not pipelined:
+        raise InputError("pipeline parallelism's FSDP is priced per schedule run: pass pipelined=True (pp > 1)")
     if dims.tp != shape.tp:
         raise InputError(f"the parallel degrees have tp {dims.tp} but the shape tp {shape.tp}")
     L = shape.num_layers
@@ -289,7 +296,8 @@ def step_comm(
         gathered = layer_params * shape.param_bytes
         k = dims.tp  # the shard groups side by side (one per tp rank: the group's stride)
         op(f"all-gather (forward{where})", "all_gather", scope, S, gathered, L * grad_accum, "forward", k)
-        op(f"all-gather (backward{where})", "all_gather", scope, S, gathered, L * grad_accum, "backward", k)
+        if not pipelined:  # a pipeline keeps the stage gathered through the run's backward
+            op(f"all-gather (backward{where})", "all_gather", scope, S, gathered, L * grad_accum, "backward", k)
         name = f"reduce-scatter{' (intra-node)' if where else ''}"
         op(name, "reduce_scatter", scope, S, layer_grads * shape.grad_bytes, rs_calls, rs_phase, k)
         if shape.float8_amaxes:
@@ -347,15 +355,21 @@ class TpCall:
     matmul_s: float = 0.0
 
 
-def tp_calls(layers: list[TpLayer], head_s: float = 0.0) -> list[TpCall]:
+def tp_calls(layers: list[TpLayer], head_s: float = 0.0, embedding: bool = True, head: bool = True) -> list[TpCall]:
     """The TP collectives of one micro-batch (module docstring). Backward pairs each collective with the input-gradient
-    matmul of the same projection (as long as its forward matmul)."""
-    out: list[TpCall] = [
-        TpCall("all_reduce", "forward", 1),  # embedding
-        TpCall("all_gather", "backward", 1),  # embedding: the first layer's cut, backward
-        TpCall("all_gather", "forward", 1, head_s),  # LM head input
-        TpCall("reduce_scatter", "backward", 1, head_s),  # LM head input's gradient
-    ]
+    matmul of the same projection (as long as its forward matmul). `embedding` / `head`: whether the rank holds them
+    (a pipeline's first and last stages)."""
+    out: list[TpCall] = []
+    if embedding:
+        out += [
+            TpCall("all_reduce", "forward", 1),  # embedding
+            TpCall("all_gather", "backward", 1),  # embedding: the first layer's cut, backward
+        ]
+    if head:
+        out += [
+            TpCall("all_gather", "forward", 1, head_s),  # LM head input
+            TpCall("reduce_scatter", "backward", 1, head_s),  # LM head input's gradient
+        ]
     for la in layers:
         n, r = la.count, la.recomputed
         out += [

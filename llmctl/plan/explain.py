@@ -71,6 +71,8 @@ def explain_memory_choice(
         for chunk in chunks if s.tp == 1 else [0]:
             mbs = search.micro_batches(replace(Choice.of(s), checkpointing=mode, loss_chunk_tokens=chunk), per_gpu, [])
             for mb in mbs:
+                if s.pp_microbatches and (per_gpu // mb) % s.pp_microbatches:
+                    continue  # pinned pp microbatches must divide the accumulation
                 alt_setup = replace(
                     s, micro_batch_size=mb, grad_accum_steps=per_gpu // mb, checkpointing=mode, loss_chunk_tokens=chunk
                 )
@@ -229,7 +231,9 @@ def table_rows(ranked: list[Candidate]) -> list[Candidate]:
     rows: dict[tuple, Candidate] = {}
     for c in ranked:
         s = c.setup
-        rows.setdefault((s.tp, s.dims.cp_enabled, s.strategy, s.nodes, s.checkpointing != "none"), c)
+        # under pp each schedule has its row (interleaved against 1f1b is the choice a person weighs)
+        pp = (s.pp, str(s.pp_schedule)) if s.pp > 1 else ()
+        rows.setdefault((s.tp, s.dims.cp_enabled, s.strategy, s.nodes, s.checkpointing != "none", *pp), c)
     return list(rows.values())
 
 

@@ -284,7 +284,7 @@ def fsdp_copy_bytes(spec: ModelSpec, setup: TrainSetup) -> float:
     resharded after forward, one under shard_grad_op. Per reduce-scatter, the unsharded gradients copied into its
     input (read in the compute dtype, written in the reduce dtype), and from the second micro-batch of a step on,
     the reduced shard added to the accumulated one (read both, write: 3 x reduce bytes). Frozen weights are gathered
-    but get no gradient (LoRA: the adapters' only)."""
+    but get no gradient (LoRA: the adapters' only). Under pp: once a schedule run (below)."""
     if setup.engine != "fsdp2":
         return 0.0
     params = spec.params / setup.tp
@@ -295,6 +295,11 @@ def fsdp_copy_bytes(spec: ModelSpec, setup: TrainSetup) -> float:
     one = FSDP_COPY_OUT * cb if shard == 1 else 0  # a group of one: the all-gather is a device copy too
     per_gather = (master + cb) * params / shard + (FSDP_COPY_OUT * cb + one) * params
     trained = fl.adapter_count(spec, setup.finetune) / setup.tp if setup.finetune.adapters else params
+    if setup.pp > 1:
+        # A pipeline stage is gathered once a schedule run and kept, its unsharded gradients accumulated in place and
+        # reduce-scattered at the run's last backward (llmctl.plan.comm.step_comm, pipelined): one gather's and one
+        # reduction's copies a run, over its micro-batches (the whole model's: timing scales them to the stage's).
+        return (per_gather + trained * (cb + rb)) / setup.pipeline_microbatches
     acc = setup.grad_accum_steps
     accumulate = 3 * rb * trained / shard * (acc - 1) / acc
     return gathers * per_gather + trained * (cb + rb) + accumulate

@@ -104,3 +104,11 @@ def bench_network(
     ]
     note = f"; {', '.join(stand_ins)}" if stand_ins else ""
     return cm.Network(intra_bw, inter_node, curve=curve, source=f"bench-net {path}{note}")
+
+
+def p2p_bandwidth(net: cm.Network, scope: str, size_bytes: float, gpus_per_node: int) -> float:
+    """GB/s of one pipeline send/recv of `size_bytes` between two GPUs, inside a node ("intra") or between nodes
+    ("inter"): the one place the pipeline's point-to-point rate is chosen. Today the network's send_recv reading:
+    the intra-node link, or across nodes one GPU's share of its node's NICs (every GPU of a stage sends at once; a
+    rail-optimised node gives each its own NIC), or a bench-net report's send_recv sweep where it has one."""
+    return net.busbw("send_recv", scope, size_bytes, gpus_per_node)

@@ -1,8 +1,8 @@
 """The planner: enumerate setups, drop what does not fit, time the rest, rank, explain (torch-free).
 
 What is searched is llmctl.plan.space (each decision the user did not pin, narrowed by the rules); how it is searched
-is llmctl.plan.search (families, the Pareto front of recompute per family, the bounds that skip the families with TP or
-CP that cannot win); what fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is
+is llmctl.plan.search (families, the Pareto front of recompute per family, the bounds that skip the families with TP,
+CP or PP that cannot win); what fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is
 llmctl.plan.request, the explanations llmctl.plan.explain, the plan file llmctl.plan.emit.
 
 CPU offload (FSDP2's CPUOffloadPolicy): pinned (--offload, --no-offload) every setup searched has it or none has.
@@ -35,6 +35,7 @@ from llmctl.plan.explain import (
 )
 from llmctl.plan.explain_finetune import explain_finetune
 from llmctl.plan.explain_kernels import efficiency_basis, step_split
+from llmctl.plan.explain_pipeline import explain_pp_choice
 from llmctl.plan.ranking import sort_key
 from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
 from llmctl.plan.search import Search, offload_can_win
@@ -70,6 +71,9 @@ class PlanResult:
     step_split: str = ""  # the chosen step by kind of kernel, with each rate's basis (llmctl.plan.explain_kernels)
     finetune_choice: str = ""  # with adapters: full, LoRA and QLoRA compared here (llmctl.plan.explain_finetune)
     offload_choice: str = ""  # under CPU offload: why it is on, what GPU and host hold, what it costs (else empty)
+    pp_choice: str = ""
+    """Why pipeline parallelism won or lost: its bubble, its sends, the states and communication it saves, against the
+    best of the other kind (empty where the search did not consider it)."""
 
     def memory_margin(self) -> dict[str, Any]:
         """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
@@ -140,6 +144,8 @@ class PlanResult:
             "step_split": result.step_split,
             "tp_choice": result.tp_choice,
             "cp_choice": result.cp_choice,
+            # Only where pipelines were searched or pinned, so that the answers without them stay as they were.
+            **({"pp_choice": result.pp_choice} if result.pp_choice else {}),
             "precision": req.precision.name,
             "precision_choice": result.precision_choice,
             # Only when a setup offloads, so that the answers without it stay as they were.
@@ -201,7 +207,9 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
     cp_choice = explain_cp_choice(req, fam[0], filled, space.cps, search.pruned)
     precision_choice = explain_precision(req, fam[0])
     explained = (choice, tp_choice, cp_choice, precision_choice, step_split(req, fam[0]))
-    return PlanResult(req, fam[0], fam, why, filled, search.rejected, search.evaluated, *explained)
+    pp_choice = explain_pp_choice(req, fam[0], filled, space.pps, search.pp_pruned)
+    result = PlanResult(req, fam[0], fam, why, filled, search.rejected, search.evaluated, *explained)
+    return replace(result, pp_choice=pp_choice)
 
 
 def _with_memory(req: PlanRequest, ranked: list[Candidate]) -> list[Candidate]:
@@ -210,7 +218,8 @@ def _with_memory(req: PlanRequest, ranked: list[Candidate]) -> list[Candidate]:
     sized: dict[TrainSetup, int] = {}
     out = []
     for c in ranked:
-        k = mem.memory_key(c.setup)
+        # under pp the accumulation sets the micro-batches in flight a run: the setup is its own key
+        k = c.setup if c.setup.pp > 1 else mem.memory_key(c.setup)
         if k not in sized:
             sized[k] = mem.estimate(req.spec, k).device_bytes
         out.append(replace(c, predicted=replace(c.predicted, memory_per_gpu_bytes=sized[k])))

@@ -25,6 +25,7 @@ from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.optimizer_states import canonical_states
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
+from llmctl.spec.pipeline import max_stages
 from llmctl.spec.precision import PrecisionPolicy, for_gpu
 from llmctl.spec.rules import model_problem
 from llmctl.spec.setup import TrainSetup
@@ -386,6 +387,21 @@ def check_pins(req: PlanRequest) -> None:
         raise InputError(
             f"--cp {cp_pin}{with_tp} does not divide the {world} GPUs ({req.nodes} x {req.gpus_per_node})",
             hint="use a power of two that divides the GPUs",
+        )
+    pp_pin = pins.get("pp", 1)
+    if pp_pin < 1:
+        raise InputError(f"--pp must be a positive integer, got {pp_pin}")
+    if world % (cp_pin * tp_pin * pp_pin):
+        others = "".join(f" x {f} {v}" for f, v in (("--cp", cp_pin), ("--tp", tp_pin)) if v > 1)
+        raise InputError(
+            f"--pp {pp_pin}{others} does not divide the {world} GPUs ({req.nodes} x {req.gpus_per_node})",
+            hint="use a power of two that divides the GPUs",
+        )
+    if pp_pin > max_stages(req.spec.num_layers):
+        raise InputError(
+            f"--pp {pp_pin}: {req.spec.name}'s {req.spec.num_layers} layers split into at most "
+            f"{max_stages(req.spec.num_layers)} pipeline stages (the embedding and the head count as one layer each)",
+            hint="use a smaller --pp",
         )
     layout = {k: pins[k] for k in ("tp", "cp", "loss_chunk_tokens", "attention") if k in pins}
     try:

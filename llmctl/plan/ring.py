@@ -55,17 +55,27 @@ class RingLayer:
     """This rank's attention (QK^T and AV) forward seconds for the layer; backward is twice it."""
 
 
-def ring_layers(spec: ModelSpec, setup: TrainSetup, rate_flops_s: float) -> list[RingLayer]:
-    """The layer kinds of `spec` on one rank of the setup's cp group, at `rate_flops_s` achieved FLOP/s."""
+def ring_layers(
+    spec: ModelSpec, setup: TrainSetup, rate_flops_s: float, blocks: tuple[int, ...] | None = None
+) -> list[RingLayer]:
+    """The layer kinds of `spec` on one rank of the setup's cp group, at `rate_flops_s` achieved FLOP/s; `blocks`: the
+    blocks a pp rank holds (None: all)."""
     b, cp, tp = setup.micro_batch_size, setup.cp, setup.tp
     s = setup.seq_len // cp
     imbalance = setup.dims.attention_imbalance(setup.cp_load_balance)
     recomputed: dict[Layer, int] = {}
     if setup.checkpointing != "selective":
         for i in ckpt_modes.whole_layers(setup.checkpointing, spec.num_layers):
-            recomputed[spec.layers[i]] = recomputed.get(spec.layers[i], 0) + 1
+            if blocks is None or i in blocks:
+                recomputed[spec.layers[i]] = recomputed.get(spec.layers[i], 0) + 1
+    groups = spec.layer_groups
+    if blocks is not None:  # a pipeline rank's blocks only
+        held: dict[Layer, int] = {}
+        for i in blocks:
+            held[spec.layers[i]] = held.get(spec.layers[i], 0) + 1
+        groups = tuple(held.items())
     out = []
-    for layer, n in spec.layer_groups:
+    for layer, n in groups:
         at = layer.attention
         kv = 2 * b * -(-at.num_kv_heads // tp) * s * at.head_dim * setup.compute_bytes
         # QK^T and AV forward over the whole sequence's keys (PaLM's convention, llmctl.plan.flops), this rank's

@@ -10,16 +10,18 @@ import itertools
 import math
 from dataclasses import replace
 
-from llmctl.plan import kernel_time
+from llmctl.plan import kernel_time, stages
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
 from llmctl.plan.ranking import recompute_seconds, sort_key
 from llmctl.plan.request import PlanRequest
 from llmctl.plan.space import Choice, Space, dp_ranks
 from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
+from llmctl.spec import pipeline
 from llmctl.spec.attention import Attention
 from llmctl.spec.decisions import search_key
 from llmctl.spec.models import ModelSpec
+from llmctl.spec.pipeline import max_stages
 from llmctl.spec.setup import CP_ROTATES, TrainSetup
 from llmctl.units import GIB
 
@@ -74,6 +76,50 @@ def offload_can_win(req: PlanRequest, best: Candidate, families: list[Choice]) -
         if _metric(req, setup, evaluate(req, setup).predicted.step_time_s - gpu_step + host) > target:
             return True
     return False
+
+
+def probe_accum(choice: Choice) -> int:
+    """The accumulation the memory search sizes a choice at: 2 (gradients live in the forward), or under pp enough
+    micro-batches a run that every schedule holds its most in flight (llmctl.spec.pipeline.in_flight: at most
+    (v + 1) pp stage-micro-batches, reached with 2 pp micro-batches), a multiple of pinned pp microbatches."""
+    if choice.pp == 1:
+        return 2
+    m = choice.pp_microbatches
+    return 2 * choice.pp if m is None else m * -(-2 * choice.pp // m)
+
+
+def pipeline_bound(
+    req: PlanRequest, choice: Choice, schedules: list[tuple[str, int | None]], times: dict[tuple, tuple[float, float]]
+) -> dict[tuple[str, int | None], float]:
+    """Per schedule, an upper bound on what a pp > 1 family predicts with it (tokens/s, or per GPU for the cost
+    objective): the best, over the micro-batches that divide the per-rank batch, of the heaviest rank's least share
+    of the compute (its smallest of matmul, attention and parameter shares, llmctl.plan.stages.RankShare) without
+    recompute or communication, plus the schedule's bubble at that many micro-batches (ZB-V's with the largest W it
+    can have, the forward). Communication, recompute and a larger share only add time. `times`: the whole model's
+    micro-batch times by (tp, kernel, compile, micro-batch), shared across pp and nodes."""
+    dp = dp_ranks(req, choice.nodes, choice.tp, 1, choice.pp)
+    per_rank, p = req.global_batch // dp, choice.pp
+    pinned = req.pin("micro_batch_size")
+    scale = 1.0 if req.objective == "throughput" else 1 / (choice.nodes * req.gpus_per_node)
+    shares = {}
+    for sched, v in schedules:
+        probe = req.candidate(nodes=choice.nodes, tp=choice.tp, pp=p, pp_schedule=sched, pp_virtual_stages=v)
+        share = stages.heaviest_rank(req.spec, probe)
+        shares[(sched, v)] = min(share.matmul, share.attention, share.params)
+    best = dict.fromkeys(shares, 0.0)
+    for mb in [pinned] if pinned else divisors(per_rank):
+        key = (choice.tp, choice.attention, choice.compile, mb)
+        if key not in times:
+            flat = replace(choice, strategy="full_shard", checkpointing="none", loss_chunk_tokens=0, pp=1)
+            times[key] = compute_times(req, flat.at(mb, per_rank).setup(req))[1:]
+        fwd, bwd = times[key]
+        m = per_rank // mb
+        for (sched, v), share in shares.items():
+            f, b = fwd * share, bwd * share
+            idle = stages.bubble(pipeline.schedule(sched), p, m, v or 2, f, b, f)
+            tps = per_rank * req.seq_len * dp / (m * (f + b) * (1 + idle)) * scale
+            best[(sched, v)] = max(best[(sched, v)], tps)
+    return best
 
 
 def _metric(req: PlanRequest, setup: TrainSetup, step_s: float) -> float:
@@ -155,7 +201,11 @@ class MemorySearch:
         key = (*choice.memory, accumulating)
         if key not in self.needs:
             one = replace(
-                choice, compile=False, async_tp=False, micro_batch_size=1, grad_accum_steps=2 if accumulating else 1
+                choice,
+                compile=False,
+                async_tp=False,
+                micro_batch_size=1,
+                grad_accum_steps=probe_accum(choice) if accumulating else 1,
             )
             self.needs[key] = mem.estimate(self.req.spec, one.setup(self.req))
         return self.needs[key]
@@ -201,7 +251,7 @@ class MemorySearch:
         """The largest micro-batch to try: the largest that fits with accumulation, or the whole per-rank batch when
         it fits as one micro-batch (no accumulation: no gradient lives in its forward, llmctl.plan.memory.estimate)."""
         most = min(self._search(choice)[0], per_gpu)
-        if most < per_gpu and self.whole_fits(choice, per_gpu):
+        if most < per_gpu and choice.pp == 1 and self.whole_fits(choice, per_gpu):
             return per_gpu
         return most
 
@@ -220,13 +270,15 @@ class MemorySearch:
         on the node count, and its search stops at that count's per-rank batch (what the planner asks)."""
         req = self.req
         n = choice.nodes if choice.strategy == "full_shard" else 1
-        dp = n * req.gpus_per_node // (choice.tp * choice.cp)
+        dp = max(1, n * req.gpus_per_node // (choice.tp * choice.cp * choice.pp))
         limit = max(1, req.global_batch // max(1, dp))
         key = (*choice.memory, limit)
         if key not in self.cache:
             # With accumulation (gradients live in the forward); max_mb adds the whole batch without it.
             one = self.need_estimate(choice)
-            setup = replace(choice, compile=False, async_tp=False, micro_batch_size=1, grad_accum_steps=2).setup(req)
+            accum = probe_accum(choice)
+            setup = replace(choice, compile=False, async_tp=False, micro_batch_size=1, grad_accum_steps=accum)
+            setup = setup.setup(req)
             need, cap = one.device_bytes, req.capacity_bytes
             fitted = mem.max_micro_batch(req.spec, setup, cap, limit=limit, one=one) if need <= cap else 0
             self.cache[key] = (fitted, need)
@@ -285,6 +337,7 @@ class Search:
         self.evaluated = 0
         self.top = 0.0  # the best candidate's sort key so far (its first figure)
         self.pruned: dict[tuple[int, int], float] = {}
+        self.pp_pruned: dict[tuple[int, int], float] = {}  # (tp, pp) -> the bound of the PP families not searched
         self.saturated: dict[tuple, int] = {}  # (tp, strategy, nodes, kernel) -> least cp whose cheapest option fit all
         pairs = list(itertools.product(space.checkpointing, sorted({0, *space.loss_chunks})))
         self.order = {
@@ -300,13 +353,16 @@ class Search:
 
     def run(self) -> None:
         sp = self.space
-        # Without TP or CP every data-parallel family is searched: the table compares them.
-        for strategy in sp.strategies:
-            for n in sp.usable.get((1, 1), []):
-                for attn in sp.attentions:
-                    self.family(Choice(strategy, n, attention=attn))
-        self._tp_families()
-        ring_pruned = self._cp_families()
+        ring_pruned: dict[tuple[int, int], float] = {}
+        if 1 in sp.pps:  # unless --pp pins a pipeline
+            # Without TP or CP every data-parallel family is searched: the table compares them.
+            for strategy in sp.strategies:
+                for n in sp.usable.get((1, 1), []):
+                    for attn in sp.attentions:
+                        self.family(Choice(strategy, n, attention=attn))
+            self._tp_families()
+            ring_pruned = self._cp_families()
+        self._pp_families()
         # What was pruned, against the best at the end of the search.
         self._say_pruned(self.pruned, "even without communication or recompute")
         self._say_pruned(ring_pruned, "with the least recompute that fits and no communication but the ring's", cp=True)
@@ -333,6 +389,50 @@ class Search:
                 continue
             for strategy in sp.strategies:
                 self.family(Choice(strategy, n, tp, 1, attention=attn))
+
+    def _splits(self, pp: int) -> list[tuple[str, int | None]]:
+        """The searched (schedule, stages per rank) whose pp x v stages the model's layers split into (rule "pp
+        split")."""
+        most = max_stages(self.req.spec.num_layers)
+        return [
+            (s, v) for s, v in self.space.schedules if pp * (v or pipeline.schedule(s).default_virtual_stages()) <= most
+        ]
+
+    def _pp_families(self) -> None:
+        """With PP (cp 1), after the families without it: a (tp, pp, nodes, kernel) family is searched only if its
+        bound (`pipeline_bound`: an even 1/pp of the compute, no recompute or communication, the least bubble of the
+        schedules searched) could beat the best so far; then each schedule x stages per rank the model's layers
+        split into, each strategy. The pruned are said in `rejected` with their bound."""
+        sp, req, comp = self.space, self.req, max(self.space.compiles)
+        if not sp.schedules:
+            return
+        times: dict[tuple, tuple[float, float]] = {}
+        bounds = sorted(
+            (
+                (bound, tp, pp, n, a, sched)
+                for (tp, pp), nodes in sp.pp_usable.items()
+                for n in nodes
+                for a in sp.attentions
+                for sched, bound in pipeline_bound(
+                    req, Choice("full_shard", n, tp, attention=a, compile=comp, pp=pp), self._splits(pp), times
+                ).items()
+            ),
+            key=lambda b: -b[0],
+        )
+        for bound, tp, pp, n, attn, (sched, v) in bounds:
+            if self.best and bound < -self.top:
+                self.pp_pruned[(tp, pp)] = max(self.pp_pruned.get((tp, pp), 0.0), bound)
+                continue
+            for strategy in sp.strategies:
+                f = Choice(strategy, n, tp, attention=attn, pp=pp, pp_schedule=sched, pp_virtual_stages=v)
+                self.family(replace(f, pp_microbatches=req.pin("pp_microbatches")))
+        metric = "tokens/s" if req.objective == "throughput" else "tokens/s per GPU"
+        for (tp, pp), bound in self.pp_pruned.items():
+            what = f"PP {pp}" + (f" x TP {tp}" if tp > 1 else "")
+            self.rejected.append(
+                f"{what} on some node counts: at most {bound:,.0f} {metric} even without communication or recompute "
+                f"and with the least bubble, below the best {-self.top:,.0f}"
+            )
 
     def _cp_families(self) -> dict[tuple[int, int], float]:
         """With CP, after every family without it: ring attention runs on SDPA, and a family is searched only if its
@@ -383,15 +483,18 @@ class Search:
         req, g = self.req, self.req.gpus_per_node
         if f.strategy == "hybrid_shard" and (f.nodes < 2 or g % (f.tp * f.cp) or g // (f.tp * f.cp) < 2):
             return  # one node, or a shard group of one rank: that is full_shard, or no_shard
+        dp = dp_ranks(req, f.nodes, f.tp, f.cp, f.pp)
+        if f.strategy == "hybrid_shard" and (dp % (g // (f.tp * f.cp)) or dp // (g // (f.tp * f.cp)) < 2):
+            return  # under pp a node's shard group holds all of a stage's data-parallel ranks: no replicas
         if req.pin("offload") and (problem := self.memory.host_problem(f)):
             self.rejected.append(problem)  # CPU offload's states do not fit the host's memory: no micro-batch helps
             return
-        fam = (f.tp, f.strategy, f.nodes, f.attention)
+        fam = (f.tp, f.strategy, f.nodes, f.attention, f.pp, f.pp_schedule, f.pp_virtual_stages)
         if self.saturated.get(fam, f.cp) < f.cp:
             # A smaller cp ran the whole per-rank batch in one micro-batch without recompute: a larger one runs the
             # same tokens per GPU in GEMMs as large at best, and its ring only adds communication.
             return
-        per_rank = req.global_batch // dp_ranks(req, f.nodes, f.tp, f.cp)
+        per_rank = req.global_batch // dp
         top = req.pin("micro_batch_size") or per_rank  # the largest micro-batch worth fitting
         # Ring attention: the all-to-all rotation never holds more than the all-gather's buffers
         # (llmctl.plan.memory.ring), so its memory search stands for both; the all-gather is timed beside it where it
@@ -400,6 +503,8 @@ class Search:
         largest = 0
         # (TP computes the loss on vocabulary shards, loss parallel: unchunked.)
         options = [o for o in self.order[f.attention] if (o[1] == 0 if f.tp > 1 else o[1] in self.space.loss_chunks)]
+        if f.pp > 1 and not self._pipeline_fits(f, options):
+            return
         for k, (ckpt, chunk) in enumerate(options):
             if largest >= top:
                 break
@@ -411,19 +516,67 @@ class Search:
             # the timed step (memory-bound recompute does not scale with the GEMM efficiency): time both.
             if not mbs or mbs[-1] < largest:
                 continue
+            if f.pp > 1:  # the bubble falls with more, smaller micro-batches: every one that fits is timed
+                runs = [c for c in (self._pipeline_run(option, m, per_rank) for m in mbs if m > largest) if c]
+                for c in runs:
+                    self._time(c)
+                if not runs and f.pp_microbatches and largest == 0:
+                    self.rejected.append(
+                        f"{f.where()}: --pp-microbatches {f.pp_microbatches} divides the accumulation of no "
+                        f"micro-batch that fits ({', '.join(map(str, mbs))} of {per_rank} sequences per rank)"
+                    )
+                largest = mbs[-1]
+                continue
             largest = mbs[-1]
             # Only the largest micro-batch that fits is timed: a step's compute time falls with the micro-batch
             # (the GEMM-shape efficiency rises with the tokens per micro-batch) and so does its communication
             # (fewer micro-batches, each hiding more behind longer compute).
             self._time(option.at(largest, per_rank))
 
+    def _pipeline_fits(self, f: Choice, options: list[tuple[str, int]]) -> bool:
+        """Whether a pp family's least memory fits micro-batch 1: full checkpointing with the most chunked loss keeps
+        the least of every option (each other mode keeps more of a block, an unchunked loss all its logits). When it
+        does not, the family is dropped in one line before the memory search of each option."""
+        least = [o for o in options if o[0] == "full"]
+        if not least:
+            return True
+        ckpt, chunk = max(least, key=lambda o: o[1])
+        need = self.memory.need(replace(f, checkpointing=ckpt, loss_chunk_tokens=chunk))
+        cap = self.req.capacity_bytes
+        if need <= cap:
+            return True
+        self.rejected.append(
+            f"{f.where()}: micro-batch 1 needs {need / GIB:.1f} GiB per GPU > {cap / GIB:.1f} GiB even with full "
+            "checkpointing"
+        )
+        return False
+
+    def _pipeline_run(self, f: Choice, mb: int, per_rank: int) -> Choice | None:
+        """The choice at micro-batch `mb` with the most micro-batches a schedule run that fits the GPU (all of the
+        step's first: the least bubble and the fewest FSDP gathers; fewer a run hold fewer in flight and fewer
+        receive buffers, llmctl.plan.memory), or the pinned count; None when none fits or runs. A run's count
+        divides the accumulation (rule "pp microbatches"), and a looped schedule has at least pp micro-batches a run
+        (torch's interleaved schedules need them to fill the loop; the bubble formulas assume them)."""
+        req, accum = self.req, per_rank // mb
+        pinned = f.pp_microbatches
+        looped = pipeline.schedule(f.pp_schedule).looped
+        for m in [pinned] if pinned else sorted(divisors(accum), reverse=True):
+            if accum % m:
+                continue
+            if looped and m < f.pp:
+                break
+            c = replace(f, pp_microbatches=m if pinned or m < accum else None).at(mb, per_rank)
+            if mem.estimate(req.spec, c.setup(req)).device_bytes <= req.capacity_bytes:
+                return c
+        return None
+
     def _time(self, c: Choice) -> None:
-        """Time a choice at its micro-batch: each compile choice without CP; with CP only the faster (compile only
+        """Time a choice at its micro-batch: each compile choice without CP or PP; with them only the faster (compile only
         ever speeds a step up in this model: COMPILE_SPEEDUP, and async TP), and the all-gather rotation where it fits
         and its ring hides as much as the all-to-all's (equal predictions keep it: torch's and torchtitan's
         default)."""
         req = self.req
-        if c.cp == 1:
+        if c.cp == 1 and c.pp == 1:
             for comp in self.space.compiles:
                 # async TP only hides communication
                 self.keep(
@@ -433,6 +586,9 @@ class Search:
         comp = max(self.space.compiles)
         setup = replace(c, compile=comp, async_tp=c.tp > 1 and comp and req.async_tp).setup(req)
         timed = evaluate(req, setup)
+        if c.cp == 1:  # PP: no ring rotation to choose
+            self.keep(timed)
+            return
         gathered = replace(setup, cp_rotate="allgather")
         if (
             cp_comm(req, gathered, timed.predicted.efficiency).exposed_s <= timed.predicted.cp_comm_exposed_s

@@ -10,6 +10,10 @@ sequence) x strategy (full_shard, hybrid_shard, no_shard: what the engine runs) 
 divisors of the cluster's node count: on a slow network fewer nodes can win) x checkpointing x attention kernel x
 compile x loss chunk (0 with tp > 1: TP computes the loss on vocabulary shards; past LONG_CONTEXT_TOKENS only the
 chunked loss). The micro-batch and accumulation are found per family (llmctl.plan.search).
+
+Pipeline parallelism (cp 1; once llmctl's engine runs it, or pinned): pp 1, 2, 4, ... while the layers split
+(`pp_degrees`) x schedule and stages per rank (`pp_schedules`: 1f1b, interleaved-1f1b at 2, 4, 8, zbv; gpipe only
+pinned); pp microbatches: all of a step's (one schedule run: the least bubble and the fewest FSDP gathers), or the pin.
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ from llmctl.families.tensor_parallel import valid_tp
 from llmctl.plan import float8 as f8
 from llmctl.plan import memory as mem
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec import pipeline
 from llmctl.spec.attention import KERNELS, Attention
 from llmctl.spec.decisions import declared
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.parallel import ENGINE_STRATEGIES, sequence_split_problem
+from llmctl.spec.pipeline import max_stages
+from llmctl.spec.rules import engine_problem
 from llmctl.spec.setup import TrainSetup
 from llmctl.units import GIB
 
@@ -63,9 +70,14 @@ class Choice:
     async_tp: bool = False
     micro_batch_size: int = 1
     grad_accum_steps: int = 1
+    pp: int = 1
+    pp_schedule: str = "1f1b"
+    pp_virtual_stages: int | None = None
+    pp_microbatches: int | None = None
 
     def setup(self, req: PlanRequest) -> TrainSetup:
-        return req.candidate(**{f: getattr(self, f) for f in _CHOICE_FIELDS})
+        fields_ = _CHOICE_FIELDS if self.pp > 1 else _FLAT_FIELDS  # pp 1: the pipeline's options at their defaults
+        return req.candidate(**{f: getattr(self, f) for f in fields_})
 
     @classmethod
     def of(cls, setup: TrainSetup) -> Choice:
@@ -82,15 +94,22 @@ class Choice:
         flash not the kernel (MemorySearch's caches)."""
         kernel = "eager" if Attention(self.attention).keeps_scores else "fused"
         n = self.nodes if self.strategy == "full_shard" else min(self.nodes, 2)
-        return (self.tp, self.cp, self.cp_rotate, self.strategy, n, self.checkpointing, kernel, self.loss_chunk_tokens)
+        key = (self.tp, self.cp, self.cp_rotate, self.strategy, n, self.checkpointing, kernel, self.loss_chunk_tokens)
+        if self.pp > 1:  # a stage's layers and its micro-batches in flight (llmctl.spec.pipeline.in_flight)
+            return (*key, self.pp, str(self.pp_schedule), self.pp_virtual_stages, self.pp_microbatches)
+        return key
 
     def where(self) -> str:
         """'full_shard x TP 2 on 1 node' (the search's rejection lines)."""
-        par = "".join(f" x {k} {v}" for k, v in (("CP", self.cp), ("TP", self.tp)) if v > 1)
+        par = "".join(f" x {k} {v}" for k, v in (("PP", self.pp), ("CP", self.cp), ("TP", self.tp)) if v > 1)
+        if self.pp > 1:
+            v = f" v {self.pp_virtual_stages}" if self.pp_virtual_stages else ""
+            par += f" ({self.pp_schedule}{v})"
         return f"{self.strategy}{par} on {self.nodes} node{'s' if self.nodes > 1 else ''}"
 
 
 _CHOICE_FIELDS = tuple(f.name for f in fields(Choice))
+_FLAT_FIELDS = tuple(f for f in _CHOICE_FIELDS if not f.startswith("pp_"))
 
 
 TP_REFUSED = {
@@ -220,9 +239,58 @@ def attention_kernels(req: PlanRequest, rejected: list[str]) -> list[Attention]:
     return [a for a in attns if req.spec.runs_kernel(a)]
 
 
-def dp_ranks(req: PlanRequest, n: int, tp: int, cp: int) -> int:
-    """Data-parallel ranks on n nodes (0: tp x cp does not split them)."""
-    return n * req.gpus_per_node // (tp * cp) if (n * req.gpus_per_node) % (tp * cp) == 0 else 0
+def dp_ranks(req: PlanRequest, n: int, tp: int, cp: int, pp: int = 1) -> int:
+    """Data-parallel ranks on n nodes (0: tp x cp x pp does not split them)."""
+    k = tp * cp * pp
+    return n * req.gpus_per_node // k if (n * req.gpus_per_node) % k == 0 else 0
+
+
+def pp_degrees(req: PlanRequest, tps: list[int], rejected: list[str]) -> list[int]:
+    """The pipeline-parallel degrees to search: the pin, or 1 and the powers of two while the model's layers split
+    into that many stages (llmctl.spec.pipeline.max_stages: the embedding and head count as one layer each), the
+    degree divides the GPUs with some tp searched, and what the request trains runs with it (the rules: adapters stay
+    at pp 1; llmctl's engine, llmctl.spec.rules.ENGINE_RULES, runs pipelines)."""
+    if req.pin("pp") is not None:
+        return [req.pin("pp")]
+    world, most = req.nodes * req.gpus_per_node, max_stages(req.spec.num_layers)
+    if world % 2:
+        return [1]
+    try:
+        probe = req.candidate(nodes=req.nodes, pp=2)
+    except RuleError as e:
+        rejected.append(f"pipeline parallelism: {e.message}")
+        return [1]
+    if engine_problem(probe) is not None:
+        # What llmctl's engine does not run is not proposed (a pinned --pp is priced all the same); silent, so that
+        # plans stay as they were until the engine runs pipelines.
+        return [1]
+    if req.pin("offload"):
+        rejected.append("pipeline parallelism: not searched with CPU offload")
+        return [1]
+    pps, pp = [1], 2
+    while pp <= most and any(world % (pp * t) == 0 for t in tps):
+        pps.append(pp)
+        pp *= 2
+    return pps
+
+
+VIRTUAL_STAGES = (2, 4, 8)
+"""Stages per rank the search tries for interleaved 1F1B (Megatron's and torchtitan's recipes run 2 to 8)."""
+
+
+def pp_schedules(req: PlanRequest, rejected: list[str]) -> list[tuple[str, int | None]]:
+    """(schedule, stages per rank) pairs to search under pp > 1: the pinned schedule, else 1F1B, interleaved 1F1B at
+    each of VIRTUAL_STAGES (the split rule drops what a model's layers cannot take), and ZB-V. GPipe only when
+    pinned: it idles as much as 1F1B and holds every micro-batch's activations, so it never wins."""
+    pin, v = req.pin("pp_schedule"), req.pin("pp_virtual_stages")
+    if pin is not None:
+        sched = pipeline.schedule(pin)
+        if sched is pipeline.Schedule.INTERLEAVED_1F1B and v is None:
+            return [(str(sched), w) for w in VIRTUAL_STAGES]
+        return [(str(sched), v)]
+    rejected.append("pipeline schedule gpipe: the bubble of 1f1b with every micro-batch held (--pp-schedule gpipe)")
+    looped = [("interleaved-1f1b", w) for w in ((v,) if v else VIRTUAL_STAGES)]
+    return [("1f1b", None), *looped, ("zbv", None)]
 
 
 @dataclass(frozen=True)
@@ -241,6 +309,12 @@ class Space:
     usable: dict[tuple[int, int], list[int]]
     """(tp, cp) -> the node counts whose data-parallel ranks split the global batch."""
     rejected: list[str] = field(default_factory=list)
+    pps: list[int] = field(default_factory=lambda: [1])
+    """Pipeline-parallel degrees (1: off)."""
+    schedules: list[tuple[str, int | None]] = field(default_factory=list)
+    """(schedule, stages per rank) tried under pp > 1."""
+    pp_usable: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    """(tp, pp > 1) -> the node counts whose data-parallel ranks (cp 1) split the global batch."""
 
 
 def space_for(req: PlanRequest) -> Space:
@@ -280,7 +354,20 @@ def space_for(req: PlanRequest) -> Space:
         if dp and req.nodes not in usable[(tp, cp)]:
             ranks = f"{dp} GPUs" if tp * cp == 1 else f"{dp} data-parallel ranks (tp {tp} x cp {cp})"
             rejected.append(f"{req.nodes} nodes: global batch {G} is not a multiple of {ranks}")
+    pps = pp_degrees(req, [t for t, c in degrees if c == 1], rejected)
+    pp_usable = {
+        (tp, pp): [
+            n for n in req.node_options() if dp_ranks(req, n, tp, 1, pp) and G % dp_ranks(req, n, tp, 1, pp) == 0
+        ]
+        for tp, cp in degrees
+        if cp == 1
+        for pp in pps
+        if pp > 1
+    }
     return Space(
+        pps=pps,
+        schedules=pp_schedules(req, rejected) if len(pps) > 1 or pps[0] > 1 else [],
+        pp_usable=pp_usable,
         strategies=[strategy] if strategy else list(ENGINE_STRATEGIES),
         checkpointing=[ckpt] if ckpt else checkpointing_modes(spec),
         loss_chunks=chunks,

@@ -31,6 +31,11 @@ NF4 dequantization's memory traffic (`qlora_dequant_s`). No optimizer step is ti
 
 CPU offload (`TrainSetup.levers.offload`): the copies between host and GPU, the host's gradient additions and its
 optimizer step (llmctl.plan.offload) add `offload_s` to the step: step = compute + exposed communication + offload.
+
+Pipeline parallelism (pp > 1, llmctl.plan.stages): the heaviest pp rank's share of each micro-batch's kernels, FSDP
+and TP on its stages only, its optimizer step on its parameters, the schedule's bubble added to the compute
+(`Prediction.bubble_s`, the step split's "bubble") and the sends between stages to the exposed communication
+(`Prediction.p2p_comm_exposed_s`). At pp = 1 none of this runs: every figure is as before.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from llmctl.plan import flops as fl
 from llmctl.plan import kernel_time, ring
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
+from llmctl.plan import stages as st
 from llmctl.plan.memory import adapters as lora
 from llmctl.plan.request import HBM_EFFICIENCY, PlanRequest
 from llmctl.spec import checkpointing as ckpt_modes
@@ -78,6 +84,10 @@ class Prediction:
     """Of comm_exposed_s, tensor parallelism's collectives."""
     cp_comm_exposed_s: float = 0.0
     """Of comm_exposed_s, context parallelism's ring attention exchanges."""
+    bubble_s: float = 0.0
+    """Of compute_s, the pipeline's idle time (llmctl.plan.stages.bubble); 0 without pipeline parallelism."""
+    p2p_comm_exposed_s: float = 0.0
+    """Of comm_exposed_s, the pipeline's point-to-point sends between stages (llmctl.plan.stages.p2p_comm)."""
     offload_s: float = 0.0
     """Seconds per step CPU offload adds (llmctl.plan.offload): copies not hidden, the host's work; 0 without it."""
     offload: ol.OffloadTime | None = field(default=None, compare=False, repr=False)
@@ -95,6 +105,7 @@ STEP_KINDS = {
     "framework": "FSDP copies and optimizer step",
     "comm": "exposed communication",
     "offload": "CPU offload",
+    "bubble": "pipeline bubble",
 }
 
 
@@ -111,7 +122,8 @@ class Candidate:
         tp = f" x TP {s.tp}{' (async)' if s.async_tp else ''}" if s.tp > 1 else ""
         cp = f" x CP {s.cp}" if s.cp > 1 else ""
         offload = " + CPU offload" if s.levers.offload else ""
-        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}{cp}{tp}{offload}"
+        pp = f" x PP {s.pp} ({pipeline_label(s)})" if s.pp > 1 else ""
+        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}{pp}{cp}{tp}{offload}"
 
     def as_dict(self) -> dict[str, Any]:
         s, p = self.setup, self.predicted
@@ -147,7 +159,27 @@ class Candidate:
             "step_split_s": dict(p.split),
             # Only under CPU offload, so that the answers without it stay as they were.
             **({"offload": True, "offload_s": p.offload_s} if s.levers.offload else {}),
+            # Only under pipeline parallelism, as the declarations write them (write_default=False): pp = 1 answers
+            # stay as they were.
+            **(
+                {
+                    "pp": s.pp,
+                    "pp_schedule": str(s.pp_schedule),
+                    "pp_microbatches": s.pipeline_microbatches,
+                    "pp_virtual_stages": s.virtual_stages,
+                    "bubble_s": p.bubble_s,
+                    "p2p_comm_exposed_s": p.p2p_comm_exposed_s,
+                }
+                if s.pp > 1
+                else {}
+            ),
         }
+
+
+def pipeline_label(s: TrainSetup) -> str:
+    """'interleaved-1f1b, v 2, 64 micro-batches a run' (a setup with pp > 1)."""
+    v = f", v {s.virtual_stages}" if s.pp_schedule == "interleaved-1f1b" else ""
+    return f"{s.pp_schedule}{v}, {s.pipeline_microbatches} micro-batches a run"
 
 
 def recompute_memory_s(req: PlanRequest, setup: TrainSetup) -> float:
@@ -380,10 +412,12 @@ def tp_replicated_params(spec: ModelSpec) -> int:
     return total
 
 
-def tp_layers(req: PlanRequest, setup: TrainSetup, rate: float) -> tuple[list[cm.TpLayer], float]:
+def tp_layers(
+    req: PlanRequest, setup: TrainSetup, rate: float, blocks: tuple[int, ...] | None = None
+) -> tuple[list[cm.TpLayer], float]:
     """The layer kinds TP's collectives are counted over (llmctl.plan.comm.tp_calls) and the LM head's forward matmul
     seconds: per kind, the forward seconds of one micro-batch's matmuls on one rank that each collective pairs with
-    (a float8 linear's at the fp8 peak)."""
+    (a float8 linear's at the fp8 peak). `blocks`: a pp rank's blocks (None: all)."""
     spec, tp, tokens = req.spec, setup.tp, setup.micro_batch_size * req.seq_len // setup.cp
     h = spec.hidden_size
     saving = float8_saving(req, setup)
@@ -392,14 +426,21 @@ def tp_layers(req: PlanRequest, setup: TrainSetup, rate: float) -> tuple[list[cm
         fast = fast or [False] * len(mms)
         return tokens * sum(2 * i * o * (1 - saving * f) for (_, i, o), f in zip(mms, fast)) / tp / rate
 
+    groups = spec.layer_groups
+    if blocks is not None:  # a pipeline rank's blocks only
+        held: dict[Layer, int] = {}
+        for i in blocks:
+            held[spec.layers[i]] = held.get(spec.layers[i], 0) + 1
+        groups = tuple(held.items())
     recomputed: dict[Layer, int] = {}
     if setup.checkpointing == "selective":
-        recomputed = {layer: n for layer, n in spec.layer_groups}
+        recomputed = {layer: n for layer, n in groups}
     else:
         for i in ckpt_modes.whole_layers(setup.checkpointing, spec.num_layers):
-            recomputed[spec.layers[i]] = recomputed.get(spec.layers[i], 0) + 1
+            if blocks is None or i in blocks:
+                recomputed[spec.layers[i]] = recomputed.get(spec.layers[i], 0) + 1
     out = []
-    for layer, n in spec.layer_groups:
+    for layer, n in groups:
         attn, mlp = layer.attention.matmuls(h), layer.mlp.matmuls(h)
         dense = not layer.mlp.moe
         # f8.converted follows layer_matmuls, which is attention's then the MLP's (all False for GPT-2's Conv1D)
@@ -420,16 +461,16 @@ def tp_layers(req: PlanRequest, setup: TrainSetup, rate: float) -> tuple[list[cm
     return out, secs([("lm_head", h, spec.vocab_size)])
 
 
-def tp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float) -> cm.StepComm:
-    """Tensor parallelism's collectives per optimizer step (none at tp = 1)."""
+def tp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float, share: st.RankShare = st.WHOLE) -> cm.StepComm:
+    """Tensor parallelism's collectives per optimizer step (none at tp = 1); `share`: the pp rank's stages."""
     if setup.tp == 1:
         return cm.StepComm(ops=[], total_s=0.0, exposed_s=0.0, bottleneck="")
     rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * efficiency
-    layers, head_s = tp_layers(req, setup, rate)
+    layers, head_s = tp_layers(req, setup, rate, share.blocks if setup.pp > 1 else None)
     # The activation a TP collective moves: this rank's tokens (S/cp of each sequence under context parallelism).
     activation = setup.micro_batch_size * req.seq_len // setup.cp * req.spec.hidden_size * setup.compute_bytes
     return cm.tp_step_comm(
-        cm.tp_calls(layers, head_s),
+        cm.tp_calls(layers, head_s, share.embedding, share.head),
         setup.tp,
         activation,
         setup.grad_accum_steps,
@@ -439,24 +480,26 @@ def tp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float) -> cm.StepCo
     )
 
 
-def cp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float) -> cm.StepComm:
-    """Context parallelism's ring attention exchanges per optimizer step (llmctl.plan.ring; none at cp = 1)."""
+def cp_comm(req: PlanRequest, setup: TrainSetup, efficiency: float, share: st.RankShare = st.WHOLE) -> cm.StepComm:
+    """Context parallelism's ring attention exchanges per optimizer step (llmctl.plan.ring; none at cp = 1);
+    `share`: the pp rank's stages."""
     if setup.cp == 1:
         return cm.StepComm(ops=[], total_s=0.0, exposed_s=0.0, bottleneck="")
     rate = req.gpu.peak_tflops(req.compute_dtype) * 1e12 * efficiency
-    return ring.ring_step_comm(ring.ring_layers(req.spec, setup, rate), setup, req.network, setup.gpus_per_node)
+    layers = ring.ring_layers(req.spec, setup, rate, share.blocks if setup.pp > 1 else None)
+    return ring.ring_step_comm(layers, setup, req.network, setup.gpus_per_node)
 
 
-def float8_gather(spec: ModelSpec, setup: TrainSetup, shape: cm.CommShape) -> cm.CommShape:
+def float8_gather(spec: ModelSpec, setup: TrainSetup, shape: cm.CommShape, share: float = 1.0) -> cm.CommShape:
     """The FSDP shape under the float8 all-gather (tensorwise, llmctl.plan.float8): the converted weights gathered at
     1 byte a parameter (the average over what a rank gathers), and their amaxes all-reduced once a step. As it is
-    otherwise."""
+    otherwise. `share`: a pp rank's fraction of the parameters (the average holds for its stages)."""
     if not (setup.precision.float8_all_gather and setup.dims.fsdp_shard > 1):
         return shape
     converted = f8.params_per_rank(*f8.linear_params(spec), setup.tp)
     held = shape.params_per_rank
     gathered = (held - converted) * shape.param_bytes + converted * DTYPE_BYTES[setup.precision.linear_dtype]
-    return replace(shape, param_bytes=gathered / held, float8_amaxes=f8.linear_count(spec))
+    return replace(shape, param_bytes=gathered / held, float8_amaxes=round(f8.linear_count(spec) * share))
 
 
 def adapter_shape(spec: ModelSpec, setup: TrainSetup, shape: cm.CommShape) -> cm.CommShape:
@@ -475,10 +518,41 @@ def adapter_shape(spec: ModelSpec, setup: TrainSetup, shape: cm.CommShape) -> cm
     return replace(shape, params=spec.params + n, param_bytes=gathered, grad_params=n)
 
 
+def stage_split(parts: ComputeSplit, share: st.RankShare) -> ComputeSplit:
+    """One micro-batch's compute on a pp rank: the model's split (compute_split) at the rank's shares, matmuls and
+    memory-bound ops by its matmul FLOPs (the LM head's with the loss on the last stage), attention by its blocks'
+    attention FLOPs, FSDP's copies by its parameters."""
+    return ComputeSplit(
+        matmul_fwd_s=parts.matmul_fwd_s * share.matmul,
+        matmul_bwd_s=parts.matmul_bwd_s * share.matmul,
+        attention_fwd_s=parts.attention_fwd_s * share.attention,
+        attention_bwd_s=parts.attention_bwd_s * share.attention,
+        memory_fwd_s=parts.memory_fwd_s * share.matmul,
+        memory_bwd_s=parts.memory_bwd_s * share.matmul,
+        framework_s=parts.framework_s * share.params,
+    )
+
+
+def stage_shape(shape: cm.CommShape, share: st.RankShare) -> cm.CommShape:
+    """FSDP's shape on a pp rank: its stages' parameters over its blocks (llmctl.plan.stages.RankShare)."""
+    return replace(
+        shape,
+        params=round(shape.params * share.params),
+        num_layers=share.layers,
+        tp_replicated_params=round(shape.tp_replicated_params * share.params),
+    )
+
+
 def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Candidate:
-    """Predict one setup (no fit check: the caller decides what fits)."""
+    """Predict one setup (no fit check: the caller decides what fits). Under pipeline parallelism the heaviest pp
+    rank's stages set the pace (llmctl.plan.stages): its compute, its FSDP and TP collectives, the sends between
+    stages and the schedule's bubble."""
     g = setup.gpus_per_node
     eff, parts = compute_split(req, setup)
+    piped = setup.pp > 1
+    share = st.heaviest_rank(req.spec, setup) if piped else st.WHOLE
+    if piped:
+        parts = stage_split(parts, share)
     fwd, bwd = parts.fwd_s, parts.bwd_s
     # The engine all-gathers parameters in the compute dtype and reduces gradients in the reduce dtype.
     shape = cm.CommShape(
@@ -490,16 +564,33 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         tp_replicated_params=tp_replicated_params(req.spec) if setup.tp > 1 else 0,
     )
     shape = adapter_shape(req.spec, setup, shape)
-    shape = float8_gather(req.spec, setup, shape)
+    shape = float8_gather(req.spec, setup, shape, share.params)
     accum = setup.grad_accum_steps
-    c = cm.step_comm(setup.dims, shape, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
+    if piped:
+        shape = stage_shape(shape, share)
+        runs = accum // setup.pipeline_microbatches
+        c = cm.step_comm(setup.dims, shape, g, runs, fwd, bwd, req.network, req.overlap, pipelined=True)
+    else:
+        c = cm.step_comm(setup.dims, shape, g, accum, fwd, bwd, req.network, req.overlap, req.sync_every_micro_batch)
     off = ol.offload_time(req.gpu, req.spec, setup, fwd, bwd, c.ops, req.overlap) if setup.levers.offload else None
-    t = tp_comm(req, setup, eff)
+    t = tp_comm(req, setup, eff, share)
     c = cm.combine(c, t)
-    r = cp_comm(req, setup, eff)
+    r = cp_comm(req, setup, eff, share)
     c = cm.combine(c, r)
+    p2p = st.p2p_comm(setup, req.spec.hidden_size, req.network, req.overlap)
+    c = cm.combine(c, p2p)
     optimizer_s = kernel_time.optimizer_seconds(req.gpu, req.spec, setup) / req.efficiency.calibration
+    bubble_s = 0.0
+    if piped:
+        optimizer_s *= share.params
+        # The weight gradients (ZB-V's W) cost the forward matmuls: 2 FLOPs a weight a token each.
+        frac = st.bubble(
+            setup.pp_schedule, setup.pp, setup.pipeline_microbatches, setup.virtual_stages, fwd, bwd, parts.matmul_fwd_s
+        )
+        bubble_s = accum * (fwd + bwd) * frac
     compute = accum * (fwd + bwd) + optimizer_s
+    if piped:
+        compute += bubble_s
     offload_s = off.exposed_s if off is not None else 0.0
     split = {
         "matmul": accum * (parts.matmul_fwd_s + parts.matmul_bwd_s),
@@ -509,6 +600,8 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         "comm": c.exposed_s,
         "offload": offload_s,
     }
+    if piped:
+        split["bubble"] = bubble_s
     step = compute + c.exposed_s + offload_s
     gpus = setup.gpus
     tokens_step = setup.tokens_per_step
@@ -535,6 +628,8 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         bottleneck=c.bottleneck,
         tp_comm_exposed_s=t.exposed_s,
         cp_comm_exposed_s=r.exposed_s,
+        bubble_s=bubble_s,
+        p2p_comm_exposed_s=p2p.exposed_s,
         offload_s=offload_s,
         offload=off,
         comm_ops=c.ops,

@@ -196,8 +196,10 @@ class TrainSetup:
         metavar="N",
         help="Pipeline-parallel degree: the layers split into pp stages (torchtitan's split: the embedding and the "
         "head count as one layer each), micro-batches sent stage to stage (torch.distributed.pipelining).",
-        pin_help="Pin the pipeline-parallel degree (1: off).",
+        pin_help="Pin the pipeline-parallel degree (1: off). Default: try 1, 2, 4, ... while the layers split and "
+        "the degree divides the GPUs.",
         plan_default=None,
+        search="key",
     )
     pp_schedule: Schedule | str = decision(
         Schedule.ONE_F_ONE_B,
@@ -211,6 +213,10 @@ class TrainSetup:
         metavar="NAME",
         to_file=lambda v: str(v),
         plan_default=None,
+        search="key",
+        pin_help="Pin the pipeline schedule (1f1b | interleaved-1f1b | zbv | gpipe). Default: try 1f1b, "
+        "interleaved-1f1b (2, 4, ... stages per rank) and zbv; gpipe only when pinned (it holds every micro-batch "
+        "for 1f1b's bubble).",
         help="Pipeline schedule: 1f1b | interleaved-1f1b (v stages per rank, bubble / v) | zbv (zero bubble, V "
         "placement) | gpipe (all micro-batches held); torch's names (Interleaved1F1B, ZBVZeroBubble) accepted.",
     )
@@ -224,6 +230,7 @@ class TrainSetup:
         flag="--pp-microbatches",
         commands=("estimate", "plan", "dry-start"),
         metavar="N",
+        search="best",
         help="Micro-batches per pipeline schedule run (divides grad accumulation; default: all of a step's, one "
         "run per step). More micro-batches, smaller bubble.",
     )
@@ -234,6 +241,7 @@ class TrainSetup:
         file_type=ft.Int | None,
         bounds={"ge": 1, "le": LIMITS["--pp"]},
         write_default=False,
+        search="key",
         help="Pipeline stages per rank for the looped schedules (interleaved-1f1b: 2 or more, default 2; zbv: 2; "
         "1f1b and gpipe: 1).",
     )
@@ -473,9 +481,14 @@ class TrainSetup:
 
     @property
     def label(self) -> str:
-        """'full_shard 8x1 ckpt none', '... compiled': the decisions `llmctl tune` varies."""
+        """'full_shard 8x1 ckpt none', '... compiled', 'full_shard pp4 zbv 1x16 ...': the decisions `llmctl tune`
+        varies."""
+        pipe = ""
+        if self.pp > 1:
+            v = f" v{self.virtual_stages}" if self.pp_schedule is Schedule.INTERLEAVED_1F1B else ""
+            pipe = f" pp{self.pp} {self.pp_schedule}{v}"
         return (
-            f"{self.strategy} {self.micro_batch_size}x{self.grad_accum_steps} ckpt {self.checkpointing}"
+            f"{self.strategy}{pipe} {self.micro_batch_size}x{self.grad_accum_steps} ckpt {self.checkpointing}"
             f"{' compiled' if self.compile else ''}"
         )
 

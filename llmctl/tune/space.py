@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from llmctl.errors import InputError
+from llmctl.errors import InputError, RuleError
 from llmctl.plan import comm as cm
 from llmctl.plan.network import network_for
 from llmctl.plan.request import Efficiency, PlanRequest
@@ -31,11 +31,13 @@ from llmctl.spec.decisions import as_json
 from llmctl.spec.hardware import GPUSpec, make_cluster, resolve_gpu
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import ENGINE_STRATEGIES, canonical_strategy
+from llmctl.spec.pipeline import max_stages
 from llmctl.spec.setup import TrainSetup
 from llmctl.units import GIB
 
-DECISIONS = ("micro_batch", "checkpointing", "compile", "strategy")
-"""The planner's decisions a trial can test, in the order the picks after the first test them."""
+DECISIONS = ("micro_batch", "checkpointing", "compile", "strategy", "pipeline")
+"""The planner's decisions a trial can test, in the order the picks after the first test them (pipeline: pp, its
+schedule and stages per rank together)."""
 REFERENCE_GPU = "A100-80GB"
 """A plan without a GPU kind (a CPU run) is still ordered by the planner's model, on this GPU (where its kernel
 factors were measured); those figures are not this machine's, so none is shown or written."""
@@ -48,8 +50,50 @@ DEFAULT_TOP = 3
 def differs_only_in(a: TrainSetup, b: TrainSetup, decision: str) -> bool:
     """Whether the two setups differ in `decision` (micro_batch carries grad_accum with it) and in nothing else."""
     da, db = as_json(a), as_json(b)
+    da["pipeline"], db["pipeline"] = pipeline_of(a), pipeline_of(b)
     others = [d for d in DECISIONS if d != decision]
     return da[decision] != db[decision] and all(da[n] == db[n] for n in others)
+
+
+Pipeline = tuple[int, str, "int | None"]
+"""(pp, schedule, stages per rank) a trial runs."""
+
+
+def pipeline_of(s: TrainSetup) -> Pipeline:
+    """The setup's pipeline: (1, '1f1b', None) without one."""
+    return (s.pp, str(s.pp_schedule), s.pp_virtual_stages) if s.pp > 1 else (1, "1f1b", None)
+
+
+def with_pipeline(b: TrainSetup, pipe: Pipeline) -> TrainSetup:
+    """`b` on pipeline `pipe`, at the same global batch (the data-parallel ranks change with pp: the per-rank batch
+    follows them, at its accumulation as one micro-batch each until the space sets the micro-batch)."""
+    pp, sched, v = pipe
+    if pipeline_of(b) == pipe:
+        return b
+    tokens = b.tokens_per_step
+    flat = replace(b, pp=1, pp_schedule="1f1b", pp_virtual_stages=None, pp_microbatches=None, micro_batch_size=1)
+    dp = flat.dims.dp // pp  # the data-parallel ranks at pp 1, split into pp stages
+    per_rank = tokens // b.seq_len // dp
+    return replace(flat, pp=pp, pp_schedule=sched, pp_virtual_stages=v, grad_accum_steps=per_rank)
+
+
+def schedule_variants(base: TrainSetup, spec: ModelSpec) -> tuple[Pipeline, ...]:
+    """A plan's pipeline and the other schedules at its pp that the model's layers split into (1f1b, interleaved
+    1F1B at 2 stages a rank, zbv); () without a pipeline."""
+    if base.pp == 1:
+        return ()
+    most = max_stages(spec.num_layers)
+    pipes = [("1f1b", None, 1), ("interleaved-1f1b", 2, 2), ("zbv", None, 2)]
+    return _unique((pipeline_of(base), *((base.pp, s, v) for s, v, k in pipes if base.pp * k <= most)))
+
+
+def plan_pipelines(variants: Sequence[Candidate], most: int = 4) -> tuple[Pipeline, ...]:
+    """The pipelines of the planner's best setups (its ranked variants), best first, `most` of them; () when none of
+    them has pp > 1 (the trials then keep the chosen layout)."""
+    pipes = _unique(pipeline_of(c.setup) for c in variants)
+    if all(p[0] == 1 for p in pipes):
+        return ()
+    return pipes[:most]
 
 
 @dataclass(frozen=True)
@@ -62,28 +106,39 @@ class Space:
     micro_batches: tuple[int, ...]
     checkpointing: tuple[str, ...]
     compile: tuple[bool, ...]
+    pipelines: tuple[Pipeline, ...] = ()
+    """The pipelines to try (pp, schedule, stages per rank); () : the base's alone."""
 
     @property
     def per_rank_batch(self) -> int:
         return self.base.per_rank_batch
 
     def setups(self) -> list[TrainSetup]:
-        b = self.base
-        return [
-            replace(
-                b,
-                strategy=s,
-                shard_size=b.shard_size if s == "hybrid_shard" else None,
-                micro_batch_size=mb,
-                grad_accum_steps=self.per_rank_batch // mb,
-                checkpointing=ck,
-                compile=comp,
-                async_tp=b.async_tp and comp,  # async TP is an inductor pass: off with compile off
-            )
+        out = []
+        for pipe in self.pipelines or (pipeline_of(self.base),):
+            b = with_pipeline(self.base, pipe)
+            per_rank = b.per_rank_batch
             for s, mb, ck, comp in itertools.product(
                 self.strategies, self.micro_batches, self.checkpointing, self.compile
-            )
-        ]
+            ):
+                accum = per_rank // mb if per_rank % mb == 0 else 0
+                if not accum or (b.pp_microbatches and accum % b.pp_microbatches):
+                    continue  # the micro-batch does not divide this pipeline's per-rank batch
+                try:
+                    setup = replace(
+                        b,
+                        strategy=s,
+                        shard_size=b.shard_size if s == "hybrid_shard" else None,
+                        micro_batch_size=mb,
+                        grad_accum_steps=accum,
+                        checkpointing=ck,
+                        compile=comp,
+                        async_tp=b.async_tp and comp,  # async TP is an inductor pass: off with compile off
+                    )
+                except RuleError:
+                    continue  # a layout this pipeline does not split into (hybrid_shard's groups under pp)
+                out.append(setup)
+        return out
 
 
 def space_for(
@@ -93,6 +148,7 @@ def space_for(
     micro_batches: Sequence[int] | None = None,
     checkpointing: Sequence[str] | None = None,
     compile_: bool | None = None,
+    pipelines: Sequence[Pipeline] | None = None,
 ) -> Space:
     """The space around `base`: each decision pinned to the values given, else every value the engine runs (the
     strategies for this many nodes, the divisors of the per-rank batch, the planner's checkpointing modes, compile
@@ -127,7 +183,10 @@ def space_for(
     else:
         ckpts = _unique([*checkpointing_modes(spec), base.checkpointing])
     comps = (compile_,) if compile_ is not None else (False, True)
-    return Space(base, strats, mbs, ckpts, comps)
+    pipes = _unique([pipeline_of(base), *pipelines]) if pipelines else ()
+    if pipes and not micro_batches:  # every pipeline's own divisors (its per-rank batch follows its dp)
+        mbs = _unique([*mbs, *(d for p in pipes for d in divisors(with_pipeline(base, p).per_rank_batch))])
+    return Space(base, strats, mbs, ckpts, comps, pipes)
 
 
 def _unique(values: Iterable[Any]) -> tuple[Any, ...]:

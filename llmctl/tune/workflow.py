@@ -220,7 +220,8 @@ def _from_plan_file(
         )
         network = network_for(cluster, options.get("net"))
     req = tune_space.request_for_plan(plan, spec, gpu, _efficiency(options.get("calibrate")), network)
-    space = tune_space.space_for(plan.setup, spec, compile_=compile_, **pins)
+    pipes = tune_space.schedule_variants(plan.setup, spec)  # a pipelined plan: its schedules tried beside it
+    space = tune_space.space_for(plan.setup, spec, compile_=compile_, pipelines=pipes, **pins)
     return plan, tune_space.make_pool(req, space, gpu.name if gpu else None), path
 
 
@@ -250,7 +251,9 @@ def _from_model(
     # The pool around the planner's choice: its kernel and loss kept, the four decisions free unless pinned.
     unpinned = dict.fromkeys(OWN_DECISIONS)
     req = req.with_pins(**unpinned, attention=chosen.attention, loss_chunk_tokens=chosen.loss_chunk_tokens)
-    space = tune_space.space_for(chosen, req.spec, compile_=compile_, **pins)
+    # Where the planner ranked pipelined setups, their pp and schedules are tried too (the best few).
+    pipes = tune_space.plan_pipelines(result.variants)
+    space = tune_space.space_for(chosen, req.spec, compile_=compile_, pipelines=pipes, **pins)
     pool = tune_space.make_pool(req, space, req.gpu.name, first=chosen)
     return base, pool, f"{model} (planned for {req.nodes} x {req.gpus_per_node} {req.gpu.name})"
 

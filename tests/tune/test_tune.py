@@ -86,7 +86,7 @@ def test_default_space_alternatives_each_change_one_decision() -> None:
     picks = tune_space.select(pool.ranked, 5)
     best = picks[0].setup
     assert best == pool.ranked[0].setup
-    for decision, pick in zip(tune_space.DECISIONS, picks[1:], strict=True):
+    for decision, pick in zip(tune_space.DECISIONS[:4], picks[1:], strict=True):  # no pipeline in this space
         assert tune_space.differs_only_in(pick.setup, best, decision), (decision, pick.setup)
     per_rank = {c.setup.micro_batch_size * c.setup.grad_accum_steps for c in pool.ranked}
     assert per_rank == {8}  # the global batch is held: micro-batch x accumulation = the plan's 8 per rank
