@@ -163,7 +163,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "whole-batch",
         "llmctl/plan/search.py",
-        "if most < per_gpu and self.whole_fits(choice, per_gpu):",
+        "if most < per_gpu and choice.pp == 1 and self.whole_fits(choice, per_gpu):",
         "if False:",
         ("tests/plan/test_planner_variants.py",),
         "the whole per-rank batch without accumulation never tried",
