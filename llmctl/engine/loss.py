@@ -35,11 +35,16 @@ def liger_importable() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def select_loss(chunk_tokens: int, cuda_available: bool, liger_available: bool, tp: int = 1) -> tuple[str, str]:
-    """(implementation, why): loss parallel under tensor parallelism, whole when chunking is off, liger on CUDA where
-    installed, else checkpointed chunks."""
+def select_loss(
+    chunk_tokens: int, cuda_available: bool, liger_available: bool, tp: int = 1, pp: int = 1
+) -> tuple[str, str]:
+    """(implementation, why): loss parallel under tensor parallelism, whole under pipeline parallelism (the last
+    stage returns the logits and the schedule's loss function takes them), whole when chunking is off, liger on CUDA
+    where installed, else checkpointed chunks."""
     if tp > 1:
         return "parallel", f"tp {tp}: cross-entropy on the LM head's vocabulary shards (loss_parallel)"
+    if pp > 1:
+        return "whole", f"pp {pp}: the last stage's whole logits"
     if chunk_tokens <= 0:
         return "whole", "loss_chunk_tokens 0: whole logits"
     if cuda_available and liger_available:
