@@ -68,7 +68,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmctl.engine")
 
 GRADS_PROBE_ENV = "LLMCTL_ENGINE_TEST_GRADS"
-"""Tests only: a folder where each rank writes its parameters' whole gradients of the run's first step."""
+"""Tests only: when set, each rank writes its parameters' whole gradients of the run's first step under logging.dir
+(grads/grads-rank<R>.pt)."""
 
 
 class DevicePrefetcher:
@@ -563,7 +564,7 @@ class Trainer:
             loss = self.forward_backward(b, inject)
             loss_sum += loss.detach()
         if self._grads_probe and self.step == self.start:
-            self._write_grads(Path(self._grads_probe))
+            self._write_grads(Path(self.plan.logging.dir) / "grads")
         stepping, grad_norm = self.grad_step(self.model.parameters())
         if stepping:
             self.optimizer.step()
@@ -593,8 +594,8 @@ class Trainer:
         return total
 
     def _write_grads(self, folder: Path) -> None:
-        """Tests only (GRADS_PROBE_ENV): every parameter's whole gradient of the first step, before clipping, as
-        grads-rank<R>.pt {Hugging Face name: tensor} (each rank its stages' parameters)."""
+        """Tests only (GRADS_PROBE_ENV): every parameter's whole gradient of the run's first step, before clipping,
+        as `folder`/grads-rank<R>.pt {Hugging Face name: tensor} (each rank its stages' parameters)."""
         import torch
 
         from llmctl.engine.materialize import clean_name
