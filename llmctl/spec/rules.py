@@ -203,12 +203,6 @@ AFTER_LAYOUT = (
         _pp_microbatches,
         "use a pp microbatches that divides --grad-accum, or leave it out",
     ),
-    Rule(
-        "pp schedule microbatches",
-        ("pp", "pp_schedule", "pp_microbatches", "grad_accum_steps"),
-        _pp_schedule_microbatches,
-        "use a multiple of pp micro-batches per run (--grad-accum, --pp-microbatches)",
-    ),
 )
 
 
@@ -324,6 +318,13 @@ def _pp_engine(s: Setup) -> str | None:
 ENGINE_RULES = (
     Rule("engine layout", ("strategy", "engine", "ep"), _engine_layout, "use ep 1"),
     Rule("pp engine", ("pp", "tp", "cp", "precision"), _pp_engine, "use tp 1, cp 1 and bf16-mixed or fp32 with pp"),
+    # An engine rule, not a setup rule: estimate-memory's --pp with the default single micro-batch stays a what-if.
+    Rule(
+        "pp schedule microbatches",
+        ("pp", "pp_schedule", "pp_microbatches", "grad_accum_steps"),
+        _pp_schedule_microbatches,
+        "use a multiple of pp micro-batches per run (--grad-accum, --pp-microbatches)",
+    ),
 )
 
 
