@@ -66,7 +66,9 @@ def _absent_class():  # -> type[torch.nn.Module]
 
 def _base_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(base model, LM head) of a Hugging Face causal LM."""
-    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    base = getattr(model, "base_model", None)
+    if base is model:  # Llama 4's text LM keeps the multimodal prefix ("language_model") but its body in `model`
+        base = getattr(model, "model", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if base is None or head is None or not hasattr(base, "norm"):
         raise SpecError(
