@@ -69,13 +69,13 @@ class Evaluator:
                 out.append(Batch(inputs=rows[:, :-1], targets=targets))
         return out
 
-    def _through(self, pipeline: Any, acc: torch.Tensor, device: torch.device) -> None:
+    def _through(self, pipeline: Any, acc: torch.Tensor, device: torch.device, split: Any) -> None:
         """The micro-batches through a pipeline's schedule, forward only (a run's count at a time: it divides
         grad_accum_steps, so every evaluation batch is whole runs); adds (loss sum, tokens) into `acc`."""
         batches = self.micro_batches()
         m = pipeline.microbatches
         for i in range(0, len(batches), m):
-            total, tokens = pipeline.evaluate(batches[i : i + m], device)
+            total, tokens = pipeline.evaluate(batches[i : i + m], device, split)
             acc[0] += total
             acc[1] += tokens
 
@@ -125,7 +125,7 @@ class Evaluator:
         try:
             with torch.no_grad():
                 if pipeline is not None:
-                    self._through(pipeline, acc, device)
+                    self._through(pipeline, acc, device, split)
                 for b in self.micro_batches() if pipeline is None else ():
                     if flash and b.positions is not None:
                         b = one_row(b)  # packed documents: flash-attention 2's varlen path needs one row

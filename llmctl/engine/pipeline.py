@@ -38,6 +38,7 @@ import types
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from llmctl.engine.context_parallel import whole
 from llmctl.errors import SpecError
 from llmctl.families.modules import decoder_layers
 from llmctl.spec.pipeline import split_layers, stages_of_rank
@@ -212,45 +213,55 @@ class Pipeline:
     def has_last(self) -> bool:
         return self.num_stages - 1 in self.stage_ids
 
-    def _feed(self, batches: list[Batch], device: torch.device) -> tuple[tuple, dict[str, Any]]:
-        """The schedule's inputs for one run of `batches` (one per micro-batch, concatenated: the schedule splits
-        them again): the token ids where this rank runs the first stage, the targets where it runs the last, the
-        positions (packed data) everywhere."""
+    @staticmethod
+    def _joined(batches: list[Batch], device: torch.device) -> Batch:
+        """One run's micro-batches as one batch (the schedule cuts it into them again, along the rows)."""
         import torch
 
-        args = (torch.cat([b.inputs for b in batches]).to(device),) if self.has_first else ()
-        kwargs: dict[str, Any] = {}
-        if self.has_last:
-            kwargs["target"] = torch.cat([b.targets for b in batches]).to(device)
-        if batches[0].positions is not None:
-            kwargs["position_ids"] = torch.cat([b.positions for b in batches]).to(device)
+        from llmctl.engine.data import Batch
+
+        pos = None if batches[0].positions is None else torch.cat([b.positions for b in batches]).to(device)
+        return Batch(
+            torch.cat([b.inputs for b in batches]).to(device), torch.cat([b.targets for b in batches]).to(device), pos
+        )
+
+    def _feed(self, b: Batch) -> tuple[tuple, dict[str, Any]]:
+        """The schedule's inputs: the token ids where this rank runs the first stage, the targets where it runs the
+        last, the positions (packed data, context parallelism's part of each sequence) to every stage."""
+        args = (b.inputs,) if self.has_first else ()
+        kwargs: dict[str, Any] = {"target": b.targets} if self.has_last else {}
+        if b.positions is not None:
+            kwargs["position_ids"] = b.positions
         return args, kwargs
 
-    def run(self, batches: list[Batch], multiplier: float, device: torch.device) -> torch.Tensor:
-        """One schedule run (forward and backward of len(batches) micro-batches); the sum of their losses on a rank
-        that runs the last stage, 0 elsewhere."""
+    def run(self, batches: list[Batch], multiplier: float, device: torch.device, split: Any = whole) -> torch.Tensor:
+        """One schedule run (forward and backward of len(batches) micro-batches), inside `split` (context
+        parallelism: this rank's part of every sequence, the ring on for the whole run); the sum of their losses on
+        a rank that runs the last stage, 0 elsewhere."""
         import torch
 
         self.loss.multiplier, self.loss.evaluating = multiplier, False
         self.loss.divisors = [b.loss_divisor for b in batches] if batches[0].loss_divisor is not None else []
         self.loss.recorded = []
-        args, kwargs = self._feed(batches, device)
-        self.schedule.step(*args, **kwargs)
+        with split(self._joined(batches, device)) as part:
+            args, kwargs = self._feed(part)
+            self.schedule.step(*args, **kwargs)
         return torch.stack(self.loss.recorded).sum() if self.loss.recorded else torch.zeros((), device=device)
 
-    def evaluate(self, batches: list[Batch], device: torch.device) -> tuple[torch.Tensor, int]:
-        """Forward only: (summed loss, loss tokens) of `batches` on a rank that runs the last stage, (0, 0) elsewhere
-        (the tokens counted once per data-parallel rank)."""
+    def evaluate(self, batches: list[Batch], device: torch.device, split: Any = whole) -> tuple[torch.Tensor, int]:
+        """Forward only: (summed loss, loss tokens) of `batches` (this rank's part of them, inside `split`) on a rank
+        that runs the last stage, (0, 0) elsewhere (the tokens counted once per data-parallel rank)."""
         import torch
 
         from llmctl.engine.data import IGNORE
 
         self.loss.evaluating, self.loss.divisors, self.loss.recorded = True, [], []
-        args, kwargs = self._feed(batches, device)
-        self.schedule.eval(*args, **kwargs)
+        with split(self._joined(batches, device)) as part:
+            args, kwargs = self._feed(part)
+            self.schedule.eval(*args, **kwargs)
+            tokens = int((part.targets != IGNORE).sum())
         if not self.loss.recorded:
             return torch.zeros((), dtype=torch.float64, device=device), 0
-        tokens = sum(int((b.targets != IGNORE).sum()) for b in batches)
         return torch.stack(self.loss.recorded).sum().double(), tokens
 
     def total_norm(self, norm: torch.Tensor) -> torch.Tensor:

@@ -589,7 +589,7 @@ class Trainer:
             t_wait = time.perf_counter()
             group = [next(batches) for _ in range(t.pipeline_microbatches)]
             self._data_wait += time.perf_counter() - t_wait
-            total += self.pipeline.run(group, self.grad_step.loss_multiplier, self.device)
+            total += self.pipeline.run(group, self.grad_step.loss_multiplier, self.device, self.split)
         self.phase_peaks.mark("backward")
         return total
 

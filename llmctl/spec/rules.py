@@ -304,12 +304,12 @@ def _engine_layout(s: Setup) -> str | None:
 
 
 def _pp_engine(s: Setup) -> str | None:
-    """What llmctl's pipeline (llmctl.engine.pipeline) runs with: data parallelism (FSDP2, HSDP, no_shard) inside
-    each stage; tensor and context parallelism split the stage boundary's hidden states, which is not wired yet."""
+    """What llmctl's pipeline (llmctl.engine.pipeline) runs with: data and context parallelism inside each stage;
+    tensor parallelism's sequence-sharded hidden states at a stage boundary are not wired yet."""
     if not s.dims.pp_enabled:
         return None
-    if s.dims.tp_enabled or s.dims.cp_enabled:
-        return f"pipeline parallelism with tp {s.tp} x cp {s.cp} is not run by llmctl's engine (pp runs with FSDP only)"
+    if s.dims.tp_enabled:
+        return f"pipeline parallelism with tp {s.tp} is not run by llmctl's engine (pp runs with FSDP and cp)"
     if s.precision.loss_scaling:
         return f"pipeline parallelism with {s.precision.name}'s loss scaling is not run by llmctl's engine"
     return None
@@ -317,7 +317,7 @@ def _pp_engine(s: Setup) -> str | None:
 
 ENGINE_RULES = (
     Rule("engine layout", ("strategy", "engine", "ep"), _engine_layout, "use ep 1"),
-    Rule("pp engine", ("pp", "tp", "cp", "precision"), _pp_engine, "use tp 1, cp 1 and bf16-mixed or fp32 with pp"),
+    Rule("pp engine", ("pp", "tp", "precision"), _pp_engine, "use tp 1 and bf16-mixed or fp32 with pp"),
     # An engine rule, not a setup rule: estimate-memory's --pp with the default single micro-batch stays a what-if.
     Rule(
         "pp schedule microbatches",

@@ -86,11 +86,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 
 PIPELINES = {
-    # name: (ranks, schedule): pp 2 alone (dp 1) and pp 2 x FSDP 2, each at mbs2's global batch of 4 sequences
-    "pp2-1f1b": (2, "1f1b"),
-    "pp2-interleaved": (2, "interleaved-1f1b"),
-    "pp2x2-1f1b": (4, "1f1b"),
-    "pp2x2-interleaved": (4, "interleaved-1f1b"),
+    # name: (ranks, schedule, cp): pp 2 alone (dp 1), pp 2 x FSDP 2 and pp 2 x cp 2 (dp 1: the ring inside each
+    # stage), each at mbs2's global batch of 4 sequences
+    "pp2-1f1b": (2, "1f1b", 1),
+    "pp2-interleaved": (2, "interleaved-1f1b", 1),
+    "pp2x2-1f1b": (4, "1f1b", 1),
+    "pp2x2-interleaved": (4, "interleaved-1f1b", 1),
+    "pp2xcp2-interleaved": (4, "interleaved-1f1b", 2),
 }
 
 
@@ -99,13 +101,13 @@ def pipeline_plans(root: Path) -> dict[str, Path]:
     micro-batches per step through one schedule run. Interleaved 1F1B on 2 layers makes 4 stages: the embedding
     alone, one block each, the norm and head alone (split_layers)."""
     out = {}
-    for name, (ranks, sched) in PIPELINES.items():
-        dp = ranks // 2
+    for name, (ranks, sched, cp) in PIPELINES.items():
+        dp = ranks // (2 * cp)
         out[name] = write_plan(
             root / name,
             {
                 "hardware": {"nproc_per_node": ranks},
-                "parallel": {"pp": 2, "pp_schedule": sched},
+                "parallel": {"pp": 2, "pp_schedule": sched, "cp": cp},
                 "training": {"max_steps": 6, "micro_batch_size": 2 // dp, "grad_accum_steps": 2, "grad_clip": 1000.0},
             },
         )
@@ -247,12 +249,12 @@ def test_no_shard_equals_full_shard(runs: Runs, reference_run: Path) -> None:
 
 @pytest.mark.parametrize("name", list(PIPELINES))
 def test_pipeline_trains_as_data_parallelism(runs: Runs, name: str) -> None:
-    """pp 2 (1F1B, interleaved 1F1B; alone and x FSDP 2) at the same global batch as FSDP alone (mbs2): the same
+    """pp 2 (1F1B, interleaved 1F1B; alone, x FSDP 2, x cp 2) at the same global batch as FSDP alone (mbs2): the same
     losses and gradient norms for 6 steps (fp32, within 1e-5), and every parameter's whole gradient after the first
     step the same (within 1e-6): a loss or gradient scaled by the micro-batch count, a stage's gradient left out of
     the norm, or a token counted twice would show."""
     ref, plan = finished(runs, "mbs2"), finished(runs, name)
-    ranks, sched = PIPELINES[name]
+    ranks, sched, _ = PIPELINES[name]
     start = records(plan, "start")[0]
     assert start["pp"] == 2 and start["pp_schedule"] == sched and start["world_size"] == ranks
     assert start["mesh_dims"][0] == "pp" and start["pp_stages"] == (4 if sched == "interleaved-1f1b" else 2)
