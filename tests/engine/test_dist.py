@@ -93,6 +93,8 @@ PIPELINES = {
     "pp2x2-1f1b": (4, "1f1b", 1),
     "pp2x2-interleaved": (4, "interleaved-1f1b", 1),
     "pp2xcp2-interleaved": (4, "interleaved-1f1b", 2),
+    "pp2-gpipe": (2, "gpipe", 1),
+    "pp2x2-zbv": (4, "zbv", 1),  # ZB-V: stages 0 and 3 on pp rank 0, backward split into input and weight parts
 }
 
 
@@ -249,7 +251,7 @@ def test_no_shard_equals_full_shard(runs: Runs, reference_run: Path) -> None:
 
 @pytest.mark.parametrize("name", list(PIPELINES))
 def test_pipeline_trains_as_data_parallelism(runs: Runs, name: str) -> None:
-    """pp 2 (1F1B, interleaved 1F1B; alone, x FSDP 2, x cp 2) at the same global batch as FSDP alone (mbs2): the same
+    """pp 2 (1F1B, interleaved 1F1B, GPipe, ZB-V; alone, x FSDP 2, x cp 2) at the same global batch as FSDP alone (mbs2): the same
     losses and gradient norms for 6 steps (fp32, within 1e-5), and every parameter's whole gradient after the first
     step the same (within 1e-6): a loss or gradient scaled by the micro-batch count, a stage's gradient left out of
     the norm, or a token counted twice would show."""
@@ -257,7 +259,7 @@ def test_pipeline_trains_as_data_parallelism(runs: Runs, name: str) -> None:
     ranks, sched, _ = PIPELINES[name]
     start = records(plan, "start")[0]
     assert start["pp"] == 2 and start["pp_schedule"] == sched and start["world_size"] == ranks
-    assert start["mesh_dims"][0] == "pp" and start["pp_stages"] == (4 if sched == "interleaved-1f1b" else 2)
+    assert start["mesh_dims"][0] == "pp" and start["pp_stages"] == (4 if sched in ("interleaved-1f1b", "zbv") else 2)
     la, lb = losses(ref), losses(plan)
     assert sorted(la) == sorted(lb) == list(range(1, 7))
     for s in la:
