@@ -310,14 +310,12 @@ def _pp_engine(s: Setup) -> str | None:
         return None
     if s.dims.tp_enabled:
         return f"pipeline parallelism with tp {s.tp} is not run by llmctl's engine (pp runs with FSDP and cp)"
-    if s.precision.loss_scaling:
-        return f"pipeline parallelism with {s.precision.name}'s loss scaling is not run by llmctl's engine"
     return None
 
 
 ENGINE_RULES = (
     Rule("engine layout", ("strategy", "engine", "ep"), _engine_layout, "use ep 1"),
-    Rule("pp engine", ("pp", "tp", "precision"), _pp_engine, "use tp 1 and bf16-mixed or fp32 with pp"),
+    Rule("pp engine", ("pp", "tp"), _pp_engine, "use tp 1 with pp"),
     # An engine rule, not a setup rule: estimate-memory's --pp with the default single micro-batch stays a what-if.
     Rule(
         "pp schedule microbatches",
