@@ -26,9 +26,21 @@ The design is torchtitan's (torchtitan/distributed/pipeline_parallel.py: `pipeli
   micro-batch's loss is divided by grad_accum_steps before backward, as the data-parallel path does, with the
   schedule's own scaling off (scale_grads=False): a step of grad_accum_steps / pipeline_microbatches schedule runs
   then gives the data-parallel run's gradients at the same global batch.
+- The gradient norm for clipping is each rank's stages' norm (whole over its data-parallel mesh), squared and summed
+  over the pp group (`Pipeline.total_norm`, GradStep's `across`); fp16's loss scale multiplies the last stage's loss.
+- Context parallelism: a run's micro-batches go through the sequence split together (llmctl.engine.context_parallel:
+  the ring on for the whole schedule run, this rank's part of each sequence and its positions given to every stage).
+  Tensor parallelism is refused with pp (engine rule "pp engine"): its sequence-sharded hidden states at a stage
+  boundary and the last stage's loss_parallel are not wired yet.
+- Evaluation runs the schedule forward only (`Pipeline.evaluate`), the last stage's ranks summing and counting.
 - Checkpoints: the model's and AdamW's state dicts are those of the unsplit model (`StageParts.state_dicts`), the
   optimizer's param_groups listing the unsplit model's parameter names on every rank, so a pp 2 checkpoint loads at
-  pp 1 and back.
+  pp 1 and back. The schedule's micro-batch limits (1F1B: at least pp per run; interleaved: rounds that divide them)
+  are the engine rule "pp schedule microbatches".
+
+Sources: torchtitan/distributed/pipeline_parallel.py (split, stage building, schedule choice, reshard_after_forward
+under PP), torch/distributed/pipelining/{stage,schedules}.py (torch 2.13: PipelineStage's dynamic metadata inference,
+the FSDP handling in backward_maybe_with_nosync / perform_reduce_grad, each schedule's n_microbatches checks).
 """
 
 from __future__ import annotations

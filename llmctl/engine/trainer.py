@@ -15,6 +15,9 @@ micro-batch (they stay sharded) and all-reduced across replicas (HYBRID, no_shar
 (`set_requires_all_reduce`); the loss kept on the device (no host sync in the micro-batch loop), gradient clipping,
 AdamW (fused kernel on CUDA and CPU), warm-up + cosine LR. Host syncs happen only at step boundaries: the
 stop-signal agreement (a CPU all-reduce) and, on logging steps, the loss.
+
+Under pipeline parallelism (pp > 1, llmctl.engine.pipeline) `self.model` is this rank's stages and a step is
+grad_accum_steps / pipeline_microbatches schedule runs; the loss comes from the last stage's ranks.
 """
 
 from __future__ import annotations
@@ -496,7 +499,7 @@ class Trainer:
             "pp_schedule": str(t.pp_schedule),
             "pp_microbatches": t.pipeline_microbatches,
             "pp_stages": pipe.num_stages,
-            "pp_rank0_stages": pipe.stage_ids,
+            "pp_stages_of_rank0": pipe.stage_ids,
         }
 
     def _pp_words(self) -> str:
