@@ -241,8 +241,8 @@ def needs_fsdp(mesh_size: int, precision: str | PrecisionPolicy, offload: bool =
 
 
 def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The data-parallel part of the mesh (every dimension but pp and tp): what FSDP2 shards and replicates over. A cp group
-    shards the states as data-parallel ranks do: shard and cp are flattened into one `shard_cp` dimension
+    """The data-parallel part of the mesh (every dimension but pp and tp): what FSDP2 shards and replicates over. A cp
+    group shards the states as data-parallel ranks do: shard and cp are flattened into one `shard_cp` dimension
     (torchtitan's dp_shard_cp), so HSDP stays 2-D (replicate, shard_cp)."""
     names = tuple(n for n in mesh.mesh_dim_names or () if n not in ("tp", "pp"))
     if "cp" in names:

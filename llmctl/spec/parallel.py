@@ -241,8 +241,8 @@ class ParallelDims:
 
     @property
     def dp_mesh_dims(self) -> tuple[str, ...]:
-        """The mesh dimensions FSDP2 shards and replicates over: every one but pp and tp (a cp group shards the states as
-        data-parallel ranks do: torchtitan's dp_shard_cp)."""
+        """The mesh dimensions FSDP2 shards and replicates over: every one but pp and tp (a cp group shards the
+        states as data-parallel ranks do: torchtitan's dp_shard_cp)."""
         return tuple(n for n in self.mesh_dims[1] if n not in ("tp", "pp"))
 
     @property

@@ -251,10 +251,10 @@ def test_no_shard_equals_full_shard(runs: Runs, reference_run: Path) -> None:
 
 @pytest.mark.parametrize("name", list(PIPELINES))
 def test_pipeline_trains_as_data_parallelism(runs: Runs, name: str) -> None:
-    """pp 2 (1F1B, interleaved 1F1B, GPipe, ZB-V; alone, x FSDP 2, x cp 2) at the same global batch as FSDP alone (mbs2): the same
-    losses and gradient norms for 6 steps (fp32, within 1e-5), and every parameter's whole gradient after the first
-    step the same (within 1e-6): a loss or gradient scaled by the micro-batch count, a stage's gradient left out of
-    the norm, or a token counted twice would show."""
+    """pp 2 (1F1B, interleaved 1F1B, GPipe, ZB-V; alone, x FSDP 2, x cp 2) at the same global batch as FSDP alone
+    (mbs2): the same losses and gradient norms for 6 steps (fp32, within 1e-5), and every parameter's whole gradient
+    after the first step the same (within 1e-6): a loss or gradient scaled by the micro-batch count, a stage's
+    gradient left out of the norm, or a token counted twice would show."""
     ref, plan = finished(runs, "mbs2"), finished(runs, name)
     ranks, sched, _ = PIPELINES[name]
     start = records(plan, "start")[0]
