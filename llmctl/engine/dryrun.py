@@ -254,7 +254,7 @@ def _stages(full: torch.nn.Module, setup: TrainSetup, mesh: Any, values: Any, ti
     from llmctl.engine.pipeline import parallelize_stage, split_model, stage_parts
 
     t1 = time.perf_counter()
-    parts = split_model(full, setup, mesh["pp"].get_local_rank())
+    parts = split_model(full, setup, mesh["pp"].get_local_rank(), mesh)
     fsdp = False
     for _, part in parts:
         fsdp = parallelize_stage(part, setup, mesh)

@@ -30,8 +30,12 @@ The design is torchtitan's (torchtitan/distributed/pipeline_parallel.py: `pipeli
   over the pp group (`Pipeline.total_norm`, GradStep's `across`); fp16's loss scale multiplies the last stage's loss.
 - Context parallelism: a run's micro-batches go through the sequence split together (llmctl.engine.context_parallel:
   the ring on for the whole schedule run, this rank's part of each sequence and its positions given to every stage).
-  Tensor parallelism is refused with pp (engine rule "pp engine"): its sequence-sharded hidden states at a stage
-  boundary and the last stage's loss_parallel are not wired yet.
+- Tensor parallelism: the whole meta model is split over tp with its family's plan first (torchtitan's order: TP,
+  then AC, compile, FSDP), then cut; a stage hands on the whole sequence (its blocks' sequence-parallel output
+  all-gathered, as the embedding's output is at pp 1) and the next stage's first block cuts it again (`_tp_boundaries`);
+  the last stage returns its vocabulary shard of the logits and the loss runs on the shards inside loss_parallel().
+  Sending the whole sequence costs tp times torchtitan's sequence-sharded sends, and keeps the family's own base
+  forward (positions, masks, rotary tables) unchanged.
 - Evaluation runs the schedule forward only (`Pipeline.evaluate`), the last stage's ranks summing and counting.
 - Checkpoints: the model's and AdamW's state dicts are those of the unsplit model (`StageParts.state_dicts`), the
   optimizer's param_groups listing the unsplit model's parameter names on every rank, so a pp 2 checkpoint loads at
@@ -51,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.context_parallel import whole
+from llmctl.engine.loss import local_value, vocab_shards_loss
 from llmctl.errors import SpecError
 from llmctl.families.modules import decoder_layers
 from llmctl.spec.pipeline import split_layers, stages_of_rank
@@ -94,9 +99,12 @@ def _base_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mo
     return base, head
 
 
-def stage_module(full: torch.nn.Module, first_block: int, num_blocks: int, first: bool, last: bool) -> torch.nn.Module:
+def stage_module(
+    full: torch.nn.Module, first_block: int, num_blocks: int, first: bool, last: bool, tp_mesh: Any = None
+) -> torch.nn.Module:
     """A copy of the meta-device model `full` holding only one stage (see the module doc), with the stage's forward:
-    `forward(x, position_ids=None)`, x the token ids (first stage) or the previous stage's hidden states."""
+    `forward(x, position_ids=None)`, x the token ids (first stage) or the previous stage's hidden states. `tp_mesh`:
+    `full` is tensor-parallel already (llmctl.engine.tensor_parallel); see `_tp_boundaries`."""
     import torch
 
     model = copy.deepcopy(full)
@@ -117,23 +125,63 @@ def stage_module(full: torch.nn.Module, first_block: int, num_blocks: int, first
             if child is head:
                 setattr(model, name, None)
         head = None
+    gather = _tp_boundaries(model, layers, first_block, num_blocks, first, last, tp_mesh)
 
     def forward(self: torch.nn.Module, x: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         given = {"input_ids": x} if first else {"inputs_embeds": x}
         hidden = base(**given, position_ids=position_ids, use_cache=False).last_hidden_state
-        return head(hidden) if head is not None else hidden
+        if head is not None:
+            logits = head(hidden)
+            return logits.to_local() if hasattr(logits, "to_local") else logits  # vocabulary shards under tp
+        return gather(hidden)
 
     model.forward = types.MethodType(forward, model)
     return model
 
 
-def split_model(full: torch.nn.Module, setup: TrainSetup, pp_rank: int) -> list[tuple[int, torch.nn.Module]]:
-    """(stage index, stage module) of each stage pp rank `pp_rank` runs."""
+def _tp_boundaries(
+    model: torch.nn.Module, layers: Any, first_block: int, num_blocks: int, first: bool, last: bool, tp_mesh: Any
+) -> Any:
+    """Tensor parallelism at a stage's edges (sequence parallelism keeps s/tp tokens per rank between layers): a
+    stage hands on the whole sequence, as the embedding does at pp 1 (its blocks' output all-gathered), so the next
+    stage's base model builds its positions, mask and rotary tables from it; the next stage's first block cuts it
+    to this rank's tokens again (layer 0's PrepareModuleInput at pp 1), or, a stage of the norm and head alone, its
+    norm does. Returns what the stage applies to its output hidden states."""
+    if tp_mesh is None:
+        return lambda h: h
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, parallelize_module
+
+    if not first and num_blocks and first_block > 0:  # layer 0 has it already (llmctl.engine.tensor_parallel)
+        cut = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True)
+        parallelize_module(layers[first_block], tp_mesh, cut)
+    elif not first and last:
+        base, _ = _base_and_head(model)
+
+        def own_tokens(module: Any, args: tuple) -> tuple:
+            h = DTensor.from_local(args[0], tp_mesh, [Replicate()], run_check=False)
+            return (h.redistribute(tp_mesh, [Shard(1)]).to_local(), *args[1:])
+
+        base.norm.register_forward_pre_hook(own_tokens, prepend=True)
+    if last or not num_blocks:
+        return lambda h: h
+    return lambda h: DTensor.from_local(h, tp_mesh, [Shard(1)], run_check=False).full_tensor()
+
+
+def split_model(full: torch.nn.Module, setup: TrainSetup, pp_rank: int, mesh: Any = None) -> list[tuple[int, Any]]:
+    """(stage index, stage module) of each stage pp rank `pp_rank` runs; under tensor parallelism (`mesh` with a tp
+    dimension) the whole meta model is split over tp first (its family's plan), then cut."""
+    tp_mesh = None
+    if setup.dims.tp_enabled:
+        from llmctl.engine.tensor_parallel import apply_tp
+
+        tp_mesh = mesh["tp"]
+        apply_tp(full, tp_mesh)
     n = len(decoder_layers(full))
     parts = split_layers(n, setup.pipeline_stages)
     mine = stages_of_rank(setup.pp_schedule, pp_rank, setup.pp, setup.virtual_stages)
     return [
-        (i, stage_module(full, p.first_block, p.num_blocks, p.embedding, p.head))
+        (i, stage_module(full, p.first_block, p.num_blocks, p.embedding, p.head, tp_mesh))
         for i, p in enumerate(parts)
         if i in mine
     ]
@@ -167,6 +215,8 @@ class StageLoss:
     divisors: list[float | None] = field(default_factory=list)
     """Packed data: each micro-batch's loss divisor of the run, in order (None: the mean over its tokens)."""
     recorded: list[Any] = field(default_factory=list)
+    tp_mesh: Any = None
+    """Tensor parallelism: the last stage's logits are this rank's vocabulary shard (loss_parallel's loss)."""
     counting: bool = False
     """Set while the schedule computes a micro-batch's loss: PipelineStage's metadata inference (the first run)
     also calls the loss function, on uninitialised tensors, and that call must not count."""
@@ -184,23 +234,33 @@ class StageLoss:
         return wrapped
 
     def __call__(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        import torch.nn.functional as F
 
         if not self.counting:  # metadata inference: the shapes matter, not the value
             return logits.float().sum() * 0.0
-        v = self.vocab
-        flat = logits[..., :v].float().reshape(-1, v)
         if self.evaluating:
-            loss = F.cross_entropy(flat, targets.reshape(-1), reduction="sum")
-            self.recorded.append(loss.detach())
+            loss = self._cross_entropy(logits, targets, "sum")
+            self.recorded.append(local_value(loss).detach())
             return loss
         acc = self.grad_accum_steps
         div = self.divisors[len(self.recorded)] if self.divisors else None
-        loss = F.cross_entropy(flat, targets.reshape(-1), reduction="mean" if div is None else "sum")
+        loss = self._cross_entropy(logits, targets, "mean" if div is None else "sum")
         if div is not None:
             loss = loss * (acc / div)
-        self.recorded.append(loss.detach())
+        self.recorded.append(local_value(loss).detach())
         return loss * (self.multiplier / acc)
+
+    def _cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
+        """The engine's loss of one micro-batch: whole (llmctl.engine.loss.whole_loss's), or on the vocabulary
+        shards under tensor parallelism (parallel_loss's; the schedule runs inside loss_parallel())."""
+        import torch.nn.functional as F
+
+        if self.tp_mesh is not None:
+            from torch.distributed.tensor import DTensor, Shard
+
+            shards = DTensor.from_local(logits, self.tp_mesh, [Shard(-1)], run_check=False).float()
+            return vocab_shards_loss(shards, targets, self.vocab, reduction)
+        v = self.vocab
+        return F.cross_entropy(logits[..., :v].float().reshape(-1, v), targets.reshape(-1), reduction=reduction)
 
 
 @dataclass
@@ -246,6 +306,16 @@ class Pipeline:
             kwargs["position_ids"] = b.positions
         return args, kwargs
 
+    def _loss_parallel(self) -> Any:
+        """loss_parallel() under tensor parallelism (the loss and its backward on the vocabulary shards)."""
+        import contextlib
+
+        if self.loss.tp_mesh is None:
+            return contextlib.nullcontext()
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+
     def run(self, batches: list[Batch], multiplier: float, device: torch.device, split: Any = whole) -> torch.Tensor:
         """One schedule run (forward and backward of len(batches) micro-batches), inside `split` (context
         parallelism: this rank's part of every sequence, the ring on for the whole run); the sum of their losses on
@@ -255,7 +325,7 @@ class Pipeline:
         self.loss.multiplier, self.loss.evaluating = multiplier, False
         self.loss.divisors = [b.loss_divisor for b in batches] if batches[0].loss_divisor is not None else []
         self.loss.recorded = []
-        with split(self._joined(batches, device)) as part:
+        with split(self._joined(batches, device)) as part, self._loss_parallel():
             args, kwargs = self._feed(part)
             self.schedule.step(*args, **kwargs)
         return torch.stack(self.loss.recorded).sum() if self.loss.recorded else torch.zeros((), device=device)
@@ -268,7 +338,7 @@ class Pipeline:
         from llmctl.engine.data import IGNORE
 
         self.loss.evaluating, self.loss.divisors, self.loss.recorded = True, [], []
-        with split(self._joined(batches, device)) as part:
+        with split(self._joined(batches, device)) as part, self._loss_parallel():
             args, kwargs = self._feed(part)
             self.schedule.eval(*args, **kwargs)
             tokens = int((part.targets != IGNORE).sum())
@@ -308,7 +378,7 @@ def build_stages(
     group = mesh["pp"].get_group()
     n = setup.pipeline_stages
     stages = [PipelineStage(m, i, n, device, group=group) for i, m in parts]
-    loss = StageLoss(vocab, setup.grad_accum_steps)
+    loss = StageLoss(vocab, setup.grad_accum_steps, tp_mesh=mesh["tp"] if setup.dims.tp_enabled else None)
     return Pipeline(
         [m for _, m in parts],
         [i for i, _ in parts],

@@ -340,7 +340,7 @@ class Trainer:
         from llmctl.engine.pipeline import build_stages, parallelize_stage, split_model, stage_parts
 
         full, t = self.model, self.setup_
-        parts = split_model(full, t, self.mesh["pp"].get_local_rank())
+        parts = split_model(full, t, self.mesh["pp"].get_local_rank(), self.mesh)
         self.fsdp = False
         for _, part in parts:
             self.fsdp = parallelize_stage(part, t, self.mesh)

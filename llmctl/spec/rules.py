@@ -303,19 +303,8 @@ def _engine_layout(s: Setup) -> str | None:
     return None
 
 
-def _pp_engine(s: Setup) -> str | None:
-    """What llmctl's pipeline (llmctl.engine.pipeline) runs with: data and context parallelism inside each stage;
-    tensor parallelism's sequence-sharded hidden states at a stage boundary are not wired yet."""
-    if not s.dims.pp_enabled:
-        return None
-    if s.dims.tp_enabled:
-        return f"pipeline parallelism with tp {s.tp} is not run by llmctl's engine (pp runs with FSDP and cp)"
-    return None
-
-
 ENGINE_RULES = (
     Rule("engine layout", ("strategy", "engine", "ep"), _engine_layout, "use ep 1"),
-    Rule("pp engine", ("pp", "tp"), _pp_engine, "use tp 1 with pp"),
     # An engine rule, not a setup rule: estimate-memory's --pp with the default single micro-batch stays a what-if.
     Rule(
         "pp schedule microbatches",

@@ -86,15 +86,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
 
 
 PIPELINES = {
-    # name: (ranks, schedule, cp): pp 2 alone (dp 1), pp 2 x FSDP 2 and pp 2 x cp 2 (dp 1: the ring inside each
-    # stage), each at mbs2's global batch of 4 sequences
-    "pp2-1f1b": (2, "1f1b", 1),
-    "pp2-interleaved": (2, "interleaved-1f1b", 1),
-    "pp2x2-1f1b": (4, "1f1b", 1),
-    "pp2x2-interleaved": (4, "interleaved-1f1b", 1),
-    "pp2xcp2-interleaved": (4, "interleaved-1f1b", 2),
-    "pp2-gpipe": (2, "gpipe", 1),
-    "pp2x2-zbv": (4, "zbv", 1),  # ZB-V: stages 0 and 3 on pp rank 0, backward split into input and weight parts
+    # name: (ranks, schedule, {cp or tp}): pp 2 alone (dp 1), pp 2 x FSDP 2, pp 2 x cp 2 and pp 2 x tp 2 (dp 1: the
+    # ring or the tp plan inside each stage), each at mbs2's global batch of 4 sequences
+    "pp2-1f1b": (2, "1f1b", {}),
+    "pp2-interleaved": (2, "interleaved-1f1b", {}),
+    "pp2x2-1f1b": (4, "1f1b", {}),
+    "pp2x2-interleaved": (4, "interleaved-1f1b", {}),
+    "pp2xcp2-interleaved": (4, "interleaved-1f1b", {"cp": 2}),
+    # tp: the stages hand on the whole sequence; the head-only stage's norm cuts it to its tokens again. (No other
+    # tp plan runs before it in this launch: torch caches DTensor collectives by a mesh's ranks and names, and a
+    # process group of an earlier run in the same process with the same tp ranks is gone; one run per process, as the
+    # engine runs, never meets that.)
+    "pp2xtp2-interleaved": (4, "interleaved-1f1b", {"tp": 2}),
+    "pp2-gpipe": (2, "gpipe", {}),
+    "pp2x2-zbv": (4, "zbv", {}),  # ZB-V: stages 0 and 3 on pp rank 0, backward split into input and weight parts
 }
 
 
@@ -103,13 +108,13 @@ def pipeline_plans(root: Path) -> dict[str, Path]:
     micro-batches per step through one schedule run. Interleaved 1F1B on 2 layers makes 4 stages: the embedding
     alone, one block each, the norm and head alone (split_layers)."""
     out = {}
-    for name, (ranks, sched, cp) in PIPELINES.items():
-        dp = ranks // (2 * cp)
+    for name, (ranks, sched, inner) in PIPELINES.items():
+        dp = ranks // (2 * inner.get("cp", 1) * inner.get("tp", 1))
         out[name] = write_plan(
             root / name,
             {
                 "hardware": {"nproc_per_node": ranks},
-                "parallel": {"pp": 2, "pp_schedule": sched, "cp": cp},
+                "parallel": {"pp": 2, "pp_schedule": sched, **inner},
                 "training": {"max_steps": 6, "micro_batch_size": 2 // dp, "grad_accum_steps": 2, "grad_clip": 1000.0},
             },
         )
@@ -251,7 +256,7 @@ def test_no_shard_equals_full_shard(runs: Runs, reference_run: Path) -> None:
 
 @pytest.mark.parametrize("name", list(PIPELINES))
 def test_pipeline_trains_as_data_parallelism(runs: Runs, name: str) -> None:
-    """pp 2 (1F1B, interleaved 1F1B, GPipe, ZB-V; alone, x FSDP 2, x cp 2) at the same global batch as FSDP alone
+    """pp 2 (1F1B, interleaved 1F1B, GPipe, ZB-V; alone, x FSDP 2, x cp 2, x tp 2) at the same global batch as FSDP alone
     (mbs2): the same losses and gradient norms for 6 steps (fp32, within 1e-5), and every parameter's whole gradient
     after the first step the same (within 1e-6): a loss or gradient scaled by the micro-batch count, a stage's
     gradient left out of the norm, or a token counted twice would show."""

@@ -1,6 +1,6 @@
 """What llmctl's engine runs under pipeline parallelism, refused in one line each (llmctl.spec.rules): torch's limits
-on a schedule run's micro-batches (torch.distributed.pipelining.schedules, torch 2.13), the degrees the stages do
-not run with yet (tp), and the models a stage cannot be cut from. Torch-free."""
+on a schedule run's micro-batches (torch.distributed.pipelining.schedules, torch 2.13), and the models a stage cannot
+be cut from. Torch-free."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ def setup(**kw: object) -> TrainSetup:
         # ScheduleInterleaved1F1B: rounds = max(1, m // pp) must divide m
         ({"pp_schedule": "interleaved-1f1b", "pp": 4, "grad_accum_steps": 14}, "14 micro-batches in 3 rounds of pp 4"),
         ({"pp_schedule": "interleaved-1f1b", "grad_accum_steps": 9}, "9 micro-batches in 4 rounds of pp 2"),
-        ({"tp": 2}, "pipeline parallelism with tp 2 is not run"),
     ],
 )
 def test_engine_refuses_in_one_line(kw: dict, match: str) -> None:
@@ -45,6 +44,7 @@ def test_engine_refuses_in_one_line(kw: dict, match: str) -> None:
         {"pp_schedule": "interleaved-1f1b", "grad_accum_steps": 8, "precision": "bf16-mixed"},
         {"strategy": "hybrid_shard", "shard_size": 2},
         {"cp": 2},
+        {"tp": 2},
         {"precision": "fp16-mixed"},  # the loss scale multiplies the last stage's loss; the norm is over all stages
     ],
 )
