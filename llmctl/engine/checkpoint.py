@@ -178,7 +178,10 @@ class Checkpointer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=self._options())
+        if hasattr(model, "state_dicts"):  # pipeline stages (llmctl.engine.pipeline): the unsplit model's
+            model_sd, optim_sd = model.state_dicts(optimizer)
+        else:
+            model_sd, optim_sd = get_state_dict(model, optimizer, options=self._options())
         model_sd = self._trained_only(model_sd)
         nbytes = _local_bytes(model_sd) + _local_bytes(optim_sd)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
@@ -264,16 +267,22 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         options = self._options()
-        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+        staged = hasattr(model, "state_dicts")  # pipeline stages (llmctl.engine.pipeline): the unsplit model's
+        model_sd, optim_sd = (
+            model.state_dicts(optimizer) if staged else get_state_dict(model, optimizer, options=options)
+        )
         state = {"model": self._trained_only(model_sd), "optim": optim_sd}
         self._check_base(path, trainer.get("frozen_base"))
         try:
             dcp.load(state, checkpoint_id=str(path))
         except (Exception, CheckpointException) as e:  # DCP gathers every rank's failure and raises it on all
             raise DamagedCheckpoint(path, f"cannot be loaded ({_cause_line(e)})", folder=path) from None
-        set_state_dict(
-            model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options
-        )
+        if staged:
+            model.load_state_dicts(optimizer, state["model"], state["optim"])
+        else:
+            set_state_dict(
+                model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=options
+            )
         scheduler.load_state_dict(trainer.pop("scheduler"))
         rng = trainer.pop("rng", None)
         if rng is not None:

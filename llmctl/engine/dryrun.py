@@ -166,11 +166,19 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
         timings["build on meta"] = time.perf_counter() - t1
         rss_base = max_rss_bytes()
         t1 = time.perf_counter()
-        fsdp = parallelize(model, spec, setup, mesh)
-        timings["parallelize"] = time.perf_counter() - t1
-        t1 = time.perf_counter()
-        made = materialize(model, setup, torch.device("cpu"), Values(t.seed, vocab, weights))
-        timings["materialize"] = time.perf_counter() - t1
+        full = model
+        if dims.pp_enabled:  # this rank's pipeline stages, as the trainer cuts them (llmctl.engine.pipeline)
+            model, fsdp, made = _stages(model, setup, mesh, Values(t.seed, vocab, weights), timings)
+            notes.append(
+                f"pp {setup.pp}: rank {rank} holds stages {list(_stage_ids(setup, mesh))} of "
+                f"{setup.pipeline_stages}; the estimate column is not per stage here"
+            )
+        else:
+            fsdp = parallelize(model, spec, setup, mesh)
+            timings["parallelize"] = time.perf_counter() - t1
+            t1 = time.perf_counter()
+            made = materialize(model, setup, torch.device("cpu"), Values(t.seed, vocab, weights))
+            timings["materialize"] = time.perf_counter() - t1
         rss_model = max_rss_bytes()
         optimizer = build_optimizer(model, plan.optimizer, "cpu")
         all_slots = slots(model)
@@ -186,10 +194,10 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
             measured["gradients"] = sum(local_block(s.param.grad)[0].nbytes for s in trained)
             optimizer.step()
             measured["optimizer"] = allocated_state_bytes(optimizer)
-        layer0 = sum(p.numel() for p in next(iter(_layers(model))).parameters())
+        layer0 = sum(p.numel() for p in next(iter(_layers(full))).parameters())
     finally:
         dist.destroy_process_group()
-    est = estimated_lines(spec, setup)
+    est = {} if dims.pp_enabled else estimated_lines(spec, setup)
     lines = {"parameters": param_bytes, "gradients": grad_bytes, "optimizer": opt_bytes}
     rows = []
     for k, v in lines.items():
@@ -229,3 +237,29 @@ def _layers(model: torch.nn.Module) -> Any:
     from llmctl.families.modules import decoder_layers
 
     return decoder_layers(model)
+
+
+def _stage_ids(setup: TrainSetup, mesh: Any) -> tuple[int, ...]:
+    from llmctl.spec.pipeline import stages_of_rank
+
+    return stages_of_rank(setup.pp_schedule, mesh["pp"].get_local_rank(), setup.pp, setup.virtual_stages)
+
+
+def _stages(full: torch.nn.Module, setup: TrainSetup, mesh: Any, values: Any, timings: dict[str, float]) -> tuple:
+    """(this rank's stages as one module list, whether FSDP2 applies, the first stage's Materialized): cut,
+    parallelized and materialized as Trainer._build_stages does."""
+    import torch
+
+    from llmctl.engine.model import materialize
+    from llmctl.engine.pipeline import parallelize_stage, split_model, stage_parts
+
+    t1 = time.perf_counter()
+    parts = split_model(full, setup, mesh["pp"].get_local_rank(), mesh)
+    fsdp = False
+    for _, part in parts:
+        fsdp = parallelize_stage(part, setup, mesh)
+    timings["parallelize"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    made = [materialize(part, setup, torch.device("cpu"), values) for _, part in parts]
+    timings["materialize"] = time.perf_counter() - t1
+    return stage_parts([m for _, m in parts], full), fsdp, made[0]

@@ -69,6 +69,16 @@ class Evaluator:
                 out.append(Batch(inputs=rows[:, :-1], targets=targets))
         return out
 
+    def _through(self, pipeline: Any, acc: torch.Tensor, device: torch.device, split: Any) -> None:
+        """The micro-batches through a pipeline's schedule, forward only (a run's count at a time: it divides
+        grad_accum_steps, so every evaluation batch is whole runs); adds (loss sum, tokens) into `acc`."""
+        batches = self.micro_batches()
+        m = pipeline.microbatches
+        for i in range(0, len(batches), m):
+            total, tokens = pipeline.evaluate(batches[i : i + m], device, split)
+            acc[0] += total
+            acc[1] += tokens
+
     def _packed(self, idx: Any, real: Any) -> Batch:
         """A micro-batch of packs; slots past the set repeat the last real pack (or pack 0) with no target."""
         import torch
@@ -92,10 +102,18 @@ class Evaluator:
         return rows
 
     def run(
-        self, model: torch.nn.Module, loss_impl: str, vocab: int, device: torch.device, split: Any = whole
+        self,
+        model: torch.nn.Module,
+        loss_impl: str,
+        vocab: int,
+        device: torch.device,
+        split: Any = whole,
+        pipeline: Any = None,
     ) -> dict[str, Any]:
         """Mean validation loss and perplexity over the set (every rank returns the same). `split`: how a micro-batch
-        is cut over the cp ranks (llmctl.engine.context_parallel; each rank sums and counts its part's tokens)."""
+        is cut over the cp ranks (llmctl.engine.context_parallel; each rank sums and counts its part's tokens).
+        `pipeline` (llmctl.engine.pipeline.Pipeline): the micro-batches go through its schedule, forward only, its
+        run's count at a time; the ranks of the last stage sum and count."""
         import torch
         import torch.distributed as dist
 
@@ -103,10 +121,12 @@ class Evaluator:
         was_training = model.training
         model.eval()  # no dropout
         acc = torch.zeros(2, dtype=torch.float64, device=device)
-        flash = str(getattr(model.config, "_attn_implementation", "")).startswith("flash")
+        flash = str(getattr(getattr(model, "config", None), "_attn_implementation", "")).startswith("flash")
         try:
             with torch.no_grad():
-                for b in self.micro_batches():
+                if pipeline is not None:
+                    self._through(pipeline, acc, device, split)
+                for b in self.micro_batches() if pipeline is None else ():
                     if flash and b.positions is not None:
                         b = one_row(b)  # packed documents: flash-attention 2's varlen path needs one row
                     pos = None if b.positions is None else b.positions.to(device)

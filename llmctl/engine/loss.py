@@ -35,11 +35,16 @@ def liger_importable() -> bool:
     return importlib.util.find_spec("liger_kernel") is not None
 
 
-def select_loss(chunk_tokens: int, cuda_available: bool, liger_available: bool, tp: int = 1) -> tuple[str, str]:
-    """(implementation, why): loss parallel under tensor parallelism, whole when chunking is off, liger on CUDA where
-    installed, else checkpointed chunks."""
+def select_loss(
+    chunk_tokens: int, cuda_available: bool, liger_available: bool, tp: int = 1, pp: int = 1
+) -> tuple[str, str]:
+    """(implementation, why): loss parallel under tensor parallelism, whole under pipeline parallelism (the last
+    stage returns the logits and the schedule's loss function takes them), whole when chunking is off, liger on CUDA
+    where installed, else checkpointed chunks."""
     if tp > 1:
         return "parallel", f"tp {tp}: cross-entropy on the LM head's vocabulary shards (loss_parallel)"
+    if pp > 1:
+        return "whole", f"pp {pp}: the last stage's whole logits"
     if chunk_tokens <= 0:
         return "whole", "loss_chunk_tokens 0: whole logits"
     if cuda_available and liger_available:
@@ -196,10 +201,16 @@ def parallel_loss(
     dimension); call it, and the loss's backward, inside `torch.distributed.tensor.parallel.loss_parallel()`. The
     padded vocabulary columns (model.pad_vocab_multiple) are set to -inf on the rank that holds them: they take no
     probability mass and get no gradient, as the whole loss's slice to the real vocabulary does."""
+    logits = model(input_ids=inputs, position_ids=positions).logits.float()
+    return vocab_shards_loss(logits, targets, vocab, reduction)
+
+
+def vocab_shards_loss(logits: torch.Tensor, targets: torch.Tensor, vocab: int, reduction: str = "mean") -> torch.Tensor:
+    """`parallel_loss`'s cross-entropy of fp32 logits that are a DTensor sharded on their last dimension (the
+    vocabulary), the padded columns at -inf; inside `loss_parallel()` (a pipeline's last stage calls it too)."""
     import torch.nn.functional as F
     from torch.distributed.tensor import DTensor
 
-    logits = model(input_ids=inputs, position_ids=positions).logits.float()
     padded = logits.shape[-1]
     if padded > vocab:
         local = logits.to_local()

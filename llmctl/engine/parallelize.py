@@ -135,6 +135,8 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
     model.config.use_cache = False
     if mode == "selective":
         for i, layer in enumerate(layers):
+            if _absent(layer):
+                continue
             # The RNG state is replayed only when the model draws random numbers (dropout): then the recompute must
             # draw the same masks. torchtitan passes False (its models have no dropout); replaying costs an RNG-state
             # copy per layer.
@@ -146,6 +148,8 @@ def apply_activation_checkpointing(model: torch.nn.Module, mode: str) -> None:
             )
         return
     for i in ckpt_modes.whole_layers(mode, len(layers)):
+        if _absent(layers[i]):
+            continue
         layers[i] = checkpoint_wrapper(
             layers[i], checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=_has_dropout(model)
         )
@@ -162,14 +166,21 @@ def _has_dropout(model: torch.nn.Module) -> bool:
 def apply_compile(model: torch.nn.Module) -> None:
     """Compile each decoder layer on its own (all layers share one graph; torchtitan does the same)."""
     for layer in decoder_layers(model):
-        layer.compile()
+        if not _absent(layer):
+            layer.compile()
 
 
 def apply_fsdp(
-    model: torch.nn.Module, mesh: DeviceMesh, precision: str | PrecisionPolicy, offload: bool = False
+    model: torch.nn.Module,
+    mesh: DeviceMesh,
+    precision: str | PrecisionPolicy,
+    offload: bool = False,
+    reshard_after_forward: bool | None = None,
 ) -> None:
     """fully_shard every decoder layer, then the root (embeddings, final norm, LM head); with `offload`, FSDP2's
-    CPUOffloadPolicy on every group (host memory pinned where there is a GPU to copy to)."""
+    CPUOffloadPolicy on every group (host memory pinned where there is a GPU to copy to). `reshard_after_forward`
+    False: no group reshards after forward (a pipeline stage: llmctl.engine.pipeline); None: every layer but the
+    last."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     mp = mixed_precision(precision)
@@ -178,13 +189,23 @@ def apply_fsdp(
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
     layers = decoder_layers(model)
     for i, layer in enumerate(layers):
+        if _absent(layer):
+            continue
         # The last layer's parameters are needed again right at the start of backward: keep them gathered
         # (torchtitan's reshard_after_forward choice).
-        reshard = i < len(layers) - 1
+        reshard = i < len(layers) - 1 if reshard_after_forward is None else reshard_after_forward
         for part in odd_dtype_modules(layer):
             fully_shard(part, reshard_after_forward=reshard, **kwargs)
         fully_shard(layer, reshard_after_forward=reshard, **kwargs)
-    fully_shard(model, **kwargs)
+    if reshard_after_forward is None:
+        fully_shard(model, **kwargs)
+    else:
+        fully_shard(model, reshard_after_forward=reshard_after_forward, **kwargs)
+
+
+def _absent(layer: torch.nn.Module) -> bool:
+    """A decoder layer another pipeline stage holds (llmctl.engine.pipeline's Absent): nothing to wrap or shard."""
+    return bool(getattr(layer, "pipeline_absent", False))
 
 
 def odd_dtype_modules(layer: torch.nn.Module) -> list[torch.nn.Module]:
@@ -220,10 +241,10 @@ def needs_fsdp(mesh_size: int, precision: str | PrecisionPolicy, offload: bool =
 
 
 def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The data-parallel part of the mesh (every dimension but tp): what FSDP2 shards and replicates over. A cp group
-    shards the states as data-parallel ranks do: shard and cp are flattened into one `shard_cp` dimension
+    """The data-parallel part of the mesh (every dimension but pp and tp): what FSDP2 shards and replicates over. A cp
+    group shards the states as data-parallel ranks do: shard and cp are flattened into one `shard_cp` dimension
     (torchtitan's dp_shard_cp), so HSDP stays 2-D (replicate, shard_cp)."""
-    names = tuple(n for n in mesh.mesh_dim_names or () if n != "tp")
+    names = tuple(n for n in mesh.mesh_dim_names or () if n not in ("tp", "pp"))
     if "cp" in names:
         flat = mesh["shard", "cp"]._flatten("shard_cp")
         if "replicate" not in names:

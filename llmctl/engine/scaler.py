@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -145,8 +145,16 @@ class GradStep:
     """What happens to the accumulated gradients of one step before the optimizer: the global norm (when clipping
     or scaling needs it), the loss scaler's overflow check and skip, the unscale and the clip as one multiply."""
 
-    def __init__(self, clip: float | None, scaler: LossScaler | None) -> None:
+    def __init__(
+        self,
+        clip: float | None,
+        scaler: LossScaler | None,
+        across: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.clip, self.scaler = clip, scaler
+        self.across = across
+        """The norm over what this rank's gradients are a part of beyond its meshes (pipeline stages: the pp
+        group's sum of squares); None: this rank's meshes are the whole model."""
 
     @property
     def loss_multiplier(self) -> float:
@@ -161,6 +169,8 @@ class GradStep:
         if self.clip is None and self.scaler is None:
             return True, None
         norm = grad_norm(grads)
+        if self.across is not None:
+            norm = self.across(norm)
         factor: torch.Tensor | float = 1.0
         if self.scaler is not None:
             if self.scaler.found_overflow(norm):

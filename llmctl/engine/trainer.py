@@ -15,6 +15,9 @@ micro-batch (they stay sharded) and all-reduced across replicas (HYBRID, no_shar
 (`set_requires_all_reduce`); the loss kept on the device (no host sync in the micro-batch loop), gradient clipping,
 AdamW (fused kernel on CUDA and CPU), warm-up + cosine LR. Host syncs happen only at step boundaries: the
 stop-signal agreement (a CPU all-reduce) and, on logging steps, the loss.
+
+Under pipeline parallelism (pp > 1, llmctl.engine.pipeline) `self.model` is this rank's stages and a step is
+grad_accum_steps / pipeline_microbatches schedule runs; the loss comes from the last stage's ranks.
 """
 
 from __future__ import annotations
@@ -62,10 +65,15 @@ from llmctl.spec.planfile import Plan, plan_to_yaml
 if TYPE_CHECKING:
     import torch
 
+    from llmctl.engine.pipeline import Pipeline
     from llmctl.spec.planfile import DataSection
     from llmctl.spec.setup import TrainSetup
 
 log = logging.getLogger("llmctl.engine")
+
+GRADS_PROBE_ENV = "LLMCTL_ENGINE_TEST_GRADS"
+"""Tests only: when set, each rank writes its parameters' whole gradients of the run's first step under logging.dir
+(grads/grads-rank<R>.pt)."""
 
 
 class DevicePrefetcher:
@@ -170,7 +178,7 @@ class Trainer:
         cuda = self.device.type == "cuda"
         self.phase_peaks = PhasePeaks(cuda)
         self.attn_impl, self.attn_why = select_attention(s.attention, cuda, flash_attn_importable(), s.cp)
-        self.loss_impl, self.loss_why = select_loss(s.loss_chunk_tokens, cuda, liger_importable(), s.tp)
+        self.loss_impl, self.loss_why = select_loss(s.loss_chunk_tokens, cuda, liger_importable(), s.tp, s.pp)
         if s.precision.compute_dtype == "bf16" and self.device.type == "cpu":
             log.info("precision %s on a CPU works but is slower than fp32 without AMX", s.precision.name)
         check_installed(plan.logging)
@@ -178,6 +186,9 @@ class Trainer:
         check_lora_installed(s.finetune)
         self.metrics: MetricsLog | None = None
         self.watch = Watchdog(plan.logging.dir, env.rank)  # heartbeats and stacks (issue 50)
+        self.pipeline: Pipeline | None = None
+        """Pipeline parallelism (pp > 1): this rank's stages and their schedule (llmctl.engine.pipeline)."""
+        self._grads_probe = os.environ.get(GRADS_PROBE_ENV)
         self.step = 0
         self._resume_warnings: list[str] = []
         """Damaged checkpoints set aside at the restore (rank 0), logged as `warning` events."""
@@ -214,7 +225,11 @@ class Trainer:
             log.info("resuming from %s: its weights win over model.weights (%s)", found[1], plan.model.weights)
         self.optimizer = build_optimizer(self.model, plan.optimizer, self.device.type)
         # fp16-mixed: the loss scaled, overflowed steps skipped on every rank (llmctl.engine.scaler)
-        self.grad_step = GradStep(plan.training.grad_clip, LossScaler() if t.precision.loss_scaling else None)
+        self.grad_step = GradStep(
+            plan.training.grad_clip,
+            LossScaler() if t.precision.loss_scaling else None,
+            across=self.pipeline.total_norm if self.pipeline is not None else None,
+        )
         total, o = plan.total_steps, plan.optimizer
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, total, o.warmup_steps, o.min_lr_ratio)
@@ -315,12 +330,38 @@ class Trainer:
         )
         self.float8_scales = float8.scale_precompute(self.float8)
         rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet
-        self.fsdp = parallelize(self.model, self.spec, self.setup_, self.mesh)
         values = Values(self.plan.training.seed, self.vocab, weights, resuming)
+        if self.setup_.dims.pp_enabled:
+            self._build_stages(values)
+            return rss_base
+        self.fsdp = parallelize(self.model, self.spec, self.setup_, self.mesh)
         self.made = materialize(self.model, self.setup_, self.device, values)
         if self.loss_impl in ("chunked", "liger"):
             install_loss_forward(self.model, self.loss_impl, self.vocab, self.setup_.loss_chunk_tokens)
         return rss_base
+
+    def _build_stages(self, values: Values) -> None:
+        """Pipeline parallelism: this pp rank's stages cut from the meta model (llmctl.engine.pipeline), each
+        AC -> compile -> FSDP2 and materialized, the schedule over them; `self.model` becomes the stages."""
+        from llmctl.engine.pipeline import build_stages, parallelize_stage, split_model, stage_parts
+
+        full, t = self.model, self.setup_
+        parts = split_model(full, t, self.mesh["pp"].get_local_rank(), self.mesh)
+        self.fsdp = False
+        for _, part in parts:
+            self.fsdp = parallelize_stage(part, t, self.mesh)
+        made = [materialize(part, t, self.device, values) for _, part in parts]
+        self.made = made[0]
+        self.pipeline = build_stages(parts, t, self.mesh, self.device, self.vocab)
+        self.model = stage_parts([m for _, m in parts], full)
+        log.info(
+            "pipeline: %s, %d micro-batches per run, stages %s of %d on this rank, fsdp2 %s",
+            t.pp_schedule,
+            t.pipeline_microbatches,
+            self.pipeline.stage_ids,
+            t.pipeline_stages,
+            self.fsdp,
+        )
 
     def _restore(self, found: tuple[int, Path] | None) -> tuple[int, str]:
         """(the step to start at, the run id): 0 and a new id, or what the newest usable checkpoint holds (its
@@ -411,6 +452,7 @@ class Trainer:
             "attention": self.attn_impl,
             "checkpointing": t.checkpointing,
             "cp": t.cp,
+            **self._pp_fields(),
             "loss_mode": self.loss_impl,
             "loss_chunk_tokens": t.loss_chunk_tokens,
             "precision": t.precision.name,
@@ -433,7 +475,7 @@ class Trainer:
             "rss_peak_setup_bytes": rss_setup,
             "rss_per_rank_bytes": [list(r) for r in rss_all],
             "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params{self._lora_words()}, "
-            f"attention {self.attn_impl} ({self.attn_why}){self._cp_words()}, loss {self.loss_impl} ({self.loss_why}), mesh "
+            f"attention {self.attn_impl} ({self.attn_why}){self._cp_words()}{self._pp_words()}, loss {self.loss_impl} ({self.loss_why}), mesh "
             f"{tuple(mesh.shape)} {mesh.mesh_dim_names}{'' if self.fsdp else ' (one rank: no FSDP)'}, "
             f"{self.choice.backend}, {self.data_desc}; {'validation: ' + val[1] + '; ' if val else ''}"
             f"{self.made.source}",
@@ -452,6 +494,28 @@ class Trainer:
             return ""
         balance = "head-tail load balance" if t.cp_load_balance else "no load balance"
         return f", ring attention over cp {t.cp} ({balance}, {t.cp_rotate} rotation)"
+
+    def _pp_fields(self) -> dict[str, Any]:
+        """The start event's pipeline keys (none at pp 1)."""
+        t, pipe = self.setup_, self.pipeline
+        if pipe is None:
+            return {}
+        return {
+            "pp": t.pp,
+            "pp_schedule": str(t.pp_schedule),
+            "pp_microbatches": t.pipeline_microbatches,
+            "pp_stages": pipe.num_stages,
+            "pp_stages_of_rank0": pipe.stage_ids,
+        }
+
+    def _pp_words(self) -> str:
+        t = self.setup_
+        if self.pipeline is None:
+            return ""
+        return (
+            f", pipeline pp {t.pp} {t.pp_schedule} ({t.pipeline_stages} stages, {t.pipeline_microbatches} "
+            f"micro-batches per run)"
+        )
 
     def emit(self, record: dict[str, Any]) -> None:
         """One event to metrics.jsonl and the console (rank 0; the other ranks have no metrics log)."""
@@ -493,7 +557,9 @@ class Trainer:
 
         acc = self.setup_.grad_accum_steps
         loss_sum = torch.zeros((), device=self.device)
-        for m in range(acc):
+        if self.pipeline is not None:
+            loss_sum += self._pipeline_runs(batches)
+        for m in range(acc if self.pipeline is None else 0):
             if acc > 1 and self.replicas > 1:
                 # HSDP / no_shard: reduce-scatter inside the shard group every micro-batch (gradients stay
                 # sharded), all-reduce across replicas only on the last one. FULL shard reduce-scatters every
@@ -510,6 +576,8 @@ class Trainer:
             inject = overflow_injection(self.step + 1, self.env.rank, m) if self.grad_step.scaler else 1.0
             loss = self.forward_backward(b, inject)
             loss_sum += loss.detach()
+        if self._grads_probe and self.step == self.start:
+            self._write_grads(Path(self.plan.logging.dir) / "grads")
         self.watch.beat("optimizer")
         stepping, grad_norm = self.grad_step(self.model.parameters())
         if stepping:
@@ -523,13 +591,52 @@ class Trainer:
         self.step += 1
         return StepOutput(loss_sum, grad_norm, lr, skipped=not stepping)
 
+    def _pipeline_runs(self, batches: Iterator[Batch]) -> torch.Tensor:
+        """A step's grad_accum_steps micro-batches through the pipeline, pipeline_microbatches per schedule run;
+        the sum of their losses on the last stage's ranks (0 elsewhere)."""
+        import torch
+
+        assert self.pipeline is not None
+        t = self.setup_
+        total = torch.zeros((), device=self.device)
+        for run in range(t.grad_accum_steps // t.pipeline_microbatches):
+            t_wait = time.perf_counter()
+            if run == 0:
+                self.watch.data(self.step, lambda: self.stop.received is not None)
+            group = [next(batches) for _ in range(t.pipeline_microbatches)]
+            self.watch.beat("forward")  # a schedule run: forwards and backwards interleaved
+            self._data_wait += time.perf_counter() - t_wait
+            total += self.pipeline.run(group, self.grad_step.loss_multiplier, self.device, self.split)
+        self.phase_peaks.mark("backward")
+        return total
+
+    def _write_grads(self, folder: Path) -> None:
+        """Tests only (GRADS_PROBE_ENV): every parameter's whole gradient of the run's first step, before clipping,
+        as `folder`/grads-rank<R>.pt {Hugging Face name: tensor} (each rank its stages' parameters)."""
+        import torch
+
+        from llmctl.engine.materialize import clean_name
+
+        named = (
+            [(n, p) for part in self.model for n, p in part.named_parameters()]
+            if self.pipeline is not None
+            else list(self.model.named_parameters())
+        )
+        out = {}
+        for n, p in named:
+            if p.grad is not None:
+                g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                out[clean_name(n)] = g.detach().float().cpu()
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(out, folder / f"grads-rank{self.env.rank}.pt")
+
     # --- evaluation and checkpoints ------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, Any] | None:
         """The validation loss now (every rank runs it: FSDP's collectives), logged as an `eval` event; None without
         data.val."""
         if self.evaluator is None:
             return None
-        res = self.evaluator.run(self.model, self.loss_impl, self.vocab, self.device, self.split)
+        res = self.evaluator.run(self.model, self.loss_impl, self.vocab, self.device, self.split, self.pipeline)
         step = self.step
         self.emit(
             {
@@ -596,7 +703,8 @@ class Trainer:
 
         plan, step, lg = self.plan, self.step, self.plan.logging
         dist.all_reduce(out.loss_sum, op=dist.ReduceOp.SUM)
-        loss = out.loss_sum.item() / (self.setup_.grad_accum_steps * self.env.world_size)
+        # The loss is on the last pipeline stage's ranks alone (every rank at pp 1): their mean.
+        loss = out.loss_sum.item() / (self.setup_.grad_accum_steps * (self.env.world_size // self.setup_.pp))
         gn = out.grad_norm.full_tensor() if hasattr(out.grad_norm, "full_tensor") else out.grad_norm
         now = time.perf_counter()
         rec = {

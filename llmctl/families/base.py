@@ -102,6 +102,10 @@ class Family:
     layers, stages) -> the index of the first decoder layer of every stage after the first; the embedding stays on
     the first stage and the final norm and LM head (`tensor_parallel.ROOT`) on the last. None: not declared yet (the
     pipeline-parallelism issue fills it; an even split by layers is the default it starts from)."""
+    pipeline_unsupported: str = ""
+    """Why the engine's pipeline stages (llmctl.engine.pipeline: a later stage runs the base model's forward on the
+    previous stage's hidden states as `inputs_embeds`) cannot run this family (the refusal's words); "" where they
+    can."""
     expert_layout: Mapping[str, str] | None = None
     """Expert parallelism's layout: a path inside one MoE block -> how it is placed over the ep group (the routed
     experts' 3-D weights split by expert, the router and shared experts replicated: torchtitan's ExpertParallel in

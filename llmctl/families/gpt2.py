@@ -58,6 +58,9 @@ FAMILIES = (
         },
         decoder_path="transformer.h",
         tp_unsupported=tpp.FUSED_QKV,
+        # wpe is added to inputs_embeds inside GPT2Model.forward
+        pipeline_unsupported="its base model adds the learned positions in its forward (a later stage would add them "
+        "again)",
         lora_targets=("c_attn", "c_proj", "c_fc"),  # Conv1D: peft adapts it with fan_in_fan_out
     ),
 )

@@ -226,23 +226,24 @@ class ParallelDims:
 
     @property
     def mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """The device mesh the engine builds: ("shard",) for one shard group over all data-parallel ranks,
-        ("replicate", "shard") when there are replicas (HSDP; DDP is (dp, 1)), FSDP2's names; then ("cp",) with
-        context parallelism and ("tp",) innermost with tensor parallelism (torchtitan's order: tp ranks consecutive,
-        then the cp ring)."""
-        if self.pp > 1 or self.ep > 1:
-            raise InputError("the engine runs data, context and tensor parallelism only (pp = ep = 1)")
+        """The device mesh the engine builds: ("pp",) outermost with pipeline parallelism, then ("shard",) for one
+        shard group over all data-parallel ranks, ("replicate", "shard") when there are replicas (HSDP; DDP is
+        (dp, 1)), FSDP2's names; then ("cp",) with context parallelism and ("tp",) innermost with tensor parallelism
+        (torchtitan's order (pp, dp_replicate, dp_shard, cp, tp): tp ranks consecutive, then the cp ring)."""
+        if self.ep > 1:
+            raise InputError("the engine runs data, context, tensor and pipeline parallelism only (ep = 1)")
         inner = [(n, getattr(self, n)) for n in ("cp", "tp") if getattr(self, n) > 1]
         sizes, names = tuple(v for _, v in inner), tuple(n for n, _ in inner)
+        outer = ((self.pp,), ("pp",)) if self.pp > 1 else ((), ())
         if self.dp_replicate > 1:
-            return (self.dp_replicate, self.dp_shard, *sizes), ("replicate", "shard", *names)
-        return (self.dp_shard, *sizes), ("shard", *names)
+            return (*outer[0], self.dp_replicate, self.dp_shard, *sizes), (*outer[1], "replicate", "shard", *names)
+        return (*outer[0], self.dp_shard, *sizes), (*outer[1], "shard", *names)
 
     @property
     def dp_mesh_dims(self) -> tuple[str, ...]:
-        """The mesh dimensions FSDP2 shards and replicates over: every one but tp (a cp group shards the states as
-        data-parallel ranks do: torchtitan's dp_shard_cp)."""
-        return tuple(n for n in self.mesh_dims[1] if n != "tp")
+        """The mesh dimensions FSDP2 shards and replicates over: every one but pp and tp (a cp group shards the
+        states as data-parallel ranks do: torchtitan's dp_shard_cp)."""
+        return tuple(n for n in self.mesh_dims[1] if n not in ("tp", "pp"))
 
     @property
     def fsdp_shard(self) -> int:

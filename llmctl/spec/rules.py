@@ -161,6 +161,21 @@ def _pp_microbatches(s: Setup) -> str | None:
     return None
 
 
+def _pp_schedule_microbatches(s: Setup) -> str | None:
+    """torch.distributed.pipelining's own limits on a run's micro-batches (schedules.py, torch 2.13): Schedule1F1B
+    needs at least one per stage; ScheduleInterleaved1F1B runs them in rounds of pp, max(1, m // pp) rounds that must
+    divide m. GPipe and ZB-V take any count."""
+    m, pp, sched = s.pipeline_microbatches, s.pp, s.pp_schedule
+    if not s.dims.pp_enabled:
+        return None
+    if sched is Schedule.ONE_F_ONE_B and m < pp:
+        return f"pipeline schedule 1f1b needs at least pp {pp} micro-batches per run, not {m}"
+    rounds = max(1, m // pp)
+    if sched is Schedule.INTERLEAVED_1F1B and m % rounds:
+        return f"pipeline schedule interleaved-1f1b runs {m} micro-batches in {rounds} rounds of pp {pp}: not evenly"
+    return None
+
+
 AFTER_LAYOUT = (
     Rule("sequence split", ("seq_len", "tp", "cp"), _sequence, "choose a sequence length that is a multiple of it"),
     Rule(
@@ -231,18 +246,25 @@ def _pp_split(s: Setup, spec: ModelSpec) -> str | None:
     from llmctl.spec.pipeline import max_stages
 
     most = max_stages(spec.num_layers)
-    if s.dims.pp_enabled and s.pipeline_stages > most:
+    if not s.dims.pp_enabled:
+        return None
+    if s.pipeline_stages > most:
         return (
             f"{s.pipeline_stages} pipeline stages (pp {s.pp} x {s.virtual_stages} per rank) cannot split "
             f"{spec.name}'s {spec.num_layers} layers (at most {most}: the embedding and the head count as one each)"
         )
+    if spec.tie_embeddings:  # the first stage's embedding and the last stage's head would be one weight on two ranks
+        return f"pipeline parallelism: {spec.name} ties its embedding and LM head (first and last stage share them)"
+    fam = spec.family
+    if fam is not None and fam.pipeline_unsupported:
+        return f"pipeline parallelism: {spec.model_type} cannot be split into stages: {fam.pipeline_unsupported}"
     return None
 
 
 MODEL_RULES = (
     Rule("tp plan", ("tp",), _tp_splits, "use --tp 1, or no pin"),
     Rule("ring attention", ("cp",), _ring_runs, "use --cp 1, or no pin"),
-    Rule("pp split", ("pp", "pp_virtual_stages"), _pp_split, "use a smaller --pp"),
+    Rule("pp split", ("pp", "pp_virtual_stages"), _pp_split, "use a smaller --pp, or pp 1 for this model"),
     Rule("learned positions", ("seq_len",), _positions),
     Rule("nf4 base", ("finetune",), _nf4_base, "use --finetune lora"),
     Rule("lora targets", ("lora_targets",), _targets, "leave finetune.lora_targets out for the family's defaults"),
@@ -268,12 +290,21 @@ def _engine_layout(s: Setup) -> str | None:
         return f"strategy {s.strategy} is not run by llmctl's engine"
     if s.engine != "fsdp2":
         return f"the {s.engine} engine is not llmctl's"
-    if s.dims.pp_enabled or s.dims.ep_enabled:
-        return "the engine runs data, context and tensor parallelism only (pp = ep = 1)"
+    if s.dims.ep_enabled:
+        return "the engine runs data, context, tensor and pipeline parallelism only (ep = 1)"
     return None
 
 
-ENGINE_RULES = (Rule("engine layout", ("strategy", "engine", "pp", "ep"), _engine_layout, "use pp 1 and ep 1"),)
+ENGINE_RULES = (
+    Rule("engine layout", ("strategy", "engine", "ep"), _engine_layout, "use ep 1"),
+    # An engine rule, not a setup rule: estimate-memory's --pp with the default single micro-batch stays a what-if.
+    Rule(
+        "pp schedule microbatches",
+        ("pp", "pp_schedule", "pp_microbatches", "grad_accum_steps"),
+        _pp_schedule_microbatches,
+        "use a multiple of pp micro-batches per run (--grad-accum, --pp-microbatches)",
+    ),
+)
 
 
 def engine_problem(setup: Setup) -> RuleError | None:

@@ -256,3 +256,23 @@ def test_qlora_holds_what_estimate_memory_says(tmp_path: Path) -> None:
     lora_params = next(x for x in dry_start_json(bf16, tmp_path / "l")["lines"] if x["line"] == "parameters")
     qlora_params = next(x for x in r["lines"] if x["line"] == "parameters")
     assert qlora_params["bytes"] < 0.8 * lora_params["bytes"]  # the embeddings and LM head stay bf16 in both
+
+
+def test_dry_start_under_pp_holds_rank_0s_stages(tmp_path: Path) -> None:
+    """pp 2 interleaved over 2 layers (4 stages: the embedding alone, a block each, the norm and head alone): rank 0
+    runs stages 0 and 2, so it holds the embedding and the second block, sharded over FSDP 2; nothing else."""
+    plan = write_plan(
+        tmp_path,
+        {
+            "hardware": {"nproc_per_node": 4},
+            "parallel": {"pp": 2, "pp_schedule": "interleaved-1f1b"},
+            "training": {"micro_batch_size": 2, "grad_accum_steps": 2},
+        },
+    )
+    got = dry_start_json(plan, tmp_path)
+    assert got["mesh_dims"] == ["pp", "shard"] and got["mesh"] == [2, 2] and got["fsdp2"] is True
+    held = {r["line"]: r["bytes"] for r in got["lines"]}
+    embedding = 320 * 64  # the padded vocabulary x hidden
+    assert held["parameters"] == 4 * (embedding + got["layer_params"]) // 2
+    assert held["gradients"] == held["parameters"]
+    assert any("holds stages [0, 2] of 4" in n for n in got["notes"]), got["notes"]

@@ -2,10 +2,11 @@
 another degree and exports like a data-parallel one: in one 4-rank launch of the engine's entry point
 (tests/engine/engine_runs.py), a run saved at tp 2 resumes at tp 1, is saved again and resumes at tp 4; another saved
 at cp 2 on 2 ranks resumes at FSDP 2 x cp 2 (with the chunked loss) and then at cp 4 (all-to-all rotation, full
-activation checkpointing: the ring runs again in the recompute). Their losses and validation losses (evaluated with
-the sequence split too) are the uninterrupted data-parallel run's (within 1e-5, fp32, constant learning rate so that
-the schedule does not depend on each leg's length) and `llmctl export` of the last tp checkpoint (saved at tp 4)
-gives the data-parallel run's Hugging Face folder."""
+activation checkpointing: the ring runs again in the recompute); a third saved at pp 2 (1F1B, 2 ranks) resumes at
+FSDP 2 (pp 1) and then at pp 2 x FSDP 2 (interleaved 1F1B: other stages). Their losses and validation losses
+(evaluated with the sequence split, or through the pipeline, too) are the uninterrupted data-parallel run's (within
+1e-5, fp32, constant learning rate so that the schedule does not depend on each leg's length) and `llmctl export` of
+the last tp checkpoint (saved at tp 4) and of the last pp one give the data-parallel run's Hugging Face folder."""
 
 from __future__ import annotations
 
@@ -25,19 +26,25 @@ GLOBAL_BATCH = 8  # sequences per step: micro-batch x data-parallel ranks in eve
 
 
 def leg(root: Path, name: str, ranks: int, tp: int, steps: int, ckpt: Path, cp: dict[str, Any] | None = None) -> Path:
-    """A leg of `steps` (its last step) on `ranks` at tp, or with `cp` (the parallel section's cp keys and the
-    training keys it changes: loss_chunk_tokens, activation_checkpointing)."""
+    """A leg of `steps` (its last step) on `ranks` at tp, or with `cp` (the parallel section's cp or pp keys and the
+    training keys it changes: loss_chunk_tokens, activation_checkpointing, grad_accum_steps)."""
     folder = root / name
     folder.mkdir(parents=True)
     cp = dict(cp or {})
-    training = {k: cp.pop(k) for k in ("loss_chunk_tokens", "activation_checkpointing") if k in cp}
-    share = tp * cp.get("cp", 1)  # ranks on one micro-batch
+    training = {k: cp.pop(k) for k in ("loss_chunk_tokens", "activation_checkpointing", "grad_accum_steps") if k in cp}
+    share = tp * cp.get("cp", 1) * cp.get("pp", 1)  # ranks on one micro-batch
+    acc = training.get("grad_accum_steps", 1)
     over: dict[str, Any] = {
         # 8 heads and 4 kv heads (head_dim 8): tp 4 holds 2 heads and 1 kv head per rank
         "model": {"overrides": {"num_attention_heads": 8, "num_key_value_heads": 4}},
         "hardware": {"nproc_per_node": ranks},
         "parallel": {"tp": tp, **cp},
-        "training": {"max_steps": steps, "seq_len": 32, "micro_batch_size": GLOBAL_BATCH * share // ranks, **training},
+        "training": {
+            "max_steps": steps,
+            "seq_len": 32,
+            "micro_batch_size": GLOBAL_BATCH * share // (ranks * acc),
+            **training,
+        },
         "optimizer": {"lr": 3e-3, "warmup_steps": 0, "min_lr_ratio": 1.0},
         "checkpoint": {"dir": str(ckpt), "interval_steps": 1000},
         # Validation every 2 steps (on files of the corpus): the loss-parallel evaluation sums over -100 targets
@@ -68,6 +75,12 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             root / "cp-ckpt",
             {"cp": 4, "cp_rotate": "alltoall", "activation_checkpointing": "full"},
         ),  # fmt: skip
+        # pp 2 (1F1B, 2 ranks) -> FSDP 2 -> pp 2 x FSDP 2 (interleaved: 4 stages over 2 layers), 4 micro-batches a step
+        "pp2": leg(root, "pp2", 2, 1, 2, root / "pp-ckpt", {"pp": 2, "grad_accum_steps": 4}),
+        "pp1": leg(root, "pp1", 2, 1, 4, root / "pp-ckpt"),
+        "pp2x2": leg(
+            root, "pp2x2", 4, 1, 6, root / "pp-ckpt", {"pp": 2, "pp_schedule": "interleaved", "grad_accum_steps": 2}
+        ),
     }
     runs = run_engine_plans(list(plans.values()), 4, root, timeout=900)
     for p in plans.values():
@@ -75,7 +88,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {**plans, "root": root}
 
 
-@pytest.mark.parametrize("legs", [("tp2", "tp1", "tp4"), ("cp2", "cp2x2", "cp4")])
+@pytest.mark.parametrize("legs", [("tp2", "tp1", "tp4"), ("cp2", "cp2x2", "cp4"), ("pp2", "pp1", "pp2x2")])
 def test_resume_across_degrees_continues_the_loss_curve(chain: dict[str, Path], legs: tuple[str, ...]) -> None:
     ref = losses(chain["reference"])
     got = {step: v for name in legs for step, v in losses(chain[name]).items()}
@@ -100,20 +113,23 @@ def test_the_start_event_says_how_the_ring_runs(chain: dict[str, Path]) -> None:
     assert records(chain["reference"], "start")[0]["cp"] == 1
 
 
-def test_export_of_a_tp_checkpoint_equals_the_data_parallel_export(chain: dict[str, Path]) -> None:
+@pytest.mark.parametrize("kind", ["tp", "pp"])
+def test_export_of_a_tp_or_pp_checkpoint_equals_the_data_parallel_export(chain: dict[str, Path], kind: str) -> None:
+    """The last tp checkpoint (saved at tp 4) and the last pp one (saved at pp 2 x FSDP 2, interleaved) export the
+    data-parallel run's Hugging Face folder."""
     from safetensors.torch import load_file
 
     from llmctl.engine.export import ExportRequest, export_checkpoint
 
     root = chain["root"]
     folders = {}
-    for name, ckpt in (("dp", root / "ref-ckpt"), ("tp", root / "ckpt")):
-        out = root / f"export-{name}"
+    for name, ckpt in (("dp", root / "ref-ckpt"), (kind, root / f"{'' if kind == 'tp' else 'pp-'}ckpt")):
+        out = root / f"export-{kind}-{name}"
         export_checkpoint(ExportRequest(checkpoint=ckpt, out=out, dtype="fp32"))
         folders[name] = out
-    assert (folders["dp"] / "config.json").read_text() == (folders["tp"] / "config.json").read_text()
+    assert (folders["dp"] / "config.json").read_text() == (folders[kind] / "config.json").read_text()
     a = {k: v for f in sorted(folders["dp"].glob("*.safetensors")) for k, v in load_file(f).items()}
-    b = {k: v for f in sorted(folders["tp"].glob("*.safetensors")) for k, v in load_file(f).items()}
+    b = {k: v for f in sorted(folders[kind].glob("*.safetensors")) for k, v in load_file(f).items()}
     assert sorted(a) == sorted(b)
     for name in a:
         assert a[name].shape == b[name].shape, name

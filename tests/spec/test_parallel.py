@@ -77,8 +77,12 @@ def test_mesh_and_collective_scopes() -> None:
     assert cp.dp_mesh_dims == ("replicate", "shard", "cp")
     assert cp.fsdp_shard == 4 and cp.shard_degree(3) == 4 and cp.shard_degree(1) == 4
     assert ParallelDims(dp_shard=2, cp=2).mesh_dims == ((2, 2), ("shard", "cp"))
-    with pytest.raises(InputError, match="data, context and tensor parallelism only"):
-        _ = ParallelDims(dp_shard=4, pp=2).mesh_dims
+    # pp outermost (torchtitan's (pp, dp_replicate, dp_shard, cp, tp)); FSDP2 never shards over it
+    pp = ParallelDims(dp_replicate=2, dp_shard=2, pp=2)
+    assert pp.mesh_dims == ((2, 2, 2), ("pp", "replicate", "shard")) and pp.dp_mesh_dims == ("replicate", "shard")
+    assert [pp.coords(r)["pp"] for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    with pytest.raises(InputError, match="pipeline parallelism only"):
+        _ = ParallelDims(dp_shard=4, ep=2).mesh_dims
 
 
 @given(
