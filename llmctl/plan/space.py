@@ -34,7 +34,7 @@ from llmctl.spec.decisions import declared
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.parallel import ENGINE_STRATEGIES, sequence_split_problem
 from llmctl.spec.pipeline import max_stages
-from llmctl.spec.rules import engine_problem
+from llmctl.spec.rules import engine_problem, model_problem
 from llmctl.spec.setup import TrainSetup
 from llmctl.units import GIB
 
@@ -256,7 +256,9 @@ def pp_degrees(req: PlanRequest, tps: list[int], rejected: list[str]) -> list[in
     if world % 2:
         return [1]
     try:
-        probe = req.candidate(nodes=req.nodes, pp=2)
+        # enough micro-batches a run for every schedule (1F1B needs pp of them: an engine rule), so the probe asks
+        # only whether the engine runs pipelines for this request, not about the batch
+        probe = req.candidate(nodes=req.nodes, pp=2, grad_accum_steps=2)
     except RuleError as e:
         rejected.append(f"pipeline parallelism: {e.message}")
         return [1]
@@ -264,9 +266,12 @@ def pp_degrees(req: PlanRequest, tps: list[int], rejected: list[str]) -> list[in
         # What llmctl's engine does not run is not proposed (a pinned --pp is priced all the same); silent, so that
         # plans stay as they were until the engine runs pipelines.
         return [1]
-    if req.pin("offload"):
-        rejected.append("pipeline parallelism: not searched with CPU offload")
+    if (err := model_problem(probe, req.spec, only=("pp split",))) is not None:
+        # the model itself cannot be cut (tied embeddings, a base forward that rewrites its input embeddings)
+        rejected.append(err.message if err.message.startswith("pipeline") else f"pipeline parallelism: {err.message}")
         return [1]
+    if req.pin("offload"):
+        return [1]  # CPU offload's states on the host: not searched with a pipeline (not a reason nothing fits)
     pps, pp = [1], 2
     while pp <= most and any(world % (pp * t) == 0 for t in tps):
         pps.append(pp)
