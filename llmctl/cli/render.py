@@ -13,7 +13,7 @@ from rich.table import Table
 from llmctl.errors import InputError
 
 # Piped output (CI logs, `| less`, README captures) gets a wide fixed width instead of rich's 80 columns.
-_WIDTH = None if sys.stdout.isatty() else 140
+_WIDTH = None if sys.stdout.isatty() else 160
 console = Console(highlight=False, soft_wrap=False, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False)
 
@@ -29,7 +29,10 @@ def table(title: str | None, columns: list[tuple[str, str]]) -> Table:
     """columns: (header, justify)."""
     t = Table(title=title, title_justify="left", title_style="bold", show_lines=False, pad_edge=False)
     for header, justify in columns:
-        t.add_column(header, justify=justify)  # type: ignore[arg-type]
+        # A number is never cut ("38,0…"): when the table is wider than the terminal, the words wrap instead.
+        t.add_column(
+            header, justify=justify, no_wrap=justify == "right", min_width=len(header) if justify == "right" else None
+        )  # type: ignore[arg-type]
     return t
 
 

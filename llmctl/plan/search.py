@@ -114,6 +114,8 @@ def pipeline_bound(
             times[key] = compute_times(req, flat.at(mb, per_rank).setup(req))[1:]
         fwd, bwd = times[key]
         m = per_rank // mb
+        if m < 1:  # a pinned micro-batch larger than a rank's share of the batch: no schedule run (said elsewhere)
+            continue
         for (sched, v), share in shares.items():
             f, b = fwd * share, bwd * share
             idle = stages.bubble(pipeline.schedule(sched), p, m, v or 2, f, b, f)

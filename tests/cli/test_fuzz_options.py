@@ -28,7 +28,9 @@ PLAN = (
     "training:\n  max_steps: 3\n  precision: fp32\n  seq_len: 32\n"
 )
 FUZZ_EXAMPLES = int(os.environ.get("LLMCTL_FUZZ_EXAMPLES", "300"))
-TIME_BOUND_S = 3.0
+TIME_BOUND_S = 10.0
+"""A hang guard, not a speed claim (benchmarks/plan_speed.py measures that): planning searches pipelines since
+issue 44 and takes ~3.5 s of CPU for a 7B plan on 8 GPUs on this machine."""
 
 # What each command needs to reach its options without starting anything: launch only renders (--dry-run), plan
 # writes no file, bench-net gets a malformed option after the fuzzed one (so parsing always stops before torchrun

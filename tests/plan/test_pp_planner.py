@@ -68,7 +68,6 @@ def test_space_tries_powers_of_two_and_the_schedules(engine_runs_pp: None) -> No
     assert ("1f1b", None) in sp.schedules and ("zbv", None) in sp.schedules
     assert {v for s, v in sp.schedules if s == "interleaved-1f1b"} == {2, 4, 8}
     assert not any(s == "gpipe" for s, _ in sp.schedules)
-    assert any("gpipe" in r for r in sp.rejected)
 
 
 def test_405b_on_64_nodes_finds_pp_and_ranks_interleaved_above_1f1b(engine_runs_pp: None) -> None:
