@@ -23,7 +23,8 @@ deadline even at compute's bound); then larger counts while the cost still falls
 less when they free the setup from recompute, CPU offload or TP). Without a deadline, the same climb twice: from the
 fewest that fit (CPU offload's counts) and from the fewest that fit without offload, the cheaper of the two lows. A
 climb stops at the first count that costs more: a local search, exact where the cost per token has one low in each
-regime (tests/plan/test_compare.py checks it against every count, offload's counts included).
+regime; a last climb starts at two nodes (a pipeline stage per node keeps FSDP inside the nodes: a low of its own)
+(tests/plan/test_compare.py checks it against every count, offload's counts included).
 """
 
 from __future__ import annotations
@@ -405,6 +406,11 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
         else:
             row.excluded = f"does not fit on up to {counts[-1]:,} GPUs" + (f": {last.problem}" if last else "")
         return row
+    # One more climb from two nodes up: a pipeline with a stage per node keeps FSDP inside the nodes, so the cost per
+    # token can fall again past a node's worth, after rising over one node's counts (issue 44)
+    multi = first_fit(max(start, index_at_least(2 * per_node) or len(counts) - 1))
+    if multi is not None and counts[multi] >= 2 * per_node and meets(at(multi)):
+        starts.append(multi)
     lows = []
     for s0 in dict.fromkeys(x for x in [*starts, start] if x is not None):
         best_j, j = s0, s0 + 1  # larger counts while they cost less
