@@ -168,6 +168,7 @@ def fake_trainer(model: torch.nn.Module, acc: int) -> types.SimpleNamespace:
         model=model,
         vocab=300,
         phase_peaks=types.SimpleNamespace(mark=lambda _: None),
+        watch=types.SimpleNamespace(beat=lambda *_: None, data=lambda *_: None),
         grad_step=types.SimpleNamespace(loss_multiplier=1.0),
     )
 

@@ -54,7 +54,8 @@ def test_plan_json_carries_cp_and_the_plan_file_records_it(tmp_path: Path) -> No
     data = json.loads(r.stdout)
     assert data["chosen"]["cp"] > 1 and data["chosen"]["cp_rotate"] in ("allgather", "alltoall")
     for c in [data["chosen"], *data["candidates"]]:
-        assert c["micro_batch"] * c["grad_accum"] * c["gpus"] // (c["tp"] * c["cp"]) == data["global_batch_seqs"]
+        dp = c["gpus"] // (c["tp"] * c["cp"] * c.get("pp", 1))
+        assert c["micro_batch"] * c["grad_accum"] * dp == data["global_batch_seqs"]
     assert data["cp_choice"].startswith(f"CP {data['chosen']['cp']}: at 131,072 tokens")
     plan = load_plan(out)
     assert plan.parallel.cp == data["chosen"]["cp"] and plan.training.loss_chunk_tokens > 0

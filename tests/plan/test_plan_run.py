@@ -75,7 +75,9 @@ def test_checkpoint_interval_follows_the_step_time() -> None:
 
 
 def test_default_run_dir_is_runs_plan_name(here: Path) -> None:
-    code, out = invoke(["plan", "llama-3.1-8b", "--gpu", "H100", "--gpus", "8", "--tp", "1", "--synthetic"])
+    code, out = invoke(
+        ["plan", "llama-3.1-8b", "--gpu", "H100", "--gpus", "8", "--tp", "1", "--pp", "1", "--synthetic"]
+    )
     assert code == 0, out
     plan = yaml.safe_load((here / "plan.yaml").read_text())
     # The preset's name whole (not cut at its first dot: "llama-3"), and the run folder under runs/.

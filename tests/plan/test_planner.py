@@ -45,6 +45,7 @@ def seed_request(**kw) -> PlanRequest:
         global_batch_seqs=128,
         tp=1,
         cp=1,
+        pp=1,  # the seed's story is data parallelism (pipelines: tests/plan/test_pp_planner.py)
     )
     args.update(kw)
     return plan_request(**args)

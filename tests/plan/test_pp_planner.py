@@ -32,8 +32,10 @@ def h100(model: str, nodes: int, **kw) -> PlanRequest:
     return plan_request(**args)
 
 
-def test_pp_not_proposed_while_the_engine_refuses_it() -> None:
+def test_pp_not_proposed_while_the_engine_refuses_it(monkeypatch: pytest.MonkeyPatch) -> None:
     req = h100("llama-3.1-8b", 1, seq_len=2048)
+    assert space.space_for(req).pps == [1, 2, 4, 8]  # the engine runs pipelines: searched
+    monkeypatch.setattr(space, "engine_problem", lambda setup: "no pipelines here")
     assert space.space_for(req).pps == [1]
     result = pl.plan(req)
     assert all(c.setup.pp == 1 for c in result.variants) and result.pp_choice == ""

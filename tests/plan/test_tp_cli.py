@@ -29,7 +29,7 @@ def test_json_candidates_carry_tp_and_the_plan_file_records_it(tmp_path: Path) -
     data = json.loads(r.stdout)
     for c in [data["chosen"], *data["candidates"]]:
         assert c["tp"] in (1, 2, 4) and isinstance(c["async_tp"], bool) and c["tp_comm_exposed_s"] >= 0
-        assert c["micro_batch"] * c["grad_accum"] * c["gpus"] // c["tp"] == 128
+        assert c["micro_batch"] * c["grad_accum"] * c["gpus"] // (c["tp"] * c.get("pp", 1)) == 128
     assert {c["tp"] for c in data["candidates"]} >= {1, data["chosen"]["tp"]}
     assert data["tp_choice"]
     plan = load_plan(out)

@@ -34,13 +34,16 @@ def seed(**kw) -> PlanRequest:
         seq_len=1024,
         global_batch_seqs=128,
         cp=1,  # TP's search on the seed (CP's: tests/plan/test_cp_planner.py)
+        pp=1,  # and PP's: tests/plan/test_pp_planner.py
     )
     args.update(kw)
     return plan_request(**args)
 
 
 def h100_70b(**kw) -> PlanRequest:
-    args = dict(spec=resolve_model("llama-3.1-70b"), gpu=H100, nodes=32, gpus_per_node=8, network=IB_NET, seq_len=8192)
+    args = dict(
+        spec=resolve_model("llama-3.1-70b"), gpu=H100, nodes=32, gpus_per_node=8, network=IB_NET, seq_len=8192, pp=1
+    )
     args.update(kw)
     return plan_request(**args)
 
