@@ -68,12 +68,7 @@ def ring_layers(
         for i in ckpt_modes.whole_layers(setup.checkpointing, spec.num_layers):
             if blocks is None or i in blocks:
                 recomputed[spec.layers[i]] = recomputed.get(spec.layers[i], 0) + 1
-    groups = spec.layer_groups
-    if blocks is not None:  # a pipeline rank's blocks only
-        held: dict[Layer, int] = {}
-        for i in blocks:
-            held[spec.layers[i]] = held.get(spec.layers[i], 0) + 1
-        groups = tuple(held.items())
+    groups = spec.groups_of(blocks)  # a pipeline rank's blocks only, or all
     out = []
     for layer, n in groups:
         at = layer.attention

@@ -426,12 +426,7 @@ def tp_layers(
         fast = fast or [False] * len(mms)
         return tokens * sum(2 * i * o * (1 - saving * f) for (_, i, o), f in zip(mms, fast)) / tp / rate
 
-    groups = spec.layer_groups
-    if blocks is not None:  # a pipeline rank's blocks only
-        held: dict[Layer, int] = {}
-        for i in blocks:
-            held[spec.layers[i]] = held.get(spec.layers[i], 0) + 1
-        groups = tuple(held.items())
+    groups = spec.groups_of(blocks)  # a pipeline rank's blocks only, or all
     recomputed: dict[Layer, int] = {}
     if setup.checkpointing == "selective":
         recomputed = {layer: n for layer, n in groups}

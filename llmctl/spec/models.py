@@ -12,7 +12,7 @@ import copy
 import math
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from importlib import resources
@@ -182,6 +182,15 @@ class ModelSpec:
         counts: dict[Layer, int] = {}
         for layer in self.layers:
             counts[layer] = counts.get(layer, 0) + 1
+        return tuple(counts.items())
+
+    def groups_of(self, blocks: Iterable[int] | None) -> tuple[tuple[Layer, int], ...]:
+        """`layer_groups` of some blocks only (a pipeline rank's), or of all of them (None)."""
+        if blocks is None:
+            return self.layer_groups
+        counts: dict[Layer, int] = {}
+        for i in blocks:
+            counts[self.layers[i]] = counts.get(self.layers[i], 0) + 1
         return tuple(counts.items())
 
     @property
