@@ -138,18 +138,7 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
     weights = WeightFiles.scan(plan.model.weights) if plan.model.weights else None
     dims = setup.dims
     RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(rank), dims.dp)
-    if plan.checkpoint.dir:
-        from llmctl.engine.checkpoint import latest_checkpoint
-
-        found = latest_checkpoint(Path(plan.checkpoint.dir))
-        if found:
-            wins = "its adapters on the base" if setup.finetune.adapters else "its weights win over model.weights"
-            notes.append(f"would resume from {found[1]} (step {found[0]}); {wins}")
-            from llmctl.engine.resume import plan_fingerprint, resume_note
-
-            note = resume_note(plan_fingerprint(plan), found[1])
-            if note:
-                notes.append(note)
+    notes += _resume_notes(plan)
     # The kernel does not change what is allocated at setup: build with SDPA here, say what the target picks.
     if setup.attention in (Attention.FLASH, Attention.AUTO):
         notes.append(
@@ -199,18 +188,7 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
         dist.destroy_process_group()
     est = {} if dims.pp_enabled else estimated_lines(spec, setup)
     lines = {"parameters": param_bytes, "gradients": grad_bytes, "optimizer": opt_bytes}
-    rows = []
-    for k, v in lines.items():
-        e = est.get(k)
-        rows.append(
-            {
-                "line": k,
-                "bytes": v,
-                "allocated_bytes": measured.get(k, v if k == "parameters" else None),
-                "estimate_bytes": e,
-                "ratio": (v / e) if e else None,
-            }
-        )
+    rows = _rows(lines, measured, est)
     return {
         "plan": plan.name,
         "rank": rank,
@@ -231,6 +209,37 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
         "timings_s": timings,
         "notes": notes,
     }
+
+
+def _resume_notes(plan: Plan) -> list[str]:
+    """What a launch would resume from (the newest checkpoint of checkpoint.dir), and whether the plan changed."""
+    if not plan.checkpoint.dir:
+        return []
+    from llmctl.engine.checkpoint import latest_checkpoint
+
+    found = latest_checkpoint(Path(plan.checkpoint.dir))
+    if not found:
+        return []
+    wins = "its adapters on the base" if plan.setup.finetune.adapters else "its weights win over model.weights"
+    notes = [f"would resume from {found[1]} (step {found[0]}); {wins}"]
+    from llmctl.engine.resume import plan_fingerprint, resume_note
+
+    note = resume_note(plan_fingerprint(plan), found[1])
+    return [*notes, note] if note else notes
+
+
+def _rows(lines: dict[str, int], measured: dict[str, int], est: dict[str, int]) -> list[dict[str, Any]]:
+    """The report's lines: held bytes, allocated where measured (--allocate-all), the estimate and their ratio."""
+    return [
+        {
+            "line": k,
+            "bytes": v,
+            "allocated_bytes": measured.get(k, v if k == "parameters" else None),
+            "estimate_bytes": est.get(k),
+            "ratio": (v / est[k]) if est.get(k) else None,
+        }
+        for k, v in lines.items()
+    ]
 
 
 def _layers(model: torch.nn.Module) -> Any:
