@@ -409,6 +409,9 @@ class TrainSetup:
                 raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
         if self.seq_len < 1:
             raise InputError(f"seq len must be a positive integer, got {self.seq_len}")
+        for name in ("pp_microbatches", "pp_virtual_stages"):  # None: the default; 0 is not "the default"
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise InputError(f"{name.replace('_', ' ')} must be a positive integer, got {getattr(self, name)}")
         object.__setattr__(self, "cp_rotate", canonical(self.cp_rotate, CP_ROTATES, "cp rotate method"))
         object.__setattr__(self, "pp_schedule", pipeline.schedule(self.pp_schedule))
         if self.loss_chunk_tokens < 0:

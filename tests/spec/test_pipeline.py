@@ -107,3 +107,9 @@ def test_rules_refuse_in_one_line(kw, match):
     # at pp 1 the pipeline decisions are not asked
     if "grad_accum_steps" in kw:
         TrainSetup(nodes=1, gpus_per_node=8, pp=1, **kw)
+
+
+@pytest.mark.parametrize("name", ["pp_microbatches", "pp_virtual_stages"])
+def test_zero_is_refused_not_read_as_the_default(name):
+    with pytest.raises(LlmctlError, match=f"{name.replace('_', ' ')} must be a positive integer, got 0"):
+        TrainSetup(nodes=1, gpus_per_node=8, **{name: 0})
