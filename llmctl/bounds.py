@@ -24,6 +24,7 @@ LIMITS: dict[str, float] = {
     "--tp": 4096,
     "--cp": 4096,
     "--pp": 4096,
+    "--ep": 4096,
     "--seq-len": 10_000_000,
     "--loss-chunk": 10_000_000,
     "--micro-batch": 1_000_000,

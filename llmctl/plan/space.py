@@ -74,6 +74,7 @@ class Choice:
     pp_schedule: str = "1f1b"
     pp_virtual_stages: int | None = None
     pp_microbatches: int | None = None
+    ep: int = 1
 
     def setup(self, req: PlanRequest) -> TrainSetup:
         fields_ = _CHOICE_FIELDS if self.pp > 1 else _FLAT_FIELDS  # pp 1: the pipeline's options at their defaults
@@ -95,13 +96,15 @@ class Choice:
         kernel = "eager" if Attention(self.attention).keeps_scores else "fused"
         n = self.nodes if self.strategy == "full_shard" else min(self.nodes, 2)
         key = (self.tp, self.cp, self.cp_rotate, self.strategy, n, self.checkpointing, kernel, self.loss_chunk_tokens)
+        if self.ep > 1:  # the experts a rank holds and the rows it receives (llmctl.spec.experts)
+            key = (*key, "ep", self.ep)
         if self.pp > 1:  # a stage's layers and its micro-batches in flight (llmctl.spec.pipeline.in_flight)
             return (*key, self.pp, str(self.pp_schedule), self.pp_virtual_stages, self.pp_microbatches)
         return key
 
     def where(self) -> str:
         """'full_shard x TP 2 on 1 node' (the search's rejection lines)."""
-        par = "".join(f" x {k} {v}" for k, v in (("PP", self.pp), ("CP", self.cp), ("TP", self.tp)) if v > 1)
+        par = "".join(f" x {k} {v}" for k, v in (("PP", self.pp), ("CP", self.cp), ("TP", self.tp), ("EP", self.ep)) if v > 1)
         if self.pp > 1:
             v = f" v {self.pp_virtual_stages}" if self.pp_virtual_stages else ""
             par += f" ({self.pp_schedule}{v})"

@@ -103,7 +103,10 @@ class ParallelDims:
         if self.zero_stage not in (0, 1, 2, 3):
             raise InputError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if (self.dp_shard * self.cp) % self.ep:
-            raise InputError(f"ep={self.ep} must divide dp_shard x cp = {self.dp_shard * self.cp}")
+            raise InputError(
+                f"ep {self.ep} must divide the ranks it borrows from: dp_shard {self.dp_shard} x cp {self.cp} = "
+                f"{self.dp_shard * self.cp}"
+            )
 
     # --- from the friendly spelling --------------------------------------------------------------------------
     @classmethod
@@ -230,8 +233,6 @@ class ParallelDims:
         shard group over all data-parallel ranks, ("replicate", "shard") when there are replicas (HSDP; DDP is
         (dp, 1)), FSDP2's names; then ("cp",) with context parallelism and ("tp",) innermost with tensor parallelism
         (torchtitan's order (pp, dp_replicate, dp_shard, cp, tp): tp ranks consecutive, then the cp ring)."""
-        if self.ep > 1:
-            raise InputError("the engine runs data, context, tensor and pipeline parallelism only (ep = 1)")
         inner = [(n, getattr(self, n)) for n in ("cp", "tp") if getattr(self, n) > 1]
         sizes, names = tuple(v for _, v in inner), tuple(n for n, _ in inner)
         outer = ((self.pp,), ("pp",)) if self.pp > 1 else ((), ())
@@ -249,6 +250,30 @@ class ParallelDims:
     def fsdp_shard(self) -> int:
         """Ranks FSDP2 splits one replica's parameters, gradients and optimizer states over: dp_shard x cp."""
         return self.dp_shard * self.cp
+
+    @property
+    def expert_shard(self) -> int:
+        """Ranks FSDP2 splits one replica's routed experts over (torchtitan's efsdp): the dp_shard x cp ranks that
+        expert parallelism does not borrow (llmctl.spec.experts)."""
+        return self.fsdp_shard // self.ep
+
+    @property
+    def expert_mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The device mesh of the routed experts, over the same ranks as `mesh_dims`: dp_shard x cp split into
+        ("efsdp", "ep") with ep innermost (an ep group is ep consecutive ranks of the flattened dp_shard x cp), pp
+        outermost and replicate as in `mesh_dims`; tp innermost (the engine runs ep at tp 1)."""
+        sizes: list[int] = []
+        names: list[str] = []
+        for n, v in (("pp", self.pp), ("replicate", self.dp_replicate)):
+            if v > 1:
+                sizes.append(v)
+                names.append(n)
+        sizes += [self.expert_shard, self.ep]
+        names += ["efsdp", "ep"]
+        if self.tp > 1:
+            sizes.append(self.tp)
+            names.append("tp")
+        return tuple(sizes), tuple(names)
 
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's index along each axis (layout pp, dp_replicate, dp_shard, cp, tp; tp innermost)."""

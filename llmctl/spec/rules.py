@@ -51,10 +51,6 @@ def _states_need_adamw(s: Setup) -> str | None:
     return None
 
 
-def _no_ep(s: Setup) -> str | None:
-    return "expert parallelism is not modelled yet (ep = 1)" if s.ep > 1 else None
-
-
 def _chunk_without_tp(s: Setup) -> str | None:
     if s.tp > 1 and s.loss_chunk_tokens:
         return "tensor parallelism computes the loss on vocabulary shards (loss parallel), not in chunks"
@@ -78,7 +74,6 @@ BEFORE_LAYOUT = (
         _states_need_adamw,
         "drop the optimizer states, or use the adamw optimizer",
     ),
-    Rule("no expert parallelism", ("ep",), _no_ep),
     Rule("loss parallel", ("loss_chunk_tokens", "tp"), _chunk_without_tp, "set the loss chunk to 0 with tp > 1"),
     Rule("async tp", ("async_tp", "tp", "compile"), _async_tp, "turn on compile, or drop async TP"),
     Rule("hybrid nodes", ("strategy", "nodes"), _hybrid_nodes, "pass --nodes N --gpus-per-node G"),
@@ -118,6 +113,7 @@ def _adapter_refusals(s: Setup) -> list[tuple[bool, str, str]]:
         (s.engine != "fsdp2", f"the {s.engine} engine's ledger is full training's", "drop --engine zero"),
         (s.dims.tp_enabled, f"tensor parallelism (tp {s.tp}) is not wired for adapters", "use tp 1 (FSDP, cp)"),
         (s.dims.pp_enabled, "pipeline parallelism is not run by llmctl's engine", "use pp 1"),
+        (s.dims.ep_enabled, "expert parallelism is planned for full training only", "use ep 1"),
         (s.precision.float8, f"precision {s.precision.name} converts the frozen linears", "use bf16-mixed"),
         (s.levers.offload, "CPU offload is planned for full training only", "drop --offload"),
         (
@@ -187,7 +183,7 @@ AFTER_LAYOUT = (
     Rule("fsdp2 has no zero1", ("strategy", "engine"), _fsdp2_no_zero1, "use --engine zero"),
     Rule("flash needs half", ("attention", "precision"), _flash_half, "use --attention sdpa with fp32"),
     Rule("offload is fsdp2's", ("offload", "engine"), _offload_fsdp2, "use --engine fsdp2"),
-    Rule("adapters", ("finetune", "tp", "pp", "precision", "offload", "engine"), _adapters, _adapters_hint),
+    Rule("adapters", ("finetune", "tp", "pp", "ep", "precision", "offload", "engine"), _adapters, _adapters_hint),
     Rule("pp stages per rank", ("pp", "pp_schedule", "pp_virtual_stages"), _pp_stages, "leave pp_virtual_stages out"),
     Rule(
         "pp microbatches",
@@ -261,10 +257,18 @@ def _pp_split(s: Setup, spec: ModelSpec) -> str | None:
     return None
 
 
+def _ep_split(s: Setup, spec: ModelSpec) -> str | None:
+    from llmctl.spec.experts import ep_problem
+
+    counts = sorted({la.mlp.num_experts for la in spec.layers if la.mlp.moe}) or [0]
+    return next((why for e in counts if (why := ep_problem(e, s.ep, spec.name))), None)
+
+
 MODEL_RULES = (
     Rule("tp plan", ("tp",), _tp_splits, "use --tp 1, or no pin"),
     Rule("ring attention", ("cp",), _ring_runs, "use --cp 1, or no pin"),
     Rule("pp split", ("pp", "pp_virtual_stages"), _pp_split, "use a smaller --pp, or pp 1 for this model"),
+    Rule("ep split", ("ep",), _ep_split, "use an ep that divides the routed experts, or ep 1"),
     Rule("learned positions", ("seq_len",), _positions),
     Rule("nf4 base", ("finetune",), _nf4_base, "use --finetune lora"),
     Rule("lora targets", ("lora_targets",), _targets, "leave finetune.lora_targets out for the family's defaults"),
@@ -290,13 +294,18 @@ def _engine_layout(s: Setup) -> str | None:
         return f"strategy {s.strategy} is not run by llmctl's engine"
     if s.engine != "fsdp2":
         return f"the {s.engine} engine is not llmctl's"
-    if s.dims.ep_enabled:
-        return "the engine runs data, context, tensor and pipeline parallelism only (ep = 1)"
+    return None
+
+
+def _ep_engine(s: Setup) -> str | None:
+    if s.dims.ep_enabled and s.dims.tp_enabled:
+        return f"the engine's expert parallelism runs at tp 1 (experts are not split over tp; tp {s.tp})"
     return None
 
 
 ENGINE_RULES = (
-    Rule("engine layout", ("strategy", "engine", "ep"), _engine_layout, "use ep 1"),
+    Rule("engine layout", ("strategy", "engine"), _engine_layout),
+    Rule("ep at tp 1", ("ep", "tp"), _ep_engine, "use tp 1 with ep, or ep 1"),
     # An engine rule, not a setup rule: estimate-memory's --pp with the default single micro-batch stays a what-if.
     Rule(
         "pp schedule microbatches",

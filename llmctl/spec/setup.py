@@ -247,12 +247,20 @@ class TrainSetup:
     )
     ep: int = decision(
         1,
+        json="ep",
         key="parallel.ep",
         file_type=ft.Int,
-        bounds={"ge": 1, "le": LIMITS["--tp"]},  # no --ep flag yet: the degrees' cap
+        bounds={"ge": 1, "le": LIMITS["--ep"]},
         write_default=False,
-        help="Expert-parallel degree (ranks borrowed from the data-parallel x cp ranks); 1 until expert parallelism "
-        "lands.",
+        flag="--ep",
+        commands=("estimate", "plan", "dry-start"),
+        metavar="N",
+        help="Expert-parallel degree (MoE models): each MoE layer's routed experts split over N ranks borrowed from "
+        "the data-parallel x cp ranks (torchtitan's layout), tokens sent to their experts with all-to-all; the "
+        "experts are FSDP-sharded over the remaining ranks.",
+        pin_help="Pin the expert-parallel degree (1: off). Default: try 1, 2, 4, ... where it divides the routed "
+        "experts and the data-parallel x cp ranks.",
+        search="key",
     )
 
     # --- training ----------------------------------------------------------------------------------------------

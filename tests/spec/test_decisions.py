@@ -69,7 +69,7 @@ def test_the_search_chooses_what_the_declarations_say_it_searches() -> None:
     searched = {d.name for d in DECLARED if d.search in ("key", "best")}
     assert {f.name for f in dataclasses.fields(Choice)} == searched | {"nodes", "grad_accum_steps", "async_tp"}
     s = TrainSetup(gpus_per_node=8, tp=2, compile=True, checkpointing="full")
-    assert dec.search_key(s) == (1, "full_shard", 2, 1, 1, "1f1b", None, "full", 0, "sdpa", True)
+    assert dec.search_key(s) == (1, "full_shard", 2, 1, 1, "1f1b", None, 1, "full", 0, "sdpa", True)
     assert dec.as_json(s)["micro_batch"] == 1 and "offload" not in dec.as_json(s)
     assert dec.as_json(dec.with_values(s, offload=True))["offload"] is True
 

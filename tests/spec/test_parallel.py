@@ -81,8 +81,16 @@ def test_mesh_and_collective_scopes() -> None:
     pp = ParallelDims(dp_replicate=2, dp_shard=2, pp=2)
     assert pp.mesh_dims == ((2, 2, 2), ("pp", "replicate", "shard")) and pp.dp_mesh_dims == ("replicate", "shard")
     assert [pp.coords(r)["pp"] for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
-    with pytest.raises(InputError, match="pipeline parallelism only"):
-        _ = ParallelDims(dp_shard=4, ep=2).mesh_dims
+    # ep borrows from dp_shard x cp: the experts' mesh splits those ranks into (efsdp, ep), ep innermost, over the
+    # same ranks as the main mesh (pp and replicate outside)
+    ep = ParallelDims(dp_shard=4, ep=2)
+    assert ep.mesh_dims == ((4,), ("shard",)) and ep.expert_shard == 2
+    assert ep.expert_mesh_dims == ((2, 2), ("efsdp", "ep"))
+    big = ParallelDims(dp_replicate=2, dp_shard=2, cp=4, pp=2, ep=4)
+    assert big.expert_shard == 2 and big.expert_mesh_dims == ((2, 2, 2, 4), ("pp", "replicate", "efsdp", "ep"))
+    assert ParallelDims(dp_shard=8, ep=8).expert_mesh_dims == ((1, 8), ("efsdp", "ep"))
+    with pytest.raises(InputError, match="ep 3 must divide the ranks it borrows from: dp_shard 4 x cp 1 = 4"):
+        ParallelDims(dp_shard=4, ep=3)
 
 
 @given(
@@ -104,7 +112,7 @@ def test_context_and_expert_slots() -> None:
     assert [d.coords(r)["cp"] for r in range(4)] == [0, 0, 1, 1]
     assert [d.dp_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]  # a cp x tp group shares its micro-batch
     assert ParallelDims.from_strategy("full_shard", 2, 8, tp=2, cp=2).dp_shard == 4
-    with pytest.raises(InputError, match="ep=3 must divide"):
+    with pytest.raises(InputError, match="ep 3 must divide"):
         ParallelDims(dp_shard=4, ep=3)
     assert d.mesh_dims == ((2, 2, 2), ("shard", "cp", "tp"))
     # FSDP's group is shard x cp: 4 ranks at stride tp=2, inside one 8-GPU node, across two 4-GPU nodes.

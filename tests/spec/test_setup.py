@@ -104,8 +104,11 @@ def test_setup_validation_is_one_line() -> None:
     TrainSetup(strategy="hybrid_shard", gpus_per_node=8, shard_size=4)  # a shard size makes one node a 2 x 4 mesh
     with pytest.raises(InputError, match="unknown precision 'fp4'"):
         TrainSetup(precision="fp4")
-    with pytest.raises(InputError, match="expert parallelism is not modelled"):
-        TrainSetup(ep=2, gpus_per_node=2)
+    assert TrainSetup(ep=2, gpus_per_node=2).dims.expert_shard == 1  # ep borrows both data-parallel ranks
+    with pytest.raises(InputError, match="ep 4 must divide the ranks it borrows from: dp_shard 2 x cp 1 = 2"):
+        TrainSetup(ep=4, gpus_per_node=2)
+    with pytest.raises(InputError, match="ep 2 must divide .* dp_shard 1"):  # no_shard: one shard rank per replica
+        TrainSetup(ep=2, gpus_per_node=2, strategy="no_shard")
     with pytest.raises(InputError, match=r"seq len 100 is not divisible by 8 \(4 chunks for cp 2 \(head-tail"):
         TrainSetup(cp=2, tp=2, gpus_per_node=4, seq_len=100)
     TrainSetup(cp=2, gpus_per_node=2, seq_len=102, cp_load_balance=False)  # 2 chunks without the load balance
