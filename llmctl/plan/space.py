@@ -104,7 +104,9 @@ class Choice:
 
     def where(self) -> str:
         """'full_shard x TP 2 on 1 node' (the search's rejection lines)."""
-        par = "".join(f" x {k} {v}" for k, v in (("PP", self.pp), ("CP", self.cp), ("TP", self.tp), ("EP", self.ep)) if v > 1)
+        par = "".join(
+            f" x {k} {v}" for k, v in (("PP", self.pp), ("CP", self.cp), ("TP", self.tp), ("EP", self.ep)) if v > 1
+        )
         if self.pp > 1:
             v = f" v {self.pp_virtual_stages}" if self.pp_virtual_stages else ""
             par += f" ({self.pp_schedule}{v})"
