@@ -156,7 +156,12 @@ def _grad_scaled(t: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 def _count(module: Any, counts: torch.Tensor) -> None:
-    """Accumulate the rows routed to each expert (see `load`)."""
+    """Accumulate the rows routed to each expert (see `load`); not in backward, where activation checkpointing
+    runs the forward again."""
+    import torch
+
+    if torch._C._current_graph_task_id() != -1:
+        return
     held = getattr(module, "_llmctl_load", None)
     c = counts.detach()
     module._llmctl_load = c.clone() if held is None else held + c
@@ -249,3 +254,28 @@ def load(model: torch.nn.Module) -> list[torch.Tensor]:
             out.append(held)
             m._llmctl_load = None
     return out
+
+
+def load_fields(model: torch.nn.Module, steps: int, whole_world: bool) -> dict[str, float]:
+    """A step record's expert-load fields: rows (token x top-k choices) routed to each expert of each MoE layer per
+    step, averaged over the `steps` since the last record: min, max and mean over (layer, expert), and the imbalance
+    (the largest layer's max over its mean: what a dropless ep rank holding that expert receives over its balanced
+    share). Summed over every rank when `whole_world` (every rank holds every MoE layer: pp 1); else this rank's
+    tokens. {} for a dense model."""
+    import torch
+    import torch.distributed as dist
+
+    counts = load(model)
+    if not counts:
+        return {}
+    grid = torch.stack([c.to(torch.float64) for c in counts]) / max(1, steps)
+    if whole_world and dist.is_initialized():
+        grid = grid.to(counts[0].device)
+        dist.all_reduce(grid)
+    mean = grid.mean(dim=1).clamp(min=1e-12)
+    return {
+        "expert_tokens_min": float(grid.min()),
+        "expert_tokens_max": float(grid.max()),
+        "expert_tokens_mean": float(grid.mean()),
+        "expert_imbalance": float((grid.max(dim=1).values / mean).max()),
+    }
