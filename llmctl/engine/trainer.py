@@ -454,6 +454,7 @@ class Trainer:
             "checkpointing": t.checkpointing,
             "cp": t.cp,
             **self._pp_fields(),
+            **({"ep": t.ep, "expert_shard": t.dims.expert_shard} if t.dims.ep_enabled else {}),
             "loss_mode": self.loss_impl,
             "loss_chunk_tokens": t.loss_chunk_tokens,
             "precision": t.precision.name,

@@ -142,6 +142,13 @@ def test_the_start_event_says_how_the_ring_runs(chain: dict[str, Path]) -> None:
     assert start["cp"] == 4 and start["mesh_dims"] == ["shard", "cp"] and start["mesh"] == [1, 4]
     assert "ring attention over cp 4 (head-tail load balance, alltoall rotation)" in start["message"]
     assert records(chain["reference"], "start")[0]["cp"] == 1
+    ep = records(chain["ep2x2"], "start")[0]
+    assert ep["ep"] == 2 and ep["expert_shard"] == 2 and "ep" not in records(chain["ep1"], "start")[0]
+    # every step record says how the router spread its rows: 256 tokens x top-2 over 4 experts, 128 per expert
+    steps = records(chain["ep2x2"], "step")
+    assert steps and all(r["expert_tokens_mean"] == 128.0 for r in steps)
+    assert all(r["expert_tokens_min"] <= 128.0 <= r["expert_tokens_max"] for r in steps)
+    assert all(r["expert_imbalance"] == r["expert_tokens_max"] / 128.0 for r in steps)
 
 
 @pytest.mark.parametrize("kind", ["tp", "pp", "ep"])
