@@ -40,6 +40,8 @@ def test_layout_and_engine_refusals() -> None:
         TrainSetup(gpus_per_node=8, ep=2, finetune=Finetune("lora"))
     err = engine_problem(TrainSetup(gpus_per_node=8, ep=2, tp=2))
     assert err is not None and err.rule == "ep at tp 1" and "tp 2" in err.message
+    err = engine_problem(TrainSetup(gpus_per_node=8, ep=2, pp=2))
+    assert err is not None and "runs at pp 1" in err.message and "pp" in err.decisions
     assert engine_problem(TrainSetup(gpus_per_node=8, ep=4, cp=2)) is None  # ep over dp_shard 4 x cp 2
     assert TrainSetup(gpus_per_node=8, ep=4, cp=2).dims.expert_shard == 2
 
