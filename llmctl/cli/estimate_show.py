@@ -90,7 +90,8 @@ def _show_experts(ex: dict[str, Any]) -> None:
     render.console.print(
         f"routed experts at ep {ex['ep']}: {ex['local_experts']} of {ex['experts']} per rank (FSDP over efsdp "
         f"{ex['expert_shard']}), {gib(ex['per_gpu_bytes'])} GiB per GPU (states {gib(ex['states_bytes'])} + "
-        f"unsharded copies {gib(ex['unsharded_bytes'])}) instead of {gib(ex['per_gpu_bytes_at_ep1'])} at ep 1\n",
+        f"unsharded copies {gib(ex['unsharded_bytes'])}) instead of {gib(ex['per_gpu_bytes_at_ep1'])} at ep 1; "
+        f"the all-to-alls' rows: {ex['routing']}\n",
         soft_wrap=True,
     )
 

@@ -64,11 +64,13 @@ def test_ep8_on_8_gpus_numbers(qwen):
 
 
 def test_dense_part_unchanged_by_ep(qwen):
-    """Every component but the experts' part of FSDP's gathered layers and reduce-scatter gradients is the same at
-    ep 8 as at ep 1; those two differ by exactly the experts' (E - E/ep) x one expert."""
+    """Every component but the experts' part of FSDP's gathered layers and reduce-scatter gradients (and the
+    dispatch's own lines) is the same at ep 8 as at ep 1; those two differ by exactly the experts' (E - E/ep) x one
+    expert."""
     one, eight = mem.estimate(qwen, setup_at(8, 1)), mem.estimate(qwen, setup_at(8, 8))
     a, b = one.per_component(), eight.per_component()
     moved = {"unsharded layers (FSDP all-gather)", "unsharded layer gradients (reduce-scatter)"}
+    moved |= {ex.EP_SAVED, ex.EP_BUFFERS}
     assert {k: v for k, v in a.items() if k not in moved | {"allocator headroom"}} == {
         k: v for k, v in b.items() if k not in moved | {"allocator headroom"}
     }
@@ -133,3 +135,33 @@ def test_cli_model_refuses_ep_first():
     assert r.exit_code == 2 and "is dense" in r.output
     r = run("qwen3-30b-a3b", "--gpus", "6", "--ep", "3")
     assert r.exit_code == 2 and "ep 3 does not divide qwen3-30b-a3b's 128 routed experts" in r.output
+
+
+def test_dispatch_activations_by_hand(qwen):
+    """At ep 8, micro-batch 1 x 2048 tokens, top-8, balanced (IMBALANCE 1.0: a rank receives as many rows as it
+    sends, 16,384): what llmctl.engine.experts.dispatch_forward keeps per MoE layer (send side: two int64 indices,
+    the combined row and its bf16 routing weight; receive side: two int64 indices, the row, gate_up's 2I, act's I,
+    the product's I; the offsets of 16 local experts) over what the ep 1 loop keeps (the gathered row and the down
+    output, 4I, an fp32 weight, three int64 indices); and one layer's all-to-all buffers (sent and received rows)."""
+    t, k = 2048, 8
+    rows = t * k
+    ep_layer = rows * (CB * H + CB + 16) + rows * (CB * (H + 4 * I) + 16) + 4 * (E // 8)
+    loop_layer = rows * (CB * (2 * H + 4 * I) + 4 + 24)
+    est = {c.name: c for c in mem.estimate(qwen, setup_at(8, 8, seq_len=2048)).components}
+    assert est[ex.EP_SAVED].bytes == L * (ep_layer - loop_layer)
+    assert est[ex.EP_SAVED].note == "dropless, balanced routing assumed (imbalance 1.0)"
+    assert est[ex.EP_BUFFERS].bytes == CB * H * (rows + rows)
+    assert "loss_backward" not in est[ex.EP_BUFFERS].phases
+    # ep 1: none of these lines (the goldens hold the rest bit for bit)
+    names = {c.name for c in mem.estimate(qwen, setup_at(8, 1, seq_len=2048)).components}
+    assert not names & {ex.EP_SAVED, ex.EP_BUFFERS}
+
+
+def test_checkpointing_keeps_no_dispatch_but_recomputes_one(qwen):
+    s = setup_at(8, 8, seq_len=2048, checkpointing="full")
+    est = {c.name: c.bytes for c in mem.estimate(qwen, s).components}
+    assert ex.EP_SAVED not in est
+    layer = qwen.layers[0]
+    assert est["recomputed block (backward): ep dispatch"] == ex.saved_delta_bytes(qwen, s, layer, 2048)
+    half = {c.name: c.bytes for c in mem.estimate(qwen, replace(s, checkpointing="partial:2")).components}
+    assert half[ex.EP_SAVED] == L // 2 * ex.saved_delta_bytes(qwen, s, layer, 2048)

@@ -31,6 +31,7 @@ and instead of the states:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import llmctl.plan.memory.adapters as lora
@@ -336,6 +337,7 @@ def _saved_activation_components(spec: ModelSpec, setup: TrainSetup, stage_layer
         if ft.adapters and ck != "selective":
             rec += max(lora.adapter_layer_delta(spec, la, b, s, cb, attn, ft) for la, _ in spec.layer_groups)
         comps.append(Component("recomputed block (backward)", rec, ("backward",)))
+    comps += ep_activation_components(spec, setup, [(range(spec.num_layers), 1)])
     head = head_activation_bytes(spec, b, s, cb, sp) // rest
     if ft.adapters and spec.measured is None:
         head += lora.head_delta(spec, b, s, cb)
@@ -396,6 +398,7 @@ LAYER_BACKWARD_ONLY = (
     "float8 copies",
     "offload: one layer's gradient shard",
     "QLoRA: one linear's weight dequantized",
+    ex.EP_BUFFERS,
 )
 """Components live only while a layer's backward runs (prefixes of their names): not during the loss's backward."""
 
@@ -822,9 +825,32 @@ def _pipeline_activation_components(spec: ModelSpec, setup: TrainSetup, prank: p
     if ck != "none" and prank.blocks:
         rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck, sp) // rest + copy
         comps.append(Component("recomputed block (backward)", rec, ("backward",)))
+    comps += ep_activation_components(spec, setup, [(h.part.blocks, h.micro_batches) for h in prank.held])
     if head:
         comps.append(Component("final norm + LM-head input", head, live))
     return comps
+
+
+def ep_activation_components(
+    spec: ModelSpec, setup: TrainSetup, stages: list[tuple[Sequence[int], int]]
+) -> list[Component]:
+    """At ep > 1 (llmctl.plan.memory.experts): what the engine's dispatch keeps for backward over the ep 1 experts'
+    loop, for each (blocks, micro-batches in flight) of the rank's stages; the recomputed block's under
+    checkpointing; one MoE layer's dispatch buffers in flight. None at ep 1."""
+    if setup.ep == 1 or not any(ex.dispatches(spec, la) for la, _ in spec.layer_groups):
+        return []
+    tokens = setup.micro_batch_size * setup.dims.rank_shard(setup.seq_len).tokens
+    live, note = ("forward", "backward"), ex.IMBALANCE_NOTE
+    saved = sum(n * ex.stage_saved_delta(spec, setup, blocks, tokens) for blocks, n in stages)
+    comps = [Component(ex.EP_SAVED, saved, live, note=note)] if saved else []
+    if setup.checkpointing != "none":
+        one = max(ex.saved_delta_bytes(spec, setup, la, tokens) for la, _ in spec.layer_groups)
+        comps.append(Component(EP_RECOMPUTED, one, ("backward",), note=note))
+    comps.append(Component(ex.EP_BUFFERS, ex.buffer_bytes(spec, setup, tokens), live, note=note))
+    return comps
+
+
+EP_RECOMPUTED = "recomputed block (backward): ep dispatch"
 
 
 def _p2p_buffer_components(setup: TrainSetup, prank: pl.PipelineRank, boundary: int) -> list[Component]:

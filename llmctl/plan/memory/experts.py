@@ -9,6 +9,8 @@ embeddings, head) stays sharded over dp_shard x cp as at ep 1. What ep changes o
 - FSDP's all-gather of a layer in flight (and under pp the rank's parameters and gradients kept unsharded until the
   schedule's end): the experts' group unshards to E/ep experts, not E: where ep saves memory;
 - one layer's unsharded gradients for the reduce-scatter: E/ep experts.
+Activations (the second half): what the engine's dispatch keeps per MoE layer (llmctl.engine.experts), counted as its
+difference from the ep 1 experts' loop that llmctl.plan.memory.activations sizes, and one layer's dispatch buffers.
 At ep 1 nothing here is asked: the callers keep their ep 1 arithmetic bit for bit.
 """
 
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 import llmctl.plan.memory.pipeline as pl
 from llmctl.plan.memory.ledger import state_shard_degree
 from llmctl.plan.memory.states import state_ledger
-from llmctl.spec.experts import ExpertShare, share
+from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.experts import IMBALANCE, ExpertShare, dispatch_rows, share
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.setup import TrainSetup
@@ -175,3 +178,83 @@ def _unsharded_expert_bytes(spec: ModelSpec, setup: TrainSetup, held: float, pra
     gathered = n_layers * layer * cb * ((1 - 1 / efsdp) if efsdp > 1 else 1.0)
     grads = layer * (cb + 4 if cb != 4 else 4) if setup.training and dims.fsdp_shard > 1 else 0.0
     return gathered + grads
+
+
+# --- activations at ep > 1: what llmctl.engine.experts.dispatch_forward keeps --------------------------------------
+EP_SAVED = "activations (ep dispatch, over the ep 1 loop)"
+EP_BUFFERS = "ep: one MoE layer's all-to-all buffers"
+IMBALANCE_NOTE = f"dropless, balanced routing assumed (imbalance {IMBALANCE:.1f})"
+
+
+def dispatch_saved_bytes(spec: ModelSpec, layer: Layer, tokens: int, ep: int, ab: int) -> int:
+    """What one MoE layer's experts keep for backward on one rank at ep > 1 (llmctl.engine.experts.dispatch_forward,
+    autograd's saved tensors), `tokens` its tokens, `ab` the compute dtype's bytes. Per row it sends (tokens x k):
+    the sort's index `order // k` and the combine's reorder `argsort(order)` (int64 each, kept by the two
+    index ops), the combined rows (kept by the multiply with the routing weights) and the weights (a compute-dtype
+    view of the router's scores, kept by the same multiply). Per row it receives (llmctl.spec.experts.dispatch_rows
+    at IMBALANCE): the regroup `by_expert` and its inverse (int64, the index ops'), the rows (the gate_up grouped
+    GEMM's input), gate_up's output, the activation's output and the product (down's input): glu x i wide as the
+    ep 1 path keeps them (gpt-oss's clamped GLU: 7), and with expert biases their row ids (int64); the grouped
+    GEMMs' offsets (int32, one per local expert). The all-to-alls keep nothing (their backward is the reverse
+    all-to-all)."""
+    m, h = layer.mlp, spec.hidden_size
+    k, i = m.experts_per_token, m.intermediate_size
+    glu = 7 if m.act == "swiglu-clamped" else 4
+    _, received = dispatch_rows(tokens, k, ep, IMBALANCE)
+    send = tokens * k * (ab * h + ab + 16)
+    recv = received * (ab * (h + glu * i) + 16 + (8 if m.expert_bias else 0))
+    return int(send + recv) + 4 * (m.num_experts // ep)
+
+
+def loop_saved_bytes(spec: ModelSpec, layer: Layer, tokens: int, ab: int) -> int:
+    """What the ep 1 path keeps of the same rows (llmctl.plan.memory.activations' "moe dispatched tokens": per (token,
+    expert) row the gathered input, glu x i wide internals, the down output, an fp32 routing weight and three int64
+    indices, four with biases)."""
+    m, h = layer.mlp, spec.hidden_size
+    glu = 7 if m.act == "swiglu-clamped" else 4
+    return (
+        m.experts_per_token * tokens * (ab * (2 * h + glu * m.intermediate_size) + 4 + 8 * (4 if m.expert_bias else 3))
+    )
+
+
+def dispatches(spec: ModelSpec, layer: Layer) -> bool:
+    """Whether the engine dispatches this block's experts at ep > 1 (llmctl.engine.experts.is_experts: top-k routed
+    experts; Llama 4's every-token experts and a model measured on fake tensors are not counted here)."""
+    return layer.mlp.moe and not spec.features.dense_moe and spec.measured is None
+
+
+def saved_delta_bytes(spec: ModelSpec, setup: TrainSetup, layer: Layer, tokens: int) -> int:
+    """One MoE layer's saved bytes at the setup's ep less the ep 1 path's (0 at ep 1, for a dense block, or where the
+    engine does not dispatch)."""
+    if setup.ep == 1 or not dispatches(spec, layer):
+        return 0
+    ab = setup.compute_bytes
+    return dispatch_saved_bytes(spec, layer, tokens, setup.ep, ab) - loop_saved_bytes(spec, layer, tokens, ab)
+
+
+def stage_saved_delta(spec: ModelSpec, setup: TrainSetup, blocks: Iterable[int], tokens: int) -> int:
+    """saved_delta_bytes over the blocks of one stage (every block at pp 1) that keep their forward's tensors whole
+    (no checkpointing; partial:K's others). Full and selective checkpointing keep none (selective's op policy saves
+    matmul outputs: the dispatch's are not counted)."""
+    blocks = list(blocks)
+    ck = setup.checkpointing
+    if ck not in ("none",) and not ckpt_modes.partial_every(ck):
+        return 0
+    checkpointed = set(ckpt_modes.whole_layers(ck, len(blocks)))
+    return sum(
+        saved_delta_bytes(spec, setup, spec.layers[b], tokens) for n, b in enumerate(blocks) if n not in checkpointed
+    )
+
+
+def buffer_bytes(spec: ModelSpec, setup: TrainSetup, tokens: int) -> int:
+    """One MoE layer's dispatch in flight (forward; the gradients' all-to-alls in backward are as large): the sorted
+    copy of the rows it sends (tokens x k x hidden) and the rows it receives, in the compute dtype."""
+    if setup.ep == 1:
+        return 0
+    most = 0
+    for la, _ in spec.layer_groups:
+        if dispatches(spec, la):
+            k = la.mlp.experts_per_token
+            _, received = dispatch_rows(tokens, k, setup.ep, IMBALANCE)
+            most = max(most, int(setup.compute_bytes * spec.hidden_size * (tokens * k + received)))
+    return most

@@ -20,7 +20,7 @@ from llmctl.plan.memory.estimate import (
     min_gpus,
     sequence_parallel_degree,
 )
-from llmctl.plan.memory.experts import expert_memory
+from llmctl.plan.memory.experts import IMBALANCE_NOTE, expert_memory
 from llmctl.plan.memory.host import host_memory
 from llmctl.plan.memory.ledger import model_bytes_per_param
 from llmctl.plan.memory.ring import ring_buffers
@@ -289,4 +289,5 @@ def experts_report(spec: ModelSpec, setup: TrainSetup) -> dict[str, Any]:
         "unsharded_bytes": at.unsharded_bytes,
         "per_gpu_bytes": at.total_bytes,
         "per_gpu_bytes_at_ep1": one.total_bytes,
+        "routing": IMBALANCE_NOTE,
     }
