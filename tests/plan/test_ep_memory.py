@@ -165,3 +165,14 @@ def test_checkpointing_keeps_no_dispatch_but_recomputes_one(qwen):
     assert est["recomputed block (backward): ep dispatch"] == ex.saved_delta_bytes(qwen, s, layer, 2048)
     half = {c.name: c.bytes for c in mem.estimate(qwen, replace(s, checkpointing="partial:2")).components}
     assert half[ex.EP_SAVED] == L // 2 * ex.saved_delta_bytes(qwen, s, layer, 2048)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b"])
+@pytest.mark.parametrize("ab", [2, 4])
+def test_loop_bytes_are_the_activations_term(preset, ab):
+    """What the dispatch's lines subtract is exactly the ep 1 estimate's own line for the experts' rows, so the ep > 1
+    estimate holds the dispatch's bytes and nothing of the loop's."""
+    spec = models.resolve_model(preset, None)
+    layer = next(la for la in spec.layers if la.mlp.moe)
+    terms = mem.layer_activation_terms(spec, 1, 512, ab, "sdpa", layer)
+    assert terms["moe dispatched tokens"] == ex.loop_saved_bytes(spec, layer, 512, ab)
