@@ -262,7 +262,7 @@ def _ep_split(s: Setup, spec: ModelSpec) -> str | None:
 
     counts = sorted({la.mlp.num_experts for la in spec.layers if la.mlp.moe}) or [0]
     why = next((why for e in counts if (why := ep_problem(e, s.ep, spec.name))), None)
-    if why is None and s.dims.ep_enabled and spec.features.dense_moe:
+    if why is None and s.ep > 1 and spec.features.dense_moe:
         return (
             f"expert parallelism: {spec.name}'s MoE runs every token through every expert (transformers' "
             "Llama4TextMoe): there is no top-k dispatch to split"
