@@ -104,6 +104,39 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/plan/test_comm.py",),
         "more communication hidden than the compute window",
     ),
+    # --- expert parallelism (engine) ------------------------------------------------------------------------------
+    M(
+        "ep-order-back",
+        "llmctl/engine/experts.py",
+        "back = back[torch.argsort(order)].view(tokens, k, hidden)",
+        "back = back[order].view(tokens, k, hidden)",
+        ("tests/engine/test_expert_dispatch.py",),
+        "the combined rows put back in the sorted order's place instead of its inverse",
+    ),
+    M(
+        "ep-regroup-back",
+        "llmctl/engine/experts.py",
+        "out = out[torch.argsort(by_expert)]",
+        "out = out[by_expert]",
+        ("tests/engine/test_expert_dispatch.py",),
+        "the local experts' output not returned to the (source rank, expert) order the combine sends back",
+    ),
+    M(
+        "ep-grad-scale",
+        "llmctl/engine/experts.py",
+        "            return grad * scale",
+        "            return grad",
+        ("tests/engine/test_expert_dispatch.py",),
+        "the experts' gradient not divided by ep (FSDP2 divides by its own efsdp group only)",
+    ),
+    M(
+        "ep-recompute-count",
+        "llmctl/engine/experts.py",
+        "if torch._C._current_graph_task_id() != -1:",
+        "if torch._C._current_graph_task_id() == -2:",
+        ("tests/engine/test_expert_load.py",),
+        "tokens per expert counted again in activation checkpointing's recompute",
+    ),
     # --- memory -------------------------------------------------------------------------------------------------------
     M(
         "ep-gathered-experts",
