@@ -18,7 +18,7 @@ import yaml
 from tests.engine.conftest import REPO, TINY, deep_update, torchrun_script
 from tests.family_configs import tiny
 
-NO_SDPA = ("gemma2",)
+NO_SDPA = ("gemma2", "gpt_oss")
 CP_CASES: dict[str, dict[str, Any]] = {
     # name: (family, the parallel section, nodes); fp32, seq_len 32 (8 chunks of 4 tokens at cp 4)
     "llama-cp2": {"family": "llama", "parallel": {"cp": 2}},
