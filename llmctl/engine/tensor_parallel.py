@@ -14,8 +14,10 @@ Float8Linear takes torchao's float8 style of the same split, and an attention or
 cast to float8 before its all-gather (`PrepareFloat8ModuleInput`, torchtitan's parallelize_llama); layers left in
 bf16 (the LM head, odd shapes) and rowwise-scaled ones keep torch's styles.
 
-Parameters the plan does not split (the MoE blocks, replicated over the tp group) stay plain tensors: their inputs
-are the same on every rank of the group, so are their gradients; llmctl.engine.scaler's `grad_norm` sums norms over DTensors of different
+Parameters the plan does not split (the MoE blocks, MLA's latent projections and norms, replicated over the tp group)
+stay plain tensors: their inputs are the same on every rank of the group, so are their gradients (but for MLA's
+shared rotary key, which each rank's heads read in part: `sum_shared_key_grads`); gpt-oss's per-head sinks are split
+with the heads (`split_head_params`); llmctl.engine.scaler's `grad_norm` sums norms over DTensors of different
 meshes (FSDP2's 1-D data-parallel ones and the 2-D data x tp ones), which `clip_grad_norm_` refuses to stack.
 """
 

@@ -99,7 +99,7 @@ def block_activation_terms(
     (their inputs are the sequence-sharded residual stream, SequenceParallel), sb (the whole sequence) for the
     all-gathered inputs of q/k/v and gate/up (autograd keeps the gathered tensor), a/tp, kv/tp heads and i/tp columns
     for everything between a column-parallel and its row-parallel matmul, and sb for a mixture of experts
-    (replicated). GPT-2 and MLA have no tensor-parallel plan in the engine: their terms apply the same rules.
+    (replicated). GPT-2 has no tensor-parallel plan in the engine: its terms apply the same rules.
     """
     h, ab = spec.hidden_size, act_bytes
     eager = Attention(attention).keeps_scores
