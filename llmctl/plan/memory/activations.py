@@ -189,6 +189,8 @@ def _attention_io_terms(
 def _qk_norm_terms(spec: ModelSpec, at: AttentionShape, sb: int, ab: int, tp: int) -> Terms:
     """Norms over q and k: per head (Qwen3, Gemma 3), over the projection (OLMo 2), or Llama 4's weightless L2."""
     a, kv, d = _split(at.num_heads, tp), _split(at.num_kv_heads, tp), at.head_dim
+    if at.qk_norm == "proj":  # under tp the rank's columns are all-gathered and normed whole (the `proj_norm` style)
+        a, kv = at.num_heads, at.num_kv_heads
     if at.qk_norm in ("head", "proj"):
         rows_q, rows_k = (sb * a, sb * kv) if at.qk_norm == "head" else (sb, sb)
         return {"q/k norms": _norm_bytes(spec, sb * a * d, rows_q, ab) + _norm_bytes(spec, sb * kv * d, rows_k, ab)}
