@@ -123,6 +123,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the local experts' output not returned to the (source rank, expert) order the combine sends back",
     ),
     M(
+        "ep-empty-cut",
+        "llmctl/engine/experts.py",
+        "x = torch.cat([x, x.new_zeros((1, x.shape[1]))])",
+        "x = x.new_zeros((1, x.shape[1]))",
+        ("tests/engine/test_expert_dispatch.py",),
+        "a rank that received no rows cuts the graph: its peers wait in the dispatch's backward all-to-all forever",
+    ),
+    M(
         "ep-grad-scale",
         "llmctl/engine/experts.py",
         "            return grad * scale",
