@@ -165,7 +165,10 @@ def _print_stacks(record: jobs.JobRecord) -> None:
         raise InputError(f"job {record.job_id}: no heartbeats in {run_dir} (the engine has not started yet)")
     typer.echo(one_line(f"job {record.job_id}: {found.line()}"))
     texts, missing = heartbeat.request_stacks(run_dir)
-    for ranks, text in heartbeat.group_stacks(texts):
+    groups = heartbeat.group_stacks(texts)
+    if why := heartbeat.mismatch(groups):
+        typer.echo(one_line(why))
+    for ranks, text in groups:
         label = ", ".join(map(str, ranks))
         typer.echo(f"\n== rank{'s' if len(ranks) > 1 else ''} {label} ==")
         typer.echo(text)

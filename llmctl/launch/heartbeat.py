@@ -181,6 +181,36 @@ def group_stacks(texts: dict[int, str]) -> list[tuple[list[int], str]]:
     return sorted(((ranks, key) for key, ranks in groups.items()), key=lambda g: (len(g[0]), g[0]))
 
 
+COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce", "broadcast", "barrier", "recv", "send")
+"""Names of torch.distributed's collectives and point-to-point calls as they appear in a stack's function names
+(all_to_all_single_backward, reduce_scatter_single, all_gather_into_tensor, recv_object_list, ...)."""
+
+
+def waiting_in(text: str) -> str | None:
+    """The collective a rank's stack dump waits in: the innermost frame of the dump's first (current) thread whose
+    function names one (faulthandler lists the most recent call first), or None."""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line and text.strip():
+            break  # the first thread's dump ends at a blank line
+        if line.startswith("File ") and " in " in line:
+            func = line.rsplit(" in ", 1)[1].strip()
+            if any(c in func for c in COLLECTIVES):
+                return func
+    return None
+
+
+def mismatch(groups: list[tuple[list[int], str]]) -> str | None:
+    """One line when groups of ranks wait in different collectives (a collective that did not match: one rank took
+    another code path, or entered the collectives in another order), else None."""
+    where = [(ranks, waiting_in(text)) for ranks, text in groups]
+    found = [(ranks, w) for ranks, w in where if w]
+    if len({w for _, w in found}) < 2:
+        return None
+    parts = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r[:8]))} in {w}" for r, w in found)
+    return f"the ranks wait in different collectives ({parts}): a collective that did not match"
+
+
 def request_stacks(run_dir: str | os.PathLike[str], wait_s: float = 3.0) -> tuple[dict[int, str], list[str]]:
     """Ask every rank of this host (its heartbeat's pid) for its stacks (SIGUSR2: the engine's faulthandler dumps
     them into its stacks file) and read what each added. Returns ({rank: stack text}, [why a rank gave none])."""

@@ -38,7 +38,7 @@ from typing import BinaryIO
 
 from llmctl.errors import InputError, RuntimeFailure, one_line
 from llmctl.fileio import whole_lines_end
-from llmctl.launch import jobs, runlock, shell
+from llmctl.launch import heartbeat, jobs, runlock, shell
 from llmctl.launch.backends import Job, LaunchBackend
 
 ENGINE_MODULE = "llmctl.engine"
@@ -539,6 +539,12 @@ def _stall_watch(record: jobs.JobRecord) -> Callable[[], None]:
         said[:] = [last]
         line = f"{found.line()}; `llmctl status --stacks {record.job_id}`"
         print(one_line(f"llmctl: warning: {line}"), file=sys.stderr, flush=True)
+        if not found.ahead and record.metrics:  # every rank at the same place: their stacks say where each waits
+            with contextlib.suppress(OSError):
+                texts, _ = heartbeat.request_stacks(Path(record.metrics).parent)
+                why = heartbeat.mismatch(heartbeat.group_stacks(texts))
+                if why:
+                    print(one_line(f"llmctl: warning: {why}"), file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):
             jobs.append_event(record, f"stalled {jobs.now_utc()} {one_line(found.line())}")
 

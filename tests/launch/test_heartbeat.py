@@ -4,6 +4,7 @@ section, without ranks (the real 2-rank stall is tests/launch/test_stall.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +121,22 @@ def test_the_watchdog_section_is_written_only_when_set(tmp_path):
     moved = plan_from_dict(data, "t")
     (tmp_path / "p.yaml").write_text(plan_to_yaml(moved))
     assert load_plan(tmp_path / "p.yaml").watchdog == WatchdogSection(collective_timeout_s=30)
+
+
+def test_ranks_waiting_in_different_collectives_are_named() -> None:
+    """The stacks of a real hang (examples/moe-cpu.yaml before its fix: rank 1 skipped the dispatch's backward
+    all-to-all, so rank 0 waited in it while rank 1 waited in FSDP's reduce-scatter): each rank's collective is named
+    and the mismatch is one line; ranks in the same collective, or stacks without one, say nothing."""
+    data = Path(__file__).parent / "data"
+    texts = {r: (data / f"stack-ep-hang-rank{r}.txt").read_text() for r in (0, 1)}
+    assert heartbeat.waiting_in(texts[0]) == "all_to_all_single_backward"
+    assert heartbeat.waiting_in(texts[1]) == "reduce_scatter_single"
+    why = heartbeat.mismatch(heartbeat.group_stacks(texts))
+    assert why == (
+        "the ranks wait in different collectives (rank 0 in all_to_all_single_backward; rank 1 in "
+        "reduce_scatter_single): a collective that did not match"
+    )
+    assert heartbeat.mismatch(heartbeat.group_stacks({0: texts[0], 1: texts[0]})) is None
+    idle = 'Current thread 0x1 (most recent call first):\n  File "x.py", line 1 in sleep\n'
+    assert heartbeat.waiting_in(idle) is None
+    assert heartbeat.mismatch(heartbeat.group_stacks({0: texts[0], 1: idle})) is None
