@@ -679,7 +679,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/engine/context_parallel.py",
         "_cp_options.enable_load_balance = self.load_balance",
         "_cp_options.enable_load_balance = True",
-        ("tests/engine/test_context_parallel.py",),
+        (
+            "tests/engine/test_context_parallel.py::test_the_split_cuts_ids_targets_and_positions_per_rank_in_one_process",
+        ),
         "the head-tail load balance on though the plan turned it off",
     ),
     M(
@@ -687,7 +689,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/engine/context_parallel.py",
         "with context_parallel(self.mesh, buffers=bufs, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(bufs)):",
         "with context_parallel(self.mesh, buffers=bufs[:2], buffer_seq_dims=[1, 1], no_restore_buffers=set(bufs[:2])):",
-        ("tests/engine/test_context_parallel.py",),
+        (
+            "tests/engine/test_context_parallel.py::test_the_split_cuts_ids_targets_and_positions_per_rank_in_one_process",
+        ),
         "the positions not cut with the ids: the rotary tables of the sequence's first s/cp tokens on every rank",
     ),
     M(
@@ -695,7 +699,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/engine/context_parallel.py",
         "set_rotate_method(self.rotate)",
         'set_rotate_method("allgather")',
-        ("tests/engine/test_context_parallel.py",),
+        (
+            "tests/engine/test_context_parallel.py::test_the_split_cuts_ids_targets_and_positions_per_rank_in_one_process",
+        ),
         "the plan's all-to-all rotation ignored (the ring always all-gathers)",
     ),
     M(
@@ -703,7 +709,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/engine/float8.py",
         'out = Float8Conversion(p.float8_recipe or "", all_gather=fsdp and p.float8_all_gather)',
         'out = Float8Conversion(p.float8_recipe or "", all_gather=p.float8_all_gather)',
-        ("tests/engine/test_precision_units.py",),
+        ("tests/engine/test_precision_units.py::test_float8_all_gathers_only_under_fsdp",),
         "the float8 all-gather switched on without FSDP (no shard to gather; an amax all-reduce each step)",
     ),
     M(
@@ -751,7 +757,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/engine/pipeline.py",
         "return loss * (self.multiplier / acc)",
         "return loss * self.multiplier",
-        ("tests/engine/test_pipeline_stages.py",),
+        ("tests/engine/test_pipeline_stages.py::test_the_last_stages_loss_per_micro_batch",),
         "the last stage's loss not divided by grad_accum_steps before backward",
     ),
     M(
@@ -759,7 +765,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/engine/pipeline.py",
         "loss = loss * (acc / div)",
         "loss = loss / div",
-        ("tests/engine/test_pipeline_stages.py",),
+        ("tests/engine/test_pipeline_stages.py::test_the_last_stages_loss_per_micro_batch",),
         "a packed micro-batch's summed loss divided by the step's loss tokens without the accumulation factor",
     ),
     M(
@@ -767,7 +773,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/engine/pipeline.py",
         "dist.all_reduce(sq, group=self.group)",
         "dist.all_reduce(sq)",
-        ("tests/engine/test_pipeline_stages.py",),
+        ("tests/engine/test_pipeline_stages.py::test_the_gradient_norm_is_summed_over_the_pp_group_only",),
         "the stages' squared norms summed over every rank, not the pp group (dp times too large)",
     ),
     M(
@@ -775,7 +781,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/engine/pipeline.py",
         "sq = norm.float().pow(2).reshape(1).clone()",
         "sq = norm.float().reshape(1).clone()",
-        ("tests/engine/test_pipeline_stages.py",),
+        ("tests/engine/test_pipeline_stages.py::test_the_gradient_norm_is_summed_over_the_pp_group_only",),
         "the stages' norms summed, not their squares",
     ),
     M(
@@ -783,7 +789,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/engine/pipeline.py",
         "if not first_block <= i < first_block + num_blocks:",
         "if not first_block <= i <= first_block + num_blocks:",
-        ("tests/engine/test_pipeline_stages.py",),
+        ("tests/engine/test_pipeline_stages.py::test_chained_stages_give_the_whole_models_logits",),
         "a stage keeps the next stage's first layer too (it runs twice)",
     ),
     M(
