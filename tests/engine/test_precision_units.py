@@ -165,6 +165,26 @@ def test_float8_all_gathers_only_under_fsdp(tmp_path: Path) -> None:
         assert float8.describe(model, conv)["float8_layers"] == len(conv.converted) > 0
 
 
+def test_float8_leaves_an_nn_linear_router_in_bf16() -> None:
+    """Under transformers 4.x Mixtral's and Qwen3-MoE's router is an nn.Linear named `gate` (transformers 5 made it a
+    router module, which float8 never converts), gpt-oss's and Llama 4's `router`: kept in bf16 by name even where its
+    shape (16 experts) passes the shape rule; a dense MLP's `gate_proj` converts."""
+    pytest.importorskip("torchao", reason="needs torchao (pip install 'llmctl[fp8]')")
+    from llmctl.engine import float8
+
+    def block() -> torch.nn.Module:
+        mlp = torch.nn.Module()
+        mlp.gate, mlp.router, mlp.gate_proj = (torch.nn.Linear(64, n, bias=False) for n in (16, 16, 128))
+        return mlp
+
+    with torch.device("meta"):
+        model = torch.nn.ModuleDict({"mlp": block(), "lm_head": torch.nn.Linear(64, 256, bias=False)})
+    model.get_output_embeddings = lambda: model["lm_head"]
+    conv = float8.convert(model, policy("fp8"), fsdp=True)
+    assert conv.converted == ["mlp.gate_proj"]
+    assert conv.skipped == {"mlp.gate": "MoE router", "mlp.router": "MoE router", "lm_head": "LM head"}
+
+
 def _tp_styles(tmp: Path, precision: str, intermediate: int) -> dict[str, str]:
     """{path in a decoder layer: the class name of its TP style} for the tiny Llama converted under `precision`."""
     from llmctl.engine import float8

@@ -162,6 +162,32 @@ def test_the_stall_hook_sleeps_only_its_rank_and_leaves_on_stop(tmp_path, monkey
         w1.close()
 
 
+def test_the_stacks_on_request_show_every_thread(tmp_path):
+    """`status --stacks`'s path in one process: the rank's heartbeat gives its pid, SIGUSR2 makes the watchdog's
+    faulthandler append every thread's stack to the rank's stacks file, request_stacks reads what was added. A rank
+    stuck in a collective may be stuck in another thread than the main one (a data loader, a checkpoint writer): the
+    parked thread's frame is in the dump, with the main thread's."""
+    import threading
+
+    release = threading.Event()
+
+    def parked_in_a_collective() -> None:
+        release.wait(30)
+
+    w = Watchdog(tmp_path, 0)
+    worker = threading.Thread(target=parked_in_a_collective, daemon=True)
+    worker.start()
+    try:
+        w.beat("forward", 3)
+        texts, missing = heartbeat.request_stacks(tmp_path, wait_s=5.0)
+    finally:
+        release.set()
+        worker.join()
+        w.close()
+    assert missing == [] and list(texts) == [0]
+    assert "parked_in_a_collective" in texts[0] and "test_the_stacks_on_request_show_every_thread" in texts[0]
+
+
 def test_the_flight_recorder_env_is_set_unless_given(tmp_path, monkeypatch):
     """NCCL's flight recorder: 2,000 entries, dumped on a timeout into <logging.dir>/flight/rank_N; a value the user
     set is kept."""
