@@ -2,10 +2,13 @@
 
 Each mutant is one realistic slip in one line of the core: the byte ledger, activations, FLOPs, the collectives' bus
 factors, the planner's search, the memory phases, accumulation, the LR schedule, loss scaling, checkpoint retention,
-data framing, export, the live check and tune's ranking. For each, the script copies the tracked tree once into a
-scratch folder, applies the mutant there (never in the working tree), runs only the tests that cover that code, and
-counts the mutant killed when they fail. It prints every mutant's verdict, the kill rate and the survivors, and exits 1
-when a survivor is not a known equivalent mutant (KNOWN_EQUIVALENT, each with why).
+data framing, export, the live check, tune's ranking, and (issue 51) the newer parallelism, precision and launch code:
+context parallelism's sequence split, float8's conversion and prices, pipeline stages, heartbeats and the watchdog.
+Mutants of multi-rank code run against single-process tests where one can see the slip (torch's fake process group
+for the split, a recorded all-reduce for the pp norm), so they take seconds. For each, the script copies the tracked
+tree once into a scratch folder, applies the mutant there (never in the working tree), runs only the tests that cover
+that code, and counts the mutant killed when they fail. It prints every mutant's verdict, the kill rate and the
+survivors, and exits 1 when a survivor is not a known equivalent mutant (KNOWN_EQUIVALENT, each with why).
 
     .venv/bin/python scripts/mutants.py [--only ID,ID] [--keep]
 
