@@ -126,6 +126,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "the local experts' output not returned to the (source rank, expert) order the combine sends back",
     ),
     M(
+        "ep-empty-cut",
+        "llmctl/engine/experts.py",
+        "x = torch.cat([x, x.new_zeros((1, x.shape[1]))])",
+        "x = x.new_zeros((1, x.shape[1]))",
+        ("tests/engine/test_expert_dispatch.py",),
+        "a rank that received no rows cuts the graph: its peers wait in the dispatch's backward all-to-all forever",
+    ),
+    M(
         "ep-grad-scale",
         "llmctl/engine/experts.py",
         "            return grad * scale",
@@ -933,6 +941,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "faulthandler.register(signal.SIGUSR2, file=self._stacks, all_threads=False, chain=False)",
         ("tests/launch/test_heartbeat.py",),
         "the stacks on request show the main thread only",
+    ),
+    # --- tensor-parallel plans (families) and their styles (engine) ---------------------------------------------------
+    M(
+        "tp-kv-heads",
+        "llmctl/families/tensor_parallel.py",
+        '("num_key_value_heads", spec.num_kv_heads),',
+        '("num_key_value_heads", spec.num_heads),',
+        ("tests/spec/test_plan_tp.py",),
+        "tp checked against the query heads twice: a tp that splits a kv head is accepted",
+    ),
+    M(
+        "tp-latent-whole",
+        "llmctl/families/tensor_parallel.py",
+        'return "norm" in tensor or any(f"{p}." in tensor for p in LATENT_PROJECTIONS)',
+        'return "norm" in tensor',
+        ("tests/families/test_registry.py",),
+        "MLA's latent projections counted as split over tp (the engine keeps them whole)",
+    ),
+    M(
+        "tp-shared-key-width",
+        "llmctl/engine/tensor_parallel.py",
+        "width = int(owner.qk_rope_head_dim)",
+        "width = int(owner.kv_lora_rank)",
+        ("tests/engine/test_tensor_parallel.py",),
+        "MLA's key-gradient all-reduce over the latent's width: latent columns summed tp times",
+    ),
+    M(
+        "tp-proj-norm-local",
+        "llmctl/engine/tensor_parallel.py",
+        "input_layouts=(Shard(-1),),\n                desired_input_layouts=(Replicate(),),",
+        "input_layouts=(Shard(-1),),\n                desired_input_layouts=(Shard(-1),),",
+        ("tests/engine/test_tensor_parallel.py",),
+        "OLMo 2's q/k norms over the local heads' columns only (the variance of a part of the row)",
     ),
 )
 

@@ -71,3 +71,18 @@ def test_grad_scaled_scales_only_the_gradient() -> None:
     assert torch.equal(y, x)
     y.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 0.25))
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_a_rank_that_receives_no_rows_stays_in_the_graph(group, family: str) -> None:
+    """A rank whose experts got no rows (a collapsed router sends every token elsewhere) must still reach the
+    dispatch's all-to-all in backward, which its peers wait in: the graph from the experts' output back to the
+    tokens is not cut (measured: examples/moe-cpu.yaml hung at step 6 in backward when it was)."""
+    m = _experts(family)
+    m._llmctl_ep = ExpertGroup(group, 1, 0, None)
+    m.forward = types.MethodType(dispatch_forward, m)
+    h = torch.randn(0, m.gate_up_proj.shape[-1], requires_grad=True)
+    out = m(h, torch.zeros(0, 2, dtype=torch.long), torch.rand(0, 2))
+    assert out.shape == (0, h.shape[1])
+    (grad,) = torch.autograd.grad(out.sum(), [h])  # raises if the rows' path was cut
+    assert grad.shape == h.shape
