@@ -2,10 +2,13 @@
 
 Each mutant is one realistic slip in one line of the core: the byte ledger, activations, FLOPs, the collectives' bus
 factors, the planner's search, the memory phases, accumulation, the LR schedule, loss scaling, checkpoint retention,
-data framing, export, the live check and tune's ranking. For each, the script copies the tracked tree once into a
-scratch folder, applies the mutant there (never in the working tree), runs only the tests that cover that code, and
-counts the mutant killed when they fail. It prints every mutant's verdict, the kill rate and the survivors, and exits 1
-when a survivor is not a known equivalent mutant (KNOWN_EQUIVALENT, each with why).
+data framing, export, the live check, tune's ranking, and (issue 51) the newer parallelism, precision and launch code:
+context parallelism's sequence split, float8's conversion and prices, pipeline stages, heartbeats and the watchdog.
+Mutants of multi-rank code run against single-process tests where one can see the slip (torch's fake process group
+for the split, a recorded all-reduce for the pp norm), so they take seconds. For each, the script copies the tracked
+tree once into a scratch folder, applies the mutant there (never in the working tree), runs only the tests that cover
+that code, and counts the mutant killed when they fail. It prints every mutant's verdict, the kill rate and the
+survivors, and exits 1 when a survivor is not a known equivalent mutant (KNOWN_EQUIVALENT, each with why).
 
     .venv/bin/python scripts/mutants.py [--only ID,ID] [--keep]
 
@@ -680,6 +683,264 @@ MUTANTS: tuple[Mutant, ...] = (
         "return min(pp - rank - 1, m)",
         ("tests/spec/test_pipeline.py",),
         "1F1B's stage holds one micro-batch fewer than its warm-up plus the one in steady state",
+    ),
+    # --- issue 51: context parallelism, float8, pipeline stages, heartbeats and the watchdog -------------------------
+    M(
+        "cp-balance-ignored",
+        "llmctl/engine/context_parallel.py",
+        "_cp_options.enable_load_balance = self.load_balance",
+        "_cp_options.enable_load_balance = True",
+        (
+            "tests/engine/test_context_parallel.py::test_the_split_cuts_ids_targets_and_positions_per_rank_in_one_process",
+        ),
+        "the head-tail load balance on though the plan turned it off",
+    ),
+    M(
+        "cp-positions-uncut",
+        "llmctl/engine/context_parallel.py",
+        "with context_parallel(self.mesh, buffers=bufs, buffer_seq_dims=[1, 1, 1], no_restore_buffers=set(bufs)):",
+        "with context_parallel(self.mesh, buffers=bufs[:2], buffer_seq_dims=[1, 1], no_restore_buffers=set(bufs[:2])):",
+        (
+            "tests/engine/test_context_parallel.py::test_the_split_cuts_ids_targets_and_positions_per_rank_in_one_process",
+        ),
+        "the positions not cut with the ids: the rotary tables of the sequence's first s/cp tokens on every rank",
+    ),
+    M(
+        "cp-rotate-ignored",
+        "llmctl/engine/context_parallel.py",
+        "set_rotate_method(self.rotate)",
+        'set_rotate_method("allgather")',
+        (
+            "tests/engine/test_context_parallel.py::test_the_split_cuts_ids_targets_and_positions_per_rank_in_one_process",
+        ),
+        "the plan's all-to-all rotation ignored (the ring always all-gathers)",
+    ),
+    M(
+        "f8e-gather-without-fsdp",
+        "llmctl/engine/float8.py",
+        'out = Float8Conversion(p.float8_recipe or "", all_gather=fsdp and p.float8_all_gather)',
+        'out = Float8Conversion(p.float8_recipe or "", all_gather=p.float8_all_gather)',
+        ("tests/engine/test_precision_units.py::test_float8_all_gathers_only_under_fsdp",),
+        "the float8 all-gather switched on without FSDP (no shard to gather; an amax all-reduce each step)",
+    ),
+    M(
+        "f8e-router-fqn",
+        "llmctl/engine/float8.py",
+        'elif fqn.rsplit(".", 1)[-1] in ROUTER_NAMES:',
+        "elif fqn in ROUTER_NAMES:",
+        ("tests/engine/test_precision_units.py",),
+        "the router matched on its whole path: every MoE router converted to float8",
+    ),
+    M(
+        "f8e-one-dimension",
+        "llmctl/engine/float8.py",
+        "elif not float8_convertible(mod.in_features, mod.out_features):",
+        "elif not float8_convertible(mod.in_features, mod.in_features):",
+        ("tests/engine/test_precision_units.py",),
+        "the shape rule checks the input features only",
+    ),
+    M(
+        "f8p-recompute-mask",
+        "llmctl/plan/float8.py",
+        "            if redo_n and mask[k]:",
+        "            if redo_n:",
+        ("tests/plan/test_float8.py",),
+        "selective checkpointing priced as re-casting every linear, not only those it recomputes",
+    ),
+    M(
+        "f8p-unsharded-tp",
+        "llmctl/plan/float8.py",
+        "best = max(best, (params / tp - conv_rank) * compute_bytes + conv_rank)",
+        "best = max(best, (params - conv_rank) * compute_bytes + conv_rank)",
+        ("tests/plan/test_float8.py",),
+        "the gathered block's bf16 parameters not split over tp",
+    ),
+    M(
+        "f8p-precompute-accum",
+        "llmctl/plan/float8.py",
+        "fwd += per_gather + policy.param_bytes * shard / grad_accum",
+        "fwd += per_gather + policy.param_bytes * shard",
+        ("tests/plan/test_float8.py",),
+        "the once-a-step amax precompute read priced on every micro-batch",
+    ),
+    M(
+        "pp-loss-undivided",
+        "llmctl/engine/pipeline.py",
+        "return loss * (self.multiplier / acc)",
+        "return loss * self.multiplier",
+        ("tests/engine/test_pipeline_stages.py::test_the_last_stages_loss_per_micro_batch",),
+        "the last stage's loss not divided by grad_accum_steps before backward",
+    ),
+    M(
+        "pp-packed-divisor",
+        "llmctl/engine/pipeline.py",
+        "loss = loss * (acc / div)",
+        "loss = loss / div",
+        ("tests/engine/test_pipeline_stages.py::test_the_last_stages_loss_per_micro_batch",),
+        "a packed micro-batch's summed loss divided by the step's loss tokens without the accumulation factor",
+    ),
+    M(
+        "pp-norm-world",
+        "llmctl/engine/pipeline.py",
+        "dist.all_reduce(sq, group=self.group)",
+        "dist.all_reduce(sq)",
+        ("tests/engine/test_pipeline_stages.py::test_the_gradient_norm_is_summed_over_the_pp_group_only",),
+        "the stages' squared norms summed over every rank, not the pp group (dp times too large)",
+    ),
+    M(
+        "pp-norm-unsquared",
+        "llmctl/engine/pipeline.py",
+        "sq = norm.float().pow(2).reshape(1).clone()",
+        "sq = norm.float().reshape(1).clone()",
+        ("tests/engine/test_pipeline_stages.py::test_the_gradient_norm_is_summed_over_the_pp_group_only",),
+        "the stages' norms summed, not their squares",
+    ),
+    M(
+        "pp-stage-extra-layer",
+        "llmctl/engine/pipeline.py",
+        "if not first_block <= i < first_block + num_blocks:",
+        "if not first_block <= i <= first_block + num_blocks:",
+        ("tests/engine/test_pipeline_stages.py::test_chained_stages_give_the_whole_models_logits",),
+        "a stage keeps the next stage's first layer too (it runs twice)",
+    ),
+    M(
+        "hb-step-time-per-step",
+        "llmctl/launch/heartbeat.py",
+        "self._steps_s.append((now - self._finished_at) / (step - self.step))",
+        "self._steps_s.append(now - self._finished_at)",
+        ("tests/launch/test_heartbeat.py",),
+        "a beat that finishes several steps at once counted as one long step",
+    ),
+    M(
+        "hb-fastest-rank",
+        "llmctl/launch/heartbeat.py",
+        "step_s = max(measured) if measured else planned_step_s",
+        "step_s = min(measured) if measured else planned_step_s",
+        ("tests/launch/test_heartbeat.py",),
+        "the stall limit from the fastest rank's step time (a slower rank's normal step called a stall)",
+    ),
+    M(
+        "hb-quiet-oldest",
+        "llmctl/launch/heartbeat.py",
+        "quiet = now - max(b.since for b in beats)",
+        "quiet = now - min(b.since for b in beats)",
+        ("tests/launch/test_heartbeat.py",),
+        "quiet time from the rank that moved first, not the last one to move",
+    ),
+    M(
+        "wd-stall-step",
+        "llmctl/engine/watchdog.py",
+        "if self._stall is not None and step + 1 == self._stall[0]:",
+        "if self._stall is not None and step == self._stall[0]:",
+        ("tests/launch/test_heartbeat.py",),
+        "the test hook sleeps one step late",
+    ),
+    M(
+        "wd-stall-every-rank",
+        "llmctl/engine/watchdog.py",
+        "return (int(step), float(seconds)) if int(r) == rank else None",
+        "return (int(step), float(seconds))",
+        ("tests/launch/test_heartbeat.py",),
+        "the test hook sleeps every rank, not the one it names",
+    ),
+    M(
+        "wd-flight-no-dump",
+        "llmctl/engine/watchdog.py",
+        'os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")',
+        'os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "0")',
+        ("tests/launch/test_heartbeat.py",),
+        "NCCL's flight recorder records but never dumps on a timeout",
+    ),
+    # written after the tests above (issue 51's "more mutants of your own choosing"):
+    M(
+        "cp-batch-views",
+        "llmctl/engine/context_parallel.py",
+        "bufs = [batch.inputs.clone(), batch.targets.clone(), positions]",
+        "bufs = [batch.inputs, batch.targets, positions]",
+        (
+            "tests/engine/test_context_parallel.py::test_the_split_cuts_ids_targets_and_positions_per_rank_in_one_process",
+        ),
+        "the batch's own rows handed to context_parallel, which cuts its buffers in place",
+    ),
+    M(
+        "f8e-tensorwise-granularity",
+        "llmctl/engine/float8.py",
+        "x.scaling_type is ScalingType.DYNAMIC and x.scaling_granularity is ScalingGranularity.TENSORWISE for x in casts",
+        "x.scaling_type is ScalingType.DYNAMIC for x in casts",
+        ("tests/engine/test_precision_units.py::test_float8_linears_take_torchaos_float8_tp_styles",),
+        "rowwise-scaled layers given torchao's float8 TP styles (which assume one scale per tensor)",
+    ),
+    M(
+        "f8e-router-name-left-out",
+        "llmctl/engine/float8.py",
+        'ROUTER_NAMES = ("gate", "router")',
+        'ROUTER_NAMES = ("router",)',
+        ("tests/engine/test_precision_units.py::test_float8_leaves_an_nn_linear_router_in_bf16",),
+        "an nn.Linear router named gate (Mixtral, Qwen3-MoE under transformers 4.x) converted to float8",
+    ),
+    M(
+        "f8e-head-unknown",
+        "llmctl/engine/float8.py",
+        'head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None',
+        "head = None",
+        ("tests/engine/test_precision_units.py::test_float8_converts_the_linear_layers_but_the_head_and_odd_shapes",),
+        "the LM head not recognised: converted wherever its shape passes",
+    ),
+    M(
+        "f8p-rowwise-shares-swapped",
+        "llmctl/plan/float8.py",
+        "return (tp if row else 1), tp, (1 if row else tp)",
+        "return (1 if row else tp), tp, (tp if row else 1)",
+        ("tests/plan/test_float8.py",),
+        "rowwise under tp: the whole casts put on the row-wise linears' inputs instead of the column-wise ones'",
+    ),
+    M(
+        "f8p-rowwise-scales-in",
+        "llmctl/plan/float8.py",
+        "scales_f = AMAX_BYTES * ((tokens + o) if rowwise else 2)",
+        "scales_f = AMAX_BYTES * ((tokens + i) if rowwise else 2)",
+        ("tests/plan/test_float8.py",),
+        "the weight's row scales counted along the input features",
+    ),
+    M(
+        "pp-last-stage-off-by-one",
+        "llmctl/engine/pipeline.py",
+        "return self.num_stages - 1 in self.stage_ids",
+        "return self.num_stages in self.stage_ids",
+        ("tests/engine/test_pipeline_stages.py::test_each_stage_gets_the_inputs_it_runs",),
+        "no rank sees itself as the last stage: the targets never given to the schedule",
+    ),
+    M(
+        "pp-counting-left-on",
+        "llmctl/engine/pipeline.py",
+        "                self.counting = False",
+        "                pass",
+        ("tests/engine/test_pipeline_stages.py::test_the_last_stages_loss_per_micro_batch",),
+        "the loss keeps counting after the schedule's call: the next metadata inference recorded as a micro-batch",
+    ),
+    M(
+        "hb-step-start-moved",
+        "llmctl/launch/heartbeat.py",
+        "if self._finished_at is None or step > self.step:",
+        "if self._finished_at is None or step >= self.step:",
+        ("tests/launch/test_heartbeat.py",),
+        "each micro-batch's or checkpoint's beat restarts the step's clock (step times too short)",
+    ),
+    M(
+        "hb-behind-latest",
+        "llmctl/launch/heartbeat.py",
+        "first = min(b.place for b in beats)",
+        "first = max(b.place for b in beats)",
+        ("tests/launch/test_heartbeat.py",),
+        "the ranks ahead named as behind",
+    ),
+    M(
+        "wd-stacks-one-thread",
+        "llmctl/engine/watchdog.py",
+        "faulthandler.register(signal.SIGUSR2, file=self._stacks, all_threads=True, chain=False)",
+        "faulthandler.register(signal.SIGUSR2, file=self._stacks, all_threads=False, chain=False)",
+        ("tests/launch/test_heartbeat.py",),
+        "the stacks on request show the main thread only",
     ),
     # --- tensor-parallel plans (families) and their styles (engine) ---------------------------------------------------
     M(

@@ -75,3 +75,39 @@ def test_attention_selection_with_cp() -> None:
     assert select_attention("auto", True, True, cp=1)[0] == "flash_attention_2"
     with pytest.raises(InputError, match="flash does not run context parallelism"):
         select_attention("flash", True, True, cp=2)
+
+
+def test_the_split_cuts_ids_targets_and_positions_per_rank_in_one_process() -> None:
+    """SequenceSplit on each rank of a 2-rank cp mesh, one rank at a time in this process (torch's fake process group:
+    the cut itself is local, no collective runs): with the head-tail balance rank r holds chunks r and 3-r of 4, without
+    it the r-th half; its ids, targets and positions are cut at the same places; while the block is open torch's ring
+    runs with the plan's balance and rotation; the caller's batch is left whole."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental._attention import _cp_options, _RotateMethod
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from llmctl.engine.context_parallel import SequenceSplit
+    from llmctl.engine.data import Batch
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    chunks = {True: {0: (0, 3), 1: (1, 2)}, False: {0: (0, 1), 1: (2, 3)}}  # 16 tokens: 4 chunks of 4
+    rotation = {"allgather": _RotateMethod.ALL_GATHER, "alltoall": _RotateMethod.ALL_TO_ALL}
+    for rank in (0, 1):
+        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=2)
+        try:
+            mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("cp",))
+            for balance, rotate in ((True, "alltoall"), (False, "allgather"), (False, "alltoall")):
+                ids = torch.arange(17).expand(2, 17) * 10  # a token's id says where it came from
+                inputs, targets = ids[:, :-1], ids[:, 1:]
+                with SequenceSplit(mesh["cp"], balance, rotate)(Batch(inputs, targets)) as part:
+                    assert _cp_options.enable_load_balance is balance and _cp_options.rotate_method == rotation[rotate]
+                    want = [t for c in chunks[balance][rank] for t in range(4 * c, 4 * c + 4)]
+                    assert part.positions.tolist() == [want, want], (rank, balance)
+                    assert part.inputs.tolist() == [[10 * t for t in want]] * 2, (rank, balance)
+                    assert part.targets.tolist() == [[10 * t + 10 for t in want]] * 2, (rank, balance)
+                assert torch.equal(inputs, torch.arange(16).expand(2, 16) * 10)  # the caller's batch untouched
+                assert torch.equal(targets, torch.arange(1, 17).expand(2, 16) * 10)
+        finally:
+            dist.destroy_process_group()

@@ -61,3 +61,76 @@ def test_chained_stages_give_the_whole_models_logits(model_type: str) -> None:
             x = s(x)
     assert x.shape == want.shape
     assert float((x - want).abs().max()) <= 1e-5
+
+
+def test_the_last_stages_loss_per_micro_batch() -> None:
+    """StageLoss, call by call: the schedule's metadata inference (outside `counted`) records nothing; a counted call
+    records the micro-batch's mean loss over the real vocabulary and returns it times multiplier / grad_accum_steps
+    (the data-parallel path's scaling, the schedule's own off); packed data's summed loss is scaled by each
+    micro-batch's divisor in turn (recorded: sum x acc / divisor; returned: sum x multiplier / divisor); evaluation
+    records and returns the sum."""
+    import torch.nn.functional as F
+
+    from llmctl.engine.pipeline import StageLoss
+
+    vocab, padded = 10, 16
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, padded, generator=gen)
+    targets = torch.randint(0, vocab, (2, 4), generator=gen)
+    targets[0, 0] = -100
+    flat = logits[..., :vocab].reshape(-1, vocab), targets.reshape(-1)
+    mean, total = F.cross_entropy(*flat), F.cross_entropy(*flat, reduction="sum")
+
+    loss = StageLoss(vocab, grad_accum_steps=4, multiplier=2.0)
+    counted = loss.counted(loss)
+    assert float(loss(logits, targets)) == 0.0 and loss.recorded == []  # metadata inference
+    got = counted(logits, targets)
+    assert torch.allclose(loss.recorded[0], mean) and torch.allclose(got, mean * 2.0 / 4)
+    assert not loss.counting
+
+    loss.divisors, loss.recorded = [10.0, 20.0], []
+    first, second = counted(logits, targets), counted(logits, targets)
+    assert torch.allclose(torch.stack(loss.recorded), torch.stack([total * 4 / 10, total * 4 / 20]))
+    assert torch.allclose(first, total * 2.0 / 10) and torch.allclose(second, total * 2.0 / 20)
+
+    loss.evaluating, loss.divisors, loss.recorded = True, [], []
+    assert torch.allclose(counted(logits, targets), total) and torch.allclose(loss.recorded[0], total)
+
+
+def _pipeline(stage_ids: list[int], num_stages: int, group: object = None):  # -> Pipeline
+    from llmctl.engine.pipeline import Pipeline, StageLoss
+
+    return Pipeline([], stage_ids, num_stages, None, StageLoss(16, 1), group, 2)
+
+
+def test_the_gradient_norm_is_summed_over_the_pp_group_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """total_norm: this rank's stages' norm squared, all-reduced over the pipeline's process group (not the world: the
+    norm is whole over the data-parallel ranks already), then the root. The other stage's norm is 4: 3 and 4 make 5."""
+    import torch.distributed as dist
+
+    seen: list[tuple[float, object]] = []
+
+    def all_reduce(t: torch.Tensor, group: object = None) -> None:
+        seen.append((float(t), group))
+        t += 16.0  # the other stage's squared norm
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    pp_group = object()
+    got = _pipeline([0], 2, pp_group).total_norm(torch.tensor(3.0))
+    assert seen == [(9.0, pp_group)] and float(got) == 5.0 and got.shape == ()
+
+
+def test_each_stage_gets_the_inputs_it_runs() -> None:
+    """The schedule's inputs per rank: the token ids to the rank with stage 0, the targets to the rank with the last
+    stage (ZB-V's rank 0 holds stages 0 and 3 of 4: both), the positions to every stage."""
+    from llmctl.engine.data import Batch
+
+    ids, pos = torch.arange(8).view(2, 4), torch.arange(4).expand(2, 4)
+    b = Batch(ids, ids + 1, pos)
+    cases = {(0, 3): (True, True), (1, 2): (False, False), (0,): (True, False), (1,): (False, True)}
+    for stage_ids, (first, last) in cases.items():
+        p = _pipeline(list(stage_ids), 4 if len(stage_ids) == 2 else 2)
+        args, kwargs = p._feed(b)
+        assert (p.has_first, p.has_last) == (first, last), stage_ids
+        assert len(args) == first and (not first or args[0] is ids), stage_ids
+        assert ("target" in kwargs) is last and kwargs["position_ids"] is pos, stage_ids

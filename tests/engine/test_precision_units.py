@@ -147,6 +147,44 @@ def test_float8_converts_the_linear_layers_but_the_head_and_odd_shapes(tmp_path:
     assert float8.convert(_tiny_meta(tmp_path / "b"), policy("bf16-mixed"), fsdp=True) is None
 
 
+def test_float8_all_gathers_only_under_fsdp(tmp_path: Path) -> None:
+    """The float8 all-gather is FSDP2's: without FSDP (one rank, no_shard) the tensorwise layers keep their bf16
+    weights whole, so no layer is set to gather in float8, nothing precomputes scales after the optimizer step (no
+    amax all-reduce) and the start event says so; the same conversion under FSDP sets every converted layer."""
+    pytest.importorskip("torchao", reason="needs torchao (pip install 'llmctl[fp8]')")
+    from llmctl.engine import float8
+
+    for fsdp in (False, True):
+        model = _tiny_meta(tmp_path / str(fsdp), TINY["model"]["overrides"])
+        conv = float8.convert(model, policy("fp8"), fsdp=fsdp)
+        layers = dict(model.named_modules())
+        assert conv.all_gather is fsdp
+        assert [layers[n].config.enable_fsdp_float8_all_gather for n in conv.converted] == [fsdp] * len(conv.converted)
+        assert (float8.scale_precompute(conv) is not None) is fsdp
+        assert ("(float8 weight all-gather)" in conv.summary()) is fsdp
+        assert float8.describe(model, conv)["float8_layers"] == len(conv.converted) > 0
+
+
+def test_float8_leaves_an_nn_linear_router_in_bf16() -> None:
+    """Under transformers 4.x Mixtral's and Qwen3-MoE's router is an nn.Linear named `gate` (transformers 5 made it a
+    router module, which float8 never converts), gpt-oss's and Llama 4's `router`: kept in bf16 by name even where its
+    shape (16 experts) passes the shape rule; a dense MLP's `gate_proj` converts."""
+    pytest.importorskip("torchao", reason="needs torchao (pip install 'llmctl[fp8]')")
+    from llmctl.engine import float8
+
+    def block() -> torch.nn.Module:
+        mlp = torch.nn.Module()
+        mlp.gate, mlp.router, mlp.gate_proj = (torch.nn.Linear(64, n, bias=False) for n in (16, 16, 128))
+        return mlp
+
+    with torch.device("meta"):
+        model = torch.nn.ModuleDict({"mlp": block(), "lm_head": torch.nn.Linear(64, 256, bias=False)})
+    model.get_output_embeddings = lambda: model["lm_head"]
+    conv = float8.convert(model, policy("fp8"), fsdp=True)
+    assert conv.converted == ["mlp.gate_proj"]
+    assert conv.skipped == {"mlp.gate": "MoE router", "mlp.router": "MoE router", "lm_head": "LM head"}
+
+
 def _tp_styles(tmp: Path, precision: str, intermediate: int) -> dict[str, str]:
     """{path in a decoder layer: the class name of its TP style} for the tiny Llama converted under `precision`."""
     from llmctl.engine import float8

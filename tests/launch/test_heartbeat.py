@@ -4,11 +4,12 @@ section, without ranks (the real 2-rank stall is tests/launch/test_stall.py)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
-from llmctl.engine.watchdog import Watchdog, collective_failure
+from llmctl.engine.watchdog import Watchdog, _stall_hook, collective_failure, flight_recorder_env
 from llmctl.launch import heartbeat
 from llmctl.launch.heartbeat import Beat, diagnose
 from llmctl.launch.local import AgentTraceback
@@ -57,6 +58,44 @@ def test_writer_measures_the_step_time_and_replaces_its_file(tmp_path):
     assert not list((tmp_path / heartbeat.DIR).glob(".*tmp"))  # written whole, renamed over
 
 
+def test_writer_step_time_after_each_beat(tmp_path, monkeypatch):
+    """The step time the heartbeat carries, after each beat of a step as the trainer gives them: a step's time runs
+    from the beat that finished the previous step to the one that finishes it; the beats of the same step (the data
+    phase of every accumulation micro-batch, eval, checkpoint) neither add a step time nor move its start; a beat
+    that finishes several steps at once counts as that many steps; the median of the last 20."""
+    now = [100.0]
+    monkeypatch.setattr(heartbeat, "time", type("Clock", (), {"time": staticmethod(lambda: now[0])}))
+    w = heartbeat.Writer(tmp_path, 0)
+
+    def at(t: float, phase: str, step: int | None = None) -> tuple[int, str, float, float | None]:
+        now[0] = t
+        w.beat(phase, step)
+        (b,) = heartbeat.read_all(tmp_path)
+        return b.step, b.phase, b.since, b.step_s
+
+    assert at(100.0, "data", 0) == (0, "data", 100.0, None)  # the first step starts
+    assert at(101.0, "forward") == (0, "forward", 101.0, None)
+    assert at(102.0, "data", 0) == (0, "data", 102.0, None)  # the second micro-batch of step 1
+    assert at(110.0, "data", 1) == (1, "data", 110.0, 10.0)  # step 1 took 100 -> 110
+    assert at(111.0, "checkpoint", 1) == (1, "checkpoint", 111.0, 10.0)  # same step: no new time
+    assert at(114.0, "data", 1) == (1, "data", 114.0, 10.0)
+    assert at(124.0, "data", 2) == (2, "data", 124.0, 12.0)  # 110 -> 124, not from the checkpoint's beat
+    assert at(148.0, "data", 4) == (4, "data", 148.0, 12.0)  # two steps in 24 s: 12 each; median(10, 14, 12)
+    assert w._steps_s == [10.0, 14.0, 12.0]
+    for k in range(30):  # only the last 20 count
+        at(148.0 + 2 * (k + 1), "data", 5 + k)
+    assert heartbeat.read_all(tmp_path)[0].step_s == 2.0
+
+
+def test_the_limit_follows_the_slowest_ranks_step_time():
+    """Ranks measure their own step time; the limit is a multiple of the slowest one (a pipeline's last stage, a rank
+    that also evaluates): at 10 s of quiet a run whose slowest rank steps in 4 s is moving."""
+    beats = [beat(0, 4, "forward", 90.0, 1.0), beat(1, 4, "backward", 89.0, 4.0), beat(2, 4, "data", 88.0, None)]
+    d = diagnose(beats, now=100.0, planned_step_s=50.0, floor_s=2)
+    assert d.step_s == 4.0 and d.limit_s == 12.0 and d.quiet_s == 10.0 and not d.stalled
+    assert diagnose(beats[2:], now=100.0, planned_step_s=50.0, floor_s=2).step_s == 50.0  # none measured: the plan
+
+
 def test_group_stacks_lists_equal_stacks_once_odd_one_first():
     wait = 'Thread 0x01 (most recent call first):\n  File "torch/x.py", line 3 in wait\n'
     sleep = 'Current thread 0x02 (most recent call first):\n  File "watchdog.py", line 9 in data\n'
@@ -98,16 +137,71 @@ def test_collective_failures_are_one_line(text, want):
 
 
 def test_the_stall_hook_sleeps_only_its_rank_and_leaves_on_stop(tmp_path, monkeypatch):
+    """LLMCTL_TEST_STALL=1:3:30 is (step 3, 30 s) for rank 1 and nothing for rank 0; the sleep (the only caller of
+    `stopping`) begins in the data phase of step 3 (after step 2 finished) and nowhere else."""
+    monkeypatch.setenv("LLMCTL_TEST_STALL", "1:3:30")
+    assert _stall_hook(1) == (3, 30.0) and _stall_hook(0) is None
+    for bad in ("", "1:3", "x:3:30"):
+        monkeypatch.setenv("LLMCTL_TEST_STALL", bad)
+        assert _stall_hook(1) is None, bad
     monkeypatch.setenv("LLMCTL_TEST_STALL", "1:3:30")
     w0, w1 = Watchdog(tmp_path, 0), Watchdog(tmp_path, 1)
+    asked: list[tuple[int, int]] = []
+
+    def stopping(rank: int, step: int):
+        return lambda: asked.append((rank, step)) is None  # asked to stop: leave at once
+
     try:
-        w0.data(2, lambda: False)  # rank 0: no sleep
-        w1.data(1, lambda: True)  # step 2: not the hook's
-        w1.data(2, lambda: True)  # step 3, rank 1: leaves at once when asked to stop
-        assert (w1.beats.step, w1.beats.phase) == (2, "data") and w1.where() == "in data of step 3"
+        for step in range(5):
+            w0.data(step, stopping(0, step))
+            w1.data(step, stopping(1, step))
+            if step == 2:
+                assert (w1.beats.step, w1.beats.phase) == (2, "data") and w1.where() == "in data of step 3"
+        assert asked == [(1, 2)]
     finally:
         w0.close()
         w1.close()
+
+
+def test_the_stacks_on_request_show_every_thread(tmp_path):
+    """`status --stacks`'s path in one process: the rank's heartbeat gives its pid, SIGUSR2 makes the watchdog's
+    faulthandler append every thread's stack to the rank's stacks file, request_stacks reads what was added. A rank
+    stuck in a collective may be stuck in another thread than the main one (a data loader, a checkpoint writer): the
+    parked thread's frame is in the dump, with the main thread's."""
+    import threading
+
+    release = threading.Event()
+
+    def parked_in_a_collective() -> None:
+        release.wait(30)
+
+    w = Watchdog(tmp_path, 0)
+    worker = threading.Thread(target=parked_in_a_collective, daemon=True)
+    worker.start()
+    try:
+        w.beat("forward", 3)
+        texts, missing = heartbeat.request_stacks(tmp_path, wait_s=5.0)
+    finally:
+        release.set()
+        worker.join()
+        w.close()
+    assert missing == [] and list(texts) == [0]
+    assert "parked_in_a_collective" in texts[0] and "test_the_stacks_on_request_show_every_thread" in texts[0]
+
+
+def test_the_flight_recorder_env_is_set_unless_given(tmp_path, monkeypatch):
+    """NCCL's flight recorder: 2,000 entries, dumped on a timeout into <logging.dir>/flight/rank_N; a value the user
+    set is kept."""
+    names = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    for name in names:
+        monkeypatch.setenv(name, "x")  # restored (unset) after the test
+        monkeypatch.delenv(name)
+    flight_recorder_env(tmp_path)
+    assert [os.environ[n] for n in names] == ["2000", "1", str(tmp_path / "flight" / "rank_")]
+    assert (tmp_path / "flight").is_dir()
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
+    flight_recorder_env(tmp_path)
+    assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
 
 
 def test_the_watchdog_section_is_written_only_when_set(tmp_path):

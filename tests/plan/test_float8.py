@@ -151,6 +151,24 @@ def test_cast_bytes_are_derived_from_the_shapes() -> None:
     )
 
 
+def test_each_checkpointing_mode_recasts_only_the_linears_it_reruns() -> None:
+    """The backward's recompute term, linear by linear: full re-casts every converted linear's forward operands
+    (input and weight), partial:4 a quarter of the blocks, selective only the matmuls it does not keep (k, o, up:
+    llmctl.plan.flops.selective_kept), none nothing. The forward's casts never change."""
+    t, e = 4096, 5  # not compiled: 2 x 2 + 1 bytes an element
+    none = f8.cast_bytes(L8B, policy("fp8"), t, "none", compiled=False)
+
+    def recast(pick: list[int]) -> float:
+        return e * sum(t * LINEARS[k][0] + LINEARS[k][0] * LINEARS[k][1] for k in pick)
+
+    every = recast(list(range(7)))
+    for mode, blocks, pick in (("full", 32, range(7)), ("partial:4", 8, range(7)), ("selective", 32, (1, 3, 5))):
+        fwd, bwd = f8.cast_bytes(L8B, policy("fp8"), t, mode, compiled=False)
+        assert fwd == none[0], mode
+        assert bwd - none[1] == blocks * recast(list(pick)), mode
+    assert recast([1, 3, 5]) < every  # selective re-casts 3 of the 7 linears
+
+
 def test_under_the_float8_all_gather_the_weights_are_cast_on_the_shard() -> None:
     """Tensorwise over 8 shards: no weight cast in the linears, the fp32 shard cast before each all-gather (4 + 1
     bytes an element) and read once a step for the amax precompute; rowwise casts the gathered bf16 weights."""
@@ -211,6 +229,16 @@ def test_the_memory_lines_of_float8() -> None:
     for name in ("activations (saved for backward)", "loss log-softmax (fp32, b*s*V)", "final norm + LM-head input"):
         assert tw[name] == rw[name] == bf16[name]
     assert "float8 copies of one linear (forward)" not in bf16
+
+
+def test_the_unsharded_float8_block_per_tp_rank() -> None:
+    """One all-gathered block under the float8 all-gather, term by term: its converted weights at 1 byte a parameter
+    and the rest (norms) in bf16, each split over the tp ranks (a dense model replicates nothing in a tp group)."""
+    block = L8B.params_per_layer
+    for tp in (1, 2, 4):
+        converted_bytes = BLOCK_IO / tp
+        other_bytes = 2 * (block - BLOCK_IO) / tp
+        assert f8.unsharded_layer_bytes(L8B, 2, tp) == pytest.approx(converted_bytes + other_bytes, rel=1e-12), tp
 
 
 def test_fp8_predicts_more_tokens_per_second_than_bf16_by_a_derived_margin() -> None:
