@@ -282,3 +282,67 @@ def load_fields(model: torch.nn.Module, steps: int, whole_world: bool) -> dict[s
         "expert_tokens_mean": float(grid.mean()),
         "expert_imbalance": float((grid.max(dim=1).values / mean).max()),
     }
+
+
+@dataclass
+class AuxLoss:
+    """The family's auxiliary load-balancing loss (Switch Transformer's, as transformers computes it in its MoE
+    causal LMs when output_router_logits is set): every MoE layer's router logits of one micro-batch, recorded by
+    forward hooks on the router modules the model's `_can_record_outputs` names (not again in activation
+    checkpointing's recompute), turned into `coef` x load_balancing_loss_func(logits, E, top-k) by `take`. This
+    rank's tokens only, as transformers' and torchtitan's per-micro-batch losses."""
+
+    func: Any
+    coef: float
+    experts: int
+    top_k: int
+    logits: list = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        self.logits = []
+
+    def record(self, index: int) -> Any:
+        import torch
+
+        def hook(module: Any, args: tuple, output: Any) -> None:
+            if torch._C._current_graph_task_id() == -1:
+                self.logits.append(output[index] if isinstance(output, tuple) else output)
+
+        return hook
+
+    def take(self) -> torch.Tensor:
+        """coef x the loss over the logits recorded since the last call (then forgotten)."""
+        logits, self.logits = tuple(self.logits), []
+        return self.coef * self.func(logits, self.experts, self.top_k)
+
+
+def aux_loss(model: torch.nn.Module) -> AuxLoss:
+    """The model's auxiliary load-balancing loss, its hooks installed (SpecError where transformers' family has
+    none: DeepSeek-V3 balances its experts with a bias instead)."""
+    import importlib
+
+    from llmctl.errors import SpecError
+
+    cfg = model.config
+    # FSDP2 wraps the class (FSDPQwen3MoeForCausalLM): transformers' own is further up its MRO
+    own = next((c for c in type(model).__mro__ if c.__module__.startswith("transformers.models.")), type(model))
+    module = importlib.import_module(own.__module__)
+    func = getattr(module, "load_balancing_loss_func", None)
+    recorder = (getattr(model, "_can_record_outputs", None) or {}).get("router_logits")
+    if recorder is None:  # the base model's class declares it
+        base = getattr(model, "model", None)
+        recorder = (getattr(base, "_can_record_outputs", None) or {}).get("router_logits")
+    coef = getattr(cfg, "router_aux_loss_coef", None)
+    if func is None or recorder is None or not coef:
+        raise SpecError(
+            f"training.moe_aux_loss: transformers' {cfg.model_type} has no auxiliary load-balancing loss "
+            "(DeepSeek-V3 balances its experts with a routing bias instead)",
+            hint="leave training.moe_aux_loss out",
+        )
+    experts = getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)
+    loss = AuxLoss(func, float(coef), int(experts), int(cfg.num_experts_per_tok))
+    target = recorder.target_class
+    for m in model.modules():
+        if isinstance(m, target):
+            m.register_forward_hook(loss.record(recorder.index))
+    return loss

@@ -35,7 +35,7 @@ from llmctl.engine.checkpoint import Checkpointer, StopSignal
 from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
 from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers, one_row
 from llmctl.engine.evaluate import Evaluator
-from llmctl.engine.experts import load_fields
+from llmctl.engine.experts import aux_loss, load_fields
 from llmctl.engine.kernel_profile import StepProfiler
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import RunRecord, check_installed, new_run_id, open_sinks
@@ -190,6 +190,8 @@ class Trainer:
         self.pipeline: Pipeline | None = None
         """Pipeline parallelism (pp > 1): this rank's stages and their schedule (llmctl.engine.pipeline)."""
         self._grads_probe = os.environ.get(GRADS_PROBE_ENV)
+        self.aux: Any = None
+        """The MoE auxiliary load-balancing loss (training.moe_aux_loss: llmctl.engine.experts.AuxLoss), or None."""
         self.step = 0
         self._resume_warnings: list[str] = []
         """Damaged checkpoints set aside at the restore (rank 0), logged as `warning` events."""
@@ -337,6 +339,7 @@ class Trainer:
             return rss_base
         self.fsdp = parallelize(self.model, self.spec, self.setup_, self.mesh)
         self.made = materialize(self.model, self.setup_, self.device, values)
+        self.aux = aux_loss(self.model) if self.setup_.moe_aux_loss else None
         if self.loss_impl in ("chunked", "liger"):
             install_loss_forward(self.model, self.loss_impl, self.vocab, self.setup_.loss_chunk_tokens)
         return rss_base
@@ -455,6 +458,7 @@ class Trainer:
             "cp": t.cp,
             **self._pp_fields(),
             **({"ep": t.ep, "expert_shard": t.dims.expert_shard} if t.dims.ep_enabled else {}),
+            **({"moe_aux_loss_coef": self.aux.coef} if self.aux is not None else {}),
             "loss_mode": self.loss_impl,
             "loss_chunk_tokens": t.loss_chunk_tokens,
             "precision": t.precision.name,
@@ -547,9 +551,10 @@ class Trainer:
             loss = model_loss(self.model, self.loss_impl, b.inputs, b.targets, self.vocab, reduction, b.positions)
             if div is not None:
                 loss = loss * (acc / div)
+            total = loss if self.aux is None else loss + self.aux.take()  # the MoE load-balancing term: not logged
             self.phase_peaks.mark("forward")
             self.watch.beat("backward")
-            (loss * (self.grad_step.loss_multiplier * inject / acc)).backward()  # inside the split: the ring too
+            (total * (self.grad_step.loss_multiplier * inject / acc)).backward()  # inside the split: the ring too
             self.phase_peaks.mark("backward")
         return local_value(loss)
 

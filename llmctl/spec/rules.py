@@ -262,6 +262,8 @@ def _ep_split(s: Setup, spec: ModelSpec) -> str | None:
 
     counts = sorted({la.mlp.num_experts for la in spec.layers if la.mlp.moe}) or [0]
     why = next((why for e in counts if (why := ep_problem(e, s.ep, spec.name))), None)
+    if why is None and getattr(s, "moe_aux_loss", False) and not spec.moe:
+        return f"training.moe_aux_loss: {spec.name} is dense (no router to balance)"
     if why is None and s.ep > 1 and spec.features.dense_moe:
         return (
             f"expert parallelism: {spec.name}'s MoE runs every token through every expert (transformers' "
@@ -274,7 +276,7 @@ MODEL_RULES = (
     Rule("tp plan", ("tp",), _tp_splits, "use --tp 1, or no pin"),
     Rule("ring attention", ("cp",), _ring_runs, "use --cp 1, or no pin"),
     Rule("pp split", ("pp", "pp_virtual_stages"), _pp_split, "use a smaller --pp, or pp 1 for this model"),
-    Rule("ep split", ("ep",), _ep_split, "use an ep that divides the routed experts, or ep 1"),
+    Rule("ep split", ("ep", "moe_aux_loss"), _ep_split, "use an ep that divides the routed experts, or ep 1"),
     Rule("learned positions", ("seq_len",), _positions),
     Rule("nf4 base", ("finetune",), _nf4_base, "use --finetune lora"),
     Rule("lora targets", ("lora_targets",), _targets, "leave finetune.lora_targets out for the family's defaults"),
@@ -306,6 +308,8 @@ def _engine_layout(s: Setup) -> str | None:
 def _ep_engine(s: Setup) -> str | None:
     if s.dims.ep_enabled and s.dims.tp_enabled:
         return f"the engine's expert parallelism runs at tp 1 (experts are not split over tp; tp {s.tp})"
+    if s.moe_aux_loss and (s.dims.pp_enabled or s.dims.tp_enabled):
+        return "the engine adds the MoE auxiliary loss at pp 1 and tp 1 (its loss is the whole model's on one rank)"
     if s.dims.ep_enabled and s.dims.pp_enabled:
         # torch 2.13's pipeline stages infer their backward's shapes on some ranks of a stage and not others: the
         # dispatch's all-to-all inside a stage then waits for a peer that is already past it (measured: a hang at
@@ -316,7 +320,7 @@ def _ep_engine(s: Setup) -> str | None:
 
 ENGINE_RULES = (
     Rule("engine layout", ("strategy", "engine"), _engine_layout),
-    Rule("ep at tp 1", ("ep", "tp", "pp"), _ep_engine, "use tp 1 and pp 1 with ep, or ep 1"),
+    Rule("ep at tp 1", ("ep", "tp", "pp", "moe_aux_loss"), _ep_engine, "use tp 1 and pp 1 with ep, or ep 1"),
     # An engine rule, not a setup rule: estimate-memory's --pp with the default single micro-batch stays a what-if.
     Rule(
         "pp schedule microbatches",

@@ -349,6 +349,15 @@ class TrainSetup:
         search="key",
     )
     """eager | sdpa | flash, or auto (what the engine picks on the hardware: `kernel`)."""
+    moe_aux_loss: bool = decision(
+        False,
+        key="training.moe_aux_loss",
+        file_type=bool,
+        write_default=False,
+        help="MoE models: add the family's auxiliary load-balancing loss (transformers' load_balancing_loss_func "
+        "over every MoE layer's router logits, times the config's router_aux_loss_coef), as transformers trains "
+        "with output_router_logits; without it a router can collapse onto a few experts.",
+    )
     compile: bool = decision(
         False,
         json="compile",

@@ -54,3 +54,39 @@ def test_a_dense_model_has_no_expert_fields() -> None:
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     model = transformers.AutoModelForCausalLM.from_config(config)
     assert watch_load(model) == 0 and load_fields(model, steps=1, whole_world=False) == {}
+
+
+def test_the_aux_loss_is_transformers_own() -> None:
+    """training.moe_aux_loss: the hooks record every MoE layer's router logits once per forward (not in the
+    recompute) and give coef x transformers' load_balancing_loss_func, the aux_loss transformers' forward returns
+    with output_router_logits; its gradient reaches the router."""
+    from llmctl.engine.experts import aux_loss
+
+    model = _model()
+    aux = aux_loss(model)
+    assert aux.coef == model.config.router_aux_loss_coef and aux.experts == 4 and aux.top_k == 2
+    ids = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
+    ref = model(input_ids=ids, output_router_logits=True).aux_loss
+    assert len(aux.logits) == 1  # one MoE layer, one forward
+    got = aux.take()
+    assert torch.allclose(got, aux.coef * ref)
+    assert aux.logits == []
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    model(input_ids=ids).logits.sum().backward()  # the recompute in backward records nothing
+    assert len(aux.logits) == 1
+    aux.take()
+    router = next(m for m in model.modules() if hasattr(m, "top_k") and hasattr(m, "weight"))
+    router.weight.grad = None
+    model(input_ids=ids)
+    aux.take().backward()
+    assert router.weight.grad is not None and float(router.weight.grad.abs().sum()) > 0
+
+
+def test_a_family_without_an_aux_loss_is_refused_in_one_line() -> None:
+    from llmctl.engine.experts import aux_loss
+    from llmctl.errors import SpecError
+
+    cfg = tiny("deepseek_v3")
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    with pytest.raises(SpecError, match="no auxiliary load-balancing loss"):
+        aux_loss(transformers.AutoModelForCausalLM.from_config(config))

@@ -72,6 +72,8 @@ def moe_leg(root: Path, name: str, ranks: int, ep: int, steps: int, ckpt: Path) 
     plan = yaml.safe_load(leg(root, f"{name}-base", ranks, 1, steps, ckpt).read_text())
     plan["model"] = {"config": str(config)}
     plan["parallel"] = {"sharding": "full_shard", "ep": ep}
+    # no training.moe_aux_loss: the load-balancing term is per micro-batch (not linear in its tokens), so a leg on 4
+    # ranks (2 sequences each) would not continue a curve of 2 ranks (4 each); tests/engine/test_expert_load.py
     plan["logging"]["dir"] = str(folder / "logs")
     path = folder / "plan.yaml"
     path.write_text(yaml.safe_dump(plan, sort_keys=False))
