@@ -481,7 +481,7 @@ class Trainer:
             "rss_peak_setup_bytes": rss_setup,
             "rss_per_rank_bytes": [list(r) for r in rss_all],
             "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params{self._lora_words()}, "
-            f"attention {self.attn_impl} ({self.attn_why}){self._cp_words()}{self._pp_words()}, loss {self.loss_impl} ({self.loss_why}), mesh "
+            f"attention {self.attn_impl} ({self.attn_why}){self._cp_words()}{self._pp_words()}{self._moe_words()}, loss {self.loss_impl} ({self.loss_why}), mesh "
             f"{tuple(mesh.shape)} {mesh.mesh_dim_names}{'' if self.fsdp else ' (one rank: no FSDP)'}, "
             f"{self.choice.backend}, {self.data_desc}; {'validation: ' + val[1] + '; ' if val else ''}"
             f"{self.made.source}",
@@ -513,6 +513,13 @@ class Trainer:
             "pp_stages": pipe.num_stages,
             "pp_stages_of_rank0": pipe.stage_ids,
         }
+
+    def _moe_words(self) -> str:
+        t, spec = self.setup_, self.spec
+        if not spec.moe:
+            return ""
+        where = f"ep {t.ep}: {spec.num_experts // t.ep} of {spec.num_experts} experts per rank" if t.ep > 1 else "ep 1"
+        return f", experts {where}" + (f", aux loss x {self.aux.coef:g}" if self.aux is not None else "")
 
     def _pp_words(self) -> str:
         t = self.setup_

@@ -146,6 +146,9 @@ def test_the_start_event_says_how_the_ring_runs(chain: dict[str, Path]) -> None:
     assert records(chain["reference"], "start")[0]["cp"] == 1
     ep = records(chain["ep2x2"], "start")[0]
     assert ep["ep"] == 2 and ep["expert_shard"] == 2 and "ep" not in records(chain["ep1"], "start")[0]
+    assert "experts ep 2: 2 of 4 experts per rank" in ep["message"], ep["message"]
+    assert "experts ep 1" in records(chain["ep1"], "start")[0]["message"]
+    assert "experts" not in records(chain["reference"], "start")[0]["message"]  # a dense model
     # every step record says how the router spread its rows: 256 tokens x top-2 over 4 experts, 128 per expert
     steps = records(chain["ep2x2"], "step")
     assert steps and all(r["expert_tokens_mean"] == 128.0 for r in steps)
