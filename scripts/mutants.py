@@ -81,6 +81,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "all-reduce bus factor (n-1)/n instead of 2(n-1)/n",
     ),
     M(
+        "busbw-alltoall",
+        "llmctl/spec/collectives.py",
+        "return 1 - 1 / n",
+        "return 1.0",
+        ("tests/netbench/test_alltoall_price.py",),
+        "all-to-all bus factor 1: the chunk a rank keeps counted as crossing a link",
+    ),
+    M(
+        "alltoall-off-node",
+        "llmctl/plan/network.py",
+        "nic_s = bytes_per_rank * (ep - in_node) / ep / (nic_bw * 1e9)",
+        "nic_s = bytes_per_rank * (ep - 1) / ep / (nic_bw * 1e9)",
+        ("tests/netbench/test_alltoall_price.py",),
+        "an ep group over nodes sends its node-mates' chunks through the NICs too",
+    ),
+    M(
         "overlap",
         "llmctl/plan/comm.py",
         "return comm_s - overlap * min(comm_s, window_s)",

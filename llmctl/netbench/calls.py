@@ -61,6 +61,14 @@ def _from_previous_ok(result: torch.Tensor, n: int, rank: int) -> bool:
     return torch.allclose(result, torch.full_like(result, (rank - 1) % n + 1), rtol=1e-2)
 
 
+def _chunk_ids_ok(result: torch.Tensor, n: int, rank: int) -> bool:
+    """An all-to-all: rank r's output chunk i is the chunk rank i addressed to r, which holds i x n + r + 1. The ids
+    stay exact in 16-bit floats up to n = 16 (bf16 holds integers to 256); rtol covers beyond, as for the gather."""
+    ids = torch.arange(n, dtype=torch.float64) * n + rank + 1
+    expected = ids.to(result.dtype).to(result.device).repeat_interleave(result.numel() // n)
+    return torch.allclose(result, expected, rtol=1e-2)
+
+
 def _all_reduce_tensors(
     numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,6 +110,21 @@ def _ring_send_recv(inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGro
         work.wait()
 
 
+def _all_to_all_tensors(
+    numel: int, n: int, rank: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # S is what each rank sends: n chunks of S/n, chunk j for rank j holding rank x n + j + 1 (one id per sender and
+    # receiver, so the check sees a chunk sent to the wrong rank as well as one from the wrong rank)
+    ids = torch.arange(n, dtype=torch.float64) + rank * n + 1
+    inp = ids.to(dtype).to(device).repeat_interleave(numel // n)
+    return inp, torch.empty(numel, dtype=dtype, device=device)
+
+
+def _all_to_all(inp: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """nccl-tests alltoall_perf: even splits (no split sizes), which gloo runs as NCCL does."""
+    dist.all_to_all_single(out, inp, group=group)
+
+
 # Keyed and ordered like llmctl.spec.collectives.REGISTRY (a test checks that the keys agree).
 CALLS: dict[str, CollectiveCall] = {
     "all_reduce": CollectiveCall(
@@ -114,6 +137,7 @@ CALLS: dict[str, CollectiveCall] = {
         _reduce_scatter_tensors, lambda inp, out, group: _reduce_scatter(out, inp, group=group), _sum_of_ones_ok
     ),
     "send_recv": CollectiveCall(_send_recv_tensors, _ring_send_recv, _from_previous_ok),
+    "all_to_all": CollectiveCall(_all_to_all_tensors, _all_to_all, _chunk_ids_ok),
 }
 
 

@@ -83,6 +83,8 @@ def parse_collectives(text: str) -> list[str]:
         "all_gather_into_tensor": "all_gather",
         "reduce_scatter_tensor": "reduce_scatter",
         "sendrecv": "send_recv",
+        "alltoall": "all_to_all",  # nccl-tests' alltoall_perf
+        "all_to_all_single": "all_to_all",
     }
     names = [aliases.get(n, n) for n in names]
     bad = [n for n in names if n not in COLLECTIVES]

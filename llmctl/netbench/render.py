@@ -6,6 +6,7 @@ Torch-free; matplotlib is imported only when a plot is asked for.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -13,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmctl.errors import InputError, RuntimeFailure
-from llmctl.spec.bench import BenchReport, CollectiveResult, gbit_s, p2p_result
+from llmctl.spec.bench import BenchReport, CollectiveResult, alltoall_result, gbit_s, p2p_result
 from llmctl.units import MIB, fmt_bytes
 
 
@@ -67,18 +68,29 @@ def summary_table(report: BenchReport) -> Table:
     return t
 
 
-def p2p_line(report: BenchReport) -> str | None:
-    """The send/recv sweeps a pipeline's stage-to-stage sends are priced with (llmctl.spec.bench.p2p_bandwidth), at
-    their peak; None when the run swept no send/recv."""
+def _peaks_line(report: BenchReport, result: Callable[[BenchReport, bool], CollectiveResult | None]) -> str | None:
+    """Each sweep `result` picks (inside a node, between nodes) at its peak; None when the run swept neither."""
     parts = []
     for inter_node, where in ((False, "inside a node"), (True, "between nodes")):
-        r = p2p_result(report, inter_node)
+        r = result(report, inter_node)
         if r is not None:
             s = r.summary
             parts.append(f"{where} {s.peak_busbw_gbytes_s:.3f} GB/s at {fmt_bytes(s.peak_size_bytes)}")
-    if not parts:
-        return None
-    return "P2P send/recv between pipeline stages (busbw = algbw, peak): " + "; ".join(parts)
+    return "; ".join(parts) if parts else None
+
+
+def p2p_line(report: BenchReport) -> str | None:
+    """The send/recv sweeps a pipeline's stage-to-stage sends are priced with (llmctl.spec.bench.p2p_bandwidth), at
+    their peak; None when the run swept no send/recv."""
+    peaks = _peaks_line(report, p2p_result)
+    return None if peaks is None else "P2P send/recv between pipeline stages (busbw = algbw, peak): " + peaks
+
+
+def alltoall_line(report: BenchReport) -> str | None:
+    """The all-to-all sweeps an expert-parallel group's dispatch and combine are priced with
+    (llmctl.spec.bench.alltoall_bandwidth), at their peak; None when the run swept no all-to-all."""
+    peaks = _peaks_line(report, alltoall_result)
+    return None if peaks is None else "all-to-all for expert parallelism (busbw, peak): " + peaks
 
 
 def render(report: BenchReport, console: Console | None = None) -> None:
@@ -94,9 +106,9 @@ def render(report: BenchReport, console: Console | None = None) -> None:
         console.print(result_table(r))
     if report.results:
         console.print(summary_table(report))
-    p2p = p2p_line(report)
-    if p2p:
-        console.print(escape(p2p))
+    for line in (p2p_line(report), alltoall_line(report)):
+        if line:
+            console.print(escape(line))
     if report.links:
         t = Table(title="inter-node links (pairwise all-reduce, local rank 0 of each node)", title_justify="left")
         for col in ("link", "size", "busbw GB/s", "Gbit/s", "verdict"):

@@ -310,17 +310,22 @@ class BenchReport(_Model):
         return bw * r.groups_per_node if per_node and r is not None else bw
 
 
-def p2p_result(bench: BenchReport, inter_node: bool) -> CollectiveResult | None:
-    """The send/recv sweep over the links a pipeline's stage-to-stage sends cross: inside a node (the intra-node
-    groups; a single-node report's world) or between nodes (the inter-node groups, every local rank's at once, as
-    every rank of a stage sends to the next stage's together; a world ring that crosses nodes when there are no such
-    groups, its slowest hop an inter-node one). None where the report has no such sweep."""
+def link_result(bench: BenchReport, collective: str, inter_node: bool) -> CollectiveResult | None:
+    """`collective`'s sweep over the links inside a node (the intra-node groups; a single-node report's world) or
+    between nodes (the inter-node groups, every local rank's at once; a world group that crosses nodes when there
+    are no such groups, its slowest hop an inter-node one). None where the report has no such sweep."""
     several = len(bench.nodes) > 1
-    world = bench.result("world", "send_recv")
+    world = bench.result("world", collective)
     if inter_node:
-        return (bench.result("inter_node", "send_recv") or world) if several else None
+        return (bench.result("inter_node", collective) or world) if several else None
     # several nodes without intra-node groups (one rank per node, uneven nodes): nothing measured inside a node
-    return bench.result("intra_node", "send_recv") or (None if several else world)
+    return bench.result("intra_node", collective) or (None if several else world)
+
+
+def p2p_result(bench: BenchReport, inter_node: bool) -> CollectiveResult | None:
+    """The send/recv sweep over the links a pipeline's stage-to-stage sends cross (`link_result`): between nodes the
+    inter-node groups', as every rank of a stage sends to the next stage's together."""
+    return link_result(bench, "send_recv", inter_node)
 
 
 def p2p_bandwidth(bench: BenchReport, inter_node: bool, size_bytes: int = 32 * 2**20) -> float | None:
@@ -330,6 +335,23 @@ def p2p_bandwidth(bench: BenchReport, inter_node: bool, size_bytes: int = 32 * 2
     doc/PERFORMANCE.md). None without a send/recv sweep over those links (reports written before bench-net swept it,
     `--collectives` without send_recv, or a link the run did not cross): the caller then says what it assumed."""
     r = p2p_result(bench, inter_node)
+    return None if r is None else r.busbw_at(size_bytes)
+
+
+def alltoall_result(bench: BenchReport, inter_node: bool) -> CollectiveResult | None:
+    """The all-to-all sweep over the links an expert-parallel group's dispatch and combine cross (`link_result`):
+    inside a node, or between nodes the inter-node groups', all local ranks exchanging at once as every GPU of a node
+    does in an MoE layer (so its busbw is one GPU's share of the node's NICs)."""
+    return link_result(bench, "all_to_all", inter_node)
+
+
+def alltoall_bandwidth(bench: BenchReport, inter_node: bool, size_bytes: int = 32 * 2**20) -> float | None:
+    """busbw GB/s of nccl-tests' alltoall (`alltoall_result`) at `size_bytes`, the total each rank sends (its n
+    chunks, its own included; interpolated in log size, clamped to the measured range): algbw = S / t, busbw = algbw
+    x (n-1)/n, the rate each rank's links carry the (n-1)/n of S that leaves it (NVIDIA/nccl-tests
+    doc/PERFORMANCE.md). None without an all-to-all sweep over those links (reports written before bench-net swept
+    it, `--collectives` without all_to_all, or a link the run did not cross): the caller says what it assumed."""
+    r = alltoall_result(bench, inter_node)
     return None if r is None else r.busbw_at(size_bytes)
 
 

@@ -3,9 +3,9 @@
 
 Each entry is what both sides must agree on, in nccl-tests' terms (NVIDIA/nccl-tests doc/PERFORMANCE.md):
 - S, the size a measurement is quoted at: the all-reduce buffer, the all-gather *output*, the reduce-scatter *input*,
-  what each rank sends (and receives) in a ring send/recv;
-- the bus factor, busbw / algbw with algbw = S / t: 2(n-1)/n for all-reduce, (n-1)/n for all-gather and
-  reduce-scatter, 1 for send/recv, so that busbw is what each link sustains whatever n is;
+  what each rank sends (and receives) in a ring send/recv, and in an all-to-all (its n chunks, its own included);
+- the bus factor, busbw / algbw with algbw = S / t: 2(n-1)/n for all-reduce, (n-1)/n for all-gather,
+  reduce-scatter and all-to-all, 1 for send/recv, so that busbw is what each link sustains whatever n is;
 - the latency steps of the alpha-beta model.
 How to call a collective and check its result needs torch: that half lives in `llmctl.netbench.calls.CALLS`, keyed
 by the same names. A new collective is one entry here and one there (a test checks that the keys agree).
@@ -26,7 +26,8 @@ class CollectiveSpec:
     """One collective, as nccl-tests defines its bandwidth."""
 
     name: str
-    """torch.distributed's name (all_reduce, all_gather, reduce_scatter); send_recv for nccl-tests' sendrecv_perf."""
+    """torch.distributed's name (all_reduce, all_gather, reduce_scatter, all_to_all); send_recv for nccl-tests'
+    sendrecv_perf."""
     bus_factor: Callable[[int], float]
     """n ranks -> busbw / algbw."""
     ring_steps: Callable[[int], int]
@@ -51,6 +52,12 @@ def _send_recv_factor(n: int) -> float:
     return 1.0
 
 
+def _all_to_all_factor(n: int) -> float:
+    # nccl-tests alltoall_perf: S is what each rank sends, n chunks of S/n, one to every rank, itself included; the
+    # chunk it keeps never leaves it, so each rank's links carry all but 1/n of S out, and as much in
+    return 1 - 1 / n
+
+
 def _ring_steps(n: int) -> int:
     # a ring all-gather / reduce-scatter takes n-1 steps (Thakur et al. 2005)
     return n - 1
@@ -66,6 +73,11 @@ def _send_recv_steps(n: int) -> int:
     return 1
 
 
+def _all_to_all_steps(n: int) -> int:
+    # pairwise exchange: one message to each of the n-1 peers (Thakur et al. 2005; NCCL posts them in one group)
+    return n - 1
+
+
 # Order matters: it is the order bench-net sweeps, reports and prints the collectives in.
 REGISTRY: dict[str, CollectiveSpec] = {
     c.name: c
@@ -75,6 +87,8 @@ REGISTRY: dict[str, CollectiveSpec] = {
         CollectiveSpec("reduce_scatter", _ring_factor, _ring_steps, "input"),
         # context parallelism's ring attention passes keys/values to the next rank of the cp group
         CollectiveSpec("send_recv", _send_recv_factor, _send_recv_steps, "send"),
+        # expert parallelism's token dispatch and combine: every rank sends a chunk to every rank of the ep group
+        CollectiveSpec("all_to_all", _all_to_all_factor, _all_to_all_steps, "send"),
     )
 }
 COLLECTIVES: tuple[str, ...] = tuple(REGISTRY)
@@ -89,7 +103,8 @@ def collective(name: str) -> CollectiveSpec:
 
 
 def bus_factor(name: str, n_ranks: int) -> float:
-    """nccl-tests busbw/algbw: (n-1)/n for all-gather and reduce-scatter, 2(n-1)/n for all-reduce, 1 for send/recv."""
+    """nccl-tests busbw/algbw: (n-1)/n for all-gather, reduce-scatter and all-to-all, 2(n-1)/n for all-reduce, 1 for
+    send/recv."""
     if n_ranks < 1:
         raise InputError(f"a collective needs at least 1 rank, got {n_ranks}")
     return collective(name).bus_factor(n_ranks)

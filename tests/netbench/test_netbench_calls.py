@@ -10,6 +10,8 @@ import torch
 from llmctl.netbench import calls as nc
 from llmctl.spec.collectives import COLLECTIVES, collective
 
+CPU = torch.device("cpu")
+
 
 def test_calls_are_keyed_like_the_spec_registry() -> None:
     assert tuple(nc.CALLS) == COLLECTIVES
@@ -44,6 +46,18 @@ def test_checks_tell_right_from_wrong() -> None:
     assert calls["send_recv"].check(torch.full((8,), float(n)), n, 0)
     assert not calls["send_recv"].check(torch.full((8,), 3.0), n, 1)  # from rank + 1: the wrong direction
     assert not calls["send_recv"].check(torch.full((8,), 2.0), n, 1)  # its own buffer, never sent
+    # all_to_all: rank r's chunk for rank j holds r x n + j + 1, so rank 1 receives 2, 6, 10, 14
+    received = torch.tensor([2.0, 6.0, 10.0, 14.0]).repeat_interleave(2)
+    assert calls["all_to_all"].check(received, n, 1)
+    assert not calls["all_to_all"].check(received, n, 2)  # rank 2's chunks: sent to the wrong rank
+    assert not calls["all_to_all"].check(nc.CALLS["all_to_all"].tensors(8, n, 1, torch.float32, CPU)[0], n, 1)
+
+
+def test_all_to_all_sends_a_chunk_to_each_rank() -> None:
+    """Rank 2 of 4: chunk j (of 4 elements) goes to rank j and holds 2 x 4 + j + 1; the output receives as much."""
+    inp, out = nc.CALLS["all_to_all"].tensors(16, 4, 2, torch.bfloat16, CPU)
+    assert inp.dtype == out.dtype == torch.bfloat16 and out.numel() == 16
+    assert inp.view(4, 4)[:, 0].tolist() == [9.0, 10.0, 11.0, 12.0]
 
 
 def test_send_recv_sends_its_rank_id() -> None:

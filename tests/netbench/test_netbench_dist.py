@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from netbench_helpers import LLMCTL, free_port, run_env
 
-from llmctl.spec.bench import BenchReport, load_bench, p2p_bandwidth
+from llmctl.spec.bench import BenchReport, alltoall_bandwidth, load_bench, p2p_bandwidth
 from llmctl.spec.collectives import bus_factor
 
 pytestmark = pytest.mark.dist
@@ -68,6 +68,7 @@ def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Pa
         ("world", "all_gather"),
         ("world", "reduce_scatter"),
         ("world", "send_recv"),
+        ("world", "all_to_all"),
     }
     # the ring send/recv is reported like the collectives: the requested sizes, its own table and summary row
     sr = r.result("world", "send_recv")
@@ -78,6 +79,12 @@ def test_two_ranks_all_collectives_json_plot_and_failed_expectation(tmp_path: Pa
     assert p2p_bandwidth(r, inter_node=False, size_bytes=2**20) == sr.points[-1].busbw_gbytes_s > 0
     assert p2p_bandwidth(r, inter_node=True) is None
     assert "P2P send/recv between pipeline stages (busbw = algbw, peak): inside a node" in proc.stdout
+    # the all-to-all (all_to_all_single, even splits, on gloo): checked, timed, busbw = algbw x 1/2 on 2 ranks
+    a2a = r.result("world", "all_to_all")
+    assert a2a is not None and [p.size_bytes for p in a2a.points] == [256 * 1024, 2**20]
+    assert a2a.points[-1].busbw_gbytes_s == pytest.approx(a2a.points[-1].algbw_gbytes_s / 2)
+    assert "world all_to_all" in proc.stdout and "all-to-all for expert parallelism (busbw, peak)" in proc.stdout
+    assert alltoall_bandwidth(r, inter_node=False, size_bytes=2**20) == a2a.points[-1].busbw_gbytes_s > 0
     assert r.env["GLOO_SOCKET_IFNAME"] == "lo" and r.env["NCCL_DEBUG"] == "WARN"
     assert r.versions["torch"].startswith("2.")
     assert [p.size_bytes for p in r.results[0].points] == [256 * 1024, 2**20]
@@ -112,7 +119,7 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
                 "--warmup",
                 "1",
                 "--collectives",
-                "all_reduce,reduce_scatter,send_recv",
+                "all_reduce,reduce_scatter,send_recv,alltoall",
                 "--json",
                 "-o",
                 str(out),
@@ -143,7 +150,9 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
     assert [n.ranks for n in r.nodes] == [[0, 1], [2, 3]]
     groups = {(x.group, x.collective): x for x in r.results}
     assert set(groups) == {
-        (g, c) for g in ("world", "intra_node", "inter_node") for c in ("all_reduce", "reduce_scatter", "send_recv")
+        (g, c)
+        for g in ("world", "intra_node", "inter_node")
+        for c in ("all_reduce", "reduce_scatter", "send_recv", "all_to_all")
     }
     # the ring send/recv in subgroups of non-adjacent global ranks ({0, 2} and {1, 3}): checked, then timed
     sr = groups[("inter_node", "send_recv")]
@@ -160,6 +169,15 @@ def test_four_ranks_as_two_nodes_on_loopback(tmp_path: Path) -> None:
     # ranks of a node sending at once, as a stage's ranks do)
     assert p2p_bandwidth(r, inter_node=False) == groups[("intra_node", "send_recv")].points[0].busbw_gbytes_s > 0
     assert p2p_bandwidth(r, inter_node=True) == sr.points[0].busbw_gbytes_s > 0
+    # an expert-parallel group's all-to-all across nodes: the inter-node groups' ({0, 2} and {1, 3} at once)
+    assert alltoall_bandwidth(r, inter_node=True) == groups[("inter_node", "all_to_all")].points[0].busbw_gbytes_s > 0
+    print(
+        "loopback all-to-all GB/s at 1 MiB:",
+        {
+            g: round(groups[(g, "all_to_all")].points[0].busbw_gbytes_s, 3)
+            for g in ("world", "intra_node", "inter_node")
+        },
+    )
     print(
         "loopback send/recv GB/s at 1 MiB:",
         {g: round(groups[(g, "send_recv")].points[0].busbw_gbytes_s, 3) for g in ("world", "intra_node", "inter_node")},

@@ -38,6 +38,11 @@ def test_busbw_golden_numbers() -> None:
     # 67108864 / 0.5 / 1e9, whatever the ring's size
     assert bench.busbw_gbytes_s("send_recv", 8, 64 * MiB, 0.5) == pytest.approx(0.134217728)
     assert collectives.bus_factor("send_recv", 2) == collectives.bus_factor("send_recv", 1024) == 1.0
+    # all-to-all (nccl-tests alltoall_perf), 8 ranks, each sends 1 GiB in all (8 chunks of 128 MiB, its own kept) in
+    # 2 s: algbw 0.536870912, busbw x 7/8 = 0.469762048; on 2 ranks half of S moves: x 1/2
+    assert bench.busbw_gbytes_s("all_to_all", 8, 2**30, 2.0) == pytest.approx(0.469762048)
+    assert collectives.bus_factor("all_to_all", 2) == 0.5
+    assert collectives.ring_steps("all_to_all", 8) == 7  # one message to each peer
     assert bench.gbit_s(0.125) == 1.0
 
 
@@ -214,22 +219,27 @@ def test_send_recv_round_trips_and_old_reports_still_load(tmp_path: Path) -> Non
     assert bench.load_bench(path).result("world", "send_recv") is None
 
 
-def with_p2p(r: bench.BenchReport, busbw: dict[str, float]) -> bench.BenchReport:
-    """`r` plus a send/recv sweep on each group of `busbw` (GB/s at every size, by group) its all-reduce swept."""
+def with_sweep(r: bench.BenchReport, collective: str, busbw: dict[str, float]) -> bench.BenchReport:
+    """`r` plus a `collective` sweep on each group of `busbw` (GB/s at every size, by group) its all-reduce swept."""
+
+    def point(n: int, size: int, bw: float) -> bench.SizePoint:
+        return bench.SizePoint.measured(collective, n, size, [size * collectives.bus_factor(collective, n) / bw / 1e9])
+
     more = [
         res.model_copy(
             update={
-                "collective": "send_recv",
-                "points": [
-                    bench.SizePoint.measured("send_recv", res.ranks_per_group, p.size_bytes, [p.size_bytes / bw / 1e9])
-                    for p in res.points
-                ],
+                "collective": collective,
+                "points": [point(res.ranks_per_group, p.size_bytes, bw) for p in res.points],
             }
         )
         for res in r.results
         if res.collective == "all_reduce" and (bw := busbw.get(res.group))
     ]
     return r.model_copy(update={"results": [*r.results, *more]})
+
+
+def with_p2p(r: bench.BenchReport, busbw: dict[str, float]) -> bench.BenchReport:
+    return with_sweep(r, "send_recv", busbw)
 
 
 def test_p2p_bandwidth_reads_the_links_a_pipeline_stage_send_crosses(tmp_path: Path) -> None:
@@ -282,6 +292,47 @@ def test_plan_network_reads_measured_send_recv_and_falls_back_to_all_gather(tmp_
     bare = bench_network(str(old_path), 2, 2, None, None)
     assert bare.busbw("send_recv", "intra", 16 * MiB, 2) == pytest.approx(4.0)
     assert "send_recv read as all_reduce (not measured)" in bare.source
+
+
+def test_alltoall_bandwidth_reads_the_links_an_expert_parallel_group_crosses() -> None:
+    """As the send/recv's: inside a node the intra-node groups' all-to-all, between nodes the inter-node groups' (both
+    local ranks exchanging at once); None without the sweep. The report prints both peaks on one line."""
+    from llmctl.netbench.render import alltoall_line
+
+    two = with_sweep(make_report(), "all_to_all", {"world": 0.4, "intra_node": 3.0, "inter_node": 0.5})
+    assert two.result("intra_node", "all_to_all").points[0].algbw_gbytes_s == pytest.approx(6.0)  # busbw / (1/2)
+    assert bench.alltoall_bandwidth(two, inter_node=False) == pytest.approx(3.0)
+    assert bench.alltoall_bandwidth(two, inter_node=True, size_bytes=8 * MiB) == pytest.approx(0.5)
+    assert bench.alltoall_bandwidth(make_report(), inter_node=False) is None
+    assert bench.alltoall_result(with_p2p(make_report(), {"intra_node": 3.0}), inter_node=False) is None
+    assert alltoall_line(make_report()) is None
+    assert alltoall_line(two) == (
+        "all-to-all for expert parallelism (busbw, peak): inside a node 3.000 GB/s at 4 MiB; "
+        "between nodes 0.500 GB/s at 4 MiB"
+    )
+
+
+def test_alltoall_time_reads_the_measured_sweeps_or_the_all_gather(tmp_path: Path) -> None:
+    """2 nodes x 2 GPUs, ep 4 (2 ranks per node), S = 16 MiB per rank: a quarter of S to the node-mate, half of it
+    off the node, alpha 8 us x 3 messages."""
+    from llmctl.plan.network import alltoall_time, bench_network
+
+    s = 16 * MiB  # 16777216 bytes
+    new = with_sweep(make_report(), "all_to_all", {"world": 0.4, "intra_node": 3.0, "inter_node": 0.5})
+    old = with_collective(make_report(), "all_gather", 1.5)
+    new_path, old_path = tmp_path / "new.json", tmp_path / "old.json"
+    bench.dump_bench(new, new_path)
+    bench.dump_bench(old, old_path)
+    net = bench_network(str(new_path), 2, 2, None, None)
+    # NVLink 4194304 B / 3.0 GB/s = 1.398 ms; NICs 8388608 B / 0.5 GB/s = 16.777216 ms, the longer; + 24 us
+    assert alltoall_time(net, s, 4, 2) == pytest.approx(0.016777216 + 24e-6)
+    # inside one node: half of S to the node-mate at the intra-node sweep's 3.0 GB/s, + 2 us (intra alpha) x 1
+    assert alltoall_time(net, s, 2, 2) == pytest.approx(8388608 / 3.0e9 + 2e-6)
+    net_old = bench_network(str(old_path), 2, 2, None, None)
+    # no all-to-all sweep: the all-gather's 1.5 GB/s on both links; NICs 8388608 / 1.5e9 = 5.592405 ms
+    assert alltoall_time(net_old, s, 4, 2) == pytest.approx(8388608 / 1.5e9 + 24e-6)
+    # the network line names only the stand-ins every plan reads (no all-to-all without experts)
+    assert net_old.source == f"bench-net {old_path}; send_recv read as all_gather (not measured)"
 
 
 def test_loader_gives_the_planner_intra_and_inter_node_busbw(tmp_path: Path) -> None:
@@ -344,7 +395,9 @@ def test_parse_dtype_and_collectives() -> None:
     assert opts.parse_dtype("bf16") == "bfloat16"
     assert opts.parse_collectives("reduce_scatter_tensor,all_reduce") == ["all_reduce", "reduce_scatter"]
     assert opts.parse_collectives("sendrecv,send-recv,all_gather") == ["all_gather", "send_recv"]
-    assert opts.WorkerConfig(json_path="x").collectives.endswith("send_recv")  # swept by default
+    assert opts.parse_collectives("alltoall,all_to_all_single,all-to-all") == ["all_to_all"]
+    swept = opts.WorkerConfig(json_path="x").collectives.split(",")
+    assert swept[-2:] == ["send_recv", "all_to_all"]  # swept by default
     with pytest.raises(InputError, match="choose fp32, bf16 or fp16"):
         opts.parse_dtype("int8")
     with pytest.raises(InputError, match="unknown collective broadcast"):
