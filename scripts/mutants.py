@@ -106,6 +106,22 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     # --- memory -------------------------------------------------------------------------------------------------------
     M(
+        "ep-gathered-experts",
+        "llmctl/plan/memory/experts.py",
+        "local = routed / setup.ep * ((1 - 1 / efsdp) if efsdp > 1 else 1.0)",
+        "local = routed * ((1 - 1 / efsdp) if efsdp > 1 else 1.0)",
+        ("tests/plan/test_ep_memory.py",),
+        "FSDP's all-gather at ep > 1 unshards all E experts of a layer, not the rank's E/ep",
+    ),
+    M(
+        "ep-received-rows",
+        "llmctl/plan/memory/experts.py",
+        "_, received = dispatch_rows(tokens, k, ep, IMBALANCE)",
+        "received, _ = dispatch_rows(tokens, k, ep, IMBALANCE)",
+        ("tests/plan/test_ep_memory.py",),
+        "the grouped GEMM's saved rows counted as the rows a rank sends away ((ep - 1)/ep), not those it receives",
+    ),
+    M(
         "loss-buffers",
         "llmctl/plan/memory/estimate.py",
         "        # Backward through the loss: fp32 grad of the log-softmax and of the logits (2 x 4*b*s*V) live at once.\n"

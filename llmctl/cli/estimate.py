@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Annotated, Any, Optional
 
 import typer
@@ -78,6 +79,10 @@ def estimate_memory(
         n_nodes, gpn = hardware.cluster_shape(gpus, nodes, gpus_per_node, node_gpus)
     d["precision"], precision_why = for_gpu(d["precision"], gpu_spec)  # auto: fp16-mixed on a V100, and why
     method = from_flags({k: d.pop(k) for k in ("finetune", "lora_rank", "lora_alpha")})
+    # The model's own refusal of ep first (a dense model, experts ep does not divide): a setup of ep ranks would
+    # otherwise be refused for the ranks it borrows from, which is not the reason.
+    if (err := rules.model_problem(SimpleNamespace(ep=d["ep"]), spec, only=("ep split",))) is not None:
+        raise err
     base = TrainSetup(finetune=method, headroom_fraction=headroom, cuda_context_bytes=int(cuda_context_gib * GIB))
     setup = dec.with_values(base, **d, nodes=n_nodes, gpus_per_node=gpn)
     if (err := rules.model_problem(setup, spec, only=("ring attention",))) is not None:

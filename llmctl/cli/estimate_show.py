@@ -19,6 +19,8 @@ def show(result: dict[str, Any]) -> None:
     est: mem.MemoryEstimate = result["_estimate"]
     _show_header(result, est)
     _show_states(result, est)
+    if "experts" in result:
+        _show_experts(result["experts"])
     if "pipeline" in result:
         _show_pipeline(result["pipeline"])
     _show_per_gpu(result, est)
@@ -39,7 +41,7 @@ def _show_header(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
     world = f"{s.world_size} GPU{'s' if s.world_size > 1 else ''}"
     if s.nodes > 1:
         world += f" ({s.nodes} nodes x {s.gpus_per_node})"
-    par = "".join(f", {k}={v}" for k in ("tp", "cp", "pp") if (v := getattr(s, k)) > 1)
+    par = "".join(f", {k}={v}" for k in ("tp", "cp", "pp", "ep") if (v := getattr(s, k)) > 1)
     c.print(
         f"{s.precision} {s.optimizer}, {s.strategy} over {world}{par} (shard degree {s.shard_degree}), "
         f"engine {s.engine}; micro-batch {s.micro_batch_size} x {s.seq_len} tokens, {s.attention} attention, "
@@ -81,6 +83,17 @@ def _show_states(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
             gib(comp.bytes * s.world_size),
         )
     render.console.print(t)
+
+
+def _show_experts(ex: dict[str, Any]) -> None:
+    """The routed experts' line at ep > 1 (fit_report's "experts"): what one GPU keeps of them, against ep 1."""
+    render.console.print(
+        f"routed experts at ep {ex['ep']}: {ex['local_experts']} of {ex['experts']} per rank (FSDP over efsdp "
+        f"{ex['expert_shard']}), {gib(ex['per_gpu_bytes'])} GiB per GPU (states {gib(ex['states_bytes'])} + "
+        f"unsharded copies {gib(ex['unsharded_bytes'])}) instead of {gib(ex['per_gpu_bytes_at_ep1'])} at ep 1; "
+        f"the all-to-alls' rows: {ex['routing']}\n",
+        soft_wrap=True,
+    )
 
 
 def _show_pipeline(pipe: dict[str, Any]) -> None:

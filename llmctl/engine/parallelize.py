@@ -183,6 +183,8 @@ def apply_fsdp(
     last."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
+    from llmctl.engine.experts import shard_experts
+
     mp = mixed_precision(precision)
     kwargs: dict[str, Any] = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
     if offload:
@@ -194,6 +196,7 @@ def apply_fsdp(
         # The last layer's parameters are needed again right at the start of backward: keep them gathered
         # (torchtitan's reshard_after_forward choice).
         reshard = i < len(layers) - 1 if reshard_after_forward is None else reshard_after_forward
+        shard_experts(layer, reshard_after_forward=reshard, **kwargs)  # expert parallelism's own mesh
         for part in odd_dtype_modules(layer):
             fully_shard(part, reshard_after_forward=reshard, **kwargs)
         fully_shard(layer, reshard_after_forward=reshard, **kwargs)
@@ -257,6 +260,24 @@ def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
     return mesh[names] if names != tuple(mesh.mesh_dim_names or ()) else mesh
 
 
+def apply_experts(model: torch.nn.Module, s: TrainSetup, mesh: DeviceMesh) -> None:
+    """Expert parallelism over the experts' mesh (llmctl.engine.experts) where ep > 1; the rows-per-expert count
+    of every MoE model either way."""
+    from llmctl.engine.experts import apply_ep, expert_mesh, watch_load
+
+    emesh = expert_mesh(s.dims, mesh.device_type, mesh)
+    if emesh is not None:
+        n = apply_ep(model, emesh)
+        log.info(
+            "expert parallelism: %d MoE layers' experts over ep %d, FSDP over %d (mesh %s)",
+            n,
+            s.ep,
+            s.dims.expert_shard,
+            dict(zip(emesh.mesh_dim_names or (), emesh.shape)),
+        )
+    watch_load(model)
+
+
 def parallelize(model: torch.nn.Module, spec: ModelSpec, s: TrainSetup, mesh: DeviceMesh) -> bool:
     """Apply TP -> AC -> compile -> FSDP2 in place (torchtitan's order) to `model`, built from `spec` (vocabulary
     padded) for setup `s`; returns whether FSDP2 was applied."""
@@ -272,6 +293,7 @@ def parallelize(model: torch.nn.Module, spec: ModelSpec, s: TrainSetup, mesh: De
             enable_async_tp(mesh["tp"])
         if s.async_tp:
             log.log(logging.INFO if on else logging.WARNING, why)
+    apply_experts(model, s, mesh)
     apply_activation_checkpointing(model, s.checkpointing)
     if s.compile:
         apply_compile(model)

@@ -190,8 +190,16 @@ def split_model(full: torch.nn.Module, setup: TrainSetup, pp_rank: int, mesh: An
 def parallelize_stage(part: torch.nn.Module, setup: TrainSetup, mesh: DeviceMesh) -> bool:
     """Activation checkpointing -> compile -> FSDP2 on one stage (llmctl.engine.parallelize's pieces, which skip the
     absent layers), FSDP not resharding after forward. Returns whether FSDP2 was applied."""
-    from llmctl.engine.parallelize import apply_activation_checkpointing, apply_compile, apply_fsdp, dp_mesh, needs_fsdp
+    from llmctl.engine.parallelize import (
+        apply_activation_checkpointing,
+        apply_compile,
+        apply_experts,
+        apply_fsdp,
+        dp_mesh,
+        needs_fsdp,
+    )
 
+    apply_experts(part, setup, mesh)
     apply_activation_checkpointing(part, setup.checkpointing)
     if setup.compile:
         apply_compile(part)

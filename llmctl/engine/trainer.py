@@ -35,6 +35,7 @@ from llmctl.engine.checkpoint import Checkpointer, StopSignal
 from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
 from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers, one_row
 from llmctl.engine.evaluate import Evaluator
+from llmctl.engine.experts import load_fields
 from llmctl.engine.kernel_profile import StepProfiler
 from llmctl.engine.livecheck import Clues, compiled_frames, judge
 from llmctl.engine.loggers import RunRecord, check_installed, new_run_id, open_sinks
@@ -453,6 +454,7 @@ class Trainer:
             "checkpointing": t.checkpointing,
             "cp": t.cp,
             **self._pp_fields(),
+            **({"ep": t.ep, "expert_shard": t.dims.expert_shard} if t.dims.ep_enabled else {}),
             "loss_mode": self.loss_impl,
             "loss_chunk_tokens": t.loss_chunk_tokens,
             "precision": t.precision.name,
@@ -717,6 +719,7 @@ class Trainer:
             **self.data.step_fields(step - 1),
             **self.tput.measure((now - self._window_t) / (step - self._window_step)),
             **peak_memory(self.device.type, self.phase_peaks),
+            **load_fields(self.model, step - self._window_step, whole_world=self.setup_.pp == 1),
         }
         self.emit(with_predictions(rec, plan.predicted))
         # Measured vs planned, once, on the first logged window that starts check_after_steps past the (re)start.

@@ -74,8 +74,10 @@ class Features:
 class Family:
     """One model_type llmctl models analytically, with its hooks in one place, as torchtitan's `TrainSpec` carries a
     model's (model_args, parallelize_fn, pipelining_fn, state_dict_adapter, ...): the config reader (`read`), the
-    block `features`, where the decoder layers sit, the tensor-parallel plan, the LoRA targets, and the slots the next
-    parallel dimensions fill (`pipeline_split`, `expert_layout`). A new dimension that depends on the architecture is
+    block `features`, where the decoder layers sit, the tensor-parallel plan, the LoRA targets, and the slot pipeline
+    parallelism fills (`pipeline_split`). Expert parallelism needs no slot: the engine finds the routed experts by
+    transformers' experts-implementation flags (llmctl.engine.experts.is_experts), and a family whose MoE runs
+    every token through every expert (`Features.dense_moe`) cannot split them. A new dimension that depends on the architecture is
     one slot here and one value per family module, not a branch on the model_type."""
 
     model_type: str
@@ -106,10 +108,6 @@ class Family:
     """Why the engine's pipeline stages (llmctl.engine.pipeline: a later stage runs the base model's forward on the
     previous stage's hidden states as `inputs_embeds`) cannot run this family (the refusal's words); "" where they
     can."""
-    expert_layout: Mapping[str, str] | None = None
-    """Expert parallelism's layout: a path inside one MoE block -> how it is placed over the ep group (the routed
-    experts' 3-D weights split by expert, the router and shared experts replicated: torchtitan's ExpertParallel in
-    apply_moe_ep_tp). None: not declared yet (the expert-parallelism issue fills it); a dense family never has one."""
     notes: str = field(default="", compare=False)
 
 

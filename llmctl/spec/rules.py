@@ -261,7 +261,13 @@ def _ep_split(s: Setup, spec: ModelSpec) -> str | None:
     from llmctl.spec.experts import ep_problem
 
     counts = sorted({la.mlp.num_experts for la in spec.layers if la.mlp.moe}) or [0]
-    return next((why for e in counts if (why := ep_problem(e, s.ep, spec.name))), None)
+    why = next((why for e in counts if (why := ep_problem(e, s.ep, spec.name))), None)
+    if why is None and s.ep > 1 and spec.features.dense_moe:
+        return (
+            f"expert parallelism: {spec.name}'s MoE runs every token through every expert (transformers' "
+            "Llama4TextMoe): there is no top-k dispatch to split"
+        )
+    return why
 
 
 MODEL_RULES = (
@@ -300,12 +306,17 @@ def _engine_layout(s: Setup) -> str | None:
 def _ep_engine(s: Setup) -> str | None:
     if s.dims.ep_enabled and s.dims.tp_enabled:
         return f"the engine's expert parallelism runs at tp 1 (experts are not split over tp; tp {s.tp})"
+    if s.dims.ep_enabled and s.dims.pp_enabled:
+        # torch 2.13's pipeline stages infer their backward's shapes on some ranks of a stage and not others: the
+        # dispatch's all-to-all inside a stage then waits for a peer that is already past it (measured: a hang at
+        # the first step of pp 2 x ep 2 on 4 ranks).
+        return f"the engine's expert parallelism runs at pp 1 (pp {s.pp}: not yet inside pipeline stages)"
     return None
 
 
 ENGINE_RULES = (
     Rule("engine layout", ("strategy", "engine"), _engine_layout),
-    Rule("ep at tp 1", ("ep", "tp"), _ep_engine, "use tp 1 with ep, or ep 1"),
+    Rule("ep at tp 1", ("ep", "tp", "pp"), _ep_engine, "use tp 1 and pp 1 with ep, or ep 1"),
     # An engine rule, not a setup rule: estimate-memory's --pp with the default single micro-batch stays a what-if.
     Rule(
         "pp schedule microbatches",

@@ -18,7 +18,7 @@ import yaml
 from tests.engine.conftest import REPO, TINY, deep_update, torchrun_script
 from tests.family_configs import tiny
 
-NO_SDPA = ("gemma2",)
+NO_SDPA = ("gemma2", "gpt_oss")  # transformers builds them without an SDPA path
 CP_CASES: dict[str, dict[str, Any]] = {
     # name: (family, the parallel section, nodes); fp32, seq_len 32 (8 chunks of 4 tokens at cp 4)
     "llama-cp2": {"family": "llama", "parallel": {"cp": 2}},
@@ -32,6 +32,16 @@ CP_CASES: dict[str, dict[str, Any]] = {
     "qwen3-cp2": {"family": "qwen3", "parallel": {"cp": 2}},
     "qwen3-cp2-unbalanced": {"family": "qwen3", "parallel": {"cp": 2, "cp_load_balance": False}},
     "mixtral-cp2": {"family": "mixtral", "parallel": {"cp": 2}},
+}
+EP_CASES: dict[str, dict[str, Any]] = {
+    # expert parallelism borrows data-parallel ranks: each rank keeps the reference rank's micro-batch; 4 experts
+    "qwen3_moe-ep2": {"family": "qwen3_moe", "parallel": {"ep": 2}},  # efsdp 2 x ep 2
+    "qwen3_moe-ep4": {"family": "qwen3_moe", "parallel": {"ep": 4}},  # efsdp 1
+    "qwen3_moe-hsdp-ep2": {"family": "qwen3_moe", "parallel": {"ep": 2, "sharding": "hybrid_shard"}, "nodes": 2},
+    "mixtral-ep2": {"family": "mixtral", "parallel": {"ep": 2}},
+    "deepseek_v3-ep2": {"family": "deepseek_v3", "parallel": {"ep": 2}},  # fp32 router, shared experts
+    "gpt_oss-ep4": {"family": "gpt_oss", "parallel": {"ep": 4}},  # transposed, interleaved gate/up, biases
+    "qwen3_moe-ep2-cp2": {"family": "qwen3_moe", "parallel": {"ep": 2, "cp": 2}},  # ep over dp_shard 2 x cp 2
 }
 
 
@@ -80,7 +90,7 @@ def train_cases(root: Path, tp_families: list[str]) -> dict[str, Any]:
         ref("llama"),
         case_plan(root / "llama", "llama", "hsdp-tp2", {"tp": 2, "sharding": "hybrid_shard"}, nodes=2),
     )
-    for name, c in CP_CASES.items():
+    for name, c in {**CP_CASES, **EP_CASES}.items():
         cases[name] = (
             ref(c["family"]),
             case_plan(root / c["family"], c["family"], name, c["parallel"], c.get("nodes", 1)),

@@ -22,6 +22,7 @@ from engine_runs import finish  # this script's folder is on sys.path
 
 from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, install_cpu_ring, use_ring_attention, whole
 from llmctl.engine.data import Batch
+from llmctl.engine.experts import experts_modules
 from llmctl.engine.loss import local_value, model_loss, select_loss
 from llmctl.engine.materialize import clean_name
 from llmctl.engine.model import Values, base_spec, build_meta_model, materialize, model_spec_for, select_attention
@@ -86,9 +87,12 @@ def one_plan(path: str, rank: int, world: int) -> dict:
         norm = grad_norm([p.grad for p in model.parameters() if p.grad is not None])
         if step == 0:
             params = list(model.parameters())
+            experts = [p for m in experts_modules(model) for p in m.parameters()]
             state = {
                 "parameters": _local_bytes(params),
                 "gradients": _local_bytes(p.grad for p in params),
+                "expert_parameters": _local_bytes(experts),  # the routed experts' share (expert parallelism)
+                "dispatching": sum(getattr(m, "_llmctl_ep", None) is not None for m in experts_modules(model)),
             }
         optimizer.step()
         if step == 0:

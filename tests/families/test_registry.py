@@ -26,11 +26,11 @@ def test_fifteen_model_types_in_one_registry() -> None:
 @pytest.mark.parametrize("model_type", ANALYTICAL_MODEL_TYPES)
 def test_each_family_carries_its_hooks(model_type: str) -> None:
     """Like torchtitan's TrainSpec: a reader, features, a tensor-parallel plan or the words of its refusal, and the
-    slots the next dimensions fill (empty until their issues: pipeline split points, expert layout)."""
+    pipeline split points (empty: the even split by layers)."""
     fam = REGISTRY[model_type]
     assert callable(fam.read) and isinstance(fam.features, Features)
     assert (fam.tp_plan is None) == bool(fam.tp_unsupported)
-    assert fam.pipeline_split is None and fam.expert_layout is None
+    assert fam.pipeline_split is None
 
 
 @pytest.mark.parametrize("model_type", ANALYTICAL_MODEL_TYPES)

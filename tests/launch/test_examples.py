@@ -86,3 +86,16 @@ def test_the_qlora_example_is_the_lora_example_on_a_4bit_base() -> None:
     assert (q.finetune.lora_rank, q.finetune.lora_alpha, q.training.max_steps) == (8, 16, lo.training.max_steps)
     assert q.setup.precision.compute_dtype == "bf16"
     assert q.checkpoint.dir != lo.checkpoint.dir and q.logging.dir != lo.logging.dir
+
+
+def test_the_moe_example_splits_its_experts_over_its_ranks() -> None:
+    """examples/moe-cpu.yaml (README: training MoE models): a Qwen3-MoE with 8 experts top-2 on every layer, ep 2 over
+    its 2 ranks (4 experts each, no FSDP of the experts left), every model and engine rule passing."""
+    from llmctl.engine.model import model_spec_for
+    from llmctl.spec.rules import engine_problem, model_problem
+
+    plan = load_plan(REPO / "examples" / "moe-cpu.yaml")
+    spec = model_spec_for(plan.model)
+    assert plan.setup.ep == 2 and plan.world_size == 2 and plan.setup.dims.expert_shard == 1
+    assert all(la.mlp.num_experts == 8 and la.mlp.experts_per_token == 2 for la in spec.layers)
+    assert model_problem(plan.setup, spec) is None and engine_problem(plan.setup) is None

@@ -31,9 +31,11 @@ and instead of the states:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import llmctl.plan.memory.adapters as lora
+import llmctl.plan.memory.experts as ex
 import llmctl.plan.memory.pipeline as pl
 from llmctl.errors import InputError, RuleError
 from llmctl.plan import float8 as f8
@@ -49,7 +51,7 @@ from llmctl.plan.memory.activations import (
     stage_block_mode,
     stage_blocks_saved_bytes,
 )
-from llmctl.plan.memory.ledger import StateLine, adam_8bit_pipeline_rank_bytes, stage_params
+from llmctl.plan.memory.ledger import StateLine, adam_8bit_pipeline_rank_bytes, stage_params, state_shard_degree
 from llmctl.plan.memory.ring import ring_buffers
 from llmctl.plan.memory.states import state_ledger
 from llmctl.spec import checkpointing as ckpt_modes
@@ -149,13 +151,6 @@ class MemoryEstimate:
         return out
 
 
-def state_shard_degree(setup: TrainSetup, line: StateLine) -> int:
-    """Ranks one model state is split over (1: each rank holds all of it). FSDP2 shards every state at rest
-    (SHARD_GRAD_OP differs only while computing) over its group, the data-parallel shard ranks x cp (torchtitan's
-    dp_shard_cp: a cp group holds one replica's states split like data-parallel ranks); ZeRO by its stage."""
-    return setup.dims.fsdp_shard if setup.engine == "fsdp2" else setup.dims.shard_degree(line.sharded_from_stage)
-
-
 def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Per-GPU memory of one training step (see module docstring for what is predicted): the model states, FSDP's
     gathered layers, the activations and the loss's buffers, then the buffers of one layer at a time. Under pipeline
@@ -165,7 +160,8 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         return _pipeline_estimate(spec, setup)
     held_params, stage_layers = stage_params(spec, setup)
     ledger = state_ledger(spec, setup)
-    comps, host = _state_components(setup, ledger, held_params)
+    experts = ex.held_expert_params(spec, setup) if setup.ep > 1 else 0.0
+    comps, host = _state_components(setup, ledger, held_params, experts)
     layer_params = setup.dims.rank_shard(setup.seq_len).params(spec.params_per_layer)
     comps += _fsdp_components(spec, setup, stage_layers, layer_params)
     if setup.levers.offload:
@@ -199,17 +195,24 @@ def _check_estimable(setup: TrainSetup) -> None:
 
 
 def _state_components(
-    setup: TrainSetup, ledger: list[StateLine], held_params: int
+    setup: TrainSetup, ledger: list[StateLine], held_params: int, experts: float = 0.0
 ) -> tuple[list[Component], list[Component]]:
     """The ledger's lines on this rank, each split over its shard degree: (on the GPU, on the host). Under CPU offload
-    they all live on the host."""
+    they all live on the host. At ep > 1 the `experts` (routed-expert parameters among `held_params`) are split as
+    expert parallelism splits them (llmctl.plan.memory.experts.expert_fraction)."""
     comps: list[Component] = []
     host: list[Component] = []
     for line in ledger:
         deg = state_shard_degree(setup, line)
         exact = line.rank_bytes
         count = line.params if line.params is not None else held_params  # adapters' lines: per adapter parameter
-        on_rank = exact if exact is not None else math.ceil(count * line.bytes_per_param / deg)
+        if exact is not None:
+            on_rank = exact
+        elif experts:
+            dense, routed = (count - experts) / deg, experts * ex.expert_fraction(setup, deg)
+            on_rank = math.ceil((dense + routed) * line.bytes_per_param)
+        else:
+            on_rank = math.ceil(count * line.bytes_per_param / deg)
         (host if setup.levers.offload else comps).append(
             Component(
                 line.name,
@@ -239,6 +242,8 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
         # SHARD_GRAD_OP (reshard_after_forward=False) keeps every layer unsharded from forward to backward.
         n_layers = stage_layers if dims.zero_stage == 2 else min(2, stage_layers)
         name, unsharded = "unsharded layers (FSDP all-gather)", int(n_layers * gathered * (1 - 1 / fsdp))
+        if setup.ep > 1:  # the experts' group unshards to E/ep experts over efsdp (llmctl.plan.memory.experts)
+            unsharded = int(n_layers * ex.gathered_layer_bytes(spec, setup))
         if setup.precision.float8_all_gather and setup.engine == "fsdp2":
             # torchao's float8 all-gather: the converted linears' weights arrive (and stay until resharded) in float8.
             name = "unsharded layers (FSDP float8 all-gather)"
@@ -261,7 +266,8 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
     if setup.training and fsdp > 1:
         # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
         # With adapters only the adapters' gradients exist (the frozen base's need none).
-        grads = lora.adapter_layer_params(spec, ft) if ft.adapters else layer_params
+        grads = ex.local_layer_params(spec, setup, layer_params)  # at ep > 1 the experts at E/ep
+        grads = lora.adapter_layer_params(spec, ft) if ft.adapters else grads
         grad_buf = int(grads * (cb + 4 if cb != 4 else 4))
         comps.append(Component("unsharded layer gradients (reduce-scatter)", grad_buf, ("backward",)))
     return comps
@@ -331,6 +337,7 @@ def _saved_activation_components(spec: ModelSpec, setup: TrainSetup, stage_layer
         if ft.adapters and ck != "selective":
             rec += max(lora.adapter_layer_delta(spec, la, b, s, cb, attn, ft) for la, _ in spec.layer_groups)
         comps.append(Component("recomputed block (backward)", rec, ("backward",)))
+    comps += ep_activation_components(spec, setup, [(range(spec.num_layers), 1)])
     head = head_activation_bytes(spec, b, s, cb, sp) // rest
     if ft.adapters and spec.measured is None:
         head += lora.head_delta(spec, b, s, cb)
@@ -391,6 +398,7 @@ LAYER_BACKWARD_ONLY = (
     "float8 copies",
     "offload: one layer's gradient shard",
     "QLoRA: one linear's weight dequantized",
+    ex.EP_BUFFERS,
 )
 """Components live only while a layer's backward runs (prefixes of their names): not during the loss's backward."""
 
@@ -615,6 +623,8 @@ def min_gpus(
         if nodes * gpn % unit:
             return MinGpus(strategy, None, None, None, "tp x pp does not divide the GPUs of whole nodes")
         try:
+            if not ep_borrows(setup, strategy, nodes, gpn):
+                return MinGpus(strategy, None, None, None, f"ep {setup.ep} does not divide a node's dp_shard x cp")
             e = est_at(nodes, gpn)
         except RuleError as err:  # a pipeline leaves fewer data-parallel ranks than a node's shard group
             return MinGpus(strategy, None, None, None, err.message)
@@ -623,13 +633,15 @@ def min_gpus(
         return MinGpus(strategy, None, None, e.device_bytes, "does not fit when sharded over one node")
     # Inside one node: unit, 2*unit, ... up to gpus_per_node.
     for n in range(unit, gpn + 1, unit):
-        if gpn % n and n != gpn:
+        if (gpn % n and n != gpn) or not ep_borrows(setup, strategy, 1, n):
             continue
         e = est_at(1, n)
         if fits(e, device_memory_bytes, host_memory_bytes):
             return MinGpus(strategy, n, 1, e.device_bytes)
     # A replica spans whole nodes when a pipeline (tp x cp x pp) is larger than one: node counts are its multiples.
     step = unit // gpn if unit > gpn and unit % gpn == 0 else 1
+    if (step := _ep_node_step(setup, strategy, step)) is None:
+        return MinGpus(strategy, None, None, None, f"ep {setup.ep} divides the dp_shard x cp of no node count")
     if strategy == "no_shard" and (gpn % unit == 0 or step > 1):
         e = est_at(step, gpn)
         return MinGpus(strategy, None, None, e.device_bytes, "replicated states do not shrink with more GPUs")
@@ -656,6 +668,24 @@ def min_gpus(
             lo = mid
     e = est_at(hi * step, gpn)
     return MinGpus(strategy, hi * step * gpn, hi * step, e.device_bytes)
+
+
+def ep_borrows(setup: TrainSetup, strategy: str, nodes: int, per_node: int) -> bool:
+    """Whether the setup's ep divides the dp_shard x cp ranks it borrows from (llmctl.spec.parallel.ParallelDims) on
+    `nodes` x `per_node` GPUs: the GPU counts the fewest-GPUs search may try (a pinned ep skips the others)."""
+    if setup.ep == 1:
+        return True
+    dims = replace(setup, strategy=strategy, nodes=nodes, gpus_per_node=per_node, ep=1).dims
+    return dims.fsdp_shard % setup.ep == 0
+
+
+def _ep_node_step(setup: TrainSetup, strategy: str, step: int) -> int | None:
+    """The whole-node step of the fewest-GPUs search (`step`: a replica's) made a multiple on which ep divides
+    dp_shard x cp: the node counts n x step where it does are the multiples of the smallest such n (None: none)."""
+    for k in range(1, setup.ep + 1):
+        if ep_borrows(setup, strategy, k * step, setup.gpus_per_node):
+            return k * step
+    return None
 
 
 # --- pipeline parallelism: one estimate per pp rank ---------------------------------------------------------------
@@ -696,7 +726,8 @@ def _rank_estimate(
         replace(line, rank_bytes=adam_8bit_pipeline_rank_bytes(spec, setup, prank)) if line.rank_bytes else line
         for line in ledger
     ]
-    comps, host = _state_components(setup, ledger, held)
+    experts = ex.held_expert_params(spec, setup, prank.blocks) if setup.ep > 1 else 0.0
+    comps, host = _state_components(setup, ledger, held, experts)
     layer_params = setup.dims.rank_shard(setup.seq_len).params(spec.params_per_layer)
     comps += _pipeline_fsdp_components(spec, setup, prank, held, layer_params)
     if setup.levers.offload:
@@ -740,7 +771,8 @@ def _pipeline_fsdp_components(
     wrapped = dims.fsdp_shard > 1 or dims.dp_replicate > 1 or p.mixed or setup.levers.offload
     if not wrapped:
         return []
-    unsharded = held * cb
+    local = ex.local_held_params(spec, setup, held, prank.blocks)  # at ep > 1 the experts at E/ep
+    unsharded = local * cb
     if p.float8_all_gather:
         shard = setup.dims.rank_shard(setup.seq_len)
         f8_layer = f8.unsharded_layer_bytes(spec, cb, shard.tensor_ranks)
@@ -749,7 +781,7 @@ def _pipeline_fsdp_components(
     if setup.training:
         grad_bytes = p.reduce_bytes if p.reduce_dtype != p.compute_dtype else cb
         phases = ("forward", "backward") if setup.pipeline_microbatches > 1 else ("backward",)
-        comps.append(Component(PP_UNSHARDED_GRADS, held * grad_bytes, phases, note=PIPELINE_NOTE))
+        comps.append(Component(PP_UNSHARDED_GRADS, int(local * grad_bytes), phases, note=PIPELINE_NOTE))
     return comps
 
 
@@ -793,9 +825,32 @@ def _pipeline_activation_components(spec: ModelSpec, setup: TrainSetup, prank: p
     if ck != "none" and prank.blocks:
         rec = recompute_buffer_bytes(spec, b, s, cb, attn, ck, sp) // rest + copy
         comps.append(Component("recomputed block (backward)", rec, ("backward",)))
+    comps += ep_activation_components(spec, setup, [(h.part.blocks, h.micro_batches) for h in prank.held])
     if head:
         comps.append(Component("final norm + LM-head input", head, live))
     return comps
+
+
+def ep_activation_components(
+    spec: ModelSpec, setup: TrainSetup, stages: list[tuple[Sequence[int], int]]
+) -> list[Component]:
+    """At ep > 1 (llmctl.plan.memory.experts): what the engine's dispatch keeps for backward over the ep 1 experts'
+    loop, for each (blocks, micro-batches in flight) of the rank's stages; the recomputed block's under
+    checkpointing; one MoE layer's dispatch buffers in flight. None at ep 1."""
+    if setup.ep == 1 or not any(ex.dispatches(spec, la) for la, _ in spec.layer_groups):
+        return []
+    tokens = setup.micro_batch_size * setup.dims.rank_shard(setup.seq_len).tokens
+    live, note = ("forward", "backward"), ex.IMBALANCE_NOTE
+    saved = sum(n * ex.stage_saved_delta(spec, setup, blocks, tokens) for blocks, n in stages)
+    comps = [Component(ex.EP_SAVED, saved, live, note=note)] if saved else []
+    if setup.checkpointing != "none":
+        one = max(ex.saved_delta_bytes(spec, setup, la, tokens) for la, _ in spec.layer_groups)
+        comps.append(Component(EP_RECOMPUTED, one, ("backward",), note=note))
+    comps.append(Component(ex.EP_BUFFERS, ex.buffer_bytes(spec, setup, tokens), live, note=note))
+    return comps
+
+
+EP_RECOMPUTED = "recomputed block (backward): ep dispatch"
 
 
 def _p2p_buffer_components(setup: TrainSetup, prank: pl.PipelineRank, boundary: int) -> list[Component]:

@@ -42,6 +42,13 @@ class StateLine:
     adapters the adapters' own lines count per adapter parameter (llmctl.plan.memory.adapters)."""
 
 
+def state_shard_degree(setup: TrainSetup, line: StateLine) -> int:
+    """Ranks one model state is split over (1: each rank holds all of it). FSDP2 shards every state at rest
+    (SHARD_GRAD_OP differs only while computing) over its group, the data-parallel shard ranks x cp (torchtitan's
+    dp_shard_cp: a cp group holds one replica's states split like data-parallel ranks); ZeRO by its stage."""
+    return setup.dims.fsdp_shard if setup.engine == "fsdp2" else setup.dims.shard_degree(line.sharded_from_stage)
+
+
 def optimizer_bytes_per_param(spec: ModelSpec, optimizer: str, state_bytes: int) -> float:
     """Optimizer state bytes per parameter; state_bytes is 4 for fp32 states, 2 for bf16 states."""
     if optimizer == "adamw":

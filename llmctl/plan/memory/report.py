@@ -20,6 +20,7 @@ from llmctl.plan.memory.estimate import (
     min_gpus,
     sequence_parallel_degree,
 )
+from llmctl.plan.memory.experts import IMBALANCE_NOTE, expert_memory
 from llmctl.plan.memory.host import host_memory
 from llmctl.plan.memory.ledger import model_bytes_per_param
 from llmctl.plan.memory.ring import ring_buffers
@@ -45,6 +46,8 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         out["context_parallel"] = context_parallel_report(spec, setup, est)
     if setup.pp > 1:
         out["pipeline"] = pipeline_report(est)
+    if setup.ep > 1:
+        out["experts"] = experts_report(spec, setup)
     if setup.precision.float8:
         out["float8"] = {**f8.summary(spec, setup.seq_len, setup.precision), "note": FLOAT8_NOTE}
     # CPU offload: the host's memory per GPU where the catalog knows the kind's node (None: not checked).
@@ -270,4 +273,21 @@ def pipeline_report(est: MemoryEstimate) -> dict[str, Any]:
             }
             for st in est.stages
         ],
+    }
+
+
+def experts_report(spec: ModelSpec, setup: TrainSetup) -> dict[str, Any]:
+    """The routed experts on one GPU at the setup's ep (llmctl.plan.memory.experts) next to the same setup at ep 1."""
+    at, one = expert_memory(spec, setup), expert_memory(spec, replace(setup, ep=1))
+    return {
+        "ep": setup.ep,
+        "expert_shard": setup.dims.expert_shard,
+        "experts": at.experts,
+        "local_experts": at.local_experts,
+        "params_per_gpu": at.params,
+        "states_bytes": at.states_bytes,
+        "unsharded_bytes": at.unsharded_bytes,
+        "per_gpu_bytes": at.total_bytes,
+        "per_gpu_bytes_at_ep1": one.total_bytes,
+        "routing": IMBALANCE_NOTE,
     }

@@ -25,5 +25,5 @@ def classic_bytes_per_param(spec: ModelSpec, setup: TrainSetup) -> float:
         return model_bytes_per_param(spec, state_ledger(spec, setup))
     return sum(
         line.bytes_per_param
-        for line in full_ledger(spec, replace(setup, engine="zero", strategy="no_shard", levers=MemoryLevers()))
+        for line in full_ledger(spec, replace(setup, engine="zero", strategy="no_shard", ep=1, levers=MemoryLevers()))
     )
