@@ -4,7 +4,10 @@ matmul time against the expert loop's, and the all-to-alls' share of the step, w
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from llmctl.plan import experts as ex
+from llmctl.plan.memory.experts import expert_memory
 from llmctl.plan.request import PlanRequest
 from llmctl.plan.timing import Candidate
 from llmctl.spec import checkpointing as ckpt_modes
@@ -12,12 +15,16 @@ from llmctl.spec.setup import TrainSetup
 from llmctl.units import GIB
 
 
-def gathered_expert_bytes(req: PlanRequest, setup: TrainSetup) -> float:
-    """Bytes of routed experts one GPU gathers for one MoE layer (the largest): its E/ep local experts in the compute
-    dtype (FSDP's unsharded copy in forward and backward); all E at ep 1."""
-    h = req.spec.hidden_size
-    most = max((ex.routed_params(layer, h) for layer, _ in req.spec.layer_groups), default=0)
-    return most / setup.ep * setup.compute_bytes
+def experts_held(req: PlanRequest, setup: TrainSetup) -> str:
+    """'experts 7.9 GiB per GPU instead of 63 (16 local experts of 128, FSDP over 4)': the routed experts' states and
+    unsharded copies on one GPU (llmctl.plan.memory.experts.expert_memory) against the same setup at ep 1."""
+    mine = expert_memory(req.spec, setup)
+    at_1 = expert_memory(req.spec, replace(setup, ep=1))
+    fsdp = f", FSDP over {setup.dims.expert_shard}" if setup.dims.expert_shard > 1 else ""
+    return (
+        f"experts {mine.total_bytes / GIB:.1f} GiB per GPU instead of {at_1.total_bytes / GIB:.1f} "
+        f"({mine.local_experts} local experts of {mine.experts}{fsdp})"
+    )
 
 
 def _gap(req: PlanRequest, loser: Candidate, winner: Candidate) -> str:
@@ -52,25 +59,14 @@ def ep_costs(req: PlanRequest, c: Candidate) -> str:
 
 
 def _versus(req: PlanRequest, with_ep: Candidate, without: Candidate) -> str:
-    """The trade in numbers: experts gathered per layer, matmul seconds, exposed data-parallel communication."""
-    e, o = with_ep.setup, without.setup
-    mine, theirs = gathered_expert_bytes(req, e), gathered_expert_bytes(req, o)
+    """The trade in numbers: matmul seconds (grouped GEMMs against the expert loop) and the other exposed
+    communication (FSDP's, with E/ep experts gathered)."""
     mm_e, mm_o = with_ep.predicted.split.get("matmul", 0.0), without.predicted.split.get("matmul", 0.0)
     dp_e = with_ep.predicted.comm_exposed_s - ex.alltoall_seconds(with_ep.predicted.comm_ops)
     return (
-        f"experts {mine / GIB:.2f} GiB gathered per GPU and MoE layer instead of {theirs / GIB:.2f} "
-        f"({_local(req, e)} local experts of {_experts(req)}); matmuls {mm_e:.2f} s "
-        f"(grouped GEMMs) vs {mm_o:.2f} s (the expert loop); other exposed communication {dp_e:.2f} s vs "
-        f"{without.predicted.comm_exposed_s:.2f} s"
+        f"matmuls {mm_e:.2f} s (grouped GEMMs) vs {mm_o:.2f} s (the expert loop); other exposed communication "
+        f"{dp_e:.2f} s vs {without.predicted.comm_exposed_s:.2f} s"
     )
-
-
-def _experts(req: PlanRequest) -> int:
-    return max((layer.mlp.num_experts for layer, _ in req.spec.layer_groups), default=0)
-
-
-def _local(req: PlanRequest, s: TrainSetup) -> int:
-    return _experts(req) // s.ep
 
 
 def explain_ep_choice(req: PlanRequest, chosen: Candidate, variants: list[Candidate], eps: list[int]) -> str:
@@ -82,7 +78,7 @@ def explain_ep_choice(req: PlanRequest, chosen: Candidate, variants: list[Candid
         return "expert parallelism: pinned off (--ep 1)" if req.pin("ep") == 1 else ""
     other = next((c for c in variants if (c.setup.ep > 1) != (s.ep > 1)), None)
     if s.ep > 1:
-        text = f"EP {s.ep}: {ep_costs(req, chosen)}"
+        text = f"EP {s.ep}: {experts_held(req, s)}; {ep_costs(req, chosen)}"
         if other is None:
             return text + ("; no setup without EP fits" if req.pin("ep") is None else " (--ep pinned)")
         return f"{text}; {_versus(req, chosen, other)}; the best without EP ({_short(other)}) predicts {_gap(req, other, chosen)}"
@@ -91,5 +87,5 @@ def explain_ep_choice(req: PlanRequest, chosen: Candidate, variants: list[Candid
     o = other.setup
     return (
         f"EP {o.ep} lost: the best with EP ({_short(other)}) predicts {_gap(req, other, chosen)}; "
-        f"{ep_costs(req, other)}; {_versus(req, other, chosen)}"
+        f"{experts_held(req, o)}; {ep_costs(req, other)}; {_versus(req, other, chosen)}"
     )

@@ -17,7 +17,8 @@ pinned); pp microbatches: all of a step's (one schedule run: the least bubble an
 
 Expert parallelism (mixture-of-experts models only; dense models search ep 1 alone): ep 1, 2, 4, ... dividing every
 MoE layer's routed experts (`ep_degrees`), each family (with pp and cp as they are searched) at the degrees that
-divide its dp_shard x cp ranks, at tp 1 for llmctl's engine, in groups the nodes hold evenly (`family_eps`); or the pin.
+divide its dp_shard x cp ranks, at tp 1 and pp 1 for llmctl's engine (rule "ep at tp 1"), in groups the nodes hold
+evenly (`family_eps`); or the pin.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from llmctl.spec.decisions import declared
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
 from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, sequence_split_problem
 from llmctl.spec.pipeline import max_stages
-from llmctl.spec.rules import engine_problem, model_problem
+from llmctl.spec.rules import ENGINE_RULES, engine_problem, model_problem
 from llmctl.spec.setup import TrainSetup
 from llmctl.units import GIB
 
@@ -322,8 +323,8 @@ def ep_placement_problem(ep: int, gpus_per_node: int) -> str | None:
 
 def family_eps(req: PlanRequest, f: Choice, eps: list[int], rejected: list[str]) -> list[int]:
     """The expert-parallel degrees a (strategy, nodes, tp, cp, pp) family takes of `eps`: those that divide its
-    dp_shard x cp ranks (ep borrows them: llmctl.spec.parallel.ParallelDims), at tp 1 (llmctl's engine runs EP at
-    tp 1: rule "ep at tp 1"), in groups the nodes hold evenly. A pinned degree the family cannot take is said in
+    dp_shard x cp ranks (ep borrows them: llmctl.spec.parallel.ParallelDims), that llmctl's engine runs (rule "ep at
+    tp 1": tp 1, and pp 1 for now), in groups the nodes hold evenly. A pinned degree the family cannot take is said in
     `rejected`; unpinned, the family simply runs at the degrees it takes (ep 1 always)."""
     if eps == [1]:
         return eps
@@ -331,18 +332,35 @@ def family_eps(req: PlanRequest, f: Choice, eps: list[int], rejected: list[str])
     out = []
     for ep in eps:
         why = None
-        if ep > 1 and f.tp > 1:
-            why = f"the engine's expert parallelism runs at tp 1 (tp {f.tp})"
-        elif ep > 1:
+        if ep > 1:
             shard = _fsdp_shard(req, f)
             why = ep_placement_problem(ep, req.gpus_per_node)
-            if shard % ep:
+            if not shard or shard % ep:
                 why = f"ep {ep} must divide the ranks it borrows from: dp_shard x cp = {shard}"
+            why = why or _ep_engine_problem(req, f, ep)
         if why is None:
             out.append(ep)
         elif pinned:
             rejected.append(f"{replace(f, ep=ep).where()}: {why}")
     return out
+
+
+EP_ENGINE_RULE = next(r for r in ENGINE_RULES if r.name == "ep at tp 1")
+"""What llmctl's engine runs expert parallelism with (tp 1, pp 1 for now): the rule the plan check and the engine ask."""
+
+
+def _ep_engine_problem(req: PlanRequest, f: Choice, ep: int) -> str | None:
+    """Why llmctl's engine does not run a family at `ep` (the rule "ep at tp 1"), or None."""
+    if f.tp == 1 and f.pp == 1:
+        return None  # what the rule allows: no setup to build
+    try:
+        probe = req.candidate(
+            strategy=f.strategy, nodes=f.nodes, tp=f.tp, cp=f.cp, pp=f.pp, ep=ep, grad_accum_steps=2 * f.pp
+        )
+    except (RuleError, InputError) as e:
+        return e.message  # not a layout (hybrid on one node, ...): the family's own search says so
+    err = EP_ENGINE_RULE.problem(probe)
+    return None if err is None else err.message
 
 
 def largest_ep(req: PlanRequest, f: Choice, eps: list[int]) -> int:

@@ -51,6 +51,7 @@ def test_families_take_the_degrees_that_divide_their_shard_ranks():
     assert family_eps(req, Choice("no_shard", 2), eps, []) == [1]  # no shard ranks to borrow
     assert family_eps(req, Choice("no_shard", 2, cp=4), eps, []) == [1, 2, 4]  # cp's ranks are borrowed too
     assert family_eps(req, Choice("full_shard", 2, tp=2), eps, []) == [1]  # the engine runs EP at tp 1
+    assert family_eps(req, Choice("full_shard", 2, pp=2), eps, []) == [1]  # and not yet inside pipeline stages
 
 
 def test_a_pin_a_family_cannot_take_is_said():
@@ -59,7 +60,8 @@ def test_a_pin_a_family_cannot_take_is_said():
     assert family_eps(req, Choice("full_shard", 2, tp=2), [8], rejected) == []
     assert family_eps(req, Choice("no_shard", 2), [8], rejected) == []
     assert rejected == [
-        "full_shard x TP 2 x EP 8 on 2 nodes: the engine's expert parallelism runs at tp 1 (tp 2)",
+        "full_shard x TP 2 x EP 8 on 2 nodes: the engine's expert parallelism runs at tp 1 (experts are not split "
+        "over tp; tp 2)",
         "no_shard x EP 8 on 2 nodes: ep 8 must divide the ranks it borrows from: dp_shard x cp = 1",
     ]
 
@@ -87,7 +89,8 @@ def test_moe_plan_chooses_ep_and_says_why(moe_plan):
     all-to-alls cost (test_ep_cost has the terms)."""
     c = moe_plan.chosen
     assert c.setup.ep > 1
-    assert moe_plan.ep_choice.startswith(f"EP {c.setup.ep}: its all-to-alls cost ")
+    assert moe_plan.ep_choice.startswith(f"EP {c.setup.ep}: experts ")
+    assert "GiB per GPU instead of" in moe_plan.ep_choice and "its all-to-alls cost " in moe_plan.ep_choice
     assert "of the step" in moe_plan.ep_choice and "the best without EP" in moe_plan.ep_choice
     d = c.as_dict()
     assert d["ep"] == c.setup.ep and d["ep_alltoall_s"] > 0
