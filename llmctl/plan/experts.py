@@ -29,11 +29,10 @@ stores the rest, so the replicas' all-reduce and the optimizer step are unchange
 
 from __future__ import annotations
 
-import math
-
 from llmctl.plan import comm as cm
 from llmctl.plan import flops as fl
 from llmctl.plan import network
+from llmctl.plan.memory.experts import layer_expert_params
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.experts import IMBALANCE
 from llmctl.spec.layers import Layer
@@ -46,20 +45,11 @@ ALLTOALLS_RECOMPUTED = 2
 """Per MoE layer that checkpointing re-runs: its forward's dispatch and combine again."""
 
 
-def routed_params(layer: Layer, hidden: int) -> int:
-    """Parameters of one layer's routed experts (the 3-D gate_up and down tensors and their biases), 0 for a dense
-    layer: what expert parallelism splits."""
-    if not layer.mlp.moe:
-        return 0
-    prefix = f"{layer.mlp.names[1]}."
-    return sum(math.prod(shape) for name, shape in layer.mlp.tensors(hidden) if name.startswith(prefix))
-
-
 def routed_expert_params(spec: ModelSpec, blocks: tuple[int, ...] | None = None) -> int:
     """Routed-expert parameters of the model, or of some blocks (a pipeline rank's)."""
     if spec.measured is not None:
         return 0
-    return sum(n * routed_params(layer, spec.hidden_size) for layer, n in spec.groups_of(blocks))
+    return sum(n * layer_expert_params(layer, spec.hidden_size) for layer, n in spec.groups_of(blocks))
 
 
 def moe_layer_count(spec: ModelSpec, blocks: tuple[int, ...] | None = None) -> int:

@@ -82,7 +82,7 @@ def test_no_alltoall_at_ep_1_nor_for_a_dense_model():
 
 def test_routed_params_are_the_expert_tensors():
     m = QWEN.layers[0].mlp
-    assert ex.routed_params(QWEN.layers[0], 2048) == m.num_experts * 3 * 2048 * m.intermediate_size
+    assert ex.layer_expert_params(QWEN.layers[0], 2048) == m.num_experts * 3 * 2048 * m.intermediate_size
     assert ex.routed_expert_params(QWEN) == 48 * 128 * 3 * 2048 * 768
 
 
