@@ -132,6 +132,9 @@ def pipeline_bound(
             continue
         for (sched, v), share in shares.items():
             f, b = fwd * share, bwd * share
+            if f + b <= 0:  # the heaviest rank holds none of some kind (a head-only stage): nothing to bound with
+                best[(sched, v)] = float("inf")
+                continue
             idle = stages.bubble(pipeline.schedule(sched), p, m, v or 2, f, b, f)
             tps = per_rank * req.seq_len * dp / (m * (f + b) * (1 + idle)) * scale
             best[(sched, v)] = max(best[(sched, v)], tps)

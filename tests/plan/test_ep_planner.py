@@ -111,3 +111,26 @@ def test_dense_plans_carry_no_ep():
     assert result.ep_choice == ""
     assert "ep" not in result.chosen.as_dict()
     assert "ep_choice" not in result.as_dict(top=3)
+
+
+@pytest.mark.parametrize(
+    ("model", "nodes", "ep"),
+    [("qwen3-235b-a22b", 8, 16), ("deepseek-v3", 32, 128)],
+)
+def test_the_issues_proof_plans_choose_ep_and_explain_it(model, nodes, ep):
+    """Issue 45's proof: `llmctl plan qwen3-235b-a22b --gpu H100 --nodes 8 --gpus-per-node 8` and `plan deepseek-v3`
+    on 32 x 8 H100 (3200 Gbit/s a node) choose EP and say why, with the experts per GPU and the all-to-alls' share of
+    the step. Neither fits the GPUs without EP (the best without it offloads, or nothing fits)."""
+    result = plan(request(resolve_model(model), nodes=nodes))
+    s = result.chosen.setup
+    assert (s.ep, s.tp, s.pp, s.levers.offload) == (ep, 1, 1, False)
+    text = result.ep_choice
+    assert text.startswith(f"EP {ep}: experts ") and " GiB per GPU instead of " in text
+    assert "of the step" in text and "no setup without EP fits" in text
+
+
+def test_a_pipeline_bound_with_a_head_only_stage_does_not_divide_by_zero():
+    """Qwen3-30B-A3B on exactly 4 x 8 H100: a pp degree whose heaviest rank holds no block (no attention share) left
+    pipeline_bound's least share at 0 and its tokens/s a division by zero (`plan --compare` crashed on it)."""
+    req = request(QWEN, nodes=4, network=cm.Network(240.0, 200.0), nodes_exact=True)
+    assert plan(req).chosen.predicted.tokens_per_s > 0
