@@ -120,6 +120,48 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/plan/test_ep_cost.py",),
         "a block that checkpointing re-runs priced without its dispatch and combine all-to-alls again",
     ),
+    # --- expert parallelism (engine) ------------------------------------------------------------------------------
+    M(
+        "ep-order-back",
+        "llmctl/engine/experts.py",
+        "back = back[torch.argsort(order)].view(tokens, k, hidden)",
+        "back = back[order].view(tokens, k, hidden)",
+        ("tests/engine/test_expert_dispatch.py",),
+        "the combined rows put back in the sorted order's place instead of its inverse",
+    ),
+    M(
+        "ep-regroup-back",
+        "llmctl/engine/experts.py",
+        "out = out[torch.argsort(by_expert)]",
+        "out = out[by_expert]",
+        # equivalent in one process (one source rank: the rows arrive sorted by expert); slow: a 4-rank launch
+        ("tests/engine/test_tp_resume.py",),
+        "the local experts' output not returned to the (source rank, expert) order the combine sends back",
+    ),
+    M(
+        "ep-empty-cut",
+        "llmctl/engine/experts.py",
+        "x = torch.cat([x, x.new_zeros((1, x.shape[1]))])",
+        "x = x.new_zeros((1, x.shape[1]))",
+        ("tests/engine/test_expert_dispatch.py",),
+        "a rank that received no rows cuts the graph: its peers wait in the dispatch's backward all-to-all forever",
+    ),
+    M(
+        "ep-grad-scale",
+        "llmctl/engine/experts.py",
+        "            return grad * scale",
+        "            return grad",
+        ("tests/engine/test_expert_dispatch.py",),
+        "the experts' gradient not divided by ep (FSDP2 divides by its own efsdp group only)",
+    ),
+    M(
+        "ep-recompute-count",
+        "llmctl/engine/experts.py",
+        "if torch._C._current_graph_task_id() != -1:",
+        "if torch._C._current_graph_task_id() == -2:",
+        ("tests/engine/test_expert_load.py",),
+        "tokens per expert counted again in activation checkpointing's recompute",
+    ),
     # --- memory -------------------------------------------------------------------------------------------------------
     M(
         "ep-gathered-experts",
@@ -654,6 +696,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "return min(pp - rank - 1, m)",
         ("tests/spec/test_pipeline.py",),
         "1F1B's stage holds one micro-batch fewer than its warm-up plus the one in steady state",
+    ),
+    # --- tensor-parallel plans (families) and their styles (engine) ---------------------------------------------------
+    M(
+        "tp-kv-heads",
+        "llmctl/families/tensor_parallel.py",
+        '("num_key_value_heads", spec.num_kv_heads),',
+        '("num_key_value_heads", spec.num_heads),',
+        ("tests/spec/test_plan_tp.py",),
+        "tp checked against the query heads twice: a tp that splits a kv head is accepted",
+    ),
+    M(
+        "tp-latent-whole",
+        "llmctl/families/tensor_parallel.py",
+        'return "norm" in tensor or any(f"{p}." in tensor for p in LATENT_PROJECTIONS)',
+        'return "norm" in tensor',
+        ("tests/families/test_registry.py",),
+        "MLA's latent projections counted as split over tp (the engine keeps them whole)",
+    ),
+    M(
+        "tp-shared-key-width",
+        "llmctl/engine/tensor_parallel.py",
+        "width = int(owner.qk_rope_head_dim)",
+        "width = int(owner.kv_lora_rank)",
+        ("tests/engine/test_tensor_parallel.py",),
+        "MLA's key-gradient all-reduce over the latent's width: latent columns summed tp times",
+    ),
+    M(
+        "tp-proj-norm-local",
+        "llmctl/engine/tensor_parallel.py",
+        "input_layouts=(Shard(-1),),\n                desired_input_layouts=(Replicate(),),",
+        "input_layouts=(Shard(-1),),\n                desired_input_layouts=(Shard(-1),),",
+        ("tests/engine/test_tensor_parallel.py",),
+        "OLMo 2's q/k norms over the local heads' columns only (the variance of a part of the row)",
     ),
 )
 

@@ -164,6 +164,12 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
             )
         else:
             fsdp = parallelize(model, spec, setup, mesh)
+            if dims.ep_enabled:
+                local = spec.num_experts // setup.ep
+                notes.append(
+                    f"ep {setup.ep}: rank {rank} holds {local} of every MoE layer's {spec.num_experts} routed experts, "
+                    f"FSDP-sharded over {dims.expert_shard} rank{'s' if dims.expert_shard > 1 else ''}"
+                )
             timings["parallelize"] = time.perf_counter() - t1
             t1 = time.perf_counter()
             made = materialize(model, setup, torch.device("cpu"), Values(t.seed, vocab, weights))

@@ -198,17 +198,20 @@ def grouped_experts(module: Any, rows: torch.Tensor, per_expert: torch.Tensor, g
     ids = torch.repeat_interleave(torch.arange(per_expert.numel(), device=rows.device), per_expert)
     gate_up = weight("gate_up_proj" if module.has_gate else "up_proj")
     x = rows.to(gate_up.dtype)
-    empty = x.shape[0] == 0
-    if empty:  # grouped_mm's backward refuses an empty input's gradient layout: one row past offs (never read)
-        x = x.new_zeros((1, x.shape[1]))
+    if x.shape[0] == 0:
+        # A rank that received no rows still runs both GEMMs on one row past offs (never read), joined to `rows`:
+        # the graph must reach the dispatch's all-to-all, whose backward every rank of the ep group has to join
+        # (cut here, the peers wait for this rank forever), and grouped_mm's backward refuses an empty input's
+        # gradient layout.
+        x = torch.cat([x, x.new_zeros((1, x.shape[1]))])
+        ids = torch.cat([ids, ids.new_zeros(1)])
     h = torch._grouped_mm(x, gate_up if module.is_transposed else gate_up.transpose(-2, -1), offs=offs)
     if module.has_bias:
-        bias = weight("gate_up_proj_bias" if module.has_gate else "up_proj_bias")
-        h = h[: ids.numel()] + bias[ids] if not empty else h
+        h = h + weight("gate_up_proj_bias" if module.has_gate else "up_proj_bias")[ids]
     h = module._apply_gate(h) if module.has_gate else module.act_fn(h)
     down = weight("down_proj")
     out = torch._grouped_mm(h.contiguous(), down if module.is_transposed else down.transpose(-2, -1), offs=offs)
-    if module.has_bias and not empty:
+    if module.has_bias:
         out = out + weight("down_proj_bias")[ids]
     return out[: rows.shape[0]]
 

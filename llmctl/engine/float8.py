@@ -165,7 +165,28 @@ def scale_precompute(conv: Float8Conversion | None) -> Callable[[torch.nn.Module
     without float8 all-gather)."""
     if conv is None or not conv.all_gather:
         return None
-    return import_torchao().precompute_float8_dynamic_scale_for_fsdp
+    return precompute_scales
+
+
+def precompute_scales(model: torch.nn.Module) -> None:
+    """torchao's `precompute_float8_dynamic_scale_for_fsdp` (the amaxes of the weights stacked, one all-reduce) once
+    per device mesh of the float8 weights: under tensor parallelism a Float8Linear the plan leaves whole (MLA's
+    q_a_proj, replicated over tp) is sharded over the data-parallel mesh only and the split ones over data x tp, and
+    torch.stack refuses DTensors of two meshes. With one mesh (every other model) it is torchao's single call."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from torchao.float8.float8_linear import Float8Linear
+
+    precompute = import_torchao().precompute_float8_dynamic_scale_for_fsdp
+    groups: dict[object, list[torch.nn.Module]] = {}
+    for m in model.modules():
+        if isinstance(m, Float8Linear) and isinstance(m.weight, DTensor):
+            groups.setdefault(m.weight.device_mesh, []).append(m)
+    if len(groups) <= 1:
+        precompute(model)
+        return
+    for linears in groups.values():
+        precompute(torch.nn.ModuleList(linears))
 
 
 def describe(model: torch.nn.Module, conv: Float8Conversion | None) -> dict[str, object] | None:

@@ -41,6 +41,13 @@ BF16_MOMENT_STEP = 2**-8
 that, is rounded back to where it was (llmctl.spec.optimizer_states: the bf16 caveat)."""
 
 
+def _mixes_dtensors(params: list) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    kinds = {isinstance(p, DTensor) for p in params}
+    return len(kinds) > 1
+
+
 def build_optimizer(model: torch.nn.Module, opt: OptimizerSection, device_type: str) -> torch.optim.Optimizer:
     """AdamW; no weight decay on vectors (norm weights, biases), as in GPT-2/nanoGPT.
 
@@ -72,6 +79,12 @@ def build_optimizer(model: torch.nn.Module, opt: OptimizerSection, device_type: 
                 1 - opt.betas[1],
             )
         return MomentsAdamW(groups, moments_dtype=moments, **common)
+    if _mixes_dtensors(params):
+        # Tensor parallelism without FSDP (dp 1) leaves the parameters its plan keeps whole as plain tensors (a
+        # mixture-of-experts block, OLMo 2's q/k norms, MLA's latent projections) next to DTensors: the fused and
+        # multi-tensor kernels refuse the mix, the per-tensor loop does not. (FSDP2 makes every parameter a DTensor.)
+        log.info("AdamW per tensor: the parameters mix DTensors and plain tensors (tp without FSDP)")
+        return torch.optim.AdamW(groups, foreach=False, fused=False, **common)
     if device_type in ("cuda", "cpu"):
         try:
             return torch.optim.AdamW(groups, fused=True, **common)

@@ -14,13 +14,16 @@ Float8Linear takes torchao's float8 style of the same split, and an attention or
 cast to float8 before its all-gather (`PrepareFloat8ModuleInput`, torchtitan's parallelize_llama); layers left in
 bf16 (the LM head, odd shapes) and rowwise-scaled ones keep torch's styles.
 
-Parameters the plan does not split (the MoE blocks, replicated over the tp group) stay plain tensors: their inputs
-are the same on every rank of the group, so are their gradients; llmctl.engine.scaler's `grad_norm` sums norms over DTensors of different
+Parameters the plan does not split (the MoE blocks, MLA's latent projections and norms, replicated over the tp group)
+stay plain tensors: their inputs are the same on every rank of the group, so are their gradients (but for MLA's
+shared rotary key, which each rank's heads read in part: `sum_shared_key_grads`); gpt-oss's per-head sinks are split
+with the heads (`split_head_params`); llmctl.engine.scaler's `grad_norm` sums norms over DTensors of different
 meshes (FSDP2's 1-D data-parallel ones and the 2-D data x tp ones), which `clip_grad_norm_` refuses to stack.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING
 
@@ -68,7 +71,7 @@ def _layer_styles(layer: torch.nn.Module, tp_plan: dict[str, str]) -> dict[str, 
     lacks skipped: a no-rope layer, a layer without q/k norms)."""
     import torch
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import PrepareModuleInputOutput, SequenceParallel
+    from torch.distributed.tensor.parallel import PrepareModuleInput, PrepareModuleInputOutput, SequenceParallel
 
     styles: dict[str, object] = {}
     for path, style in tp_plan.items():
@@ -88,6 +91,26 @@ def _layer_styles(layer: torch.nn.Module, tp_plan: dict[str, str]) -> dict[str, 
                 input_kwarg_layouts={"hidden_states": Shard(1)},
                 desired_input_kwarg_layouts={"hidden_states": Replicate()},
             )
+        elif style == "latent_attention":
+            # The latent projections read the gathered input as plain tensors (replicated weights); the colwise
+            # q_b / kv_b read the latents and wrap them as Replicate themselves.
+            styles[path] = PrepareModuleInput(
+                input_kwarg_layouts={"hidden_states": Shard(1)},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                use_local_output=True,
+            )
+        elif style == "proj_norm":
+            # (b, s, width/tp) local columns -> the whole width, normed with the whole weight -> this rank's columns
+            styles[path] = PrepareModuleInputOutput(
+                input_layouts=(Shard(-1),),
+                desired_input_layouts=(Replicate(),),
+                use_local_input=True,
+                output_layouts=(Replicate(),),
+                desired_output_layouts=(Shard(-1),),
+                use_local_output=True,
+            )
+        elif style in ("head_param", "shared_key"):
+            continue  # hooks and a split parameter, not a ParallelStyle: split_head_params, sum_shared_key_grads
         elif style == "colwise":
             styles[path] = _styles(module)[0]()
         elif style == "rowwise":
@@ -116,6 +139,85 @@ def _layer_styles(layer: torch.nn.Module, tp_plan: dict[str, str]) -> dict[str, 
         else:
             raise SpecError(f"unknown tensor-parallel style {style!r} for {path}")
     return styles
+
+
+def split_head_params(layer: torch.nn.Module, tp_plan: dict[str, str], tp_mesh: DeviceMesh) -> int:
+    """Split the layer's per-head parameters (`head_param`: gpt-oss's attention sinks, one logit per head) with the
+    heads, Shard(0) over the tp group, and hand the owning module's forward this rank's entries as a plain tensor
+    (transformers' attention mixes them with the local heads' plain scores). Returns how many were split."""
+    import torch
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    n = 0
+    for path, style in tp_plan.items():
+        owner_path, _, name = path.rpartition(".")
+        owner = _at(layer, owner_path) if owner_path else layer
+        if style != "head_param" or owner is None or not isinstance(getattr(owner, name, None), torch.nn.Parameter):
+            continue
+        p = owner._parameters[name]
+        if p.shape[0] % tp_mesh.size():
+            raise SpecError(f"tp {tp_mesh.size()} does not divide {path}'s {p.shape[0]} heads", hint="set parallel.tp")
+        split = distribute_tensor(p.data, tp_mesh, [Shard(0)])
+        owner._parameters[name] = type(p)(split, requires_grad=p.requires_grad)
+
+        def local(module: torch.nn.Module, args: tuple, name: str = name) -> None:
+            # a plain attribute found before nn.Module.__getattr__ reaches the parameter: the local shard, a view
+            # whose gradient flows back to the DTensor parameter (FSDP2's unsharded one inside its forward)
+            param = module._parameters[name]
+            module.__dict__[name] = param.to_local() if isinstance(param, DTensor) else param
+
+        def drop(module: torch.nn.Module, args: tuple, output: object, name: str = name) -> None:
+            module.__dict__.pop(name, None)
+
+        owner.register_forward_pre_hook(local)
+        owner.register_forward_hook(drop)
+        n += 1
+    return n
+
+
+def sum_shared_key_grads(layer: torch.nn.Module, tp_plan: dict[str, str], tp_mesh: DeviceMesh) -> int:
+    """Give each `shared_key` projection (MLA's kv_a_proj_with_mqa, replicated) an output whose last
+    qk_rope_head_dim columns, the rotary key every head shares, get their gradient summed over the tp group: each rank's
+    attention adds up the key's gradient over its own heads only. The latent columns before them are left alone (their
+    gradient comes back whole through kv_b_proj's colwise backward). Returns how many projections were hooked."""
+    group, n = tp_mesh.get_group(), 0
+    for path, style in tp_plan.items():
+        module = _at(layer, path)
+        owner = _at(layer, path.rpartition(".")[0]) if "." in path else layer
+        if style != "shared_key" or module is None:
+            continue
+        width = int(owner.qk_rope_head_dim)
+
+        def hook(module: torch.nn.Module, args: tuple, output: torch.Tensor, width: int = width) -> torch.Tensor:
+            return _shared_key_grad().apply(output, width, group)
+
+        module.register_forward_hook(hook)
+        n += 1
+    return n
+
+
+@functools.cache
+def _shared_key_grad() -> type:
+    """An autograd function (built on first use: torch is imported lazily here): identity forward; backward, the
+    gradient's last `width` columns all-reduced (summed) over `group`."""
+    import torch
+    import torch.distributed as dist
+
+    class SharedKeyGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x: torch.Tensor, width: int, group: object) -> torch.Tensor:  # noqa: ANN001
+            ctx.width, ctx.group = width, group
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad: torch.Tensor) -> tuple:  # noqa: ANN001
+            grad = grad.clone()
+            key = grad[..., -ctx.width :].contiguous()
+            dist.all_reduce(key, group=ctx.group)
+            grad[..., -ctx.width :] = key
+            return grad, None, None
+
+    return SharedKeyGrad
 
 
 def _unflatten_first_output(module: torch.nn.Module, args: tuple, output: tuple) -> tuple:
@@ -173,6 +275,8 @@ def apply_tp(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
                 ),
             )
         parallelize_module(layer, tp_mesh, styles)
+        split_head_params(layer, dict(fam.tp_plan), tp_mesh)
+        sum_shared_key_grads(layer, dict(fam.tp_plan), tp_mesh)
         float8_styles += float8.count_linear_styles(styles.values())
     if float8_styles and tp_mesh.device_type == "cpu":
         float8.gather_as_bytes()

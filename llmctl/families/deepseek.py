@@ -85,7 +85,7 @@ FAMILIES = (
                 "mscale_all_dim": 1.0,
             },
         ),
-        tp_unsupported=tpp.MLA,
+        tp_plan=tpp.MLA,
         # MLA's projections (q_a/q_b, or q_proj without a q rank; the shared latent; kv_b; o), the dense layers' and
         # the shared experts' MLPs
         lora_targets=(

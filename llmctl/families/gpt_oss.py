@@ -52,6 +52,6 @@ FAMILIES = (
                 "truncate": False,
             },
         ),
-        tp_unsupported=tpp.SINKS,
+        tp_plan=tpp.GPT_OSS,
     ),
 )

@@ -17,6 +17,6 @@ FAMILIES = (
         lambda cfg: read_gated(cfg, OLMO2),
         Features(norm="fp32_weight"),
         tiny(model_type="olmo2", num_hidden_layers=2, intermediate_size=128),
-        tp_unsupported=tpp.OLMO2_NORM,
+        tp_plan=tpp.OLMO2,
     ),
 )

@@ -17,7 +17,24 @@ parallelism, Korthikanti et al. 2022):
 - `mlp`: a dense gated MLP (gate and up `colwise`, down `rowwise`), or, when the layer's block is a mixture of
   experts, the whole block replicated over the tp group (its input all-gathered, its output cut back to this rank's
   sequence shard; expert parallelism is a later step).
-- `mlp_pair`: `mlp` for a block whose MoE returns (hidden states, router logits) (Llama 4).
+- `mlp_pair`: `mlp` for a block whose MoE returns (hidden states, router logits) (Llama 4, gpt-oss).
+- `latent_attention`: multi-head latent attention (DeepSeek-V3's MLA, as torchtitan's deepseek_v3 plan splits it):
+  the block's input all-gathered and handed on as a plain tensor; the shared latent projections (q_a_proj,
+  kv_a_proj_with_mqa, which also gives the shared rotary key) and their norms are not in the plan, so they stay
+  replicated over the tp group and run on the whole sequence; q_b_proj / kv_b_proj are `colwise` (whole heads per
+  rank), o_proj `rowwise`. The replicated weights see the whole sequence, and the gradient of a latent read only by
+  a colwise projection is already summed over the group (the backward of a Replicate input's partial gradients).
+- `shared_key`: the replicated projection whose last qk_rope_head_dim outputs are one rotary key shared by all heads
+  (MLA's kv_a_proj_with_mqa): each rank's attention reads it for its own heads only, so the gradient of those
+  columns is a partial sum over heads and is all-reduced over the tp group in the backward (identity forward).
+- `head_param`: a parameter with one entry per head on the attention module itself (gpt-oss's attention sinks):
+  split with the heads (Shard(0)); the module's forward sees this rank's heads' entries as a plain tensor.
+- `proj_norm`: a norm over a whole colwise projection (OLMo 2's q_norm / k_norm normalise the num_heads x head_dim
+  width): the projection's local columns all-gathered to the full width, normalised with the weight whole
+  (replicated, like every norm), and cut back to this rank's columns. Chosen over a sharded RMSNorm (a sum of squares
+  all-reduced) because it is torch's own styles and nothing else, and the variance is the same sum over the same
+  row as at tp 1; it all-gathers q and k's width per layer (b x s x (heads + kv heads) x head_dim) where the sharded
+  norm would all-reduce b x s numbers.
 
 The embedding, final norm and LM head (`ROOT`) are the same for every family with a plan: the embedding split by
 vocabulary rows (all-reduced to every rank: transformers builds its masks and rotary tables from the whole
@@ -47,7 +64,20 @@ class Splittable(Protocol):
     def family(self) -> Family | None: ...
 
 
-STYLES = ("norm", "norm_local", "head_norm", "attention", "colwise", "rowwise", "mlp", "mlp_pair")
+STYLES = (
+    "norm",
+    "norm_local",
+    "head_norm",
+    "attention",
+    "colwise",
+    "rowwise",
+    "mlp",
+    "mlp_pair",
+    "latent_attention",
+    "shared_key",
+    "head_param",
+    "proj_norm",
+)
 
 _ATTENTION = {
     "self_attn": "attention",
@@ -78,17 +108,51 @@ LLAMA4: Mapping[str, str] = {
 }
 """Llama 4 text: its q/k L2 norm has no weight; feed_forward is a dense MLP or the MoE with its shared expert."""
 
+OLMO2: Mapping[str, str] = {
+    **_ATTENTION,
+    "self_attn.q_norm": "proj_norm",
+    "self_attn.k_norm": "proj_norm",
+    "post_attention_layernorm": "norm_local",
+    "mlp": "mlp",
+    "post_feedforward_layernorm": "norm_local",
+}
+"""OLMo 2: no input norm; the attention and MLP outputs normed before the residual add; q/k RMSNorm over all heads."""
+GPT_OSS: Mapping[str, str] = {
+    "input_layernorm": "norm",
+    **_ATTENTION,
+    "self_attn.sinks": "head_param",
+    "post_attention_layernorm": "norm",
+    "mlp": "mlp_pair",
+}
+"""gpt-oss: one learned sink logit per head, split with the heads; its MoE block returns (hidden, router scores)."""
+MLA: Mapping[str, str] = {
+    "input_layernorm": "norm",
+    "self_attn": "latent_attention",
+    "self_attn.q_proj": "colwise",  # a config without q_lora_rank: q straight from the hidden states
+    "self_attn.q_b_proj": "colwise",
+    "self_attn.kv_a_proj_with_mqa": "shared_key",
+    "self_attn.kv_b_proj": "colwise",
+    "self_attn.o_proj": "rowwise",
+    "post_attention_layernorm": "norm",
+    "mlp": "mlp",
+}
+"""DeepSeek-V3: multi-head latent attention (`latent_attention`), the first dense MLPs split, the MoE blocks
+replicated (expert parallelism is its own dimension)."""
+LATENT_PROJECTIONS = ("q_a_proj", "kv_a_proj_with_mqa")
+"""MLA's shared latent projections: not in the plan, replicated over the tp group (as their norms)."""
+
+
+def replicated(tensor: str) -> bool:
+    """Whether a decoder layer's tensor (its name inside the layer) is held whole by every rank of a tp group: the
+    norms and MLA's latent projections (a mixture-of-experts block, also whole, is the caller's to say)."""
+    return "norm" in tensor or any(f"{p}." in tensor for p in LATENT_PROJECTIONS)
+
+
 ROOT: Mapping[str, str] = {"embed": "model.embed_tokens", "norm": "model.norm", "head": "lm_head"}
 """Where transformers' causal LMs with a plan keep the embedding, final norm and LM head."""
 
 # Why a family has no plan (the line the planner's and the engine's refusal shows).
 FUSED_QKV = "its q, k and v are one fused projection (a column split would cut across q|k|v)"
-OLMO2_NORM = "its q/k norms normalise over all heads together (a split would need the whole q and k on every rank)"
-MLA = (
-    "multi-head latent attention's shared latent and rotary-key projections need their gradients summed over the tp "
-    "group, which is not built yet"
-)
-SINKS = "its attention sinks are one learned logit per head, not split with the heads yet"
 
 
 def family_refusal(model_type: str, fam: Family | None) -> str | None:

@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from llmctl.families.tensor_parallel import replicated as tp_replicated
 from llmctl.plan import comm as cm
 from llmctl.plan import experts as ex
 from llmctl.plan import float8 as f8
@@ -406,7 +407,8 @@ def float8_cast_s(req: PlanRequest, setup: TrainSetup, tokens: int) -> tuple[flo
 
 
 def tp_replicated_params(spec: ModelSpec) -> int:
-    """Parameters every rank of a tp group holds whole: the norms (and per-head q/k norms) and the MoE blocks
+    """Parameters every rank of a tp group holds whole: the norms (and per-head q/k norms), MLA's latent projections
+    and the MoE blocks
     (llmctl.families.tensor_parallel); the rest is split over the tp ranks."""
     h = spec.hidden_size
     total = h  # the final norm
@@ -414,7 +416,7 @@ def tp_replicated_params(spec: ModelSpec) -> int:
         total += n * sum(
             math.prod(shape)
             for name, shape in layer.tensors(h)
-            if "norm" in name or (layer.mlp.moe and name.startswith("mlp."))
+            if tp_replicated(name) or (layer.mlp.moe and name.startswith("mlp."))
         )
     return total
 

@@ -86,6 +86,9 @@ def train_cases(root: Path, tp_families: list[str]) -> dict[str, Any]:
     cases: dict[str, tuple[Path, Path]] = {}
     for family in tp_families:
         cases[family] = (ref(family), case_plan(root / family, family, "tp2", {"tp": 2}))
+    # tp over all 4 ranks (dp 1, no FSDP): the parameters the plan keeps whole (MLA's latent projections, the MoE
+    # block) stay plain tensors next to DTensors, which the fused AdamW refuses (llmctl.engine.optim)
+    cases["deepseek_v3-tp4"] = (ref("deepseek_v3"), case_plan(root / "deepseek_v3", "deepseek_v3", "tp4", {"tp": 4}))
     cases["llama-hsdp"] = (
         ref("llama"),
         case_plan(root / "llama", "llama", "hsdp-tp2", {"tp": 2, "sharding": "hybrid_shard"}, nodes=2),

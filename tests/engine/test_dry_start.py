@@ -276,3 +276,21 @@ def test_dry_start_under_pp_holds_rank_0s_stages(tmp_path: Path) -> None:
     assert held["parameters"] == 4 * (embedding + got["layer_params"]) // 2
     assert held["gradients"] == held["parameters"]
     assert any("holds stages [0, 2] of 4" in n for n in got["notes"]), got["notes"]
+
+
+def test_dry_start_at_ep_holds_rank_0s_experts(tmp_path: Path) -> None:
+    """--ep 2 on 4 ranks of the tiny MoE (8 experts on every layer): rank 0 holds 4 of each layer's experts, sharded
+    over the other 2 ranks of its efsdp group, and every state line equals the estimate's; a dense model is one line."""
+    plan = write_plan(tmp_path, {"hardware": {"nproc_per_node": 4}})
+    doc = plan.read_text().replace("preset: llama-tiny", "preset: moe-tiny")
+    plan.write_text(doc)
+    proc = llmctl(["launch", str(plan), "--dry-start", "--ep", "2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "ep 2: rank 0 holds 4 of every MoE layer's 8 routed experts, FSDP-sharded over 2 ranks" in out, out
+    ratios = [ln.split()[-1] for ln in proc.stdout.splitlines() if ln.strip().startswith(("parameters", "grad", "opt"))]
+    assert len(ratios) == 3 and all(r == "1.000" for r in ratios), proc.stdout
+    plan.write_text(doc.replace("preset: moe-tiny", "preset: llama-tiny"))
+    proc = llmctl(["launch", str(plan), "--dry-start", "--ep", "2"], tmp_path)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("llmctl: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "is dense" in errors[0], proc.stderr

@@ -1,6 +1,7 @@
 """Tensor parallelism (with sequence parallelism) in the engine: every family with a plan trains 5 steps on FSDP2 2 x
 TP 2 exactly as on FSDP2 over 4 ranks with the same global batch (fp32: losses and every gradient within 1e-5), and
-each rank holds a quarter of the model's parameter, gradient and AdamW bytes (1/dp of the unsplit ones). One 4-rank
+each rank holds a quarter of the model's parameter, gradient and AdamW bytes (1/dp of the unsplit ones); DeepSeek-V3
+also at tp 4 (dp 1: no FSDP, plain and DTensor parameters side by side). One 4-rank
 torchrun of tests/engine/parallel_worker.py trains every pair (with the context-parallel cases: parallel_runs.py)."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from llmctl.families import REGISTRY  # noqa: E402
 TP_FAMILIES = [mt for mt, f in REGISTRY.items() if f.tp_plan is not None]
 
 
-@pytest.mark.parametrize("family", [*TP_FAMILIES, "llama-hsdp"])
+@pytest.mark.parametrize("family", [*TP_FAMILIES, "llama-hsdp", "deepseek_v3-tp4"])
 def test_tp_trains_like_data_parallel(parallel_cases: dict, family: str) -> None:
     ref, tp = parallel_cases[family]
     assert_trains_like_reference(ref, tp)

@@ -50,6 +50,7 @@ CASES = [
     ("qwen3", "full", "fp32", 4, 128),
     ("llama", "selective", "bf16-mixed", 2, 256),  # the planner's favourite mode; bf16's fp32 norm copies
     ("qwen3", "none", "bf16-mixed", 2, 256),  # per-head q/k norms on this rank's heads, in bf16
+    ("olmo2", "none", "fp32", 2, 256),  # q/k norms over all heads: q and k gathered and normed at their whole width
 ]
 IDS = [f"{f}-{c}-{p}-b{b}-s{s}" for f, c, p, b, s in CASES]
 # (family, checkpointing, precision, micro-batch, sequence, the parallel section) on 4 ranks.

@@ -3,6 +3,7 @@ config; the memory, FLOP and spec code read features, never a model_type."""
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -69,3 +70,29 @@ def test_the_models_read_features_not_model_types() -> None:
                 if pattern.search(line) and not line.lstrip().startswith("#"):
                     offenders.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not offenders, offenders
+
+
+def test_what_a_tp_rank_holds_whole() -> None:
+    """Under tensor parallelism every rank holds the norms whole and, for MLA, the shared latent projections (q_a,
+    kv_a_proj_with_mqa: llmctl.families.tensor_parallel's `latent_attention`); q_b, kv_b, o and OLMo 2's q/k
+    projections are split (their q/k norms, over all heads, are whole), gpt-oss's sinks split with the heads. The
+    memory model reads the same rule: a rank's block parameters are (all - whole) / tp + whole."""
+    from llmctl.families.tensor_parallel import replicated
+    from llmctl.plan.memory.pipeline import tp_block_params
+
+    whole = {
+        mt: {n for n, _ in spec.layers[0].tensors(spec.hidden_size) if replicated(n)}
+        for mt in ("deepseek_v3", "olmo2", "gpt_oss")
+        for spec in [from_hf_config(REGISTRY[mt].tiny, name=mt, source="config")]
+    }
+    assert {n for n in whole["deepseek_v3"] if "proj" in n} == {
+        "self_attn.q_a_proj.weight",
+        "self_attn.kv_a_proj_with_mqa.weight",
+    }
+    assert {n for n in whole["olmo2"] if "self_attn" in n} == {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}
+    assert not any("sinks" in n or "proj" in n for n in whole["gpt_oss"])
+    ds = from_hf_config(REGISTRY["deepseek_v3"].tiny, name="d", source="config")
+    layer = ds.layers[0]  # the dense first layer
+    kept = sum(math.prod(s) for n, s in layer.tensors(ds.hidden_size) if replicated(n))
+    setup = TrainSetup(precision="fp32", seq_len=32, micro_batch_size=2, tp=2, gpus_per_node=2)
+    assert tp_block_params(ds, setup, layer) == (ds.params_of(layer) - kept) / 2 + kept

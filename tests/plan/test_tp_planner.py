@@ -85,7 +85,7 @@ def test_seed_with_tp_explains_the_choice_with_numbers() -> None:
     assert "the best without TP (HYBRID_SHARD over 2 nodes" in text and "fewer tokens/s" in text
 
 
-@pytest.mark.parametrize("model", ["gpt2-xl", "phi-4", "deepseek-v3", "gpt-oss-20b", "olmo-2-7b"])
+@pytest.mark.parametrize("model", ["gpt2-xl", "phi-4"])
 def test_never_tp_for_a_family_without_a_plan(model: str) -> None:
     spec = resolve_model(model)
     req = plan_request(
@@ -94,6 +94,18 @@ def test_never_tp_for_a_family_without_a_plan(model: str) -> None:
     assert space.tp_degrees(req, []) == [1]
     with pytest.raises(InputError, match="cannot use tensor parallelism"):
         plan_request(spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, tp=2)
+
+
+@pytest.mark.parametrize("model", ["deepseek-v3", "gpt-oss-20b", "olmo-2-7b"])
+def test_the_families_planned_for_issue_45_are_searched_and_pinned_at_tp(model: str) -> None:
+    """MLA (DeepSeek-V3), attention sinks (gpt-oss) and q/k norms over all heads (OLMo 2) have a tensor-parallel plan
+    now: the search covers tp 1, 2, 4 and 8 in a node of 8, and --tp 2 is taken."""
+    spec = resolve_model(model)
+    req = plan_request(
+        spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, seq_len=1024, global_batch_seqs=64
+    )
+    assert space.tp_degrees(req, []) == [1, 2, 4, 8]
+    assert plan_request(spec=spec, gpu=H100, nodes=1, gpus_per_node=8, network=IB_NET, tp=2).pins["tp"] == 2
 
 
 def test_gpt2_plan_never_proposes_tp_and_says_why() -> None:

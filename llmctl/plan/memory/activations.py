@@ -99,7 +99,7 @@ def block_activation_terms(
     (their inputs are the sequence-sharded residual stream, SequenceParallel), sb (the whole sequence) for the
     all-gathered inputs of q/k/v and gate/up (autograd keeps the gathered tensor), a/tp, kv/tp heads and i/tp columns
     for everything between a column-parallel and its row-parallel matmul, and sb for a mixture of experts
-    (replicated). GPT-2 and MLA have no tensor-parallel plan in the engine: their terms apply the same rules.
+    (replicated). GPT-2 has no tensor-parallel plan in the engine: its terms apply the same rules.
     """
     h, ab = spec.hidden_size, act_bytes
     eager = Attention(attention).keeps_scores
@@ -189,6 +189,8 @@ def _attention_io_terms(
 def _qk_norm_terms(spec: ModelSpec, at: AttentionShape, sb: int, ab: int, tp: int) -> Terms:
     """Norms over q and k: per head (Qwen3, Gemma 3), over the projection (OLMo 2), or Llama 4's weightless L2."""
     a, kv, d = _split(at.num_heads, tp), _split(at.num_kv_heads, tp), at.head_dim
+    if at.qk_norm == "proj":  # under tp the rank's columns are all-gathered and normed whole (the `proj_norm` style)
+        a, kv = at.num_heads, at.num_kv_heads
     if at.qk_norm in ("head", "proj"):
         rows_q, rows_k = (sb * a, sb * kv) if at.qk_norm == "head" else (sb, sb)
         return {"q/k norms": _norm_bytes(spec, sb * a * d, rows_q, ab) + _norm_bytes(spec, sb * kv * d, rows_k, ab)}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llmctl.families.tensor_parallel import replicated as tp_replicated
 from llmctl.plan.flops import _memo
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
@@ -144,11 +145,11 @@ def tp_block_params(spec: ModelSpec, setup: TrainSetup, layer: Layer) -> float:
     if spec.measured is not None:
         return spec.params_of(layer) / ranks
     tensors = layer.tensors(spec.hidden_size)
-    # Replicated over the tp group: the norms, and in llmctl's engine a mixture-of-experts block whole
+    # Replicated over the tp group: the norms (and MLA's latent projections), and in llmctl's engine a mixture-of-experts block whole
     # (llmctl.families.tensor_parallel: experts are not split until expert parallelism; Megatron's expert
     # tensor parallelism, the zero ledger, splits them).
     moe = setup.engine == "fsdp2" and any("experts" in n for n, _ in tensors)
-    whole = sum(math.prod(s) for n, s in tensors if "norm" in n or (moe and n.startswith("mlp.")))
+    whole = sum(math.prod(s) for n, s in tensors if tp_replicated(n) or (moe and n.startswith("mlp.")))
     return (spec.params_of(layer) - whole) / ranks + whole
 
 
