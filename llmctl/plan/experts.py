@@ -106,7 +106,7 @@ def ep_comm(
     ep = setup.ep
     if ep <= 1 or spec.measured is not None:
         return cm.StepComm(ops=[], total_s=0.0, exposed_s=0.0, bottleneck="")
-    tokens = setup.micro_batch_size * seq_len // setup.cp
+    tokens = setup.micro_batch_size * setup.dims.rank_shard(seq_len).tokens  # this rank's, a micro-batch
     first = next(layer for layer in spec.layers if layer.mlp.moe)
     size = alltoall_bytes(tokens, first.mlp.experts_per_token, spec.hidden_size, setup.compute_bytes, IMBALANCE)
     g = setup.gpus_per_node
