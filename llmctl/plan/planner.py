@@ -2,7 +2,7 @@
 
 What is searched is llmctl.plan.space (each decision the user did not pin, narrowed by the rules); how it is searched
 is llmctl.plan.search (families, the Pareto front of recompute per family, the bounds that skip the families with TP,
-CP or PP that cannot win); what fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is
+CP, PP or EP that cannot win); what fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is
 llmctl.plan.request, the explanations llmctl.plan.explain, the plan file llmctl.plan.emit.
 
 CPU offload (FSDP2's CPUOffloadPolicy): pinned (--offload, --no-offload) every setup searched has it or none has.

@@ -1,8 +1,10 @@
 """The planner's search (torch-free): a point of it is one immutable `Choice`; `Search` runs the families of a space
 (llmctl.plan.space) and keeps each family's best; `MemorySearch` finds the largest micro-batch that fits each choice
 (memory.max_micro_batch), cached across the strategies and node counts that share it, and the micro-batches worth
-timing; the bounds let the search skip a tensor- or context-parallel family that cannot win, and CPU offload where
-it cannot win."""
+timing; the bounds let the search skip a tensor- or context-parallel family that cannot win, an expert-parallel degree
+whose compute and all-to-alls alone cannot (`ep_bound`), and CPU offload where it cannot win. Each family runs at the
+expert-parallel degrees it takes (llmctl.plan.space.family_eps; ep 1 alone for a dense model), and the bounds read a
+family at its largest (its fastest compute and least memory)."""
 
 from __future__ import annotations
 
