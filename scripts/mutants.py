@@ -107,6 +107,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/plan/test_comm.py",),
         "more communication hidden than the compute window",
     ),
+    M(
+        "ep-efsdp-local",
+        "llmctl/plan/comm.py",
+        "local = shape.expert_params / dims.ep / M  # one MoE layer's local experts",
+        "local = shape.expert_params / M  # one MoE layer's local experts",
+        ("tests/plan/test_ep_cost.py",),
+        "the efsdp group's all-gather and reduce-scatter moving all E experts of a layer, not the rank's E/ep",
+    ),
+    M(
+        "ep-recompute-alltoall",
+        "llmctl/plan/experts.py",
+        "return ALLTOALLS_PER_LAYER * len(moe), ALLTOALLS_RECOMPUTED * again",
+        "return ALLTOALLS_PER_LAYER * len(moe), 0",
+        ("tests/plan/test_ep_cost.py",),
+        "a block that checkpointing re-runs priced without its dispatch and combine all-to-alls again",
+    ),
     # --- expert parallelism (engine) ------------------------------------------------------------------------------
     M(
         "ep-order-back",

@@ -78,6 +78,9 @@ def _candidates(result: pl.PlanResult, top: int) -> None:
     piped = any(x.setup.pp > 1 for x in result.candidates[:top])
     if piped:  # only when a row has a pipeline, so that the tables without one stay as they were
         cols.insert(5, ("pp", "right"))
+    experts = any(x.setup.ep > 1 for x in result.candidates[:top])
+    if experts:  # likewise expert parallelism: dense models' tables stay as they were
+        cols.insert(6 if piped else 5, ("ep", "right"))
     offload = " with CPU offload" if result.chosen.setup.levers.offload else ""
     t = render.table(
         f"Best setup per strategy x nodes x checkpointing{offload} (by {'tokens/s' if req.objective == 'throughput' else 'cost per token'})",
@@ -95,6 +98,7 @@ def _candidates(result: pl.PlanResult, top: int) -> None:
             f"{d['tp']}{'a' if d['async_tp'] else ''}",
             f"{d['cp']}{ring}",
             *([pp_cell(s)] if piped else []),
+            *([str(s.ep)] if experts else []),
             f"{s.micro_batch_size}x{s.grad_accum_steps}",
             s.checkpointing,
             s.attention,
@@ -117,6 +121,7 @@ def _candidates(result: pl.PlanResult, top: int) -> None:
         "tp: tensor-parallel degree (a: async TP); cp: context-parallel degree (g: K/V all-gather, p: passed on "
         "hop by hop); mb: per data-parallel rank"
         + ("; pp: pipeline stages and schedule (i2: interleaved 1F1B, 2 stages a rank)" if piped else "")
+        + ("; ep: expert-parallel degree (the routed experts split over ep ranks)" if experts else "")
         + "[/dim]"
     )
 
@@ -151,6 +156,8 @@ def _chosen(result: pl.PlanResult) -> None:
         c.print(f"[bold]context parallel[/bold]: {escape(result.cp_choice)}")
     if result.pp_choice:
         c.print(f"[bold]pipeline parallel[/bold]: {escape(result.pp_choice)}")
+    if result.ep_choice:
+        c.print(f"[bold]expert parallel[/bold]: {escape(result.ep_choice)}")
     if req.token_budget:
         cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
         c.print(f"{req.token_budget:,} tokens: {duration(ch.budget_time_s)} on {cs.gpus} GPUs{cost}")

@@ -220,6 +220,12 @@ class CommShape:
     float8_amaxes: int = 0
     """Weights whose fp32 amaxes one all-reduce over the shard group gathers once a step, after the optimizer step
     (torchao precompute_float8_dynamic_scale_for_fsdp, under the float8 all-gather); 0: none."""
+    expert_params: int = 0
+    """Of `params`, the routed experts' (llmctl.plan.experts.routed_expert_params). Under expert parallelism
+    (dims.ep > 1) FSDP gathers and reduces them apart: each rank its E/ep local experts over the efsdp group
+    (`step_comm`); 0, or ep 1: with the rest."""
+    moe_layers: int = 0
+    """The MoE layers `expert_params` lie in (one expert all-gather and reduce-scatter each)."""
 
     @property
     def params_per_rank(self) -> float:
@@ -283,6 +289,12 @@ def step_comm(
     # FSDP's group is dp_shard x cp (a cp group shards the states as data-parallel ranks do: torchtitan's
     # dp_shard_cp); with DDP's degrees (no_shard) and cp > 1 the engine's FSDP2 still shards over the cp group.
     S, R = dims.fsdp_shard, dims.dp_replicate
+    # Under expert parallelism the routed experts leave the dense FSDP group (llmctl.plan.experts): their own
+    # gathers and reductions; the replicas' all-reduce moves every gradient shard as before.
+    experts = shape.expert_params / L if dims.ep > 1 and shape.moe_layers else 0
+    dense_params, dense_grads = layer_params - experts, layer_grads - experts
+    if experts:
+        _expert_ops(op, dims, shape, gpus_per_node, grad_accum, sync_every_micro_batch, pipelined)
     if S > 1:
         if dims.zero_stage in (1, 2):
             raise InputError(
@@ -293,13 +305,13 @@ def step_comm(
         where = ", intra-node" if scope == "intra" and spans_nodes else ""
         rs_calls = L * (grad_accum if sync_every_micro_batch else 1)
         rs_phase = "backward" if sync_every_micro_batch else "last_backward"
-        gathered = layer_params * shape.param_bytes
+        gathered = dense_params * shape.param_bytes
         k = dims.tp  # the shard groups side by side (one per tp rank: the group's stride)
         op(f"all-gather (forward{where})", "all_gather", scope, S, gathered, L * grad_accum, "forward", k)
         if not pipelined:  # a pipeline keeps the stage gathered through the run's backward
             op(f"all-gather (backward{where})", "all_gather", scope, S, gathered, L * grad_accum, "backward", k)
         name = f"reduce-scatter{' (intra-node)' if where else ''}"
-        op(name, "reduce_scatter", scope, S, layer_grads * shape.grad_bytes, rs_calls, rs_phase, k)
+        op(name, "reduce_scatter", scope, S, dense_grads * shape.grad_bytes, rs_calls, rs_phase, k)
         if shape.float8_amaxes:
             op("all-reduce (float8 weight amaxes)", "all_reduce", scope, S, 4 * shape.float8_amaxes, 1, "step", k)
     if R > 1:
@@ -323,6 +335,50 @@ def step_comm(
     top = max(ops, key=lambda o: o.time_per_step_s, default=None)
     bottleneck = "" if top is None else f"{top.name} at {top.busbw_gbytes_s:.3g} GB/s"
     return StepComm(ops=ops, total_s=total, exposed_s=max(0.0, exposed), bottleneck=bottleneck)
+
+
+def _expert_ops(
+    op: Callable[..., None],
+    dims: ParallelDims,
+    shape: CommShape,
+    gpus_per_node: int,
+    grad_accum: int,
+    sync_every_micro_batch: bool,
+    pipelined: bool,
+) -> None:
+    """FSDP's collectives of the routed experts under expert parallelism: per MoE layer, each rank's E/ep local
+    experts all-gathered and their gradients reduce-scattered over the efsdp group (dp_shard x cp / ep ranks, strided
+    by ep: llmctl.spec.parallel.ParallelDims.group_scope), as the dense layers are over dp_shard x cp."""
+    E, M = dims.expert_shard, shape.moe_layers
+    if E <= 1:
+        return
+    local = shape.expert_params / dims.ep / M  # one MoE layer's local experts
+    scope = dims.group_scope("efsdp", gpus_per_node)
+    k = dims.tp * dims.ep  # the efsdp groups side by side
+    op(
+        "all-gather of the local experts (forward)",
+        "all_gather",
+        scope,
+        E,
+        local * shape.param_bytes,
+        M * grad_accum,
+        "forward",
+        k,
+    )
+    if not pipelined:
+        op(
+            "all-gather of the local experts (backward)",
+            "all_gather",
+            scope,
+            E,
+            local * shape.param_bytes,
+            M * grad_accum,
+            "backward",
+            k,
+        )
+    calls = M * (grad_accum if sync_every_micro_batch else 1)
+    phase = "backward" if sync_every_micro_batch else "last_backward"
+    op("reduce-scatter of the local experts", "reduce_scatter", scope, E, local * shape.grad_bytes, calls, phase, k)
 
 
 # --- tensor parallelism (module docstring) ----------------------------------------------------------------------

@@ -64,10 +64,11 @@ def step_split(req: PlanRequest, chosen: Candidate) -> str:
     total = sum(p.split.values()) or 1.0
     shard = s.dims.rank_shard(req.seq_len)
     tokens = s.micro_batch_size * req.seq_len // shard.ring_ranks
-    eff = req.efficiency.of(tokens, req.spec, req.gpu, req.compute_dtype, shard.tensor_ranks)
+    eff = req.efficiency.of(tokens, req.spec, req.gpu, req.compute_dtype, shard.tensor_ranks, s.ep)
     rate, basis = attention_rates(req, s.attention, req.seq_len / shard.ring_ranks)
     notes = {
-        "matmul": f"at {eff:.0%} of the {req.compute_dtype} peak for these shapes",
+        "matmul": f"at {eff:.0%} of the {req.compute_dtype} peak for these shapes"
+        + (" (the experts as grouped GEMMs)" if s.ep > 1 else ""),
         "attention": f"{rate}; {basis}",
         "memory": f"{kt.memory_bound_efficiency():.0%} of {req.gpu.hbm_gbytes_s:,.0f} GB/s"
         + (", fused by torch.compile" if s.compile else ", unfused"),

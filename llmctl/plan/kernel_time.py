@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmctl.plan import experts as ex
 from llmctl.plan import flops as fl
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import kernels as kt
@@ -68,17 +69,19 @@ def _bw(gpu: GPUSpec) -> float:
     return gpu.hbm_gbytes_s * 1e9 * kt.memory_bound_efficiency()
 
 
-def gemm_efficiency(gpu: GPUSpec, spec: ModelSpec, tokens: int, tp: int, peak_tflops: float) -> float:
+def gemm_efficiency(gpu: GPUSpec, spec: ModelSpec, tokens: int, tp: int, peak_tflops: float, ep: int = 1) -> float:
     """The FLOP-weighted fraction of `peak_tflops` the model's matmuls reach for a micro-batch of `tokens` rows per
     rank: each block projection forward (tokens x in x out), its input gradient (tokens x out x in) and weight gradient
     (in x tokens x out), and the LM head, at llmctl.spec.kernels.gemm_seconds. Under tensor parallelism the row-wise
     projections reduce over in / tp and the others produce out / tp; a mixture-of-experts block's experts each see
-    tokens x k / experts rows (replicated under TP)."""
-    key = ("gemm_eff", gpu.name, gpu.architecture, tokens, tp, peak_tflops)
-    return fl._memo(spec, key, lambda: _gemm_efficiency(gpu, spec, tokens, tp, peak_tflops))
+    tokens x k / experts rows (transformers' expert loop; replicated under TP). Under expert parallelism (ep > 1)
+    each MoE layer's experts run as the EP path's two grouped GEMMs over the rows the rank received, each priced as
+    one GEMM of that total shape (llmctl.plan.experts.grouped_gemms, whose docstring says what is assumed)."""
+    key = ("gemm_eff", gpu.name, gpu.architecture, tokens, tp, peak_tflops) + ((ex.IMBALANCE,) if ep > 1 else ())
+    return fl._memo(spec, key, lambda: _gemm_efficiency(gpu, spec, tokens, tp, peak_tflops, ep))
 
 
-def _gemm_efficiency(gpu: GPUSpec, spec: ModelSpec, tokens: int, tp: int, peak: float) -> float:
+def _gemm_efficiency(gpu: GPUSpec, spec: ModelSpec, tokens: int, tp: int, peak: float, ep: int = 1) -> float:
     flops = secs = 0.0
 
     def add(m: float, k: float, n: float, count: float) -> None:
@@ -89,8 +92,13 @@ def _gemm_efficiency(gpu: GPUSpec, spec: ModelSpec, tokens: int, tp: int, peak: 
 
     for layer, count in spec.layer_groups:
         mlp = layer.mlp
+        if ep > 1 and mlp.moe and spec.measured is None:
+            for rows, i, o in ex.grouped_gemms(layer, spec.hidden_size, tokens, ex.IMBALANCE):
+                add(rows, i, o, count)
         for name, i, o in fl.layer_matmuls(spec, layer):
             m = float(tokens)
+            if name.startswith("expert") and ep > 1 and spec.measured is None:
+                continue  # the grouped GEMMs above
             if name.startswith("expert"):
                 m = tokens * mlp.experts_per_token / max(1, mlp.num_experts)
                 add(m, i, o, count / max(1, mlp.experts_per_token) * mlp.num_experts)
@@ -293,8 +301,14 @@ def fsdp_copy_bytes(spec: ModelSpec, setup: TrainSetup) -> float:
     cb, rb = setup.compute_bytes, setup.precision.reduce_bytes
     master = setup.precision.param_bytes
     one = FSDP_COPY_OUT * cb if shard == 1 else 0  # a group of one: the all-gather is a device copy too
+    # Under expert parallelism a rank gathers (and holds unsharded gradients of) its E/ep local experts only, over
+    # the efsdp group (llmctl.plan.experts); the shards it casts stay 1/shard of everything.
+    unsharded = params - _remote_experts(spec, setup)
     per_gather = (master + cb) * params / shard + (FSDP_COPY_OUT * cb + one) * params
-    trained = fl.adapter_count(spec, setup.finetune) / setup.tp if setup.finetune.adapters else params
+    if setup.ep > 1:  # ep divides shard (> 1): `one` is 0; a group of one for the local experts copies them too
+        local = 0.0 if setup.dims.expert_shard > 1 else ex.expert_params_memo(spec) / setup.ep
+        per_gather = (master + cb) * params / shard + FSDP_COPY_OUT * cb * (unsharded + local)
+    trained = fl.adapter_count(spec, setup.finetune) / setup.tp if setup.finetune.adapters else unsharded
     if setup.pp > 1:
         # A pipeline stage is gathered once a schedule run and kept, its unsharded gradients accumulated in place and
         # reduce-scattered at the run's last backward (llmctl.plan.comm.step_comm, pipelined): one gather's and one
@@ -303,6 +317,14 @@ def fsdp_copy_bytes(spec: ModelSpec, setup: TrainSetup) -> float:
     acc = setup.grad_accum_steps
     accumulate = 3 * rb * trained / shard * (acc - 1) / acc
     return gathers * per_gather + trained * (cb + rb) + accumulate
+
+
+def _remote_experts(spec: ModelSpec, setup: TrainSetup) -> float:
+    """Routed-expert parameters a rank neither gathers nor gets unsharded gradients of: the (ep - 1)/ep held by the
+    other ranks of its ep group (0 at ep 1)."""
+    if setup.ep <= 1:
+        return 0.0
+    return ex.expert_params_memo(spec) * (setup.ep - 1) / setup.ep
 
 
 def optimizer_seconds(gpu: GPUSpec, spec: ModelSpec, setup: TrainSetup) -> float:

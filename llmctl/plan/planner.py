@@ -2,7 +2,7 @@
 
 What is searched is llmctl.plan.space (each decision the user did not pin, narrowed by the rules); how it is searched
 is llmctl.plan.search (families, the Pareto front of recompute per family, the bounds that skip the families with TP,
-CP or PP that cannot win); what fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is
+CP, PP or EP that cannot win); what fits comes from llmctl.plan.memory, what it costs from llmctl.plan.timing; the request is
 llmctl.plan.request, the explanations llmctl.plan.explain, the plan file llmctl.plan.emit.
 
 CPU offload (FSDP2's CPUOffloadPolicy): pinned (--offload, --no-offload) every setup searched has it or none has.
@@ -33,6 +33,7 @@ from llmctl.plan.explain import (
     table_rows,
     why_lost,
 )
+from llmctl.plan.explain_experts import explain_ep_choice
 from llmctl.plan.explain_finetune import explain_finetune
 from llmctl.plan.explain_kernels import efficiency_basis, step_split
 from llmctl.plan.explain_pipeline import explain_pp_choice
@@ -74,6 +75,9 @@ class PlanResult:
     pp_choice: str = ""
     """Why pipeline parallelism won or lost: its bubble, its sends, the states and communication it saves, against the
     best of the other kind (empty where the search did not consider it)."""
+    ep_choice: str = ""
+    """Why expert parallelism won or lost: the experts a GPU gathers, the grouped GEMMs, the all-to-alls' share of the
+    step, against the best of the other kind (empty for a dense model)."""
 
     def memory_margin(self) -> dict[str, Any]:
         """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
@@ -146,6 +150,7 @@ class PlanResult:
             "cp_choice": result.cp_choice,
             # Only where pipelines were searched or pinned, so that the answers without them stay as they were.
             **({"pp_choice": result.pp_choice} if result.pp_choice else {}),
+            **({"ep_choice": result.ep_choice} if result.ep_choice else {}),
             "precision": req.precision.name,
             "precision_choice": result.precision_choice,
             # Only when a setup offloads, so that the answers without it stay as they were.
@@ -208,8 +213,9 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
     precision_choice = explain_precision(req, fam[0])
     explained = (choice, tp_choice, cp_choice, precision_choice, step_split(req, fam[0]))
     pp_choice = explain_pp_choice(req, fam[0], filled, space.pps, search.pp_pruned)
+    ep_choice = explain_ep_choice(req, fam[0], filled, space.eps)
     result = PlanResult(req, fam[0], fam, why, filled, search.rejected, search.evaluated, *explained)
-    return replace(result, pp_choice=pp_choice)
+    return replace(result, pp_choice=pp_choice, ep_choice=ep_choice)
 
 
 def _with_memory(req: PlanRequest, ranked: list[Candidate]) -> list[Candidate]:

@@ -82,10 +82,13 @@ class Efficiency:
         if self.calibration <= 0:
             raise InputError("efficiency calibration must be positive")
 
-    def of(self, tokens_per_micro_batch: int, spec: ModelSpec, gpu: GPUSpec, dtype: str = "bf16", tp: int = 1) -> float:
+    def of(
+        self, tokens_per_micro_batch: int, spec: ModelSpec, gpu: GPUSpec, dtype: str = "bf16", tp: int = 1, ep: int = 1
+    ) -> float:
         """Fraction of `dtype`'s dense peak the model's matmuls reach on one GPU (kernel_time.gemm_efficiency) for a
-        micro-batch of that many tokens per rank, each rank of a tp group running its slices; never above 1."""
-        e = kernel_time.gemm_efficiency(gpu, spec, tokens_per_micro_batch, tp, gpu.peak_tflops(dtype))
+        micro-batch of that many tokens per rank, each rank of a tp group running its slices, under expert
+        parallelism the experts as grouped GEMMs; never above 1."""
+        e = kernel_time.gemm_efficiency(gpu, spec, tokens_per_micro_batch, tp, gpu.peak_tflops(dtype), ep)
         if spec.hidden_size % 64 or spec.intermediate_size % 64:
             e *= self.misaligned_penalty
         return min(1.0, e * gpu.efficiency * self.calibration)

@@ -1,8 +1,10 @@
 """The planner's search (torch-free): a point of it is one immutable `Choice`; `Search` runs the families of a space
 (llmctl.plan.space) and keeps each family's best; `MemorySearch` finds the largest micro-batch that fits each choice
 (memory.max_micro_batch), cached across the strategies and node counts that share it, and the micro-batches worth
-timing; the bounds let the search skip a tensor- or context-parallel family that cannot win, and CPU offload where
-it cannot win."""
+timing; the bounds let the search skip a tensor- or context-parallel family that cannot win, an expert-parallel degree
+whose compute and all-to-alls alone cannot (`ep_bound`), and CPU offload where it cannot win. Each family runs at the
+expert-parallel degrees it takes (llmctl.plan.space.family_eps; ep 1 alone for a dense model), and the bounds read a
+family at its largest (its fastest compute and least memory)."""
 
 from __future__ import annotations
 
@@ -10,12 +12,13 @@ import itertools
 import math
 from dataclasses import replace
 
+from llmctl.plan import experts as ex
 from llmctl.plan import kernel_time, stages
 from llmctl.plan import memory as mem
 from llmctl.plan import offload as ol
 from llmctl.plan.ranking import recompute_seconds, sort_key
 from llmctl.plan.request import PlanRequest
-from llmctl.plan.space import Choice, Space, dp_ranks
+from llmctl.plan.space import Choice, Space, dp_ranks, family_eps, largest_ep
 from llmctl.plan.timing import Candidate, compute_times, cp_comm, evaluate
 from llmctl.spec import pipeline
 from llmctl.spec.attention import Attention
@@ -43,6 +46,19 @@ def parallel_bound(req: PlanRequest, choice: Choice) -> float:
     _, fwd, bwd = compute_times(req, setup)
     tps = setup.tokens_per_step / (setup.grad_accum_steps * (fwd + bwd))
     return tps if req.objective == "throughput" else tps / setup.gpus
+
+
+def ep_bound(req: PlanRequest, choice: Choice) -> float:
+    """An upper bound on what an ep > 1 family without a pipeline predicts (tokens/s, or per GPU for the cost
+    objective): its compute alone at the largest micro-batch without recompute (as `parallel_bound`), plus its
+    all-to-alls there, which nothing hides (llmctl.plan.experts.ep_comm: the fewest micro-batches, the fewest
+    latencies); FSDP's communication and recompute only add time."""
+    per_rank = req.global_batch // (choice.nodes * req.gpus_per_node // (choice.tp * choice.cp))
+    mb = req.pin("micro_batch_size") or per_rank
+    setup = replace(choice, checkpointing="none", loss_chunk_tokens=0).at(mb, per_rank).setup(req)
+    _, fwd, bwd = compute_times(req, setup)
+    a2a = ex.ep_comm(req.spec, setup, req.seq_len, req.network).exposed_s
+    return _metric(req, setup, setup.grad_accum_steps * (fwd + bwd) + a2a)
 
 
 def offload_can_win(req: PlanRequest, best: Candidate, families: list[Choice]) -> bool:
@@ -108,7 +124,7 @@ def pipeline_bound(
         shares[(sched, v)] = min(share.matmul, share.attention, share.params)
     best = dict.fromkeys(shares, 0.0)
     for mb in [pinned] if pinned else divisors(per_rank):
-        key = (choice.tp, choice.attention, choice.compile, mb)
+        key = (choice.tp, choice.attention, choice.compile, mb, choice.ep)
         if key not in times:
             flat = replace(choice, strategy="full_shard", checkpointing="none", loss_chunk_tokens=0, pp=1)
             times[key] = compute_times(req, flat.at(mb, per_rank).setup(req))[1:]
@@ -118,6 +134,9 @@ def pipeline_bound(
             continue
         for (sched, v), share in shares.items():
             f, b = fwd * share, bwd * share
+            if f + b <= 0:  # the heaviest rank holds none of some kind (a head-only stage): nothing to bound with
+                best[(sched, v)] = float("inf")
+                continue
             idle = stages.bubble(pipeline.schedule(sched), p, m, v or 2, f, b, f)
             tps = per_rank * req.seq_len * dp / (m * (f + b) * (1 + idle)) * scale
             best[(sched, v)] = max(best[(sched, v)], tps)
@@ -213,13 +232,21 @@ class MemorySearch:
         return self.needs[key]
 
     def ring_bound(
-        self, family: Choice, strategies: list[str], options: list[tuple[str, int]], chunks: list[int], compile_: bool
+        self,
+        family: Choice,
+        strategies: list[str],
+        options: list[tuple[str, int]],
+        chunks: list[int],
+        compile_: bool,
+        eps: list[int] = (1,),
     ) -> float:
         """An upper bound on what a cp > 1 family (`family`: its tp, cp and nodes) predicts (tokens/s, or per GPU for
         the cost objective): the options (checkpointing x loss chunk, cheapest recompute first) before the first
         that fits micro-batch 1 with some strategy cannot run; every setup of the family runs one of the rest, at
         most at the largest micro-batch, and takes at least its compute time there plus its ring's exposed exchanges
-        (FSDP's and TP's communication only add). Infinite when none fits (the family's search then says why)."""
+        (FSDP's and TP's communication only add). Infinite when none fits (the family's search then says why). `eps`: the
+        expert-parallel degrees searched; each strategy is asked at the largest it takes (its least memory), the
+        compute at the family's (its fastest)."""
         req, g = self.req, self.req.gpus_per_node
         tp, cp, n = family.tp, family.cp, family.nodes
         allowed = [o for o in options if (o[1] == 0 if tp > 1 else o[1] in chunks)]
@@ -229,7 +256,11 @@ class MemorySearch:
         def fits(ckpt: str, chunk: int) -> bool:
             cap = req.capacity_bytes  # an upper bound: micro-batch 1 with no accumulation, the least memory
             at = replace(ring, checkpointing=ckpt, loss_chunk_tokens=chunk)
-            return any(self.need(replace(at, strategy=st), False) <= cap for st in strats)
+            for st in strats:  # each strategy at the largest ep it takes (its least memory)
+                f = replace(at, strategy=st, ep=1)
+                if self.need(replace(f, ep=largest_ep(req, f, list(eps))), False) <= cap:
+                    return True
+            return False
 
         first = next((i for i, o in enumerate(allowed) if fits(*o)), None)
         if first is None:
@@ -340,6 +371,7 @@ class Search:
         self.top = 0.0  # the best candidate's sort key so far (its first figure)
         self.pruned: dict[tuple[int, int], float] = {}
         self.pp_pruned: dict[tuple[int, int], float] = {}  # (tp, pp) -> the bound of the PP families not searched
+        self.ep_pruned: dict[int, float] = {}  # ep -> the bound of the EP families not searched (ep_bound)
         self.saturated: dict[tuple, int] = {}  # (tp, strategy, nodes, kernel) -> least cp whose cheapest option fit all
         pairs = list(itertools.product(space.checkpointing, sorted({0, *space.loss_chunks})))
         self.order = {
@@ -368,6 +400,12 @@ class Search:
         # What was pruned, against the best at the end of the search.
         self._say_pruned(self.pruned, "even without communication or recompute")
         self._say_pruned(ring_pruned, "with the least recompute that fits and no communication but the ring's", cp=True)
+        metric = "tokens/s" if self.req.objective == "throughput" else "tokens/s per GPU"
+        for ep, bound in self.ep_pruned.items():
+            self.rejected.append(
+                f"EP {ep} on some node counts: at most {bound:,.0f} {metric} with its all-to-alls (never hidden) and "
+                f"no other communication or recompute, below the best {-self.top:,.0f}"
+            )
         self.pruned.update(ring_pruned)
 
     def _tp_families(self) -> None:
@@ -416,7 +454,7 @@ class Search:
                 for n in nodes
                 for a in sp.attentions
                 for sched, bound in pipeline_bound(
-                    req, Choice("full_shard", n, tp, attention=a, compile=comp, pp=pp), self._splits(pp), times
+                    req, self._fastest(n, tp, 1, a, comp, pp), self._splits(pp), times
                 ).items()
             ),
             key=lambda b: -b[0],
@@ -446,7 +484,7 @@ class Search:
             (
                 (
                     self.memory.ring_bound(
-                        Choice("full_shard", n, tp, cp), sp.strategies, self.order[sdpa], sp.loss_chunks, comp
+                        self._fastest(n, tp, cp), sp.strategies, self.order[sdpa], sp.loss_chunks, comp, sp.eps
                     ),
                     tp,
                     cp,
@@ -467,6 +505,15 @@ class Search:
                 self.family(Choice(strategy, n, tp, cp, attention=sdpa))
         return ring_pruned
 
+    def _fastest(
+        self, n: int, tp: int, cp: int, attention: str = "sdpa", compile_: bool = False, pp: int = 1
+    ) -> Choice:
+        """A full_shard family at the largest expert-parallel degree it takes (llmctl.plan.space.largest_ep: 1 for a
+        dense model), what the bounds read: full_shard borrows from the most ranks, and a larger ep only speeds the
+        compute (grouped GEMMs, fewer FSDP copies) and shrinks the memory."""
+        f = Choice("full_shard", n, tp, cp, attention=attention, compile=compile_, pp=pp)
+        return replace(f, ep=largest_ep(self.req, f, self.space.eps))
+
     def _say_pruned(self, pruned: dict[tuple[int, int], float], how: str, cp: bool = False) -> None:
         metric = "tokens/s" if self.req.objective == "throughput" else "tokens/s per GPU"
         for (tp, c), bound in pruned.items():
@@ -477,7 +524,13 @@ class Search:
             )
 
     def family(self, f: Choice) -> None:
-        """Search one (tp, cp, strategy, nodes, kernel) family: the Pareto front of checkpointing x loss chunk.
+        """Search one (tp, cp, strategy, nodes, kernel) family at each expert-parallel degree it takes
+        (llmctl.plan.space.family_eps; ep 1 alone for a dense model)."""
+        for ep in family_eps(self.req, f, self.space.eps, self.rejected):
+            self._family(replace(f, ep=ep))
+
+    def _family(self, f: Choice) -> None:
+        """Search one (tp, cp, strategy, nodes, kernel, ep) family: the Pareto front of checkpointing x loss chunk.
         Cheapest recompute first, an option is worth its memory search and timing only if it fits a larger
         micro-batch than every cheaper one (at an equal micro-batch the cheaper recompute is faster, at every
         micro-batch, since both scale with its tokens); once one fits the whole per-rank batch, nothing dearer can
@@ -491,7 +544,12 @@ class Search:
         if req.pin("offload") and (problem := self.memory.host_problem(f)):
             self.rejected.append(problem)  # CPU offload's states do not fit the host's memory: no micro-batch helps
             return
-        fam = (f.tp, f.strategy, f.nodes, f.attention, f.pp, f.pp_schedule, f.pp_virtual_stages)
+        if f.ep > 1 and f.pp == 1 and self.best:  # its compute and all-to-alls alone cannot win: not searched
+            bound = ep_bound(req, f)
+            if bound < -self.top:
+                self.ep_pruned[f.ep] = max(self.ep_pruned.get(f.ep, 0.0), bound)
+                return
+        fam = (f.tp, f.strategy, f.nodes, f.attention, f.pp, f.pp_schedule, f.pp_virtual_stages, f.ep)
         if self.saturated.get(fam, f.cp) < f.cp:
             # A smaller cp ran the whole per-rank batch in one micro-batch without recompute: a larger one runs the
             # same tokens per GPU in GEMMs as large at best, and its ring only adds communication.

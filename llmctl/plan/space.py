@@ -14,6 +14,11 @@ chunked loss). The micro-batch and accumulation are found per family (llmctl.pla
 Pipeline parallelism (cp 1; once llmctl's engine runs it, or pinned): pp 1, 2, 4, ... while the layers split
 (`pp_degrees`) x schedule and stages per rank (`pp_schedules`: 1f1b, interleaved-1f1b at 2, 4, 8, zbv; gpipe only
 pinned); pp microbatches: all of a step's (one schedule run: the least bubble and the fewest FSDP gathers), or the pin.
+
+Expert parallelism (mixture-of-experts models only; dense models search ep 1 alone): ep 1, 2, 4, ... dividing every
+MoE layer's routed experts (`ep_degrees`), each family (with pp and cp as they are searched) at the degrees that
+divide its dp_shard x cp ranks, at tp 1 and pp 1 for llmctl's engine (rule "ep at tp 1"), in groups the nodes hold
+evenly (`family_eps`); or the pin.
 """
 
 from __future__ import annotations
@@ -32,9 +37,9 @@ from llmctl.spec import pipeline
 from llmctl.spec.attention import KERNELS, Attention
 from llmctl.spec.decisions import declared
 from llmctl.spec.optimizer_states import AUTO as AUTO_STATES
-from llmctl.spec.parallel import ENGINE_STRATEGIES, sequence_split_problem
+from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, sequence_split_problem
 from llmctl.spec.pipeline import max_stages
-from llmctl.spec.rules import engine_problem, model_problem
+from llmctl.spec.rules import ENGINE_RULES, engine_problem, model_problem
 from llmctl.spec.setup import TrainSetup
 from llmctl.units import GIB
 
@@ -284,6 +289,95 @@ def pp_degrees(req: PlanRequest, tps: list[int], rejected: list[str]) -> list[in
     return pps
 
 
+def ep_degrees(req: PlanRequest, rejected: list[str]) -> list[int]:
+    """The expert-parallel degrees to search: the pin, or for a mixture-of-experts model 1 and the powers of two up
+    to the cluster's GPUs that divide every MoE layer's routed experts (rule "ep split"), where what the request trains
+    runs with it (adapters stay at ep 1). A dense model: [1], silently (its plans stay as they were). Which of them a
+    family takes is `family_eps`."""
+    if req.pin("ep") is not None:
+        return [req.pin("ep")]
+    spec = req.spec
+    if not spec.moe or spec.measured is not None:
+        return [1]
+    world = req.nodes * req.gpus_per_node
+    try:
+        req.candidate(nodes=req.nodes, strategy="full_shard", ep=2)
+    except (RuleError, InputError) as e:
+        rejected.append(f"expert parallelism: {e.message}")
+        return [1]
+    experts = {la.mlp.num_experts for la in spec.layers if la.mlp.moe}
+    eps, ep = [1], 2
+    while ep <= world and all(e % ep == 0 for e in experts):
+        eps.append(ep)
+        ep *= 2
+    return eps
+
+
+def ep_placement_problem(ep: int, gpus_per_node: int) -> str | None:
+    """Why an ep group of consecutive ranks would not sit evenly on the nodes (None: inside one node, or on whole
+    nodes): the all-to-all's price (llmctl.plan.network.alltoall_time) counts the same ranks of a group on each node."""
+    if (ep <= gpus_per_node and gpus_per_node % ep == 0) or ep % gpus_per_node == 0:
+        return None
+    return f"ep {ep} groups would straddle nodes of {gpus_per_node} GPUs"
+
+
+def family_eps(req: PlanRequest, f: Choice, eps: list[int], rejected: list[str]) -> list[int]:
+    """The expert-parallel degrees a (strategy, nodes, tp, cp, pp) family takes of `eps`: those that divide its
+    dp_shard x cp ranks (ep borrows them: llmctl.spec.parallel.ParallelDims), that llmctl's engine runs (rule "ep at
+    tp 1": tp 1, and pp 1 for now), in groups the nodes hold evenly. A pinned degree the family cannot take is said in
+    `rejected`; unpinned, the family simply runs at the degrees it takes (ep 1 always)."""
+    if eps == [1]:
+        return eps
+    pinned = req.pin("ep") is not None
+    out = []
+    for ep in eps:
+        why = None
+        if ep > 1:
+            shard = _fsdp_shard(req, f)
+            why = ep_placement_problem(ep, req.gpus_per_node)
+            if not shard or shard % ep:
+                why = f"ep {ep} must divide the ranks it borrows from: dp_shard x cp = {shard}"
+            why = why or _ep_engine_problem(req, f, ep)
+        if why is None:
+            out.append(ep)
+        elif pinned:
+            rejected.append(f"{replace(f, ep=ep).where()}: {why}")
+    return out
+
+
+EP_ENGINE_RULE = next(r for r in ENGINE_RULES if r.name == "ep at tp 1")
+"""What llmctl's engine runs expert parallelism with (tp 1, pp 1 for now): the rule the plan check and the engine ask."""
+
+
+def _ep_engine_problem(req: PlanRequest, f: Choice, ep: int) -> str | None:
+    """Why llmctl's engine does not run a family at `ep` (the rule "ep at tp 1"), or None."""
+    if f.tp == 1 and f.pp == 1:
+        return None  # what the rule allows: no setup to build
+    try:
+        probe = req.candidate(
+            strategy=f.strategy, nodes=f.nodes, tp=f.tp, cp=f.cp, pp=f.pp, ep=ep, grad_accum_steps=2 * f.pp
+        )
+    except (RuleError, InputError) as e:
+        return e.message  # not a layout (hybrid on one node, ...): the family's own search says so
+    err = EP_ENGINE_RULE.problem(probe)
+    return None if err is None else err.message
+
+
+def largest_ep(req: PlanRequest, f: Choice, eps: list[int]) -> int:
+    """The largest expert-parallel degree a family takes (1 if none but ep 1): its fastest compute (the grouped GEMMs
+    and FSDP's fewest copies) and least memory, what the search's bounds read a family at."""
+    return max(family_eps(req, f, eps, []), default=1)
+
+
+def _fsdp_shard(req: PlanRequest, f: Choice) -> int:
+    """dp_shard x cp of a family's degrees (0 where they do not split the GPUs)."""
+    try:
+        dims = ParallelDims.from_strategy(f.strategy, f.nodes, req.gpus_per_node, f.tp, f.pp, cp=f.cp)
+    except (RuleError, InputError):
+        return 0
+    return dims.fsdp_shard
+
+
 VIRTUAL_STAGES = (2, 4, 8)
 """Stages per rank the search tries for interleaved 1F1B (Megatron's and torchtitan's recipes run 2 to 8)."""
 
@@ -326,6 +420,8 @@ class Space:
     """(schedule, stages per rank) tried under pp > 1."""
     pp_usable: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     """(tp, pp > 1) -> the node counts whose data-parallel ranks (cp 1) split the global batch."""
+    eps: list[int] = field(default_factory=lambda: [1])
+    """Expert-parallel degrees (1: off); each family takes those that divide its ranks (`family_eps`)."""
 
 
 def space_for(req: PlanRequest) -> Space:
@@ -376,6 +472,7 @@ def space_for(req: PlanRequest) -> Space:
         if pp > 1
     }
     return Space(
+        eps=ep_degrees(req, rejected),
         pps=pps,
         schedules=pp_schedules(req, rejected) if len(pps) > 1 or pps[0] > 1 else [],
         pp_usable=pp_usable,
@@ -395,13 +492,14 @@ def space_for(req: PlanRequest) -> Space:
 # --- CPU offload's bound, and what fits when nothing in the space does -------------------------------------------
 def fastest_families(req: PlanRequest) -> list[Choice]:
     """The search's (tp, cp, strategy, nodes) families, each at its fastest: the whole per-rank batch (or the pinned
-    micro-batch), the least recompute and loss chunk searched, the fastest kernel allowed, compiled where it may be
-    (what llmctl.plan.search.offload_can_win bounds offload with)."""
+    micro-batch), the least recompute and loss chunk searched, the fastest kernel allowed, compiled where it may be,
+    the largest expert-parallel degree it takes (what llmctl.plan.search.offload_can_win bounds offload with)."""
     spec, rejected = req.spec, []
     fast = Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA
     fast = spec.attention_kernel(req.pin("attention") or fast)
     strategies = [req.pin("strategy")] if req.pin("strategy") else list(ENGINE_STRATEGIES)
     chunk = min(loss_chunks(req, rejected))
+    eps = ep_degrees(req, rejected)
     out = []
     for tp, cp in parallel_degrees(
         req, tp_degrees(req, rejected), cp_degrees(req, [fast, Attention.SDPA], rejected), rejected
@@ -413,7 +511,8 @@ def fastest_families(req: PlanRequest) -> list[Choice]:
             )
             if dp and not req.global_batch % dp and not hybrid_off:
                 kernel = fast if cp == 1 else Attention.SDPA
-                out.append(Choice(strategy, n, tp, cp, attention=kernel, loss_chunk_tokens=0 if tp > 1 else chunk))
+                f = Choice(strategy, n, tp, cp, attention=kernel, loss_chunk_tokens=0 if tp > 1 else chunk)
+                out.append(replace(f, ep=largest_ep(req, f, eps)))
     return out
 
 

@@ -46,6 +46,7 @@ from typing import Any
 
 from llmctl.families.tensor_parallel import replicated as tp_replicated
 from llmctl.plan import comm as cm
+from llmctl.plan import experts as ex
 from llmctl.plan import float8 as f8
 from llmctl.plan import flops as fl
 from llmctl.plan import kernel_time, ring
@@ -124,7 +125,8 @@ class Candidate:
         cp = f" x CP {s.cp}" if s.cp > 1 else ""
         offload = " + CPU offload" if s.levers.offload else ""
         pp = f" x PP {s.pp} ({pipeline_label(s)})" if s.pp > 1 else ""
-        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}{pp}{cp}{tp}{offload}"
+        ep = f" x EP {s.ep}" if s.ep > 1 else ""
+        return f"{s.strategy.upper()} over {s.nodes} node{'s' if s.nodes > 1 else ''}{pp}{cp}{tp}{ep}{offload}"
 
     def as_dict(self) -> dict[str, Any]:
         s, p = self.setup, self.predicted
@@ -160,6 +162,9 @@ class Candidate:
             "step_split_s": dict(p.split),
             # Only under CPU offload, so that the answers without it stay as they were.
             **({"offload": True, "offload_s": p.offload_s} if s.levers.offload else {}),
+            # Only under expert parallelism (ep 1 answers, every dense model's, stay as they were): the degree and
+            # its all-to-alls' seconds per step (llmctl.plan.experts).
+            **({"ep": s.ep, "ep_alltoall_s": ex.alltoall_seconds(p.comm_ops)} if s.ep > 1 else {}),
             # Only under pipeline parallelism, as the declarations write them (write_default=False): pp = 1 answers
             # stay as they were.
             **(
@@ -283,7 +288,7 @@ def compute_split(req: PlanRequest, setup: TrainSetup) -> tuple[float, ComputeSp
     )
     spec, gpu = req.spec, req.gpu
     tokens = mb * req.seq_len // setup.cp  # this rank's tokens per micro-batch (the rows of its GEMMs)
-    eff = req.efficiency.of(tokens, spec, gpu, req.compute_dtype, tp=tp)
+    eff = req.efficiency.of(tokens, spec, gpu, req.compute_dtype, tp=tp, ep=setup.ep)
     rate = gpu.peak_tflops(req.compute_dtype) * 1e12 * eff
     # float8: every FLOP below is priced at the compute dtype's rate, the converted linears' with `saving` of their
     # time taken off (their FLOPs at the fp8 peak); a float8 FLOP splits forward/backward 1:2 as the others do.
@@ -294,6 +299,8 @@ def compute_split(req: PlanRequest, setup: TrainSetup) -> tuple[float, ComputeSp
     imbalance = setup.dims.attention_imbalance(setup.cp_load_balance)
     if imbalance != 1.0:
         model += (imbalance - 1) * fl.attention_flops_per_token(spec, req.seq_len)
+    if setup.ep > 1 and ex.IMBALANCE != 1.0:  # the busiest ep rank's experts (llmctl.plan.experts)
+        model += (ex.IMBALANCE - 1) * ex.expert_flops_per_token(spec)
     if tp > 1:  # each rank: 1/tp of what the group splits, all of what it replicates
         rep = fl.tp_replicated_flops_per_token(spec, req.seq_len)[0] - saving * linear_rep
         model = (model - rep) / tp + rep
@@ -530,6 +537,14 @@ def stage_split(parts: ComputeSplit, share: st.RankShare) -> ComputeSplit:
     )
 
 
+def expert_shape(spec: ModelSpec, setup: TrainSetup) -> dict[str, int]:
+    """The routed experts' part of FSDP's shape under expert parallelism (llmctl.plan.experts; none at ep 1, whose
+    experts FSDP moves with the rest)."""
+    if setup.ep <= 1:
+        return {}
+    return {"expert_params": ex.expert_params_memo(spec), "moe_layers": ex.moe_layer_count(spec)}
+
+
 def stage_shape(shape: cm.CommShape, share: st.RankShare) -> cm.CommShape:
     """FSDP's shape on a pp rank: its stages' parameters over its blocks (llmctl.plan.stages.RankShare)."""
     return replace(
@@ -537,6 +552,8 @@ def stage_shape(shape: cm.CommShape, share: st.RankShare) -> cm.CommShape:
         params=round(shape.params * share.params),
         num_layers=share.layers,
         tp_replicated_params=round(shape.tp_replicated_params * share.params),
+        expert_params=round(shape.expert_params * share.params),
+        moe_layers=shape.moe_layers and max(1, round(shape.moe_layers * share.layers / shape.num_layers)),
     )
 
 
@@ -559,6 +576,7 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         grad_bytes=setup.precision.reduce_bytes,
         tp=setup.tp,
         tp_replicated_params=tp_replicated_params(req.spec) if setup.tp > 1 else 0,
+        **expert_shape(req.spec, setup),
     )
     shape = adapter_shape(req.spec, setup, shape)
     shape = float8_gather(req.spec, setup, shape, share.params)
@@ -576,6 +594,8 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
     c = cm.combine(c, r)
     p2p = st.p2p_comm(setup, req.spec.hidden_size, req.network, req.overlap)
     c = cm.combine(c, p2p)
+    a2a = ex.ep_comm(req.spec, setup, req.seq_len, req.network, share.blocks if piped else None)
+    c = cm.combine(c, a2a)
     optimizer_s = kernel_time.optimizer_seconds(req.gpu, req.spec, setup) / req.efficiency.calibration
     bubble_s = 0.0
     if piped:

@@ -312,7 +312,8 @@ class ParallelDims:
         return micro_batch_size * grad_accum_steps * seq_len * self.dp
 
     def group_scope(self, axis: str, gpus_per_node: int) -> str:
-        """Where a collective over `axis` ("dp_shard": FSDP's group, dp_shard x cp ranks; or "dp_replicate") runs,
+        """Where a collective over `axis` ("dp_shard": FSDP's group, dp_shard x cp ranks; "dp_replicate"; or "efsdp":
+        the routed experts' FSDP group under expert parallelism) runs,
         for ranks filled node by node:
         "intra" (the group fits in one node), "inter" (one rank per node: the node's ranks each sit in a different
         group, so the groups share the node's NICs) or "cross" (a ring over several ranks of several nodes)."""
@@ -320,8 +321,10 @@ class ParallelDims:
             size, stride = self.fsdp_shard, self.tp
         elif axis == "dp_replicate":
             size, stride = self.dp_replicate, self.tp * self.cp * self.dp_shard
+        elif axis == "efsdp":  # the routed experts' FSDP group: dp_shard x cp / ep ranks, strided by ep (innermost)
+            size, stride = self.expert_shard, self.tp * self.ep
         else:
-            raise InputError(f"no collective group for axis {axis!r}", hint="dp_shard or dp_replicate")
+            raise InputError(f"no collective group for axis {axis!r}", hint="dp_shard, dp_replicate or efsdp")
         if size <= 1 or gpus_per_node % (size * stride) == 0:
             return "intra"  # the group's ranks are consecutive (with stride) inside one node
         return "inter" if stride >= gpus_per_node else "cross"

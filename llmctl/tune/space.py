@@ -135,8 +135,10 @@ class Space:
                         compile=comp,
                         async_tp=b.async_tp and comp,  # async TP is an inductor pass: off with compile off
                     )
-                except RuleError:
-                    continue  # a layout this pipeline does not split into (hybrid_shard's groups under pp)
+                except (RuleError, InputError):
+                    # a layout this pipeline does not split into (hybrid_shard's groups under pp), or one whose
+                    # shard ranks the plan's expert parallelism cannot borrow from (no_shard has none at ep > 1)
+                    continue
                 out.append(setup)
         return out
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import llmctl.plan.memory.pipeline as pl
 from llmctl.plan.memory.ledger import state_shard_degree
@@ -30,8 +31,10 @@ from llmctl.spec.models import ModelSpec
 from llmctl.spec.setup import TrainSetup
 
 
+@lru_cache(maxsize=4096)
 def layer_expert_params(layer: Layer, hidden_size: int) -> int:
-    """Parameters of one block's routed experts (its 3-D expert tensors and their biases; 0 for a dense block)."""
+    """Parameters of one block's routed experts (its 3-D expert tensors and their biases; 0 for a dense block).
+    Cached as llmctl.spec.layers.layer_params is: the planner asks for every block of every setup it sizes."""
     if not layer.mlp.moe:
         return 0
     prefix = f"mlp.{layer.mlp.names[1]}."
