@@ -85,7 +85,10 @@ def show(report: Report, data: dict[str, Any], json_out: bool, written: tuple[Pa
         f"\n[bold]measured best[/bold]: trial {best.number}, {escape(best.setup.label)}: {m.tokens_per_s:,.0f} "
         f"tokens/s{vs}, {m.step_time_s:.3f} s/step",
         f"plan written to {plan_path} (run it: llmctl launch {plan_path})",
-        f"calibration written to {cal_path} (llmctl plan ... --calibrate {cal_path})",
+        f"calibration written to {cal_path} (llmctl plan ... --calibrate {cal_path})"
+        if shown
+        else f"tune report written to {cal_path} (no predictions to calibrate `llmctl plan` with: the plan names no "
+        "GPU kind; tune a plan with hardware.gpu set, or pass --gpu KIND to tune)",
         f"trials in {folder}",
     ):
         c.print(line, soft_wrap=True)
