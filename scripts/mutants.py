@@ -265,8 +265,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "accumulation",
         "llmctl/engine/trainer.py",
-        "(loss * (self.grad_step.loss_multiplier * inject / acc)).backward()",
-        "(loss * (self.grad_step.loss_multiplier * inject)).backward()",
+        "(total * (self.grad_step.loss_multiplier * inject / acc)).backward()",
+        "(total * (self.grad_step.loss_multiplier * inject)).backward()",
         ("tests/engine/test_dist.py::test_grad_accumulation_equivalence",),
         "accumulated gradients not divided by the micro-batches (issue 33's survivor)",
     ),
