@@ -151,7 +151,9 @@ def test_resolve_kinds() -> None:
 def test_offload_counts_match_brute_force(deadline_days: float | None) -> None:
     """An 8B model on 24 GB cards: the fewest counts fit only with CPU offload, so the search starts where it fits
     without it and walks down too; every count planned by brute force must agree."""
-    model, kinds, prices, tokens = "llama-3.1-8b", ["L4", "A10G"], {"L4": 0.8, "A10G": 1.0}, 2 * 10**9
+    # RTX-4090: the cheapest count (4) is in the offload regime, below the fewest without it (8) and below two nodes
+    kinds = ["L4", "A10G", "RTX-4090"]
+    model, prices, tokens = "llama-3.1-8b", {"L4": 0.8, "A10G": 1.0, "RTX-4090": 0.5}, 2 * 10**9
     options = {**OPTIONS, "tokens": "2B"}
     make = cmp.requests_from(model, options, SEQ)
     deadline = deadline_days * cmp.DAY if deadline_days else None
@@ -170,3 +172,5 @@ def test_offload_counts_match_brute_force(deadline_days: float | None) -> None:
         first = next(p for p in points[row.gpu.name] if p.candidate)
         assert row.fewest_gpus == first.gpus
         assert row.pick is not None and row.pick.gpus == want[row.gpu.name].gpus, [p.gpus for p in row.points]
+    if deadline is None:
+        assert want["RTX-4090"].gpus == 4 and want["RTX-4090"].candidate.setup.levers.offload
