@@ -170,6 +170,7 @@ def fake_trainer(model: torch.nn.Module, acc: int) -> types.SimpleNamespace:
         phase_peaks=types.SimpleNamespace(mark=lambda _: None),
         watch=types.SimpleNamespace(beat=lambda *_: None, data=lambda *_: None),
         grad_step=types.SimpleNamespace(loss_multiplier=1.0),
+        aux=None,  # no MoE load-balancing term
     )
 
 
