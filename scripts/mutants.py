@@ -123,6 +123,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/plan/test_ep_cost.py",),
         "a block that checkpointing re-runs priced without its dispatch and combine all-to-alls again",
     ),
+    M(
+        "ep-grouped-gemm-width",
+        "llmctl/plan/experts.py",
+        "return [(rows, hidden, 2 * m.intermediate_size), (rows, m.intermediate_size, hidden)]",
+        "return [(rows, hidden, m.intermediate_size), (rows, m.intermediate_size, hidden)]",
+        ("tests/plan/test_ep_cost.py",),
+        "the gate_up grouped GEMM priced at the width of one projection (gate and up are one fused weight)",
+    ),
     # --- expert parallelism (engine) ------------------------------------------------------------------------------
     M(
         "ep-order-back",
