@@ -153,3 +153,12 @@ def test_imbalance_scales_the_busiest_ranks_rows(monkeypatch):
     a2a = [next(o for o in p.comm_ops if o.phase == "ep") for p in (base, slow)]
     assert a2a[1].bytes_per_call == pytest.approx(1.5 * a2a[0].bytes_per_call)  # the busiest rank's bytes
     assert ex.alltoall_seconds(slow.comm_ops) > ex.alltoall_seconds(base.comm_ops)
+
+
+def test_grouped_gemm_shapes_by_hand() -> None:
+    """Qwen3-30B-A3B (hidden 2048, experts of width 768, top-8): a rank that received 4096 tokens' rows runs gate_up
+    as (32768 rows, 2048 -> 1536: gate and up fused) and down as (32768, 768 -> 2048); 1.5x the rows at imbalance 1.5."""
+    spec = resolve_model("qwen3-30b-a3b")
+    layer = next(la for la in spec.layers if la.mlp.moe)
+    assert ex.grouped_gemms(layer, spec.hidden_size, 4096) == [(32768, 2048, 1536), (32768, 768, 2048)]
+    assert ex.grouped_gemms(layer, spec.hidden_size, 4096, imbalance=1.5)[0][0] == 49152
