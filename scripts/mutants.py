@@ -681,7 +681,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/backends.py",
         'return "".join(f"{k}={shell.quote(v)} " for k, v in sorted(self.env.items()))',
         'return "".join(f"{k}={v} " for k, v in sorted(self.env.items()))',
-        ("tests/launch/test_injection.py", "tests/launch/test_cli.py"),
+        ("tests/launch/test_cli.py::test_local_dry_run_quotes_the_environment_it_prints",),
         "a printed command line's environment values not shell-quoted",
     ),
     M(

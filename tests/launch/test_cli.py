@@ -67,6 +67,17 @@ def test_local_dry_run_prints_exact_quoted_command(workdir: Path) -> None:
     assert not pwned(workdir)
 
 
+def test_local_dry_run_quotes_the_environment_it_prints(workdir: Path) -> None:
+    """--env values in the printed command are shell words: a value with spaces and $(...) reads back as itself."""
+    plan = plan_file(workdir)
+    value = f"a b $(touch {workdir}/pwned)"
+    code, out = invoke("launch", str(plan), "--env", f"NCCL_DEBUG_SUBSYS={value}", "--dry-run")
+    assert code == 0, out
+    words = shlex.split(out.strip())
+    assert words[0] == f"NCCL_DEBUG_SUBSYS={value}" and words[1:] == local.torchrun_argv(plan, 2)
+    assert not pwned(workdir)
+
+
 def test_local_nproc_override_runs_a_copy_and_keeps_the_plan(workdir: Path) -> None:
     plan = plan_file(workdir)
     before = plan.read_bytes()
