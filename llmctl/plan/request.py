@@ -406,11 +406,11 @@ def check_pins(req: PlanRequest) -> None:
             f"{max_stages(req.spec.num_layers)} pipeline stages (the embedding and the head count as one layer each)",
             hint="use a smaller --pp",
         )
-    layout = {k: pins[k] for k in ("tp", "cp", "loss_chunk_tokens", "attention") if k in pins}
+    layout = {k: pins[k] for k in ("tp", "cp", "ep", "loss_chunk_tokens", "attention") if k in pins}
     try:
         probe = req.candidate(nodes=req.nodes, **layout)
     except RuleError as e:
         raise _refusal(e, req) from None
-    err = model_problem(probe, req.spec, only=("nf4 base", "lora targets", "tp plan", "ring attention"))
+    err = model_problem(probe, req.spec, only=("nf4 base", "lora targets", "tp plan", "ring attention", "ep split"))
     if err is not None:
         raise _refusal(err, req)

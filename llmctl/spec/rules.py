@@ -276,7 +276,12 @@ MODEL_RULES = (
     Rule("tp plan", ("tp",), _tp_splits, "use --tp 1, or no pin"),
     Rule("ring attention", ("cp",), _ring_runs, "use --cp 1, or no pin"),
     Rule("pp split", ("pp", "pp_virtual_stages"), _pp_split, "use a smaller --pp, or pp 1 for this model"),
-    Rule("ep split", ("ep", "moe_aux_loss"), _ep_split, "use an ep that divides the routed experts, or ep 1"),
+    Rule(
+        "ep split",
+        ("ep", "moe_aux_loss"),
+        _ep_split,
+        "use ep 1, or an ep that divides every MoE layer's routed experts",
+    ),
     Rule("learned positions", ("seq_len",), _positions),
     Rule("nf4 base", ("finetune",), _nf4_base, "use --finetune lora"),
     Rule("lora targets", ("lora_targets",), _targets, "leave finetune.lora_targets out for the family's defaults"),

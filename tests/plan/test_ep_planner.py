@@ -134,3 +134,18 @@ def test_a_pipeline_bound_with_a_head_only_stage_does_not_divide_by_zero():
     pipeline_bound's least share at 0 and its tokens/s a division by zero (`plan --compare` crashed on it)."""
     req = request(QWEN, nodes=4, network=cm.Network(240.0, 200.0), nodes_exact=True)
     assert plan(req).chosen.predicted.tokens_per_s > 0
+
+
+def test_an_ep_pin_on_a_dense_model_is_one_line_exit_2(tmp_path) -> None:
+    """`plan llama-3.1-8b --ep 2` was an internal error (the cost model looked for an MoE layer): the pin meets the
+    model's ep rule first, one line, exit 2, no plan file written."""
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+
+    out = tmp_path / "p.yaml"
+    r = CliRunner().invoke(app, ["plan", "llama-3.1-8b", "--gpu", "H100", "--gpus", "8", "--ep", "2", "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("llmctl: error:")]
+    assert len(errors) == 1 and "needs a mixture-of-experts model; llama-3.1-8b is dense" in errors[0], r.output
+    assert "internal error" not in r.output and not out.exists()
