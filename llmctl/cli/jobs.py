@@ -193,7 +193,30 @@ def cancel(
     typer.echo(one_line(message or f"cancelled job {record.job_id} ({record.backend})"))
 
 
+def requeue(
+    job: JobArg,
+    exclude: Annotated[
+        str | None,
+        typer.Option(
+            help="Nodes to leave out, comma-separated (default: the nodes of the STALLED job's ranks behind)."
+        ),
+    ] = None,
+    jobs_dir: JobsDirOpt = None,
+) -> None:
+    """Requeue a SLURM job without the node(s) holding it up: by default a STALLED job's, the nodes of the ranks
+    behind (their heartbeats). It runs again elsewhere (same job id and folder) and resumes from its newest
+    checkpoint; the job's events record why."""
+    from llmctl.launch.stalled import requeue_stalled
+
+    record = jobs.find(job, _root(jobs_dir))
+    nodes = [n for n in (exclude or "").split(",") if n.strip()] if exclude is not None else None
+    if nodes is not None and not nodes:
+        raise InputError("--exclude names no node")
+    typer.echo(one_line(requeue_stalled(record, nodes)))
+
+
 def register(app: typer.Typer) -> None:
     app.command("status")(status)
     app.command("logs")(logs)
     app.command("cancel")(cancel)
+    app.command("requeue")(requeue)

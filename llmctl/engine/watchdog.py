@@ -11,7 +11,7 @@
   thread: it answers while the main thread is blocked in a collective, and for ranks on other hosts, which also dump
   their stacks then, since no signal reaches them) and when a collective times out. On NCCL, torch's own dump on a
   timeout too (a pickle for `python -m torch.distributed.flight_recorder.fr_trace <dir>`).
-- For tests only: `LLMCTL_TEST_STALL=RANK:STEP:SECONDS` makes that rank sleep in the data phase of that step (in
+- For tests only: `LLMCTL_TEST_STALL=RANK:STEP:SECONDS[:NODE]` makes that rank sleep in the data phase of that step (in
   slices, leaving early when the launcher asks the ranks to stop), so the stall tests are real.
 """
 
@@ -115,10 +115,13 @@ class Watchdog:
 
 
 def _stall_hook(rank: int) -> tuple[int, float] | None:
-    """(step, seconds) of LLMCTL_TEST_STALL for this rank, or None."""
+    """(step, seconds) of LLMCTL_TEST_STALL=RANK:STEP:SECONDS[:NODE] for this rank (on that SLURM node only, when one
+    is named: a bad node, which a requeue without it escapes), or None."""
     value = os.environ.get(STALL_ENV, "")
     try:
-        r, step, seconds = value.split(":")
+        r, step, seconds, *node = value.split(":")
+        if node and node != [os.environ.get("SLURMD_NODENAME", "")]:
+            return None
         return (int(step), float(seconds)) if int(r) == rank else None
     except ValueError:
         return None

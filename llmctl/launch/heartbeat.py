@@ -50,6 +50,9 @@ class Beat:
     pid: int
     step_s: float | None = None
     """Its mean step time so far (None before the second step)."""
+    node: str | None = None
+    """Its SLURM node (SLURMD_NODENAME), None outside SLURM: what a requeue leaves out (`llmctl requeue`); on a
+    cluster it is usually the host name, not always (several slurmd per host, aliases)."""
 
     @property
     def place(self) -> tuple[int, int]:
@@ -57,7 +60,8 @@ class Beat:
         return self.step, PHASES.index(self.phase) if self.phase in PHASES else len(PHASES)
 
     def where(self) -> str:
-        return f"rank {self.rank} ({self.host}, pid {self.pid}) in {self.phase} of step {self.step + 1}"
+        at = self.host if self.node in (None, self.host) else f"node {self.node} on {self.host}"
+        return f"rank {self.rank} ({at}, pid {self.pid}) in {self.phase} of step {self.step + 1}"
 
 
 def path_of(run_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -74,6 +78,7 @@ class Writer:
     def __init__(self, run_dir: str | os.PathLike[str], rank: int) -> None:
         self.path = path_of(run_dir, rank)
         self.rank, self.host, self.pid = rank, socket.gethostname(), os.getpid()
+        self.node = os.environ.get("SLURMD_NODENAME") or None
         self.step, self.phase = 0, "setup"
         self._steps_s: list[float] = []
         self._finished_at: float | None = None
@@ -93,7 +98,7 @@ class Writer:
             self.step = step
         self.phase = phase
         mean = statistics.median(self._steps_s[-20:]) if self._steps_s else None  # eval and saves: outliers
-        beat = Beat(self.rank, self.step, phase, now, self.host, self.pid, mean)
+        beat = Beat(self.rank, self.step, phase, now, self.host, self.pid, mean, self.node)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             tmp.write_text(json.dumps(asdict(beat)))

@@ -144,6 +144,14 @@ def test_the_stall_hook_sleeps_only_its_rank_and_leaves_on_stop(tmp_path, monkey
     for bad in ("", "1:3", "x:3:30"):
         monkeypatch.setenv("LLMCTL_TEST_STALL", bad)
         assert _stall_hook(1) is None, bad
+    # keyed by a SLURM node: only there (a bad node, which a requeue without it escapes)
+    monkeypatch.setenv("LLMCTL_TEST_STALL", "1:3:30:node2")
+    monkeypatch.setenv("SLURMD_NODENAME", "node2")
+    assert _stall_hook(1) == (3, 30.0) and heartbeat.Writer(tmp_path / "n", 1).node == "node2"
+    monkeypatch.setenv("SLURMD_NODENAME", "node3")
+    assert _stall_hook(1) is None
+    monkeypatch.delenv("SLURMD_NODENAME")
+    assert _stall_hook(1) is None and heartbeat.Writer(tmp_path / "n", 1).node is None
     monkeypatch.setenv("LLMCTL_TEST_STALL", "1:3:30")
     w0, w1 = Watchdog(tmp_path, 0), Watchdog(tmp_path, 1)
     asked: list[tuple[int, int]] = []

@@ -384,3 +384,47 @@ def test_sbatch_time_limit_signal_requeues(job_env: Path) -> None:
     assert len(stop) == 1 and stop[0]["reason"] == "signal", why
     assert any(e["event"] == "checkpoint" and e["step"] == stop[0]["step"] for e in ev), why
     assert 0 < stop[0]["step"] < 400
+
+
+@pytest.mark.timeout(900)
+def test_a_stalled_job_is_requeued_without_the_node_of_its_stuck_rank(
+    job_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50 on the real SLURM: rank 1 of a 2-node job sleeps before step 5 on node2 only (a bad node: the
+    engine's test hook, keyed by SLURMD_NODENAME); `llmctl status` says STALLED naming node2; `llmctl requeue JOB`
+    requeues it without node2; the next run, on node1 and node3, resumes from its checkpoint and finishes."""
+    plan_path = make_plan(job_env, max_steps=8, log_every=1, ckpt_every=2)
+    plan = yaml.safe_load(plan_path.read_text())
+    plan["watchdog"] = {"stall_factor": 3, "stall_floor_s": 6, "collective_timeout_s": 900}
+    plan_path.write_text(yaml.safe_dump(plan, sort_keys=False))
+    monkeypatch.setenv("LLMCTL_TEST_STALL", "1:5:900:node2")
+    wait_for("idle nodes", nodes_idle, 120)
+    job_id, folder = launch(str(plan_path), "--slurm", "--nodes", "2", "--nproc-per-node", "1")
+    run_dir = job_env / "run"
+    try:
+        try:
+            stalled = wait_for(
+                "STALLED", lambda: next((ln for ln in cli("status").splitlines() if "STALLED:" in ln), ""), 300
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{diagnosis(job_id, run_dir, folder)}") from None
+        assert "behind: rank 1 (node node2 on " in stalled and "in data of step 5" in stalled, stalled
+        said = cli("requeue", job_id)
+        print(f"{stalled}\n{said}")  # docs/how-to/hangs.md shows this output
+        assert said.strip().startswith(f"requeued job {job_id} without node2 ("), said
+        wait_for("the requeue", lambda: squeue_state(job_id) in ("PENDING", "RUNNING") and job_events(folder), 120)
+        start_now(job_id)
+        wait_for_resumed_run(job_id, run_dir, folder, timeout_s=400)
+        show = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True).stdout
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    assert "ExcNodeList=node2" in show, show
+    nodes = [w.split("=", 1)[1] for w in show.split() if w.startswith("NodeList=")]  # the last run's (no sacct here)
+    assert nodes in (["node[1,3]"], ["node1,node3"]), show
+    requeued = [ln for ln in job_events(folder) if ln.startswith("requeued ")]
+    assert len(requeued) == 1 and " without node2: STALLED: " in requeued[0], job_events(folder)
+    ev = events(run_dir)
+    starts = [e["step"] for e in ev if e["event"] == "start"]
+    assert starts[0] == 0 and len(starts) == 2 and starts[1] in (4, 5), starts  # resumed from its checkpoint
+    assert sorted(set(steps_logged(run_dir))) == list(range(1, 9))
+    assert ev[-1]["event"] == "end" and ev[-1]["reason"] == "done" and ev[-1]["step"] == 8

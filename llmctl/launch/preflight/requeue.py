@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 from llmctl.errors import RuntimeFailure, one_line
 from llmctl.launch.preflight.decision import Decision, nodelist
@@ -56,47 +57,66 @@ def requeue_without(
     return exclude, f"{len(others)} usable node(s) left in the partition"
 
 
-def requeue(ctx: JobContext, d: Decision, env: dict[str, str]) -> bool:
-    """Requeue this job without `d.exclude` when the partition has the nodes for it; False (with the reason in the
-    log) when it cannot. The requeue's kill (SIGTERM) is ignored until the exclude list is set on the pending job
-    (SLURM changes a job's ExcNodeList only while it is pending)."""
+def job_and_usable(job_id: str, env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """(`scontrol show job` fields with ReqNodeList, ExcNodeList and NodeList as comma-separated names, the
+    partition's nodes in a state a job can get)."""
     from llmctl.launch.jobs import query
 
-    job = _job_fields(ctx.job_id)
-    for key in ("ReqNodeList", "ExcNodeList"):
+    job = _job_fields(job_id)
+    for key in ("ReqNodeList", "ExcNodeList", "NodeList"):
         job[key] = ",".join(_names_of(job.get(key)))
     part = job.get("Partition") or env.get("SLURM_JOB_PARTITION") or ""
     listing = query(["sinfo", "-h", "-N", "-p", part, "-o", "%N %t"]) if part else None
     rows = [ln.split() for ln in (listing or "").splitlines()]
     usable = sorted({r[0] for r in rows if len(r) == 2 and not r[1].rstrip("*~#!%$@^-").startswith(_UNUSABLE)})
+    return job, usable
+
+
+def max_requeues(env: dict[str, str]) -> int:
     try:
-        limit = int(env.get("LLMCTL_MAX_REQUEUES") or 0)
+        return int(env.get("LLMCTL_MAX_REQUEUES") or 0)
     except ValueError:
-        limit = 0
-    exclude, why = requeue_without(d, job, usable, int(ctx.restart or 0), limit)
+        return 0
+
+
+def requeue(ctx: JobContext, d: Decision, env: dict[str, str]) -> bool:
+    """Requeue this job without `d.exclude` when the partition has the nodes for it; False (with the reason in the
+    log) when it cannot. The requeue's kill (SIGTERM) is ignored until the exclude list is set on the pending job
+    (SLURM changes a job's ExcNodeList only while it is pending)."""
+    job, usable = job_and_usable(ctx.job_id, env)
+    exclude, why = requeue_without(d, job, usable, int(ctx.restart or 0), max_requeues(env))
     if exclude is None:
         say(f"not requeued: {why}")
         return False
     # From here until this process exits: the requeue kills this run (SIGTERM), which must neither stop the update
     # below nor turn the preflight's exit code into 143 (the script would record the run as failed).
     previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    out = subprocess.run(["scontrol", "requeue", ctx.job_id], capture_output=True, text=True, timeout=60)
-    if out.returncode != 0:
+    try:
+        said = requeue_excluding(ctx.job_id, exclude, ctx.job_dir / "events", f"restart {ctx.restart}", why)
+    except RuntimeFailure as e:
         signal.signal(signal.SIGTERM, previous)
-        say(f"not requeued: scontrol requeue failed: {one_line(out.stderr.strip() or '?')}")
+        say(f"not requeued: {e.message}")
         return False
-    with open(ctx.job_dir / "events", "a") as f:
-        f.write(f"requeued {now()} restart {ctx.restart} without {','.join(exclude)}\n")
+    say(said)
+    return True
+
+
+def requeue_excluding(job_id: str, exclude: list[str], events: Path, restart: str, why: str, cause: str = "") -> str:
+    """`scontrol requeue` the job, record it in its events (`requeued TIME restart R without NODES[: cause]`), and
+    set its exclude list once it is pending again. Returns the line to show; RuntimeFailure when SLURM refused."""
+    out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeFailure(f"scontrol requeue {job_id} failed: {one_line(out.stderr.strip() or '?')}")
+    with open(events, "a") as f:
+        f.write(f"requeued {now()} {restart} without {','.join(exclude)}{': ' + one_line(cause) if cause else ''}\n")
     for _ in range(40):  # pending within a moment of the requeue
         upd = subprocess.run(
-            ["scontrol", "update", f"JobId={ctx.job_id}", f"ExcNodeList={','.join(exclude)}"],
+            ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(exclude)}"],
             capture_output=True,
             text=True,
             timeout=60,
         )
         if upd.returncode == 0:
-            say(f"requeued job {ctx.job_id} without {','.join(exclude)} ({why})")
-            return True
+            return f"requeued job {job_id} without {','.join(exclude)} ({why})"
         time.sleep(0.25)
-    say(f"requeued job {ctx.job_id}, but SLURM kept its nodes open: {one_line(upd.stderr.strip() or '?')}")
-    return True
+    return f"requeued job {job_id}, but SLURM kept its nodes open: {one_line(upd.stderr.strip() or '?')}"
