@@ -138,7 +138,10 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
     weights = WeightFiles.scan(plan.model.weights) if plan.model.weights else None
     dims = setup.dims
     RankData(blocks, t.micro_batch_size, t.grad_accum_steps, dims.dp_rank(rank), dims.dp)
-    notes += _resume_notes(plan)
+    if plan.checkpoint.dir:
+        from llmctl.engine.resume import plan_fingerprint
+
+        notes += _resume_notes(Path(plan.checkpoint.dir), setup.finetune.adapters, plan_fingerprint(plan))
     # The kernel does not change what is allocated at setup: build with SDPA here, say what the target picks.
     if setup.attention in (Attention.FLASH, Attention.AUTO):
         notes.append(
@@ -217,20 +220,19 @@ def dry_start(plan: Plan, allocate_all: bool = False, rank: int = 0) -> dict[str
     }
 
 
-def _resume_notes(plan: Plan) -> list[str]:
-    """What a launch would resume from (the newest checkpoint of checkpoint.dir), and whether the plan changed."""
-    if not plan.checkpoint.dir:
-        return []
+def _resume_notes(checkpoints: Path, adapters: bool, fingerprint: dict[str, Any]) -> list[str]:
+    """What a launch would resume from (the newest checkpoint in `checkpoints`), and whether the plan (its
+    `fingerprint`) changed since."""
     from llmctl.engine.checkpoint import latest_checkpoint
 
-    found = latest_checkpoint(Path(plan.checkpoint.dir))
+    found = latest_checkpoint(checkpoints)
     if not found:
         return []
-    wins = "its adapters on the base" if plan.setup.finetune.adapters else "its weights win over model.weights"
+    wins = "its adapters on the base" if adapters else "its weights win over model.weights"
     notes = [f"would resume from {found[1]} (step {found[0]}); {wins}"]
-    from llmctl.engine.resume import plan_fingerprint, resume_note
+    from llmctl.engine.resume import resume_note
 
-    note = resume_note(plan_fingerprint(plan), found[1])
+    note = resume_note(fingerprint, found[1])
     return [*notes, note] if note else notes
 
 

@@ -231,5 +231,14 @@ def test_dry_start_says_a_resume_would_be_refused(tmp_path: Path) -> None:
     assert resume_note(plan_fingerprint(longer), folder) is None
     note = resume_note(plan_fingerprint(other), folder)
     assert note is not None and "optimizer.lr: 0.003 -> 0.001" in note and "refused" in note
+    # dry-start's notes: where it would resume, what wins, and the refusal
+    from llmctl.engine.dryrun import _resume_notes
+
+    said = _resume_notes(tmp_path / "ckpt", False, plan_fingerprint(other))
+    assert said == [f"would resume from {folder} (step 2); its weights win over model.weights", note]
+    assert _resume_notes(tmp_path / "ckpt", True, plan_fingerprint(longer)) == [
+        f"would resume from {folder} (step 2); its adapters on the base"
+    ]
+    assert _resume_notes(tmp_path / "none", False, plan_fingerprint(old)) == []
     (folder / MARKER).unlink()
     assert "llmctl-checkpoint.json: missing" in (resume_note(plan_fingerprint(old), folder) or "")
