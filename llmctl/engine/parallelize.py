@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.watchdog import with_plan_timeout
 from llmctl.errors import InputError, SpecError
-from llmctl.families.modules import decoder_layers
+from llmctl.families.modules import decoder_layers, outer_units
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec.precision import PrecisionPolicy, policy
 from llmctl.spec.rules import model_problem
@@ -178,10 +178,10 @@ def apply_fsdp(
     offload: bool = False,
     reshard_after_forward: bool | None = None,
 ) -> None:
-    """fully_shard every decoder layer, then the root (embeddings, final norm, LM head); with `offload`, FSDP2's
-    CPUOffloadPolicy on every group (host memory pinned where there is a GPU to copy to). `reshard_after_forward`
-    False: no group reshards after forward (a pipeline stage: llmctl.engine.pipeline); None: every layer but the
-    last."""
+    """fully_shard the embeddings, every decoder layer, the final norm + LM head, then the root (what is left, and
+    tied embeddings with their head); with `offload`, FSDP2's CPUOffloadPolicy on every group (host memory pinned
+    where there is a GPU to copy to). `reshard_after_forward` False: no group reshards after forward (a pipeline
+    stage: llmctl.engine.pipeline); None: every layer but the last."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     from llmctl.engine.experts import shard_experts
@@ -190,6 +190,14 @@ def apply_fsdp(
     kwargs: dict[str, Any] = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
+    # torchtitan's units: the embeddings on their own (gathered for their forward and again at the end of backward,
+    # not held between), the final norm + LM head together, kept gathered from the end of forward into backward,
+    # where they are needed first. In the root (today's single unit) both were held unsharded from the first forward
+    # to the last backward (issue 47: 3.9 GiB per GPU for 70B). Tied embeddings stay in the root. Pipeline stages
+    # keep their own choice (`reshard_after_forward` given).
+    emb, tail = outer_units(model) if reshard_after_forward is None else (None, [])
+    if emb is not None:
+        fully_shard(emb, **kwargs)
     layers = decoder_layers(model)
     for i, layer in enumerate(layers):
         if _absent(layer):
@@ -201,6 +209,8 @@ def apply_fsdp(
         for part in odd_dtype_modules(layer):
             fully_shard(part, reshard_after_forward=reshard, **kwargs)
         fully_shard(layer, reshard_after_forward=reshard, **kwargs)
+    if tail:
+        fully_shard(tail, reshard_after_forward=False, **kwargs)
     if reshard_after_forward is None:
         fully_shard(model, **kwargs)
     else:

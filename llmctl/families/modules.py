@@ -43,3 +43,24 @@ def decoder_layers(model: Any, model_type: str = "") -> Any:
             f"{type(model).__name__} (no ModuleList of one layer class)"
         )
     return best
+
+
+def outer_units(model: Any, model_type: str = "") -> tuple[Any, list[Any]]:
+    """(the input embeddings, [the final norm, the LM head]) of a model whose embeddings and LM head are separate
+    parameters, as FSDP units of their own (torchtitan's wrapping); (None, []) when they are tied (one parameter in two
+    places must stay in one unit: the root) or not found. The final norm is the last normalization module beside the
+    decoder layers (model.norm, transformer.ln_f, gpt_neox.final_layer_norm)."""
+    get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
+    emb = get_in() if callable(get_in) else None
+    head = get_out() if callable(get_out) else None
+    weights = [getattr(m, "weight", None) for m in (emb, head)]
+    if emb is None or head is None or any(w is None for w in weights) or weights[0] is weights[1]:
+        return None, []
+    layers = decoder_layers(model, model_type)
+    parent = next((m for m in model.modules() if any(c is layers for c in m.children())), None)
+    norms = [
+        c
+        for c in (parent.children() if parent is not None else ())
+        if "norm" in type(c).__name__.lower() and any(True for _ in c.parameters())
+    ]
+    return emb, [*norms[-1:], head]

@@ -6,8 +6,8 @@ What FSDP2 moves per micro-batch and rank (torch/distributed/fsdp/_fully_shard/_
 _fsdp_collectives.py `foreach_reduce`):
 - host -> device: each layer's shard in the parameters' dtype (the fp32 masters) before its all-gather, in forward
   and again in backward (a layer resharded after forward is gathered again): 2 x the rank's shard x param bytes. The
-  root module (embeddings, LM head) and the last layer, which stay gathered from forward to backward, are copied once:
-  the count is over by their share (1-3% of a dense model's parameters).
+  final norm + LM head (the root with tied embeddings) and the last layer, which stay gathered from forward to
+  backward, are copied once: the count is over by their share (1-3% of a dense model's parameters).
 - device -> host: each reduced gradient shard after its reduce-scatter, in the reduce dtype. The first micro-batch's
   copy is asynchronous (into pinned memory; the optimizer waits on its event); every later micro-batch's is
   synchronous, because FSDP2 adds it to the gradient already on the host right after the copy, on the CPU thread that

@@ -143,7 +143,7 @@ def test_the_legend_claims_no_sharding(draw) -> None:
         "gradients (fp32)",
         "optimizer states (adamw)",
         "unsharded layers (FSDP all-gather)",
-        "unsharded root module (embeddings, LM head)",
+        "unsharded final norm + LM head",
         "unsharded layers (FSDP2 on one rank)",
         "unsharded layer gradients (reduce-scatter)",
     ]

@@ -253,13 +253,19 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
         fsdp > 1 or dims.dp_replicate > 1 or setup.precision.mixed or setup.levers.offload
     )
     if wrapped and setup.pp == 1:
-        # FSDP2 applied (llmctl.engine.parallelize.needs_fsdp): the root module (embeddings, final norm, LM head)
-        # stays unsharded in the compute dtype from its forward to its backward (FSDP2 does not reshard the root
-        # after forward). On one rank the layers' compute-dtype copies are whole: two layers (current, prefetched).
-        # Measured on an H100 at one rank (docs/measurements/h100-gpu-tier.json): 0.66 GiB for Llama-3.2-1B, this
-        # term 0.71 GiB.
-        root = int(shard.params(spec.embedding_params + spec.head_params) * cb)
-        comps.append(Component("unsharded root module (embeddings, LM head)", root, ("forward", "backward")))
+        # FSDP2 applied (llmctl.engine.parallelize.needs_fsdp). Tied embeddings: the root module (embeddings, final
+        # norm, LM head) stays unsharded in the compute dtype from its forward to its backward (FSDP2 does not
+        # reshard the root after forward). Measured on an H100 at one rank (docs/measurements/h100-gpu-tier.json):
+        # 0.66 GiB for Llama-3.2-1B (tied), this term 0.71 GiB. Untied: the engine makes the embeddings a unit of
+        # their own (gathered only for their forward and at the end of backward, away from the peak) and the final
+        # norm + LM head another, gathered from the end of forward into backward; the root keeps what is left
+        # (learned positions). On one rank the layers' compute-dtype copies are whole: two layers (current, prefetched).
+        if spec.tie_embeddings:
+            name, held = "unsharded root module (embeddings, LM head)", spec.embedding_params + spec.head_params
+        else:
+            positions = spec.embedding_params - spec.vocab_size * spec.hidden_size
+            name, held = "unsharded final norm + LM head", spec.head_params + max(0, positions)
+        comps.append(Component(name, int(shard.params(held) * cb), ("forward", "backward")))
         if fsdp == 1:
             two = int(min(2, stage_layers) * gathered)
             comps.append(Component("unsharded layers (FSDP2 on one rank)", two, ("forward", "backward")))
@@ -918,7 +924,7 @@ def _kind(c: Component) -> str:
     if c.name.startswith("optimizer states"):
         return "states"
     if c.bytes_per_param is not None or c.name.startswith(
-        ("unsharded parameters", "unsharded layers", "unsharded root")
+        ("unsharded parameters", "unsharded layers", "unsharded root", "unsharded final norm")
     ):
         return "params"
     return "activations"
