@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.launch import jobs, local, registry
+from llmctl.launch.backends import backend_for
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -514,7 +515,15 @@ def test_submitit_logs_show_task_0_then_every_other_tasks_stderr(tmp_path: Path)
     (sub / "101_2_log.out").write_text("task 2 stdout: not shown\n")
     (sub / "102_3_log.err").write_text("another job's task\n")
     logs = [str(sub / "101_0_log.out"), str(sub / "101_0_log.err")]
-    jobs.JobRecord("101", "submitit", str(folder), "x", 2, 6, "2026-01-01T00:00:00.000Z", logs=logs).save()
+    record = jobs.JobRecord("101", "submitit", str(folder), "x", 2, 6, "2026-01-01T00:00:00.000Z", logs=logs)
+    record.save()
+    # The files themselves, before the rendering: task 0's two once, then the other tasks' stderr in task order.
+    assert backend_for(record).logs(record) == [
+        sub / "101_0_log.out",
+        sub / "101_0_log.err",
+        sub / "101_1_log.err",
+        sub / "101_10_log.err",
+    ]
     code, out, _ = invoke("logs", "101")
     assert code == 0
     assert out == (

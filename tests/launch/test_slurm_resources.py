@@ -492,6 +492,17 @@ def test_a_job_folder_outside_the_workdir_is_mounted_too_and_amd_gets_rocm() -> 
     )
 
 
+def test_a_job_folder_beside_the_workdir_is_mounted_as_its_own() -> None:
+    """The mount list itself: a job folder inside the workdir rides on its mount; one whose path only starts with
+    the workdir's name (/work/run2 beside /work/run) is another folder and gets its own."""
+    opts = SlurmOptions(container_image="img", container_mounts=("/data",))
+    assert slurm.container_mounts(opts, "/work/run", "/work/run/llmctl-jobs/j1") == "/work/run:/work/run,/data:/data"
+    assert slurm.container_mounts(opts, "/work/run/", "/work/run/llmctl-jobs/j1") == "/work/run/:/work/run/,/data:/data"
+    assert slurm.container_mounts(opts, "/work/run", "/work/run2/jobs/j1") == (
+        "/work/run:/work/run,/work/run2/jobs/j1:/work/run2/jobs/j1,/data:/data"
+    )
+
+
 @pytest.mark.parametrize(
     "kw, message",
     [
