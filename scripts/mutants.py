@@ -1046,7 +1046,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/slurm.py",
         'own = [workdir] + ([] if (job_dir + "/").startswith(workdir.rstrip("/") + "/") else [job_dir])',
         "own = [workdir] + ([] if job_dir.startswith(workdir) else [job_dir])",
-        ("tests/launch/test_slurm_resources.py",),
+        ("tests/launch/test_slurm_resources.py::test_a_job_folder_beside_the_workdir_is_mounted_as_its_own",),
         "a job folder /work/run2/... taken as inside the workdir /work/run: the container never mounts it",
     ),
     M(
@@ -1054,7 +1054,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/slurm.py",
         'job_id = out.stdout.strip().split(";")[0]',
         'job_id = out.stdout.strip().split(";")[-1]',
-        ("tests/launch/test_jobs_registry.py",),
+        ("tests/launch/test_jobs_registry.py::test_an_unwritable_index_warns_and_the_launch_goes_on",),
         "sbatch --parsable's `id;cluster` read from the end: a federated cluster's name taken as the job id",
     ),
     M(
@@ -1210,7 +1210,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/dry_start.py",
         'argv.insert(4, "--allocate-all")',
         'argv.insert(5, "--allocate-all")',
-        ("tests/engine/test_dry_start.py",),
+        ("tests/launch/test_dry_start_child.py::test_the_childs_command_line_keeps_each_option_with_its_value",),
         "--allocate-all put between --json-out and its path",
     ),
     M(
@@ -1218,7 +1218,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/dry_start.py",
         "    out = folder / path.name\n",
         "    out = path\n",
-        ("tests/engine/test_dry_start.py::test_dry_start_at_another_tp_sizes_each_rank_exactly",),
+        ("tests/launch/test_dry_start_child.py::test_an_override_sizes_a_copy_and_leaves_the_plan_file_alone",),
         "--dry-start --tp N rewrites the user's plan file instead of a copy",
     ),
     M(
@@ -1226,7 +1226,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/jobs.py",
         'return out.split()[0].rstrip("+")',
         "return out.split()[0]",
-        ("tests/launch/test_jobs_registry.py",),
+        ("tests/launch/test_jobs_registry.py::test_slurm_state_asks_squeue_then_sacct_then_scontrol",),
         "sacct's `CANCELLED+` not read as CANCELLED",
     ),
     M(
@@ -1250,7 +1250,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/jobs.py",
         "    if matches:\n        return matches[-1]",
         "    if matches:\n        return matches[0]",
-        ("tests/launch/test_jobs_registry.py",),
+        ("tests/launch/test_jobs_registry.py::test_find_takes_the_newest_job_of_a_reused_id",),
         "a reused job id finds the oldest job with it",
     ),
     M(
@@ -1258,7 +1258,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/registry.py",
         "return sorted(out, key=lambda e: (e.submitted_at, e.folder))",
         "return sorted(out, key=lambda e: e.folder)",
-        ("tests/launch/test_jobs_registry.py",),
+        ("tests/launch/test_jobs_registry.py::test_the_index_keeps_one_entry_per_folder_path_in_launch_order",),
         "the index sorted by folder path: the latest job of another jobs root is not the latest",
     ),
     M(
@@ -1266,7 +1266,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/registry.py",
         'return index_dir() / f"{Path(folder).name[:80]}-{digest}.json"',
         'return index_dir() / f"{Path(folder).name[:80]}.json"',
-        ("tests/launch/test_jobs_registry.py",),
+        ("tests/launch/test_jobs_registry.py::test_the_index_keeps_one_entry_per_folder_path_in_launch_order",),
         "two job folders of one name in two roots share one index entry: the first job vanishes from status",
     ),
     M(
@@ -1282,7 +1282,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/sharedfs.py",
         "if inside and (best is None or len(m.point) >= len(best.point)):",
         "if inside and (best is None or len(m.point) > len(best.point)):",
-        ("tests/launch/test_slurm_resources.py",),
+        ("tests/launch/test_slurm_resources.py::test_the_mount_that_holds_a_path_is_the_deepest_then_the_latest",),
         "a later mount at the same point does not hide the earlier (an NFS mounted over a local folder read as local)",
     ),
     M(
@@ -1290,7 +1290,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/sharedfs.py",
         'inside = p == m.point or p.startswith(m.point.rstrip("/") + "/")',
         "inside = p.startswith(m.point)",
-        ("tests/launch/test_slurm_resources.py",),
+        ("tests/launch/test_slurm_resources.py::test_the_mount_that_holds_a_path_is_the_deepest_then_the_latest",),
         "/home2/venv read as inside the mount /home",
     ),
     M(
@@ -1298,7 +1298,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/sharedfs.py",
         "out.append(chr(int(field[i + 1 : i + 4], 8)))",
         "out.append(chr(int(field[i + 1 : i + 4])))",
-        ("tests/launch/test_slurm_resources.py",),
+        ("tests/launch/test_slurm_resources.py::test_the_mount_of_a_path",),
         "mountinfo's \\040 read as decimal: a mount point with a space never matches",
     ),
     M(
@@ -1306,7 +1306,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/sharedfs.py",
         "if m is not None and m.shared is False:",
         "if m is not None and not m.shared:",
-        ("tests/launch/test_slurm_resources.py",),
+        ("tests/launch/test_slurm_resources.py::test_the_mount_that_holds_a_path_is_the_deepest_then_the_latest",),
         "a file system of unknown type called local: a note about an interpreter the nodes may well share",
     ),
     M(

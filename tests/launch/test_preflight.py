@@ -282,6 +282,9 @@ def test_node_step_ranks_get_torchruns_variables() -> None:
     }
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["OMP_NUM_THREADS"]) == ("127.0.0.1", "29999", "1")
     assert "OMP_NUM_THREADS" not in node.rank_env({}, 1, 0, 1)
+    # torchrun's rule: one thread per rank as soon as a node runs more than one (two included); the user's kept
+    assert node.rank_env({}, 2, 1, 1)["OMP_NUM_THREADS"] == "1"
+    assert node.rank_env({"OMP_NUM_THREADS": "6"}, 2, 1, 1)["OMP_NUM_THREADS"] == "6"
 
 
 def test_node_step_stops_the_other_ranks_when_one_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

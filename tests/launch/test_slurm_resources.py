@@ -547,6 +547,23 @@ def test_the_mount_of_a_path(path: str, fstype: str, shared: bool) -> None:
     assert m is not None and (m.fstype, m.shared) == (fstype, shared)
 
 
+def test_the_mount_that_holds_a_path_is_the_deepest_then_the_latest() -> None:
+    """mount_of's answer itself: a later mount at the same point hides the earlier (an NFS mounted over a local
+    folder); /home2 is not inside /home; a file system of a type neither list knows is neither shared nor local, and
+    gets no note."""
+    table = MOUNTINFO + (
+        "40 22 0:50 / /llmctl-t/opt rw - ext4 /dev/sdb1 rw\n"
+        "41 22 0:51 / /llmctl-t/opt rw - nfs server:/opt rw\n"
+        "42 22 0:52 / /llmctl-t/data rw - 9p data rw\n"
+    )
+    assert sharedfs.mount_of("/llmctl-t/opt/venv/bin/python", table) == sharedfs.Mount("/llmctl-t/opt", "nfs")
+    assert sharedfs.mount_of("/home2/venv/bin/python", table) == sharedfs.Mount("/", "ext4")
+    unknown = sharedfs.mount_of("/llmctl-t/data/venv/bin/python", table)
+    assert unknown == sharedfs.Mount("/llmctl-t/data", "9p") and unknown.shared is None
+    paths = ["/llmctl-t/data/venv/bin/python", "/llmctl-t/opt/venv/bin/python", "/home2/venv/bin/python"]
+    assert sharedfs.local_paths(paths, table) == [("/home2/venv/bin/python", sharedfs.Mount("/", "ext4"))]
+
+
 def test_a_local_interpreter_gets_one_note_naming_it_and_the_fix(workdir: Path, monkeypatch) -> None:
     table = workdir / "mountinfo"
     table.write_text(MOUNTINFO)  # this machine's interpreter is on / (ext4) in that table, unless under /home
