@@ -3,14 +3,16 @@
 Each mutant is one realistic slip in one line of the core: the byte ledger, activations, FLOPs, the collectives' bus
 factors, the planner's search, the memory phases, accumulation, the LR schedule, loss scaling, checkpoint retention,
 data framing, export, the live check, tune's ranking, and (issue 51) the newer parallelism, precision and launch code:
-context parallelism's sequence split, float8's conversion and prices, pipeline stages, heartbeats and the watchdog.
+context parallelism's sequence split, float8's conversion and prices, pipeline stages, heartbeats and the watchdog,
+and every module of launch/ (the sbatch renderer, submitit, each preflight module, the dry start, job folders, the
+job index, shared file systems, the SLURM options and per-node resources), at least two each.
 Mutants of multi-rank code run against single-process tests where one can see the slip (torch's fake process group
 for the split, a recorded all-reduce for the pp norm), so they take seconds. For each, the script copies the tracked
 tree once into a scratch folder, applies the mutant there (never in the working tree), runs only the tests that cover
 that code, and counts the mutant killed when they fail. It prints every mutant's verdict, the kill rate and the
 survivors, and exits 1 when a survivor is not a known equivalent mutant (KNOWN_EQUIVALENT, each with why).
 
-    .venv/bin/python scripts/mutants.py [--only ID,ID] [--keep]
+    .venv/bin/python scripts/mutants.py [--only ID,ID] [--dir SCRATCH]
 
 A mutant whose `old` text is no longer found exactly once in its file is an error (the code moved): the list is kept
 in step with the code, as a test is.
@@ -1314,7 +1316,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/slurm_options.py",
         '"time": max(1, -(-(self.time_s or _SUBMITIT_DEFAULT_TIME_S) // 60)),',
         '"time": max(1, (self.time_s or _SUBMITIT_DEFAULT_TIME_S) // 60),',
-        ("tests/launch/test_slurm_resources.py::test_submitit_carries_the_same_job",),
+        ("tests/launch/test_render.py::test_submitits_time_is_whole_minutes_rounded_up",),
         "submitit's time limit rounded down to the minute: the job ends before the signal lead it was checked for",
     ),
     M(
@@ -1330,7 +1332,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/slurm_options.py",
         "if self.time is not None and parse_time_s(self.time) <= self.signal_lead_s:",
         "if self.time is not None and parse_time_s(self.time) < self.signal_lead_s:",
-        ("tests/launch/test_render.py::test_time_shorter_than_signal_lead_rejected",),
+        ("tests/launch/test_render.py::test_the_time_limit_must_leave_room_after_the_signal",),
         "a --time equal to the signal lead accepted: the signal comes at the start",
     ),
     M(
@@ -1338,7 +1340,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/slurm_options.py",
         "if current is not None and str(current).upper() != str(value).upper():",
         "if current is not None and str(current) != str(value):",
-        ("tests/launch/test_render.py", "tests/launch/test_slurm_resources.py"),
+        ("tests/launch/test_render.py::test_a_resource_option_given_twice_must_say_the_same",),
         "--mem 200G with --sbatch-arg=--mem=200g refused as two values",
     ),
     M(
@@ -1346,7 +1348,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/slurm_resources.py",
         "full = gpus_per_node >= share.node_gpus",
         "full = gpus_per_node > share.node_gpus",
-        ("tests/launch/test_slurm_resources.py",),
+        (
+            "tests/launch/test_slurm_resources.py::test_the_reported_command_takes_whole_nodes_and_gives_the_step_their_cpus",
+        ),
         "a job on all 8 GPUs of a node not given the whole node",
     ),
     M(
@@ -1354,7 +1358,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/slurm_resources.py",
         'return [f"export SRUN_CPUS_PER_TASK={max(1, self.cpus_per_task // tasks_per_node)}"]',
         'return [f"export SRUN_CPUS_PER_TASK={self.cpus_per_task}"]',
-        ("tests/launch/test_slurm_resources.py",),
+        ("tests/launch/test_slurm_resources.py::test_the_srun_cpus_are_the_nodes_split_over_its_tasks",),
         "submitit's tasks each ask srun for the whole node's CPUs",
     ),
     M(
@@ -1362,7 +1366,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/slurm_resources.py",
         'mem = options.mem or f"{gpus_per_node * share.memory_gib_per_gpu}G"',
         'mem = options.mem or f"{gpus_per_node * share.memory_gib_per_gpu}"',
-        ("tests/launch/test_slurm_resources.py",),
+        ("tests/launch/test_slurm_resources.py::test_part_of_a_node_asks_for_the_catalogs_share_per_gpu",),
         "the per-GPU memory share written without its unit: SLURM reads MiB",
     ),
     M(
@@ -1370,7 +1374,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "llmctl/launch/slurm_resources.py",
         "sort -n | head -n 1)",
         "sort -n | tail -n 1)",
-        ("tests/launch/test_slurm_resources.py",),
+        ("tests/launch/test_slurm_resources.py::test_the_step_gets_the_fewest_cpus_any_node_of_the_job_has",),
         "the step asks for the CPUs of the largest node of the job: it does not fit on the others",
     ),
     # --- issue 51: five more, written after the tests, in the newest modules (expert and pipeline parallelism) ------

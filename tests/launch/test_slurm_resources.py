@@ -103,6 +103,16 @@ def test_the_step_gets_the_fewest_cpus_any_node_of_the_job_has(cpus_per_node: st
     assert out.stdout.split() == [want, "unset"], out.stderr
 
 
+def test_the_srun_cpus_are_the_nodes_split_over_its_tasks() -> None:
+    """srun_cpus_lines itself: one task per node (sbatch) gets the node's CPUs; submitit's one task per rank gets
+    its share, never less than one."""
+    res = slurm_resources.Resources(False, 32, "100G", "given")
+    assert res.srun_cpus_lines() == ["export SRUN_CPUS_PER_TASK=32"]
+    assert res.srun_cpus_lines(tasks_per_node=4) == ["export SRUN_CPUS_PER_TASK=8"]
+    assert slurm_resources.Resources(False, 2, None, "given").srun_cpus_lines(4) == ["export SRUN_CPUS_PER_TASK=1"]
+    assert slurm_resources.Resources(False, None, None, "default").srun_cpus_lines(4) == []
+
+
 def test_part_of_a_node_asks_for_the_catalogs_share_per_gpu(workdir: Path) -> None:
     code, script, _ = dry_run(*USER_COMMAND, "--nproc-per-node", "4")
     assert code == 0, script
