@@ -164,10 +164,13 @@ def _print_stacks(record: jobs.JobRecord) -> None:
     if found is None:
         raise InputError(f"job {record.job_id}: no heartbeats in {run_dir} (the engine has not started yet)")
     typer.echo(one_line(f"job {record.job_id}: {found.line()}"))
+    asked = time.time()
     texts, missing = heartbeat.request_stacks(run_dir)
     groups = heartbeat.group_stacks(texts)
     if why := heartbeat.mismatch(groups):
         typer.echo(one_line(why))
+    for line in heartbeat.flight_lines(run_dir, asked):
+        typer.echo(one_line(f"flight recorder: {line}"))
     for ranks, text in groups:
         label = ", ".join(map(str, ranks))
         typer.echo(f"\n== rank{'s' if len(ranks) > 1 else ''} {label} ==")

@@ -72,13 +72,15 @@ def expert_mesh(dims: ParallelDims, device_type: str, main: DeviceMesh) -> Devic
     once); None at ep 1."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    from llmctl.engine.watchdog import with_plan_timeout
+
     if not dims.ep_enabled:
         return None
     held = _MESHES.get(id(main))
     if held is not None and held[0] is main:
         return held[1]
     shape, names = dims.expert_mesh_dims
-    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    mesh = with_plan_timeout(init_device_mesh(device_type, shape, mesh_dim_names=names))
     _MESHES.clear()  # a process runs one engine at a time (tests run several plans in turn)
     _MESHES[id(main)] = (main, mesh)
     return mesh

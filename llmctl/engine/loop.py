@@ -46,8 +46,7 @@ def run(plan: Plan) -> dict[str, Any]:
     stop.install()
     trainer = Trainer(plan, env, stop)
     timeout = plan.watchdog.timeout_s(plan.predicted.step_time_s)
-    if trainer.choice.backend == "nccl":
-        flight_recorder_env(plan.logging.dir)
+    flight_recorder_env(plan.logging.dir, trainer.choice.backend)
     init_distributed(env, trainer.choice.backend, timeout)
     finished = False
     try:
@@ -59,6 +58,7 @@ def run(plan: Plan) -> dict[str, Any]:
         failure = collective_failure(e, env.rank, trainer.watch.where(), timeout)
         if failure is None:
             raise
+        trainer.watch.dump_flight()  # which collective, and who did not enter it: `llmctl status` reads it
         raise failure from None
     finally:
         trainer.watch.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from llmctl.engine.watchdog import with_plan_timeout
 from llmctl.errors import InputError, SpecError
 from llmctl.families.modules import decoder_layers
 from llmctl.spec import checkpointing as ckpt_modes
@@ -49,7 +50,7 @@ def build_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
     from torch.distributed.device_mesh import init_device_mesh
 
     shape, names = dims.mesh_dims
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return with_plan_timeout(init_device_mesh(device_type, shape, mesh_dim_names=names))
 
 
 def mixed_precision(precision: str | PrecisionPolicy):  # -> MixedPrecisionPolicy | None

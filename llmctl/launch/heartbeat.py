@@ -26,6 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from llmctl.launch import flight
+
 DIR = "heartbeats"
 STACKS_DIR = "stacks"
 PHASES = ("setup", "data", "forward", "backward", "optimizer", "eval", "checkpoint", "done")
@@ -140,9 +142,10 @@ class Diagnosis:
                 f"is at the same place ({who}): `llmctl status --stacks` shows which one is stuck"
             )
         waiting = ", ".join(str(b.rank) for b in self.ahead[:8]) + ("..." if len(self.ahead) > 8 else "")
+        waiting = f"ranks {waiting} wait" if len(self.ahead) > 1 else f"rank {waiting} waits"
         return (
             f"STALLED: no rank moved for {self.quiet_s:.0f} s (limit {self.limit_s:.0f} s: {basis}); behind: {who}; "
-            f"ranks {waiting} wait for it in {self.ahead[0].phase} of step {self.ahead[0].step + 1}"
+            f"{waiting} for it in {self.ahead[0].phase} of step {self.ahead[0].step + 1}"
         )
 
 
@@ -212,21 +215,23 @@ def mismatch(groups: list[tuple[list[int], str]]) -> str | None:
 
 
 def request_stacks(run_dir: str | os.PathLike[str], wait_s: float = 3.0) -> tuple[dict[int, str], list[str]]:
-    """Ask every rank of this host (its heartbeat's pid) for its stacks (SIGUSR2: the engine's faulthandler dumps
-    them into its stacks file) and read what each added. Returns ({rank: stack text}, [why a rank gave none])."""
+    """Ask every rank for its stacks and read what each added to its stacks file. The ranks of this host (their
+    heartbeat's pid) get SIGUSR2 (the engine's faulthandler answers even while blocked in a collective); the ranks of
+    other hosts see the request file (`llmctl.launch.flight`) on the shared run folder and dump them from a thread.
+    Every rank also dumps its flight recorder then (`flight_lines`). Returns ({rank: stack text}, [why a rank gave
+    none])."""
     import signal
 
     host = socket.gethostname()
+    flight.write_request(run_dir, host)
     sizes: dict[int, int] = {}
     missing: list[str] = []
     for b in read_all(run_dir):
-        if b.host != host:
-            missing.append(f"rank {b.rank} runs on {b.host} (run `llmctl status --stacks` there)")
-            continue
         path = stacks_path(run_dir, b.rank)
         try:
             sizes[b.rank] = path.stat().st_size if path.exists() else 0
-            os.kill(b.pid, getattr(signal, STACK_SIGNAL))
+            if b.host == host:
+                os.kill(b.pid, getattr(signal, STACK_SIGNAL))
         except OSError as e:
             sizes.pop(b.rank, None)
             missing.append(f"rank {b.rank} (pid {b.pid}): {e.strerror or e}")
@@ -245,3 +250,10 @@ def request_stacks(run_dir: str | os.PathLike[str], wait_s: float = 3.0) -> tupl
         time.sleep(0.05)
     missing += [f"rank {r}: no stack within {wait_s:g} s" for r in sizes]
     return texts, missing
+
+
+def flight_lines(run_dir: str | os.PathLike[str], since: float, wait_s: float = 2.0) -> list[str]:
+    """What the ranks' flight recorders, dumped after `since` (a request or a timeout), say about the collective
+    they disagree on (`llmctl.launch.flight.disagreement`)."""
+    ranks = [b.rank for b in read_all(run_dir)]
+    return flight.disagreement(flight.wait_for_dumps(run_dir, ranks, since, wait_s))

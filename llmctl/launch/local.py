@@ -38,7 +38,7 @@ from typing import BinaryIO
 
 from llmctl.errors import InputError, RuntimeFailure, one_line
 from llmctl.fileio import whole_lines_end
-from llmctl.launch import heartbeat, jobs, runlock, shell
+from llmctl.launch import flight, heartbeat, jobs, runlock, shell
 from llmctl.launch.backends import Job, LaunchBackend
 
 ENGINE_MODULE = "llmctl.engine"
@@ -539,16 +539,28 @@ def _stall_watch(record: jobs.JobRecord) -> Callable[[], None]:
         said[:] = [last]
         line = f"{found.line()}; `llmctl status --stacks {record.job_id}`"
         print(one_line(f"llmctl: warning: {line}"), file=sys.stderr, flush=True)
-        if not found.ahead and record.metrics:  # every rank at the same place: their stacks say where each waits
-            with contextlib.suppress(OSError):
-                texts, _ = heartbeat.request_stacks(Path(record.metrics).parent)
-                why = heartbeat.mismatch(heartbeat.group_stacks(texts))
-                if why:
-                    print(one_line(f"llmctl: warning: {why}"), file=sys.stderr, flush=True)
+        if record.metrics:
+            for why in _where_they_wait(Path(record.metrics).parent, every_rank_alike=not found.ahead):
+                print(one_line(f"llmctl: warning: {why}"), file=sys.stderr, flush=True)
         with contextlib.suppress(OSError):
             jobs.append_event(record, f"stalled {jobs.now_utc()} {one_line(found.line())}")
 
     return tick
+
+
+def _where_they_wait(run_dir: Path, every_rank_alike: bool) -> list[str]:
+    """The collective the stalled ranks disagree on, from their flight recorders; when every heartbeat shows the
+    same place, also the collectives their stacks wait in (the heartbeats cannot tell who is stuck then)."""
+    asked = time.time()
+    lines: list[str] = []
+    with contextlib.suppress(OSError):
+        if every_rank_alike:
+            texts, _ = heartbeat.request_stacks(run_dir)
+            lines += [why] if (why := heartbeat.mismatch(heartbeat.group_stacks(texts))) else []
+        else:
+            flight.write_request(run_dir, socket.gethostname())
+        lines += [f"flight recorder: {line}" for line in heartbeat.flight_lines(run_dir, asked)]
+    return lines
 
 
 def check_machine(job: Job) -> None:

@@ -190,17 +190,20 @@ def test_the_stacks_on_request_show_every_thread(tmp_path):
 
 
 def test_the_flight_recorder_env_is_set_unless_given(tmp_path, monkeypatch):
-    """NCCL's flight recorder: 2,000 entries, dumped on a timeout into <logging.dir>/flight/rank_N; a value the user
-    set is kept."""
-    names = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
-    for name in names:
+    """torch's flight recorder: 2,000 entries for gloo and NCCL; on NCCL also dumped on a timeout into
+    <logging.dir>/flight/rank_N; a value the user set is kept."""
+    nccl = ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    for name in ("TORCH_FR_BUFFER_SIZE", *nccl):
         monkeypatch.setenv(name, "x")  # restored (unset) after the test
         monkeypatch.delenv(name)
-    flight_recorder_env(tmp_path)
-    assert [os.environ[n] for n in names] == ["2000", "1", str(tmp_path / "flight" / "rank_")]
+    flight_recorder_env(tmp_path, "gloo")
+    assert os.environ["TORCH_FR_BUFFER_SIZE"] == "2000" and not any(n in os.environ for n in nccl)
+    assert not (tmp_path / "flight").exists()  # gloo: dumped as JSON only when asked or on a timeout
+    flight_recorder_env(tmp_path, "nccl")
+    assert [os.environ[n] for n in nccl] == ["2000", "1", str(tmp_path / "flight" / "rank_")]
     assert (tmp_path / "flight").is_dir()
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")
-    flight_recorder_env(tmp_path)
+    flight_recorder_env(tmp_path, "nccl")
     assert os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
 
 
