@@ -1410,6 +1410,26 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/launch/test_bench_net_stderr.py",),
         "only the first line of torchrun's failure report kept off the terminal, the rest of its traceback shown",
     ),
+    M(
+        "flight-completed-off-by-one",
+        "llmctl/launch/flight.py",
+        'done = int(status.get("last_completed_collective", -1)) >= last',
+        'done = int(status.get("last_completed_collective", -1)) > last',
+        (
+            "tests/launch/test_flight.py::test_a_rank_that_did_not_enter_is_named_with_the_collective_and_the_waiting_ranks",
+        ),
+        "a rank that completed its last collective read as waiting in it",
+    ),
+    M(
+        "flight-consequence-first",
+        "llmctl/launch/flight.py",
+        "return [line for _, line in sorted(found, key=lambda f: f[0])]",
+        "return [line for _, line in sorted(found, key=lambda f: not f[0])]",
+        (
+            "tests/launch/test_flight.py::test_groups_of_one_dimension_are_told_apart_by_members_and_the_cause_comes_first",
+        ),
+        "a group whose ranks behind wait in another group listed before the cause",
+    ),
     # --- issue 51: five more, written after the tests, in the newest modules (expert and pipeline parallelism) ------
     M(
         "ep-owner-round-robin",
