@@ -36,3 +36,38 @@ def test_every_mutant_applies_and_names_existing_tests() -> None:
 def test_known_equivalents_are_real_mutants() -> None:
     module = load()
     assert set(module.KNOWN_EQUIVALENT) <= {m.id for m in module.MUTANTS}
+
+
+# Issue 51's modules beside launch/: the newer parallelism, precision and stall-detection code.
+NEWER_MODULES = (
+    "llmctl/engine/tensor_parallel.py",
+    "llmctl/families/tensor_parallel.py",
+    "llmctl/engine/context_parallel.py",
+    "llmctl/plan/ring.py",
+    "llmctl/plan/memory/ring.py",
+    "llmctl/engine/float8.py",
+    "llmctl/plan/float8.py",
+    "llmctl/spec/nf4.py",
+    "llmctl/engine/pipeline.py",
+    "llmctl/spec/pipeline.py",
+    "llmctl/engine/experts.py",
+    "llmctl/spec/experts.py",
+    "llmctl/plan/experts.py",
+    "llmctl/plan/memory/experts.py",
+    "llmctl/engine/watchdog.py",
+)
+
+
+def test_every_launch_module_and_each_newer_one_has_two_mutants_or_more() -> None:
+    """A module added to launch/ without mutants shows here (package files that hold no code are left out)."""
+    per_file: dict[str, int] = {}
+    for m in load().MUTANTS:
+        per_file[m.path] = per_file.get(m.path, 0) + 1
+    launch = sorted(
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "llmctl" / "launch").rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py")
+    )
+    assert len(launch) >= 20
+    thin = {f: per_file.get(f, 0) for f in (*launch, *NEWER_MODULES) if per_file.get(f, 0) < 2}
+    assert not thin, thin

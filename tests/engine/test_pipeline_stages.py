@@ -134,3 +134,29 @@ def test_each_stage_gets_the_inputs_it_runs() -> None:
         assert (p.has_first, p.has_last) == (first, last), stage_ids
         assert len(args) == first and (not first or args[0] is ids), stage_ids
         assert ("target" in kwargs) is last and kwargs["position_ids"] is pos, stage_ids
+
+
+def test_evaluation_counts_the_loss_tokens_it_summed_over() -> None:
+    """evaluate: the schedule's summed loss per micro-batch (as StageLoss records it) and the tokens the loss was
+    summed over: the targets it ignores (padding, prompts) not counted, or the mean eval loss comes out too low. A
+    rank without the last stage records nothing: (0, 0)."""
+    from llmctl.engine.data import IGNORE, Batch
+
+    class Schedule:
+        def __init__(self, loss, records: bool) -> None:
+            self.loss, self.records, self.targets = loss, records, None
+
+        def eval(self, *args, **kwargs) -> None:
+            self.targets = kwargs.get("target")
+            if self.records:
+                self.loss.recorded += [torch.tensor(1.5), torch.tensor(2.0)]
+
+    ids = torch.arange(8).view(2, 4)
+    targets = torch.tensor([[1, 2, IGNORE, IGNORE], [IGNORE, 5, 6, 7]])
+    batches = [Batch(ids[:1], targets[:1], None), Batch(ids[1:], targets[1:], None)]
+    for stage_ids, want in (([1], (3.5, 5)), ([0], (0.0, 0))):
+        p = _pipeline(stage_ids, 2)
+        p.schedule = Schedule(p.loss, records=p.has_last)
+        loss, tokens = p.evaluate(batches, torch.device("cpu"))
+        assert p.loss.evaluating and (float(loss), tokens) == want and loss.dtype == torch.float64, stage_ids
+        assert (p.schedule.targets is not None) is p.has_last

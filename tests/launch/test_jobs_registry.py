@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from llmctl.cli.main import app
 from llmctl.launch import jobs, local, registry
+from llmctl.launch.backends import backend_for
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -139,6 +140,39 @@ def test_two_processes_registering_at_once_lose_nothing(tmp_path: Path) -> None:
     ids = [e.job_id for e in registry.entries()]
     assert sorted(ids) == sorted(f"{w}-{i}" for w in "ab" for i in range(150))
     assert not [p for p in registry.index_dir().iterdir() if not p.name.endswith(".json")]  # no temporary left
+
+
+def test_the_index_keeps_one_entry_per_folder_path_in_launch_order() -> None:
+    """Each entry as registered and read back: two job folders of one name in two roots are two jobs, listed by
+    submission time (not by path); registering a folder again replaces its entry."""
+    later_root = registry.Entry("1", "sbatch", "/root-b/20260101-000000-x-abcd", "x", "2026-01-01T00:00:01.000Z")
+    earlier_root = registry.Entry("2", "sbatch", "/root-a/20260101-000000-x-abcd", "x", "2026-01-01T00:00:02.000Z")
+    registry.register(later_root)
+    registry.register(earlier_root)
+    assert registry.entries() == [later_root, earlier_root]
+    moved = registry.Entry("1b", "sbatch", later_root.folder, "x", "2026-01-01T00:00:03.000Z")
+    registry.register(moved)
+    assert registry.entries() == [earlier_root, moved]
+
+
+def test_find_takes_the_newest_job_of_a_reused_id(tmp_path: Path) -> None:
+    """SLURM reuses job ids (a reset controller, another cluster): `find` by id takes the latest launched."""
+    for n, when in enumerate(("2026-01-01T00:00:01.000Z", "2026-01-02T00:00:01.000Z")):
+        folder = tmp_path / "jobs" / f"job{n}"
+        folder.mkdir(parents=True)
+        jobs.JobRecord("7", "sbatch", str(folder), "x", 1, 1, when).save()
+    assert jobs.find("7").folder == str(tmp_path / "jobs" / "job1")
+    assert jobs.find("7", tmp_path / "jobs").folder == str(tmp_path / "jobs" / "job1")
+
+
+def test_slurm_state_asks_squeue_then_sacct_then_scontrol(monkeypatch: pytest.MonkeyPatch) -> None:
+    said: dict[str, str] = {"scontrol": "JobId=7 JobName=x JobState=COMPLETED Reason=None\n"}
+    monkeypatch.setattr(jobs, "query", lambda argv: said.get(argv[0]))
+    assert jobs.slurm_state("7") == "COMPLETED"
+    said["sacct"] = "CANCELLED+\n"  # sacct marks a state it shortened (CANCELLED by UID) with a +
+    assert jobs.slurm_state("7") == "CANCELLED"
+    said["squeue"] = "RUNNING\n"
+    assert jobs.slurm_state("7") == "RUNNING"
 
 
 def test_an_unwritable_index_warns_and_the_launch_goes_on(
@@ -514,7 +548,15 @@ def test_submitit_logs_show_task_0_then_every_other_tasks_stderr(tmp_path: Path)
     (sub / "101_2_log.out").write_text("task 2 stdout: not shown\n")
     (sub / "102_3_log.err").write_text("another job's task\n")
     logs = [str(sub / "101_0_log.out"), str(sub / "101_0_log.err")]
-    jobs.JobRecord("101", "submitit", str(folder), "x", 2, 6, "2026-01-01T00:00:00.000Z", logs=logs).save()
+    record = jobs.JobRecord("101", "submitit", str(folder), "x", 2, 6, "2026-01-01T00:00:00.000Z", logs=logs)
+    record.save()
+    # The files themselves, before the rendering: task 0's two once, then the other tasks' stderr in task order.
+    assert backend_for(record).logs(record) == [
+        sub / "101_0_log.out",
+        sub / "101_0_log.err",
+        sub / "101_1_log.err",
+        sub / "101_10_log.err",
+    ]
     code, out, _ = invoke("logs", "101")
     assert code == 0
     assert out == (

@@ -143,6 +143,9 @@ def test_bandwidth_below_the_plan_warns_or_stops_when_strict() -> None:
     assert not d.ok and d.failure.startswith("intra-node all-reduce busbw 2 GB/s") and "--preflight-strict" in d.failure
     # no assumption in the plan: nothing compared, nothing said
     assert pf.decide(NODES[:2], 2, checks, b, strict=True).warnings == []
+    # 8 of the plan's 10 GB/s inside a node is within the 0.7 rule as well: measured and compared, nothing said
+    d = pf.decide(NODES[:2], 2, {n: ok(n, 8.0) for n in NODES[:2]}, b, assumed=assumed, strict=True)
+    assert d.ok and d.warnings == [] and d.measured["intra_busbw_gbytes_s"] == 8.0
 
 
 def test_plan_assumptions_come_from_the_written_plan() -> None:
@@ -182,6 +185,7 @@ def test_cross_step_failure_stops() -> None:
     "kwargs, message",
     [
         ({"spare_nodes": -1}, "--spare-nodes -1: must be between 0"),
+        ({"spare_nodes": 100_001}, "--spare-nodes 100001: must be between 0 and 100,000"),
         ({"enabled": False, "spare_nodes": 1}, "--spare-nodes needs the preflight"),
         ({"enabled": False, "strict": True}, "--preflight-strict with --no-preflight"),
     ],
@@ -278,6 +282,9 @@ def test_node_step_ranks_get_torchruns_variables() -> None:
     }
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["OMP_NUM_THREADS"]) == ("127.0.0.1", "29999", "1")
     assert "OMP_NUM_THREADS" not in node.rank_env({}, 1, 0, 1)
+    # torchrun's rule: one thread per rank as soon as a node runs more than one (two included); the user's kept
+    assert node.rank_env({}, 2, 1, 1)["OMP_NUM_THREADS"] == "1"
+    assert node.rank_env({"OMP_NUM_THREADS": "6"}, 2, 1, 1)["OMP_NUM_THREADS"] == "6"
 
 
 def test_node_step_stops_the_other_ranks_when_one_fails(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -333,6 +333,38 @@ def test_time_shorter_than_signal_lead_rejected() -> None:
         )
 
 
+def test_the_time_limit_must_leave_room_after_the_signal() -> None:
+    """The check's boundary, on SlurmOptions itself: a --time equal to the signal lead would get the checkpoint
+    signal as it starts; one second more is a job."""
+    from llmctl.launch.slurm_options import SlurmOptions
+
+    with pytest.raises(InputError, match="--time 5:00: the job would get its checkpoint signal"):
+        SlurmOptions(time="5:00", signal_lead_s=300)
+    assert SlurmOptions(time="5:01", signal_lead_s=300).time_s == 301
+
+
+def test_submitits_time_is_whole_minutes_rounded_up() -> None:
+    """submitit takes minutes: a limit of 1:00:30 asks for 61 (rounded down, the job would end 30 s before the
+    limit the signal lead was checked against); none given asks for a day."""
+    from llmctl.launch.slurm_options import SlurmOptions
+
+    got = {t: SlurmOptions(time=t).submitit_parameters()["time"] for t in ("1:00:30", "1:00:00", "10")}
+    assert got == {"1:00:30": 61, "1:00:00": 60, "10": 10}
+    assert SlurmOptions().submitit_parameters()["time"] == 24 * 60
+
+
+def test_a_resource_option_given_twice_must_say_the_same() -> None:
+    """--mem and --sbatch-arg=--mem=... together: the same size in either case is one option (SLURM reads 200g as
+    200G); two sizes are an error naming both."""
+    from llmctl.launch.slurm_options import SlurmOptions
+
+    options = SlurmOptions(mem="200G", extra_sbatch_args=("--mem=200g",))
+    assert (options.mem, options.extra_sbatch_args) == ("200G", ())
+    assert SlurmOptions(cpus_per_task=8, extra_sbatch_args=("-c 8",)).cpus_per_task == 8
+    with pytest.raises(InputError, match="--sbatch-arg --mem=100G and --mem 200G: give one"):
+        SlurmOptions(mem="200G", extra_sbatch_args=("--mem=100G",))
+
+
 @pytest.mark.parametrize(
     "value, seconds",
     [("30", 1800), ("5:30", 330), ("1:00:00", 3600), ("2-0", 172800), ("1-2:03", 93780), ("1-02:03:04", 93784)],

@@ -103,6 +103,16 @@ def test_the_step_gets_the_fewest_cpus_any_node_of_the_job_has(cpus_per_node: st
     assert out.stdout.split() == [want, "unset"], out.stderr
 
 
+def test_the_srun_cpus_are_the_nodes_split_over_its_tasks() -> None:
+    """srun_cpus_lines itself: one task per node (sbatch) gets the node's CPUs; submitit's one task per rank gets
+    its share, never less than one."""
+    res = slurm_resources.Resources(False, 32, "100G", "given")
+    assert res.srun_cpus_lines() == ["export SRUN_CPUS_PER_TASK=32"]
+    assert res.srun_cpus_lines(tasks_per_node=4) == ["export SRUN_CPUS_PER_TASK=8"]
+    assert slurm_resources.Resources(False, 2, None, "given").srun_cpus_lines(4) == ["export SRUN_CPUS_PER_TASK=1"]
+    assert slurm_resources.Resources(False, None, None, "default").srun_cpus_lines(4) == []
+
+
 def test_part_of_a_node_asks_for_the_catalogs_share_per_gpu(workdir: Path) -> None:
     code, script, _ = dry_run(*USER_COMMAND, "--nproc-per-node", "4")
     assert code == 0, script
@@ -492,6 +502,17 @@ def test_a_job_folder_outside_the_workdir_is_mounted_too_and_amd_gets_rocm() -> 
     )
 
 
+def test_a_job_folder_beside_the_workdir_is_mounted_as_its_own() -> None:
+    """The mount list itself: a job folder inside the workdir rides on its mount; one whose path only starts with
+    the workdir's name (/work/run2 beside /work/run) is another folder and gets its own."""
+    opts = SlurmOptions(container_image="img", container_mounts=("/data",))
+    assert slurm.container_mounts(opts, "/work/run", "/work/run/llmctl-jobs/j1") == "/work/run:/work/run,/data:/data"
+    assert slurm.container_mounts(opts, "/work/run/", "/work/run/llmctl-jobs/j1") == "/work/run/:/work/run/,/data:/data"
+    assert slurm.container_mounts(opts, "/work/run", "/work/run2/jobs/j1") == (
+        "/work/run:/work/run,/work/run2/jobs/j1:/work/run2/jobs/j1,/data:/data"
+    )
+
+
 @pytest.mark.parametrize(
     "kw, message",
     [
@@ -534,6 +555,23 @@ MOUNTINFO = r"""22 1 0:21 / / rw - ext4 /dev/sda1 rw
 def test_the_mount_of_a_path(path: str, fstype: str, shared: bool) -> None:
     m = sharedfs.mount_of(path, MOUNTINFO)
     assert m is not None and (m.fstype, m.shared) == (fstype, shared)
+
+
+def test_the_mount_that_holds_a_path_is_the_deepest_then_the_latest() -> None:
+    """mount_of's answer itself: a later mount at the same point hides the earlier (an NFS mounted over a local
+    folder); /home2 is not inside /home; a file system of a type neither list knows is neither shared nor local, and
+    gets no note."""
+    table = MOUNTINFO + (
+        "40 22 0:50 / /llmctl-t/opt rw - ext4 /dev/sdb1 rw\n"
+        "41 22 0:51 / /llmctl-t/opt rw - nfs server:/opt rw\n"
+        "42 22 0:52 / /llmctl-t/data rw - 9p data rw\n"
+    )
+    assert sharedfs.mount_of("/llmctl-t/opt/venv/bin/python", table) == sharedfs.Mount("/llmctl-t/opt", "nfs")
+    assert sharedfs.mount_of("/home2/venv/bin/python", table) == sharedfs.Mount("/", "ext4")
+    unknown = sharedfs.mount_of("/llmctl-t/data/venv/bin/python", table)
+    assert unknown == sharedfs.Mount("/llmctl-t/data", "9p") and unknown.shared is None
+    paths = ["/llmctl-t/data/venv/bin/python", "/llmctl-t/opt/venv/bin/python", "/home2/venv/bin/python"]
+    assert sharedfs.local_paths(paths, table) == [("/home2/venv/bin/python", sharedfs.Mount("/", "ext4"))]
 
 
 def test_a_local_interpreter_gets_one_note_naming_it_and_the_fix(workdir: Path, monkeypatch) -> None:
