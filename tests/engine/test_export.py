@@ -317,6 +317,38 @@ def test_byte_tokenizer_round_trips_and_prompts_with_llmctls_chat_template(tmp_p
     assert prompt.endswith("<|assistant|>\n") and tok.decode(want.tolist()).startswith(prompt)
 
 
+def test_a_tokenizer_folder_without_a_template_gets_the_plain_one_the_data_used(tmp_path: Path) -> None:
+    """Instruction data prepared with a Hugging Face tokenizer that has no chat template was rendered with llmctl's
+    plain template: the export saves that tokenizer (found through the prepared folder's meta.json, the plan naming
+    no data.tokenizer) with the plain template, in that tokenizer's BOS/EOS: it renders the text the run trained on.
+    (Only the text: the data tokenizes each turn apart so that no token straddles a prompt and its reply, and this
+    BPE adds a prefix space at each start, so its ids for a whole conversation differ; the byte tokenizer's do not.)"""
+    from llmctl.data.chat import ChatRenderer, read_records
+    from llmctl.data.format import open_prepared
+    from llmctl.data.tokenizer import HFTokenizer
+
+    tok_dir = bpe_tokenizer(tmp_path / "tok")
+    records = str(REPO / "examples" / "instruct" / "arithmetic.jsonl")
+    data = tmp_path / "sft"
+    args = ["data", "prepare", records, "--out", str(data), "--instruction", "--seq-len", "256", "--val-fraction", "0"]
+    assert_ok(CliRunner().invoke(app, [*args, "--tokenizer", str(tok_dir)]))
+    step, _ = make_checkpoint(tmp_path / "run", SMALL_LLAMA, {"data": {"kind": "tokens", "paths": [str(data)]}})
+    out = tmp_path / "hf"
+    result = export_cli(step, "--out", out)
+    assert_ok(result)
+    assert f"tokenizer: from {tok_dir}, with llmctl's plain chat template" in result.output
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    first = next(read_records((records,))).messages
+    segments = ChatRenderer(HFTokenizer(str(tok_dir))).segments("first", first)
+    trained_on = [t for ids, _ in segments for t in ids]
+    assert open_prepared(data, "train")[0][0 : len(trained_on)].tolist() == trained_on
+    plain = "".join(f"<|{m['role']}|>\n{m['content']}" + ("</s>" if m["role"] == "assistant" else "\n") for m in first)
+    assert tok.apply_chat_template(first, tokenize=False) == "<s>" + plain  # llmctl.data.chat.PLAIN_TEMPLATE
+    prompt = tok.apply_chat_template(first[:-1], add_generation_prompt=True, tokenize=False)
+    assert prompt == "<s>" + plain[: plain.index("<|assistant|>\n") + len("<|assistant|>\n")]
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == tok.chat_template
+
+
 def test_export_is_quiet(small_ckpt: Path, tmp_path: Path) -> None:
     """No torchao native-library or pytree warnings (transformers imports torchao when it is installed): stderr
     holds the shard progress lines only (issue 49)."""
