@@ -416,15 +416,7 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
             return row
     row.points = [seen[c] for c in sorted(seen)]
     if start is None:
-        last = seen[max(seen)] if seen else None
-        row.bad_input = bool(seen) and all(p.bad_input for p in seen.values())
-        if row.bad_input and last is not None:
-            row.exclude("flag refused", f"no count takes these flags: {last.problem}")
-        else:
-            row.exclude(
-                "does not fit",
-                f"does not fit on up to {counts[-1]:,} GPUs" + (f": {last.problem}" if last else ""),
-            )
+        _exclude_unplanned(row, seen, counts[-1])
         return row
     # One more climb from two nodes up: a pipeline with a stage per node keeps FSDP inside the nodes, so the cost per
     # token can fall again past a node's worth, after rising over one node's counts (issue 44)
@@ -441,16 +433,31 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
     row.pick = at(best_j)
     row.points = [seen[c] for c in sorted(seen)]
     row.command = command(model_cmd, kind, row.pick, net)
-    cost = row.pick.cost(ask.tokens, price)
-    if ask.budget_usd is not None:
-        if cost is None:
-            row.exclude(
-                "no price",
-                f"no {ask.basis} price for {kind.name}: the budget cannot be checked (add it with --prices)",
-            )
-        elif cost > ask.budget_usd:
-            row.exclude("over budget", f"over budget: ${cost:,.0f} > ${ask.budget_usd:,.0f}")
+    _check_budget(row, ask)
     return row
+
+
+def _exclude_unplanned(row: Row, seen: dict[int, Point], most: int) -> None:
+    """No count searched gave a setup: every count refused the flags, or none fits up to `most` GPUs."""
+    last = seen[max(seen)] if seen else None
+    row.bad_input = bool(seen) and all(p.bad_input for p in seen.values())
+    if row.bad_input and last is not None:
+        row.exclude("flag refused", f"no count takes these flags: {last.problem}")
+    else:
+        row.exclude("does not fit", f"does not fit on up to {most:,} GPUs" + (f": {last.problem}" if last else ""))
+
+
+def _check_budget(row: Row, ask: Ask) -> None:
+    """Exclude the picked row over --budget, or without a price to check it against."""
+    cost = row.pick.cost(ask.tokens, row.price) if row.pick else None
+    if ask.budget_usd is None:
+        return
+    if cost is None:
+        row.exclude(
+            "no price", f"no {ask.basis} price for {row.gpu.name}: the budget cannot be checked (add it with --prices)"
+        )
+    elif cost > ask.budget_usd:
+        row.exclude("over budget", f"over budget: ${cost:,.0f} > ${ask.budget_usd:,.0f}")
 
 
 def shape(gpus: int, per_node: int) -> tuple[int, int]:
