@@ -160,9 +160,10 @@ def _merge(
     model.save_pretrained(dest, max_shard_size=max_shard_bytes)
     from llmctl.engine.export_tokenizer import run_tokenizer, write_tokenizer
 
-    write_tokenizer(run_tokenizer(data, m.weights), dest)
+    if write_tokenizer(run_tokenizer(data, m.weights), dest):
+        return dest  # the run's tokenizer whole: no file of another one mixed in
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if not (dest / name).exists() and (weights / name).is_file():
+        if (weights / name).is_file():
             shutil.copyfile(weights / name, dest / name)
     return dest
 
