@@ -117,15 +117,11 @@ def summary_lines(r: ExportResult) -> list[str]:
         if r.checkpoint_vocab_size != r.vocab_size
         else ""
     )
-    if r.tokenizer_source is None:
-        tokenizer = "none (the plan used llmctl's byte-level tokenizer)"
-    else:
-        tokenizer = f"{len(r.tokenizer_files)} files from {r.tokenizer_source}"
     return [
         f"exported {r.step_dir}{step} -> {r.out}",
         f"  {r.tensors} tensors in {r.shards} shard{'s' if r.shards > 1 else ''}, {fmt_bytes(r.total_bytes)} "
         f"{r.dtype}, vocabulary {r.vocab_size}{padding}",
-        f"  plan: {r.plan_source}; tokenizer: {tokenizer}",
+        f"  plan: {r.plan_source}; tokenizer: {r.tokenizer}",
         f"  {r.seconds:.1f} s, peak RSS {fmt_bytes(r.peak_rss_bytes)}",
         f"  load it: AutoModelForCausalLM.from_pretrained({str(r.out)!r})",
     ]

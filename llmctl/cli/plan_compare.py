@@ -12,7 +12,7 @@ from llmctl.cli.compare_options import check_basis, parse_budget, parse_deadline
 from llmctl.cli.decision_options import as_flags
 from llmctl.errors import InputError
 from llmctl.plan import compare as cmp
-from llmctl.spec.prices import load_prices
+from llmctl.spec.prices import STALE_AFTER_DAYS, load_prices
 
 COMPARE_ONLY = ("--deadline", "--budget", "--prices", "--price-basis", "--interconnect", "--plot")
 """Flags that mean something only with --compare."""
@@ -135,12 +135,16 @@ def show(result: cmp.Comparison, plot: str | None) -> None:
             ("", "left"),
         ],
     )
+    excluded: list[cmp.Row] = []
     for r in sorted(result.rows, key=lambda r: _order(r, ask)):
         d = r.as_dict(ask)
         mark = "cheapest" if r is result.cheapest else ""
         if r is result.fastest:
             mark = f"{mark}, fastest" if mark else "fastest"
-        note = f"excluded: {r.excluded}" if r.excluded else mark
+        note = mark
+        if r.excluded:
+            excluded.append(r)
+            note = f"[{len(excluded)}] {r.excluded_short or 'excluded'}"
         if d["plan_only"] and not r.excluded:
             note = (note + "; " if note else "") + "plan-only"
         shape = (
@@ -157,11 +161,14 @@ def show(result: cmp.Comparison, plot: str | None) -> None:
             "-" if d["tokens_per_s"] is None else f"{d['tokens_per_s']:,.0f}",
             "-" if d["mfu"] is None else f"{d['mfu']:.0%}",
             "-" if d["days"] is None else f"{d['days']:,.1f}",
-            "-" if d["usd_per_gpu_hour"] is None else f"{d['usd_per_gpu_hour']:,.2f}",
+            _price(r, ask),
             "-" if d["cost_usd"] is None else f"${d['cost_usd']:,.0f}",
             escape(note),
         )
     c.print(t)
+    c.print(escape(legend(result)), soft_wrap=True)
+    for i, r in enumerate(excluded, 1):
+        c.print(f"[{i}] {escape(r.gpu.name)}: {escape(r.excluded or '')}", soft_wrap=True, markup=False)
     if result.cheapest:
         c.print(f"cheapest: {escape(result.why_cheapest)}", soft_wrap=True)
     else:
@@ -179,6 +186,30 @@ def show(result: cmp.Comparison, plot: str | None) -> None:
     )
     if plot:
         c.print(f"plot: {plot}")
+
+
+def legend(result: cmp.Comparison) -> str:
+    """What the table's abbreviations mean (the ones it shows)."""
+    parts = [
+        "fits on: the fewest GPUs that fit without CPU offload, '(N offl)' where N fit with it ('N offl': only with "
+        "it)",
+        "setup: ppN/tpN/cpN/epN pipeline/tensor/context/expert-parallel degrees (hybrid: HYBRID_SHARD, no: "
+        "NO_SHARD, else FULL_SHARD), mbMxA micro-batch M x A accumulation steps, no-/sel-/full-ckpt activation "
+        "checkpointing",
+    ]
+    if any(r.price is not None and r.price.is_stale(result.ask.today) for r in result.rows):
+        parts.append(f"$/GPU-h (YYYY): a price from that year, stale (over {STALE_AFTER_DAYS // 365} years old)")
+    if any(r.excluded for r in result.rows):
+        parts.append("[n] reason: excluded from the picks, the full reason below the legend")
+    return "legend: " + "; ".join(parts)
+
+
+def _price(r: cmp.Row, ask: cmp.Ask) -> str:
+    """The price per GPU-hour, with its year where it is stale."""
+    if r.price is None:
+        return "-"
+    stale = f" ({r.price.date.year})" if r.price.is_stale(ask.today) else ""
+    return f"{r.price.usd_per_gpu_hour:,.2f}{stale}"
 
 
 def _order(r: cmp.Row, ask: cmp.Ask) -> tuple:

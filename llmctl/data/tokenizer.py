@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -94,8 +95,25 @@ class HFTokenizer:
         return h.hexdigest()
 
 
+BYTE_TOKENIZER_MARK = ("llmctl_tokenizer", "bytes-v1")
+"""The key and value in tokenizer_config.json of ByteTokenizer exported as a Hugging Face tokenizer (`llmctl export`,
+llmctl.engine.export_tokenizer): the same ids by construction, so a folder that carries it is read as ByteTokenizer
+(its fingerprint included: data prepared with bytes stays valid for a model fine-tuned from the export)."""
+
+
 def load_tokenizer(path: str | None) -> Tokenizer:
-    return ByteTokenizer() if path is None else HFTokenizer(path)
+    if path is None or _is_exported_bytes(path):
+        return ByteTokenizer()
+    return HFTokenizer(path)
+
+
+def _is_exported_bytes(path: str) -> bool:
+    try:
+        config = json.loads((Path(path) / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    key, value = BYTE_TOKENIZER_MARK
+    return isinstance(config, dict) and config.get(key) == value
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -13,8 +13,8 @@ rows padded to model.pad_vocab_multiple. The export, in one process and without 
    output dtype (DCP copies each stored chunk into them), drops the padded vocabulary rows, reverts transformers'
    load-time weight conversions (Mixtral's fused experts) as save_pretrained does, and writes the safetensors
    file. One shard file's tensors are in memory at a time;
-4. writes config.json (real vocabulary, dtype), generation_config.json, the index and the plan's local tokenizer
-   files into a hidden sibling folder, fsyncs them, and renames it into place (with --force, the old folder is
+4. writes config.json (real vocabulary, dtype), generation_config.json, the index and the tokenizer and chat
+   template the run trained with (llmctl.engine.export_tokenizer) into a hidden sibling folder, fsyncs them, and renames it into place (with --force, the old folder is
    moved aside first and deleted after). An interrupted export never leaves a folder that looks complete.
 """
 
@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmctl.engine.checkpoint import PLAN_FILE, TMP_PREFIX, complete_checkpoints, latest_checkpoint
+from llmctl.engine.export_tokenizer import run_tokenizer, write_tokenizer
 from llmctl.engine.model import base_spec, padded_vocab_size
 from llmctl.errors import InputError, RuntimeFailure, SpecError, disk_full
 from llmctl.fileio import fsync_dir, pid_alive, raise_if_no_space
-from llmctl.spec.planfile import DataSection, ModelSection, Plan, load_plan
+from llmctl.spec.planfile import ModelSection, Plan, load_plan
 
 if TYPE_CHECKING:
     import torch
@@ -55,21 +56,6 @@ EXPORT_MARKER = ".llmctl-export"
 never deleted)."""
 SAFE_WEIGHTS = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-    "sentencepiece.bpe.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-"""What transformers' tokenizers read from a folder (slow and fast tokenizers, chat templates)."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +98,8 @@ class ExportResult:
     files: tuple[str, ...]
     """Every file in the exported folder (but EXPORT_MARKER)."""
     tokenizer_files: tuple[str, ...]
-    tokenizer_source: str | None
-    """The plan's data.tokenizer folder, or None (llmctl's byte-level tokenizer: no files to copy)."""
+    tokenizer: str
+    """Which tokenizer and chat template the folder carries, or why none (RunTokenizer.describe)."""
     seconds: float
     peak_rss_bytes: int
     """The process's peak resident memory (getrusage), including the Python and torch baseline."""
@@ -197,19 +183,6 @@ def default_dtype(setup: TrainSetup) -> str:
     return "bf16" if setup.precision.compute_dtype == "bf16" else "fp32"
 
 
-def tokenizer_folder(data: DataSection) -> Path | None:
-    """data.tokenizer's local folder (None: the engine's built-in byte-level tokenizer, nothing to copy)."""
-    if data.tokenizer is None:
-        return None
-    folder = Path(data.tokenizer)
-    if not folder.is_dir():
-        raise InputError(
-            f"data.tokenizer {folder}: no such folder (the export copies the tokenizer files from it)",
-            hint="give a plan with the tokenizer's current path with --plan",
-        )
-    return folder
-
-
 def plan_shards(sizes: list[tuple[str, int]], max_bytes: int) -> list[list[str]]:
     """Tensor names grouped into shard files in order, each at most `max_bytes` (a larger tensor alone), like
     huggingface_hub's split_torch_state_dict_into_shards."""
@@ -263,13 +236,14 @@ def export_checkpoint(req: ExportRequest, on_shard: ShardCallback | None = None)
     plan, plan_source = resolve_plan(step_dir, req.plan)
     check_out(req.out, req.force, step_dir)
     dtype_name = req.dtype or default_dtype(plan.setup)
-    tok_folder = tokenizer_folder(plan.data)
+    tokenizer = run_tokenizer(plan.data, plan.model.weights)
     spec = base_spec(plan.model)  # the model as published: overrides applied, vocabulary not padded
     vocab = spec.vocab_size
     padded = padded_vocab_size(vocab, plan.model.pad_vocab_multiple)
 
     import torch
 
+    import_transformers_quietly()
     out_dtype = getattr(torch, DTYPES[dtype_name])
     config, generation_config = _hf_configs(plan.model, spec.hf_config, vocab)
     model = _meta_model(config, out_dtype)
@@ -310,7 +284,7 @@ def export_checkpoint(req: ExportRequest, on_shard: ShardCallback | None = None)
             (tmp / SAFE_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
         config.save_pretrained(tmp)
         generation_config.save_pretrained(tmp)
-        copied = _copy_tokenizer(tok_folder, tmp)
+        copied = write_tokenizer(tokenizer, tmp)
         files = tuple(sorted(p.name for p in tmp.iterdir()))
         publish_durably(tmp, out, req.force)
     except BaseException as e:
@@ -330,10 +304,21 @@ def export_checkpoint(req: ExportRequest, on_shard: ShardCallback | None = None)
         checkpoint_vocab_size=padded,
         files=files,
         tokenizer_files=copied,
-        tokenizer_source=str(tok_folder) if tok_folder else None,
+        tokenizer=tokenizer.describe(),
         seconds=time.perf_counter() - start,
         peak_rss_bytes=peak_rss_bytes(),
     )
+
+
+def import_transformers_quietly() -> None:
+    """transformers' modeling code, imported with torchao's and torch's loggers quiet: when torchao is installed
+    transformers imports it (its quantizer), and on a CPU machine torchao logs each CUDA extension it cannot load
+    and torch a deprecation of torchao's pytree registrations, noise in the export's output (issue 49). Nothing
+    else is imported that save_pretrained's own process would not import (benchmarks/export_speed.py)."""
+    from llmctl.engine.ao import quiet_torchao
+
+    with quiet_torchao():
+        import transformers.modeling_utils  # noqa: F401
 
 
 def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -525,17 +510,6 @@ def _revert_conversions(model: torch.nn.Module, shard: dict[str, torch.Tensor], 
             f"{name}: cannot convert the tensors to transformers' saved format ({type(e).__name__}: {_first_line(e)})",
             hint="a larger --max-shard-size keeps related tensors in one file",
         ) from None
-
-
-def _copy_tokenizer(folder: Path | None, dest: Path) -> tuple[str, ...]:
-    if folder is None:
-        return ()
-    copied = []
-    for name in TOKENIZER_FILES:
-        if (folder / name).is_file():
-            shutil.copyfile(folder / name, dest / name)
-            copied.append(name)
-    return tuple(copied)
 
 
 def fresh_temp(out_arg: Path) -> tuple[Path, Path]:

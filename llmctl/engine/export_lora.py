@@ -30,6 +30,7 @@ from llmctl.engine.export import (
     check_out,
     default_dtype,
     fresh_temp,
+    import_transformers_quietly,
     peak_rss_bytes,
     publish_durably,
     raise_disk_full,
@@ -73,6 +74,7 @@ def export_adapter(req: ExportRequest, merge: bool = False) -> AdapterExport:
     check_out(req.out, req.force, step_dir)
     import torch
 
+    import_transformers_quietly()
     from llmctl.engine.checkpoint_files import load_plain
     from llmctl.engine.model import model_spec_for
 
@@ -144,7 +146,7 @@ def _merge(
     m: ModelSection, data: DataSection, adapter: Path, dest: Path, dtype_name: str, max_shard_bytes: int
 ) -> Path:
     """The base from model.weights with the adapters folded in, saved by transformers into `dest` with the tokenizer
-    (data.tokenizer's, else the weights folder's)."""
+    and chat template the run trained with (llmctl.engine.export_tokenizer), else the weights folder's."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -156,11 +158,12 @@ def _merge(
     model = PeftModel.from_pretrained(base, str(adapter), is_trainable=False).merge_and_unload()
     model = model.to(getattr(torch, DTYPES[dtype_name]))
     model.save_pretrained(dest, max_shard_size=max_shard_bytes)
-    from llmctl.engine.export import _copy_tokenizer, tokenizer_folder
+    from llmctl.engine.export_tokenizer import run_tokenizer, write_tokenizer
 
-    _copy_tokenizer(tokenizer_folder(data), dest)
+    if write_tokenizer(run_tokenizer(data, m.weights), dest):
+        return dest  # the run's tokenizer whole: no file of another one mixed in
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if not (dest / name).exists() and (weights / name).is_file():
+        if (weights / name).is_file():
             shutil.copyfile(weights / name, dest / name)
     return dest
 

@@ -82,6 +82,8 @@ class Ask:
     interconnect: str | None = None
     gpus_per_node: int | None = None
     max_gpus: int = DEFAULT_MAX_GPUS
+    today: datetime.date = field(default_factory=datetime.date.today)
+    """The day the prices' ages are counted to (llmctl.spec.prices.STALE_AFTER_DAYS)."""
 
     def __post_init__(self) -> None:
         if self.basis not in BASES:
@@ -137,9 +139,16 @@ class Row:
     """The fewest GPUs of the kind that fit, on the counts searched (with CPU offload where only it fits)."""
     fewest_without_offload: int | None = None
     excluded: str | None = None
+    """Why the row is left out of the picks, in full (--json; the table's footnotes)."""
+    excluded_short: str | None = None
+    """The same in a few words, for the table's cell (one line)."""
     bad_input: bool = False
     """Excluded because no count of the kind can take the flags (compare raises it when every kind is so)."""
     command: str = ""
+
+    def exclude(self, short: str, full: str) -> None:
+        """Leave the row out of the picks: `short` for the table's cell, `full` for --json and the footnote."""
+        self.excluded_short, self.excluded = short, full
 
     def as_dict(self, ask: Ask) -> dict[str, Any]:
         p, price = self.pick, self.price
@@ -160,12 +169,14 @@ class Row:
             "price_basis": price.basis if price else None,
             "price_source": price.source if price else None,
             "price_date": price.date.isoformat() if price else None,
+            "price_stale": price.is_stale(ask.today) if price else None,
             "tokens_per_s": c.predicted.tokens_per_s if c else None,
             "tokens_per_s_per_gpu": c.predicted.tokens_per_s_per_gpu if c else None,
             "mfu": c.predicted.mfu if c else None,
             "setup": c.label if c else None,
             "plan": c.as_dict() if c else None,
             "excluded": self.excluded,
+            "excluded_short": self.excluded_short,
             "plan_only": self.gpu.plan_only,
             "command": self.command or None,
             "points": [
@@ -347,11 +358,15 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
     except InputError as e:  # a flag this kind cannot take at any count (checked again per count below)
         if e.message.startswith(("unknown", "cannot read")):
             raise
-        row.excluded, row.bad_input = str(e), True
+        row.exclude("flag refused", str(e))
+        row.bad_input = True
         return row
     lowest = index_at_least(either) if either else 0  # no bound (e.g. only context parallelism fits): search from 1
     if lowest is None:
-        row.excluded = f"does not fit on up to {counts[-1]:,} GPUs: the fewest that fit are {either:,}"
+        row.exclude(
+            "does not fit",
+            f"does not fit on up to {counts[-1]:,} GPUs: the fewest that fit are {either:,}",
+        )
         return row
     row.fewest_gpus = counts[lowest]
     if (k := index_at_least(on_gpu)) is not None:
@@ -385,26 +400,23 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
             best = max(fits, key=lambda p: p.candidate.predicted.tokens_per_s)  # type: ignore[union-attr]
             row.points, row.pick = [seen[c] for c in sorted(seen)], best
             days = best.seconds(ask.tokens) / DAY  # type: ignore[operator]
-            row.excluded = (
+            row.exclude(
+                "misses deadline",
                 f"cannot meet the deadline: {days:,.1f} days on {best.gpus:,} GPUs, and its tokens/s would need more "
-                f"than the {counts[-1]:,} GPUs searched even if they scaled linearly"
+                f"than the {counts[-1]:,} GPUs searched even if they scaled linearly",
             )
             row.command = command(model_cmd, kind, best, net)
             return row
         if start is None and guess is None:
-            row.excluded = (
+            row.exclude(
+                "misses deadline",
                 f"cannot meet the deadline: compute alone ({bound:,.0f} tokens/s per GPU at most: no recompute, no "
-                f"communication) would need more than the {counts[-1]:,} GPUs searched"
+                f"communication) would need more than the {counts[-1]:,} GPUs searched",
             )
             return row
     row.points = [seen[c] for c in sorted(seen)]
     if start is None:
-        last = seen[max(seen)] if seen else None
-        row.bad_input = bool(seen) and all(p.bad_input for p in seen.values())
-        if row.bad_input and last is not None:
-            row.excluded = f"no count takes these flags: {last.problem}"
-        else:
-            row.excluded = f"does not fit on up to {counts[-1]:,} GPUs" + (f": {last.problem}" if last else "")
+        _exclude_unplanned(row, seen, counts[-1])
         return row
     # One more climb from two nodes up: a pipeline with a stage per node keeps FSDP inside the nodes, so the cost per
     # token can fall again past a node's worth, after rising over one node's counts (issue 44)
@@ -421,13 +433,31 @@ def kind_row(make: Planner, kind: GPUSpec, ask: Ask, prices: PriceTable, model_c
     row.pick = at(best_j)
     row.points = [seen[c] for c in sorted(seen)]
     row.command = command(model_cmd, kind, row.pick, net)
-    cost = row.pick.cost(ask.tokens, price)
-    if ask.budget_usd is not None:
-        if cost is None:
-            row.excluded = f"no {ask.basis} price for {kind.name}: the budget cannot be checked (add it with --prices)"
-        elif cost > ask.budget_usd:
-            row.excluded = f"over budget: ${cost:,.0f} > ${ask.budget_usd:,.0f}"
+    _check_budget(row, ask)
     return row
+
+
+def _exclude_unplanned(row: Row, seen: dict[int, Point], most: int) -> None:
+    """No count searched gave a setup: every count refused the flags, or none fits up to `most` GPUs."""
+    last = seen[max(seen)] if seen else None
+    row.bad_input = bool(seen) and all(p.bad_input for p in seen.values())
+    if row.bad_input and last is not None:
+        row.exclude("flag refused", f"no count takes these flags: {last.problem}")
+    else:
+        row.exclude("does not fit", f"does not fit on up to {most:,} GPUs" + (f": {last.problem}" if last else ""))
+
+
+def _check_budget(row: Row, ask: Ask) -> None:
+    """Exclude the picked row over --budget, or without a price to check it against."""
+    cost = row.pick.cost(ask.tokens, row.price) if row.pick else None
+    if ask.budget_usd is None:
+        return
+    if cost is None:
+        row.exclude(
+            "no price", f"no {ask.basis} price for {row.gpu.name}: the budget cannot be checked (add it with --prices)"
+        )
+    elif cost > ask.budget_usd:
+        row.exclude("over budget", f"over budget: ${cost:,.0f} > ${ask.budget_usd:,.0f}")
 
 
 def shape(gpus: int, per_node: int) -> tuple[int, int]:
@@ -460,7 +490,10 @@ def compare(
         except LlmctlError as e:
             net = resolve_interconnect(ask.interconnect) if ask.interconnect else default_interconnect(kind)
             quote = prices.quote(kind.name, ask.basis)
-            rows.append(Row(kind, net, quote, excluded=str(e), bad_input=isinstance(e, InputError)))
+            short = "flag refused" if isinstance(e, InputError) else "cannot plan"
+            rows.append(
+                Row(kind, net, quote, excluded=str(e), excluded_short=short, bad_input=isinstance(e, InputError))
+            )
     if rows and all(r.bad_input for r in rows):  # the flags themselves are wrong: one line, exit 2, no table
         raise InputError(rows[0].excluded or "no GPU kind can take these flags")
     ok = [r for r in rows if r.pick is not None and r.excluded is None]
@@ -475,12 +508,16 @@ def compare(
         fastest,
         why_cheapest(ask, cheapest, priced),
         why_fastest(ask, fastest, ok),
-        describe(quotes, datetime.date.today()),
+        describe(quotes, ask.today),
     )
 
 
 def _tokens_per_usd(ask: Ask, r: Row) -> float:
     return ask.tokens / (r.pick.cost(ask.tokens, r.price) or math.inf)  # type: ignore[union-attr]
+
+
+def _stale(ask: Ask, price: PriceQuote) -> str:
+    return f", a price from {price.date.year}, stale" if price.is_stale(ask.today) else ""
 
 
 def _shape(r: Row) -> str:
@@ -498,7 +535,7 @@ def why_cheapest(ask: Ask, best: Row | None, priced: list[Row]) -> str:
     text = (
         f"{_shape(best)} is the cheapest: ${cost:,.0f} ({_tokens_per_usd(ask, best) / 1e6:,.2f}M tokens per USD: "
         f"{p.candidate.predicted.tokens_per_s_per_gpu:,.0f} tokens/s per GPU at ${best.price.usd_per_gpu_hour:,.2f} "
-        f"per GPU-hour)"
+        f"per GPU-hour{_stale(ask, best.price)})"
     )
     others = sorted((r for r in priced if r is not best), key=lambda r: r.pick.cost(ask.tokens, r.price))  # type: ignore[union-attr,return-value,arg-type]
     if others:
@@ -508,7 +545,8 @@ def why_cheapest(ask: Ask, best: Row | None, priced: list[Row]) -> str:
         other = q.cost(ask.tokens, o.price) or 0.0
         text += (
             f"; next {_shape(o)} at ${other:,.0f} ({other / cost - 1:.0%} more: "
-            f"{q.candidate.predicted.tokens_per_s_per_gpu:,.0f} tokens/s per GPU at ${o.price.usd_per_gpu_hour:,.2f})"
+            f"{q.candidate.predicted.tokens_per_s_per_gpu:,.0f} tokens/s per GPU at ${o.price.usd_per_gpu_hour:,.2f}"
+            f"{_stale(ask, o.price)})"
         )
     return text
 

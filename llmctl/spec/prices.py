@@ -25,6 +25,11 @@ BASES = ("on-demand", "reserved", "owned")
 HOURS_PER_YEAR = 8760
 OWNED_FIELDS = ("amortisation_years", "electricity_usd_per_kwh", "pue", "utilisation")
 _YMD = re.compile(r"\d{4}-\d{2}-\d{2}")
+STALE_AFTER_DAYS = 730
+"""A figure older than this (two years) is shown as stale wherever it is used: GPU-hour prices move by tens of
+percent within a year or two (new generations, price cuts), and the shipped table keeps launch prices of older kinds
+(V100: AWS's price of 2017) because no newer published figure was at hand. The figure stays (a stale price still
+ranks kinds better than none); the output says its year and that it is stale."""
 
 
 def _day(v: Any) -> date:
@@ -157,6 +162,10 @@ class PriceQuote:
 
     def age_days(self, today: date) -> int:
         return (today - self.date).days
+
+    def is_stale(self, today: date) -> bool:
+        """Older than STALE_AFTER_DAYS: the output marks it with its year."""
+        return self.age_days(today) > STALE_AFTER_DAYS
 
 
 @dataclass(frozen=True)
@@ -301,7 +310,8 @@ def load_prices(extra_path: str | None = None) -> PriceTable:
 
 def describe(quotes: Mapping[str, PriceQuote | None], today: date) -> str:
     """One line saying which prices a comparison used and how old they are, e.g. `prices: on-demand, shipped table
-    (prices.yaml), figures from 2025-01-01 to 2026-02-01 (oldest 330 days old); RTX-4090: from my-prices.yaml`.
+    (prices.yaml), figures from 2017-10-25 to 2026-02-01 (oldest 3322 days old); RTX-4090: from my-prices.yaml;
+    stale (over 2 years old, check them): V100-16GB from 2017-10-25`.
     `quotes` maps each GPU kind compared to its quote (None: no price)."""
     priced = {g: q for g, q in quotes.items() if q is not None}
     bases = sorted({q.basis for q in priced.values()}, key=lambda b: BASES.index(b) if b in BASES else len(BASES))
@@ -320,6 +330,11 @@ def describe(quotes: Mapping[str, PriceQuote | None], today: date) -> str:
             by_file.setdefault(q.origin, []).append(g)
     for origin, gpus in by_file.items():
         line += f"; {', '.join(gpus)}: from {origin}"
+    stale = sorted((q.date, g) for g, q in priced.items() if q.is_stale(today))
+    if stale:
+        line += f"; stale (over {STALE_AFTER_DAYS // 365} years old, check them): " + ", ".join(
+            f"{g} from {d}" for d, g in stale
+        )
     missing = [g for g, q in quotes.items() if q is None]
     if missing:
         line += f"; no price: {', '.join(missing)}"

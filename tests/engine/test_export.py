@@ -198,13 +198,29 @@ def test_round_trip_logits_equal(trained: dict[str, Path], name: str, tmp_path: 
     assert got.shape == want.shape == (*BATCH.shape, 300)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
 
-    if name == "llama":  # the plan's local tokenizer travels with the model
-        tok_folder = Path(load_plan(plan_path).data.tokenizer or "")
-        for f in ("tokenizer.json", "tokenizer_config.json"):
-            assert (out / f).read_bytes() == (tok_folder / f).read_bytes()
-        assert AutoTokenizer.from_pretrained(out)("import os").input_ids
+    # The tokenizer the run trained with travels with the model (saved with save_pretrained): the plan's local BPE
+    # folder for the Llama, llmctl's byte tokenizer for the GPT-2; either encodes the training text to the ids the
+    # engine trained on.
+    assert_encodes_as_trained(out, plan_path)
+    if name == "llama":
+        assert f"tokenizer: from {load_plan(plan_path).data.tokenizer}" in result.output
     else:
-        assert not list(out.glob("tokenizer*")) and "byte-level tokenizer" in result.output
+        assert "tokenizer: llmctl's byte tokenizer as a Hugging Face tokenizer" in result.output
+
+
+def assert_encodes_as_trained(out: Path, plan_path: Path) -> None:
+    """The exported tokenizer (AutoTokenizer, offline) turns the plan's training text into the engine's token stream
+    ([BOS] doc [EOS] per document, llmctl.engine.data.open_stream), document by document."""
+    from llmctl.data.check import expand_paths
+    from llmctl.engine.data import iter_documents, open_stream
+
+    data = load_plan(plan_path).data
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    trained_on = open_stream(data, data.paths, "train", "data.paths").tokens.tolist()
+    ids: list[int] = []
+    for doc in iter_documents(expand_paths(data.paths)):
+        ids += [tok.bos_token_id, *tok(doc, add_special_tokens=False).input_ids, tok.eos_token_id]
+    assert ids == trained_on
 
 
 @pytest.mark.dist
@@ -256,6 +272,97 @@ def make_checkpoint(
 def small_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     step, _ = make_checkpoint(tmp_path_factory.mktemp("small"), SMALL_LLAMA)
     return step
+
+
+def test_byte_tokenizer_round_trips_and_prompts_with_llmctls_chat_template(tmp_path: Path) -> None:
+    """A run on instruction data prepared with llmctl's byte tokenizer (its plain chat template): the export holds a
+    Hugging Face tokenizer that encodes text to the byte ids (BOS prepended, as the engine starts a document) and
+    decodes them back, and whose apply_chat_template gives exactly the ids the run trained on (issue 49)."""
+    from llmctl.data.chat import ChatRenderer, read_records
+    from llmctl.data.format import open_prepared
+    from llmctl.data.tokenizer import ByteTokenizer, load_tokenizer
+
+    records = str(REPO / "examples" / "instruct" / "arithmetic.jsonl")
+    data = tmp_path / "sft"
+    prepared = CliRunner().invoke(
+        app,
+        ["data", "prepare", records, "--out", str(data), "--instruction", "--seq-len", "256", "--val-fraction", "0"],
+    )
+    assert_ok(prepared)
+    step, _ = make_checkpoint(tmp_path / "run", SMALL_LLAMA, {"data": {"kind": "tokens", "paths": [str(data)]}})
+    out = tmp_path / "hf"
+    result = export_cli(step, "--out", out)
+    assert_ok(result)
+    assert "tokenizer: llmctl's byte tokenizer as a Hugging Face tokenizer, with llmctl's plain chat template" in (
+        result.output
+    )
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["chat_template"].startswith("{{ bos_token") and config["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    text = "héllo\twörld 🙂 <|user|>\n"
+    assert len(tok) == 258 and (tok.bos_token_id, tok.eos_token_id) == (256, 257)
+    assert tok(text).input_ids == [256, *text.encode("utf-8")]
+    assert tok.decode(tok(text).input_ids, skip_special_tokens=True) == text
+    # The folder reads back as the byte tokenizer itself: data prepared with bytes stays valid for a model
+    # fine-tuned from this export (examples/instruct-cpu.yaml fine-tunes the export of tiny-cpu.yaml's run).
+    assert load_tokenizer(str(out)).fingerprint() == ByteTokenizer().fingerprint()
+
+    first = next(read_records((records,))).messages
+    want, _ = ChatRenderer(ByteTokenizer()).example("first", first)
+    assert tok.apply_chat_template(first, tokenize=True, return_dict=False) == want.tolist()
+    trained_on = open_prepared(data, "train")[0][0 : len(want)].tolist()  # the first pack starts with record 1
+    assert trained_on == want.tolist()
+    prompt = tok.apply_chat_template(first[:-1], add_generation_prompt=True, tokenize=False)
+    assert prompt.endswith("<|assistant|>\n") and tok.decode(want.tolist()).startswith(prompt)
+
+
+def test_a_tokenizer_folder_without_a_template_gets_the_plain_one_the_data_used(tmp_path: Path) -> None:
+    """Instruction data prepared with a Hugging Face tokenizer that has no chat template was rendered with llmctl's
+    plain template: the export saves that tokenizer (found through the prepared folder's meta.json, the plan naming
+    no data.tokenizer) with the plain template, in that tokenizer's BOS/EOS: it renders the text the run trained on.
+    (Only the text: the data tokenizes each turn apart so that no token straddles a prompt and its reply, and this
+    BPE adds a prefix space at each start, so its ids for a whole conversation differ; the byte tokenizer's do not.)"""
+    from llmctl.data.chat import ChatRenderer, read_records
+    from llmctl.data.format import open_prepared
+    from llmctl.data.tokenizer import HFTokenizer
+
+    tok_dir = bpe_tokenizer(tmp_path / "tok")
+    records = str(REPO / "examples" / "instruct" / "arithmetic.jsonl")
+    data = tmp_path / "sft"
+    args = ["data", "prepare", records, "--out", str(data), "--instruction", "--seq-len", "256", "--val-fraction", "0"]
+    assert_ok(CliRunner().invoke(app, [*args, "--tokenizer", str(tok_dir)]))
+    step, _ = make_checkpoint(tmp_path / "run", SMALL_LLAMA, {"data": {"kind": "tokens", "paths": [str(data)]}})
+    out = tmp_path / "hf"
+    result = export_cli(step, "--out", out)
+    assert_ok(result)
+    assert f"tokenizer: from {tok_dir}, with llmctl's plain chat template" in result.output
+    tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
+    first = next(read_records((records,))).messages
+    segments = ChatRenderer(HFTokenizer(str(tok_dir))).segments("first", first)
+    trained_on = [t for ids, _ in segments for t in ids]
+    assert open_prepared(data, "train")[0][0 : len(trained_on)].tolist() == trained_on
+    plain = "".join(f"<|{m['role']}|>\n{m['content']}" + ("</s>" if m["role"] == "assistant" else "\n") for m in first)
+    assert tok.apply_chat_template(first, tokenize=False) == "<s>" + plain  # llmctl.data.chat.PLAIN_TEMPLATE
+    prompt = tok.apply_chat_template(first[:-1], add_generation_prompt=True, tokenize=False)
+    assert prompt == "<s>" + plain[: plain.index("<|assistant|>\n") + len("<|assistant|>\n")]
+    assert json.loads((out / "tokenizer_config.json").read_text())["chat_template"] == tok.chat_template
+
+
+def test_export_is_quiet(small_ckpt: Path, tmp_path: Path) -> None:
+    """No torchao native-library or pytree warnings (transformers imports torchao when it is installed): stderr
+    holds the shard progress lines only (issue 49)."""
+    out = tmp_path / "hf"
+    r = subprocess.run(
+        [sys.executable, "-m", "llmctl", "export", str(small_ckpt), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("  [1/1] model.safetensors ("), r.stderr
 
 
 def test_mixtral_experts_saved_per_expert(tmp_path: Path) -> None:

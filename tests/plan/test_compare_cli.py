@@ -4,6 +4,7 @@ for every bad flag or file."""
 from __future__ import annotations
 
 import json
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,39 @@ def test_budget_excludes(tmp_path: Path) -> None:
     d = json.loads(r.stdout)
     assert all(row["excluded"] and row["excluded"].startswith("over budget") for row in d["comparison"])
     assert d["cheapest"] is None
+
+
+def test_excluded_rows_are_one_line_with_the_full_reason_below_and_a_legend() -> None:
+    """Issue 49: each "excluded:" reason wrapped over 7-9 lines of the table and "fits on 8 (1 offl)" had no legend.
+    Now a row's cell says why in a few words with a footnote number; the full reason is listed under the table (and
+    in --json); a legend says what the abbreviations mean; a stale price shows its year."""
+    args = ["plan", "llama-3.2-1b", "--tokens", "5B", "--compare", "A100-80GB,L4,V100-16GB", "--budget", "1"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    body = [ln for ln in lines if ln.startswith("│")]
+    assert len(body) == 3, r.output  # one line per row: nothing wraps
+    assert all("over budget" in ln for ln in body) and sum("[1] over budget" in ln for ln in body) == 1
+    v100 = next(ln for ln in body if ln.startswith("│V100-16GB"))
+    assert "3.06 (2017)" in v100
+    legend = next(ln for ln in lines if ln.startswith("legend: "))
+    assert "fits on: the fewest GPUs that fit without CPU offload, '(N offl)' where N fit with it" in legend
+    assert "mbMxA micro-batch M x A accumulation steps" in legend and "$/GPU-h (YYYY): a price from that year" in legend
+    notes = [ln for ln in lines if ln.startswith("[")]
+    assert [n.split(":")[0] for n in notes] == [f"[{i}] {g}" for i, g in enumerate(_excluded_order(r.output), 1)]
+    assert all(n.split(": ", 1)[1].startswith("over budget: $") and n.endswith(" > $1") for n in notes), notes
+    assert "stale (over 2 years old, check them): V100-16GB from 2017-10-25" in r.output
+
+    d = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    for row in d["comparison"]:
+        assert row["excluded_short"] == "over budget" and row["excluded"].startswith("over budget: $")
+        age = (date.today() - date.fromisoformat(row["price_date"])).days
+        assert row["price_stale"] is (age > 730) and (row["gpu"] != "V100-16GB" or row["price_stale"])
+
+
+def _excluded_order(output: str) -> list[str]:
+    """GPU names of the table's rows, top to bottom."""
+    return [ln[1:].split("│")[0].strip() for ln in output.splitlines() if ln.startswith("│")]
 
 
 def test_plot_written(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import yaml
 
 from llmctl.errors import SpecError, UnknownNameError, report
 from llmctl.spec import hardware, prices
-from llmctl.spec.prices import SHIPPED, PriceQuote, describe, load_prices
+from llmctl.spec.prices import SHIPPED, STALE_AFTER_DAYS, PriceQuote, describe, load_prices
 
 RENTED_OR_SOLD_2026 = {
     "H100-SXM", "H200", "B200", "A100-80GB", "A100-40GB", "L40S", "L4", "A10G", "T4", "MI300X", "RTX-4090",
@@ -207,6 +207,18 @@ def test_describe_says_which_prices_and_how_old(tmp_path: Path, fake_gpu: str) -
 def test_age_days() -> None:
     q = PriceQuote(1.0, "on-demand", "s", date(2025, 1, 1), "")
     assert q.age_days(date(2025, 1, 31)) == 30
+
+
+def test_a_price_over_two_years_old_is_stale_and_said_so() -> None:
+    """Issue 49: the shipped V100 figure is AWS's price of 2017; the output says how old each stale figure is."""
+    q = PriceQuote(1.0, "on-demand", "s", date(2024, 1, 1), "")
+    assert STALE_AFTER_DAYS == 730
+    assert not q.is_stale(date(2024, 1, 1) + timedelta(days=730)) and q.is_stale(date(2024, 1, 1) + timedelta(731))
+    table = load_prices()
+    quotes = {g: table.quote(g, "on-demand") for g in ("V100-16GB", "L40S")}
+    line = describe(quotes, date(2026, 11, 29))
+    assert line.endswith("; stale (over 2 years old, check them): V100-16GB from 2017-10-25"), line
+    assert "stale" not in describe({"L40S": quotes["L40S"]}, date(2026, 11, 29))
 
 
 # ------------------------------------------------------------------------------------------------- bad files
