@@ -37,6 +37,7 @@ from llmctl.cli.options import (
     TokenizerOpt,
 )
 from llmctl.cli.plan_checks import check_flags as _check_flags
+from llmctl.cli.plan_checks import plan_target
 from llmctl.cli.plan_options import (
     ClusterOpt,
     GlobalBatchOpt,
@@ -48,7 +49,7 @@ from llmctl.cli.plan_options import (
 from llmctl.errors import InputError
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
-from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, run_plan
+from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, run_plan, writes_plan
 from llmctl.plan.request import build_request
 from llmctl.spec import planfile as pf
 from llmctl.spec.optimizer_states import caveat_note
@@ -149,6 +150,8 @@ def plan_command(
     if plan_compare.wanted(compare, chosen, flags, file_flags):
         return plan_compare.run(model, options, d, compare, flags, json_out)  # type: ignore[arg-type]
     req, cal = build_request(model, options, d)
+    # The plan file's place is checked before the search, as --plot's is: a refusal costs nothing and prints no plan.
+    target = plan_target(output, force) if not no_write and writes_plan(req.spec) else None
     result = pl.plan(req)
     out = result.as_dict(top, cal)
     if states_note := caveat_note(req.optimizer_states):  # only when asked: the planner never picks smaller states
@@ -157,7 +160,7 @@ def plan_command(
     refusal = (
         None
         if no_write
-        else _write(result, out, json_out, data, synthetic, tokenizer, run_dir, checkpoint_every, output, force)
+        else _write(result, out, json_out, data, synthetic, tokenizer, run_dir, checkpoint_every, target, force)
     )
     if json_out:
         render.print_json(out)
@@ -176,7 +179,7 @@ def _write(
     tokenizer: str | None,
     run_dir: str | None,
     checkpoint_every: float,
-    output: str | None,
+    target: Path | None,
     force: bool,
 ) -> InputError | None:
     """Write the plan file (what it says is added to `out`); the refusal to raise once the plan is shown when the
@@ -187,8 +190,8 @@ def _write(
     if plan_obj is None:
         out["plan_note"] = "no plan file written: --params gives no architecture for the engine (pass a preset)"
         return None
-    path = Path(output or "plan.yaml")
-    if path.exists() and not force:
+    path = target or Path("plan.yaml")
+    if path.exists() and not force:  # made while the plan was searched (checked before it: `plan_target`)
         if json_out:  # (the table ends with the error line instead)
             out["plan_note"] = f"not written: {path} already exists"
         return InputError(
