@@ -52,6 +52,7 @@ from llmctl.plan import planner as pl
 from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, run_plan, writes_plan
 from llmctl.plan.request import build_request
 from llmctl.spec import planfile as pf
+from llmctl.spec import planpaths
 from llmctl.spec.optimizer_states import caveat_note
 
 
@@ -198,9 +199,25 @@ def _write(
             f"{path} already exists; the plan above was not written",
             hint=f"pass --force to replace it, or -o another path (e.g. -o {path.with_name(path.stem + '-new' + path.suffix)})",
         )
-    pf.save_plan(plan_obj, path)
+    pf.save_plan(_relocated(plan_obj, path.parent, run_dir is not None), path)
     out["plan_path"] = str(path)
     return None
+
+
+def _relocated(plan_obj: pf.Plan, folder: Path, run_dir_given: bool) -> pf.Plan:
+    """The plan as its file says it: the paths given on the command line (relative to here) relative to the file's
+    folder (llmctl.spec.planpaths), which they resolve against; the default run folder, runs/<name>, stays as it
+    is: beside the plan (said in a note when that is not here)."""
+    keys = (
+        planpaths.PATH_KEYS if run_dir_given else tuple(k for k in planpaths.PATH_KEYS if k not in planpaths.RUN_KEYS)
+    )
+    moved = pf.plan_from_dict(planpaths.relocate(plan_obj.model_dump(mode="json"), folder, keys), "the plan to write")
+    if not run_dir_given and Path(folder).absolute() != Path.cwd().absolute():
+        render.err_console.print(
+            f"note: paths in a plan resolve against its folder: the run folder is {folder / moved.logging.dir}",
+            soft_wrap=True,
+        )
+    return moved
 
 
 def register(app: typer.Typer) -> None:
