@@ -4,6 +4,7 @@ recorded."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -40,6 +41,7 @@ from llmctl.cli.plan_checks import check_flags as _check_flags
 from llmctl.cli.plan_checks import plan_target
 from llmctl.cli.plan_options import (
     ClusterOpt,
+    EpochsOpt,
     GlobalBatchOpt,
     GlobalBatchTokensOpt,
     InterGbpsOpt,
@@ -73,6 +75,7 @@ def plan_command(
     tokens: Annotated[
         Optional[str], typer.Option("--tokens", help="Token budget for time and cost (e.g. 2B, 1.5e11).")
     ] = None,
+    epochs: EpochsOpt = None,
     price: Annotated[Optional[float], typer.Option("--price", help="USD per GPU-hour.")] = None,
     objective: Annotated[
         str, typer.Option("--objective", help="throughput | cost (cost per token; needs --price).")
@@ -119,9 +122,12 @@ def plan_command(
             ("--synthetic", synthetic),
             ("--run-dir", run_dir),
             ("--checkpoint-every", checkpoint_every != DEFAULT_CHECKPOINT_MINUTES),
+            ("--epochs", epochs is not None),
         )
         if given
     ]
+    if epochs is not None and tokens is not None:
+        raise InputError("give either --epochs or --tokens (each sets the run's length), not both")
     _check_flags(no_write, output, force, run_flags, tokenizer, data, synthetic, params, checkpoint_every)
     options = {
         "params": params,
@@ -151,6 +157,12 @@ def plan_command(
     if plan_compare.wanted(compare, chosen, flags, file_flags):
         return plan_compare.run(model, options, d, compare, flags, json_out)  # type: ignore[arg-type]
     req, cal = build_request(model, options, d)
+    epochs_line = None
+    if epochs is not None:  # the length as a token budget of whole steps: the table's time and cost are the run's
+        from llmctl.data.epochs import epoch_steps
+
+        steps, epochs_line = epoch_steps(epochs, data, req.seq_len, req.global_batch)
+        req = replace(req, token_budget=steps * req.global_batch * req.seq_len)
     # The plan file's place is checked before the search, as --plot's is: a refusal costs nothing and prints no plan.
     target = plan_target(output, force) if not no_write and writes_plan(req.spec) else None
     result = pl.plan(req)
@@ -163,6 +175,8 @@ def plan_command(
         if no_write
         else _write(result, out, json_out, data, synthetic, tokenizer, run_dir, checkpoint_every, target, force)
     )
+    if epochs_line is not None:
+        out.setdefault("run_notes", []).insert(0, epochs_line)
     if json_out:
         render.print_json(out)
     else:
@@ -186,6 +200,11 @@ def _write(
     """Write the plan file (what it says is added to `out`); the refusal to raise once the plan is shown when the
     file exists and --force was not given (the user's file stays as it is)."""
     plan_obj, notes = run_plan(result, data, synthetic, tokenizer, run_dir, checkpoint_every)
+    if plan_obj is not None and data:
+        from llmctl.data.epochs import many_passes_warning
+
+        if warning := many_passes_warning(plan_obj):
+            notes.append(f"warning: {warning}")
     if notes:
         out["run_notes"] = notes
     if plan_obj is None:

@@ -4,6 +4,7 @@ places whatever folder it is launched from."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -131,3 +132,54 @@ def test_a_cpu_plan_launched_from_another_folder_trains_and_checkpoints_beside_i
     assert (run / "checkpoints" / "step_00000003").is_dir(), out + err
     assert (run / "metrics.jsonl").is_file()
     assert not (elsewhere / "runs").exists()
+
+
+def _prepared(project: Path) -> tuple[Path, int]:
+    """`llmctl data prepare` of the corpus; its training sequences of 32 tokens (the engine's count, by hand)."""
+    code, out, err = invoke("data", "prepare", "corpus.txt", "--out", "data/c")
+    assert code == 0, out + err
+    meta = json.loads((project / "data/c/meta.json").read_text())
+    return project / "data/c", (meta["splits"]["train"]["tokens"] - 1) // 32
+
+
+def test_epochs_sets_the_steps_from_the_prepared_set(project: Path) -> None:
+    _, sequences = _prepared(project)
+    flags = ["llama-tiny", "--gpu", "cpu", "--gpus", "1", "--seq-len", "32", "--global-batch", "4", "--data", "data/c"]
+    code, out, err = invoke("plan", *flags, "--epochs", "2", "-o", "e.yaml")
+    assert code == 0, out + err
+    steps = -(-2 * sequences // 4)
+    assert load_plan("e.yaml").total_steps == steps
+    assert f"--epochs 2: {sequences:,} sequences a pass / 4 per step = {steps:,} steps" in out
+    assert "pass over the training data" not in out + err  # 2 passes: no warning
+    code, out, err = invoke("launch", "e.yaml", "--dry-run")
+    assert code == 0 and "warning" not in err, err
+
+
+def test_many_passes_warn_in_plan_and_launch_dry_run(project: Path) -> None:
+    _, sequences = _prepared(project)
+    flags = ["llama-tiny", "--gpu", "cpu", "--gpus", "1", "--seq-len", "32", "--global-batch", "4", "--data", "data/c"]
+    code, out, err = invoke("plan", *flags, "-o", "many.yaml")  # the default 1,000 steps
+    assert code == 0, out + err
+    passes = 1000 * 4 / sequences
+    line = f"1,000 steps pass over the training data {passes:,.1f} times"
+    assert passes > 4 and f"warning: {line}" in out.replace("\n", " ")
+    code, out, err = invoke("launch", "many.yaml", "--dry-run")
+    assert code == 0, out + err
+    assert [x for x in err.splitlines() if "warning" in x] == [
+        f"warning: many.yaml: {line} (more than 4 repeats train little better than fewer: set the length with "
+        "`llmctl plan --epochs N`, or --tokens)"
+    ]
+
+
+def test_epochs_refusals_come_first_in_one_line(project: Path) -> None:
+    _prepared(project)
+    base = ["plan", "llama-tiny", "--gpu", "cpu", "--gpus", "1", "-o", "x.yaml"]
+    for extra, says in (
+        (["--data", "data/c", "--epochs", "2", "--tokens", "1M"], "give either --epochs or --tokens"),
+        (["--data", "corpus.txt", "--epochs", "2"], "--epochs: corpus.txt is not a prepared folder"),
+        (["--epochs", "2"], "--epochs needs --data"),
+        (["--data", "data/c", "--epochs", "0"], "--epochs must be a positive number"),
+    ):
+        code, out, err = invoke(*base, *extra)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and says in err, (extra, out, err)
+        assert not Path("x.yaml").exists()
