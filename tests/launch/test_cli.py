@@ -239,7 +239,7 @@ def test_local_launch_runs_the_engine(workdir: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("TMPDIR", str(workdir))
     plan = yaml.safe_load(TINY_PLAN.read_text())
     plan["training"]["max_steps"] = 4
-    plan["data"]["paths"] = [str(REPO / p) for p in plan["data"]["paths"]]
+    plan["data"]["paths"] = [str(TINY_PLAN.parent / p) for p in plan["data"]["paths"]]  # relative to the plan
     plan["checkpoint"]["dir"] = None
     plan["logging"] = {"dir": str(workdir / "run"), "interval_steps": 2}
     (workdir / "plan.yaml").write_text(yaml.safe_dump(plan))

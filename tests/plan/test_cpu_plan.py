@@ -132,6 +132,11 @@ def test_a_cpu_plan_launched_from_another_folder_trains_and_checkpoints_beside_i
     assert (run / "checkpoints" / "step_00000003").is_dir(), out + err
     assert (run / "metrics.jsonl").is_file()
     assert not (elsewhere / "runs").exists()
+    # launched again from the project's folder: the same run (its checkpoint resumed, already at the last step)
+    os.chdir(project)
+    code, out, err = invoke("launch", "plans/p.yaml")
+    assert code == 0 and "trained under another plan" not in out + err, out + err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step_")) == ["step_00000003"]
 
 
 def _prepared(project: Path) -> tuple[Path, int]:
