@@ -178,6 +178,11 @@ def launch(
 
     for warning in check(loaded, str(plan), dry_run, allow_synthetic, allow_no_checkpoint):
         typer.echo(f"warning: {warning}", err=True)
+    if dry_run and loaded.data.kind == "tokens":  # what `plan` said when it wrote it, for a plan edited since
+        from llmctl.data.epochs import many_passes_warning
+
+        if (passes := many_passes_warning(loaded)) is not None:
+            typer.echo(f"warning: {plan}: {passes}", err=True)
     nproc = local.resolve_nproc(nproc_per_node, loaded.hardware.nproc_per_node)
     if gpus is not None:  # the one reading of --gpus (estimate, plan, tune): nodes of the per-node count
         from llmctl.spec.hardware import cluster_shape

@@ -116,7 +116,7 @@ RunDirOpt = Annotated[
     typer.Option(
         "--run-dir",
         help="The run's folder: checkpoints in RUN_DIR/checkpoints, logs and metrics in RUN_DIR "
-        "(default: runs/<plan name>, relative to where the job is launched).",
+        "(default: runs/<plan name> beside the plan file: a plan's relative paths resolve against its folder).",
         show_default=False,
     ),
 ]

@@ -4,6 +4,7 @@ recorded."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -37,8 +38,10 @@ from llmctl.cli.options import (
     TokenizerOpt,
 )
 from llmctl.cli.plan_checks import check_flags as _check_flags
+from llmctl.cli.plan_checks import plan_target
 from llmctl.cli.plan_options import (
     ClusterOpt,
+    EpochsOpt,
     GlobalBatchOpt,
     GlobalBatchTokensOpt,
     InterGbpsOpt,
@@ -48,9 +51,10 @@ from llmctl.cli.plan_options import (
 from llmctl.errors import InputError
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
-from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, run_plan
+from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, run_plan, writes_plan
 from llmctl.plan.request import build_request
 from llmctl.spec import planfile as pf
+from llmctl.spec import planpaths
 from llmctl.spec.optimizer_states import caveat_note
 
 
@@ -71,6 +75,7 @@ def plan_command(
     tokens: Annotated[
         Optional[str], typer.Option("--tokens", help="Token budget for time and cost (e.g. 2B, 1.5e11).")
     ] = None,
+    epochs: EpochsOpt = None,
     price: Annotated[Optional[float], typer.Option("--price", help="USD per GPU-hour.")] = None,
     objective: Annotated[
         str, typer.Option("--objective", help="throughput | cost (cost per token; needs --price).")
@@ -117,9 +122,12 @@ def plan_command(
             ("--synthetic", synthetic),
             ("--run-dir", run_dir),
             ("--checkpoint-every", checkpoint_every != DEFAULT_CHECKPOINT_MINUTES),
+            ("--epochs", epochs is not None),
         )
         if given
     ]
+    if epochs is not None and tokens is not None:
+        raise InputError("give either --epochs or --tokens (each sets the run's length), not both")
     _check_flags(no_write, output, force, run_flags, tokenizer, data, synthetic, params, checkpoint_every)
     options = {
         "params": params,
@@ -149,6 +157,14 @@ def plan_command(
     if plan_compare.wanted(compare, chosen, flags, file_flags):
         return plan_compare.run(model, options, d, compare, flags, json_out)  # type: ignore[arg-type]
     req, cal = build_request(model, options, d)
+    epochs_line = None
+    if epochs is not None:  # the length as a token budget of whole steps: the table's time and cost are the run's
+        from llmctl.data.epochs import epoch_steps
+
+        steps, epochs_line = epoch_steps(epochs, data, req.seq_len, req.global_batch)
+        req = replace(req, token_budget=steps * req.global_batch * req.seq_len)
+    # The plan file's place is checked before the search, as --plot's is: a refusal costs nothing and prints no plan.
+    target = plan_target(output, force) if not no_write and writes_plan(req.spec) else None
     result = pl.plan(req)
     out = result.as_dict(top, cal)
     if states_note := caveat_note(req.optimizer_states):  # only when asked: the planner never picks smaller states
@@ -157,8 +173,10 @@ def plan_command(
     refusal = (
         None
         if no_write
-        else _write(result, out, json_out, data, synthetic, tokenizer, run_dir, checkpoint_every, output, force)
+        else _write(result, out, json_out, data, synthetic, tokenizer, run_dir, checkpoint_every, target, force)
     )
+    if epochs_line is not None:
+        out.setdefault("run_notes", []).insert(0, epochs_line)
     if json_out:
         render.print_json(out)
     else:
@@ -176,28 +194,49 @@ def _write(
     tokenizer: str | None,
     run_dir: str | None,
     checkpoint_every: float,
-    output: str | None,
+    target: Path | None,
     force: bool,
 ) -> InputError | None:
     """Write the plan file (what it says is added to `out`); the refusal to raise once the plan is shown when the
     file exists and --force was not given (the user's file stays as it is)."""
     plan_obj, notes = run_plan(result, data, synthetic, tokenizer, run_dir, checkpoint_every)
+    if plan_obj is not None and data:
+        from llmctl.data.epochs import many_passes_warning
+
+        if warning := many_passes_warning(plan_obj):
+            notes.append(f"warning: {warning}")
     if notes:
         out["run_notes"] = notes
     if plan_obj is None:
         out["plan_note"] = "no plan file written: --params gives no architecture for the engine (pass a preset)"
         return None
-    path = Path(output or "plan.yaml")
-    if path.exists() and not force:
+    path = target or Path("plan.yaml")
+    if path.exists() and not force:  # made while the plan was searched (checked before it: `plan_target`)
         if json_out:  # (the table ends with the error line instead)
             out["plan_note"] = f"not written: {path} already exists"
         return InputError(
             f"{path} already exists; the plan above was not written",
             hint=f"pass --force to replace it, or -o another path (e.g. -o {path.with_name(path.stem + '-new' + path.suffix)})",
         )
-    pf.save_plan(plan_obj, path)
+    pf.save_plan(_relocated(plan_obj, path.parent, run_dir is not None), path)
     out["plan_path"] = str(path)
     return None
+
+
+def _relocated(plan_obj: pf.Plan, folder: Path, run_dir_given: bool) -> pf.Plan:
+    """The plan as its file says it: the paths given on the command line (relative to here) relative to the file's
+    folder (llmctl.spec.planpaths), which they resolve against; the default run folder, runs/<name>, stays as it
+    is: beside the plan (said in a note when that is not here)."""
+    keys = (
+        planpaths.PATH_KEYS if run_dir_given else tuple(k for k in planpaths.PATH_KEYS if k not in planpaths.RUN_KEYS)
+    )
+    moved = pf.plan_from_dict(planpaths.relocate(plan_obj.model_dump(mode="json"), folder, keys), "the plan to write")
+    if not run_dir_given and Path(folder).absolute() != Path.cwd().absolute():
+        render.err_console.print(
+            f"note: paths in a plan resolve against its folder: the run folder is {folder / moved.logging.dir}",
+            soft_wrap=True,
+        )
+    return moved
 
 
 def register(app: typer.Typer) -> None:

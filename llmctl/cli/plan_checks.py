@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from llmctl.errors import InputError
 
 
@@ -29,3 +31,20 @@ def check_flags(
         raise InputError("give either --data PATH or --synthetic, not both")
     if not checkpoint_every > 0:
         raise InputError(f"--checkpoint-every must be a positive number of minutes, got {checkpoint_every}")
+
+
+def plan_target(output: str | None, force: bool) -> Path:
+    """Where the plan file goes (-o, default plan.yaml), checked before anything is planned or printed, as --plot's
+    file is: a missing folder is refused (never created: a typo in -o would otherwise leave a tree of folders), and
+    an existing file without --force (the user's file stays as it is). One line each, exit 2."""
+    path = Path(output or "plan.yaml")
+    if not path.parent.is_dir():
+        raise InputError(f"-o {path}: folder {path.parent} does not exist")
+    if path.is_dir():
+        raise InputError(f"-o {path}: is a folder (give the plan file's name, e.g. -o {path / 'plan.yaml'})")
+    if path.exists() and not force:
+        raise InputError(
+            f"{path} already exists; nothing was planned",
+            hint=f"pass --force to replace it, or -o another path (e.g. -o {path.with_name(path.stem + '-new' + path.suffix)})",
+        )
+    return path

@@ -45,3 +45,13 @@ GlobalBatchTokensOpt = Annotated[
         help="Global batch in tokens, e.g. 4M = 4,000,000 (rounded down to whole sequences).",
     ),
 ]
+EpochsOpt = Annotated[
+    Optional[float],
+    typer.Option(
+        "--epochs",
+        metavar="N",
+        help="Train for N passes over the --data folder (made by `llmctl data prepare`): steps = N x its sequences / "
+        "the global batch (instead of --tokens).",
+        show_default=False,
+    ),
+]

@@ -160,7 +160,8 @@ def _chosen(result: pl.PlanResult) -> None:
         c.print(f"[bold]expert parallel[/bold]: {escape(result.ep_choice)}")
     if req.token_budget:
         cost = f", ${ch.budget_cost_usd:,.0f}" if ch.budget_cost_usd is not None else ""
-        c.print(f"{req.token_budget:,} tokens: {duration(ch.budget_time_s)} on {cs.gpus} GPUs{cost}")
+        units = "CPU processes" if req.gpu.is_cpu else "GPUs"
+        c.print(f"{req.token_budget:,} tokens: {duration(ch.budget_time_s)} on {cs.gpus} {units}{cost}")
 
 
 def _others(result: pl.PlanResult, top: int) -> None:

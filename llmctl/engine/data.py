@@ -45,6 +45,7 @@ import numpy as np
 
 from llmctl.data.check import check_tokenizer, check_vocab, expand_paths
 from llmctl.data.check import expected_tokenizers as _expected
+from llmctl.data.epochs import blocks_in
 from llmctl.data.format import open_flags, open_prepared
 from llmctl.data.tokenizer import Tokenizer, load_tokenizer, token_dtype
 from llmctl.errors import InputError
@@ -107,7 +108,7 @@ class PackedBlocks:
         self.seq_len = seq_len
         self.seed = seed
         self.shuffle = shuffle
-        self.num_blocks = (len(tokens) - 1) // seq_len
+        self.num_blocks = blocks_in(len(tokens), seq_len)  # what `plan --epochs` counts too
         if self.num_blocks < 1:
             raise InputError(
                 f"{what}: {len(tokens)} tokens is less than one block of training.seq_len {seq_len}",
@@ -170,7 +171,7 @@ class PackedExamples(PackedBlocks):
     ) -> None:
         self.tokens, self.flags = tokens, flags
         self.seq_len, self.seed, self.shuffle = seq_len, seed, shuffle
-        self.num_blocks = len(tokens) // seq_len
+        self.num_blocks = blocks_in(len(tokens), seq_len, packed=True)
         if self.num_blocks < 1:
             raise InputError(f"{what}: no pack of {seq_len} tokens", hint="prepare it again with more records")
         self._perm = None

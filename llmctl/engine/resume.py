@@ -22,6 +22,7 @@ from llmctl.engine.checkpoint import complete_checkpoints
 from llmctl.engine.checkpoint_files import DamagedCheckpoint, ForeignCheckpoint, verify
 from llmctl.errors import InputError, SpecError
 from llmctl.spec.planfile import Plan
+from llmctl.spec.planpaths import PATH_KEYS
 
 log = logging.getLogger("llmctl.engine")
 
@@ -109,11 +110,39 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def _same(key: str, saved: Any, current: Any) -> bool:
+    """Whether a fingerprint value is unchanged. A path saved relative (a checkpoint of an llmctl that resolved a
+    plan's paths from the current folder) is the same as the absolute one a plan now resolves to when that ends with
+    it (llmctl.spec.planpaths: `examples/corpus` and `/home/me/llmctl/examples/corpus`)."""
+    if saved == current:
+        return True
+    if key not in _PATH_FIELDS:
+        return False
+    pairs = zip(saved, current, strict=True) if _same_length_lists(saved, current) else [(saved, current)]
+    return all(_same_path(a, b) for a, b in pairs)
+
+
+_PATH_FIELDS = {f"{section}.{key}" for section, key in PATH_KEYS}
+
+
+def _same_length_lists(a: Any, b: Any) -> bool:
+    return isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+
+
+def _same_path(saved: Any, current: Any) -> bool:
+    if saved == current:
+        return True
+    if not (isinstance(saved, str) and isinstance(current, str)) or os.path.isabs(saved) or not os.path.isabs(current):
+        return False
+    tail = Path(os.path.normpath(saved)).parts
+    return ".." not in tail and Path(current).parts[-len(tail) :] == tail
+
+
 def fingerprint_changes(saved: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
     """'key: saved -> current' for each key that differs (none for a checkpoint saved without a fingerprint)."""
     if not saved:
         return []
-    keys = [k for k in current if k in saved and saved[k] != current[k]]
+    keys = [k for k in current if k in saved and not _same(k, saved[k], current[k])]
     keys += [k for k in current if k not in saved] + [k for k in saved if k not in current]
     return [f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in keys]
 

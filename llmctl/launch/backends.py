@@ -41,7 +41,8 @@ class Job:
     jobs_root: Path
     """Where job folders are created (`jobs.jobs_root`)."""
     workdir: Path
-    """Where the engine runs: relative paths in the plan resolve from here."""
+    """Where the engine runs (its current folder). The plan's relative paths resolve against the plan file's folder,
+    not this one (llmctl.spec.planpaths: `plan` holds them absolute)."""
     env: dict[str, str] = field(default_factory=dict)
     """Non-secret variables for the job (`shell.check_env` has vetted them)."""
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
@@ -97,7 +98,7 @@ class Job:
             submitted_at=jobs.now_utc(precise=True),
             logs=[str(p) for p in logs],
             command=command,
-            # The engine resolves the plan's relative paths from the workdir (where it runs).
+            # Absolute already (load_plan resolved them against the plan file's folder): the joins leave them so.
             metrics=str(self.workdir / plan.logging.dir / "metrics.jsonl"),
             checkpoint_dir=str(self.workdir / ckpt) if ckpt else None,
             stall={
@@ -109,7 +110,7 @@ class Job:
 
     def run_folders(self) -> list[Path]:
         """The folders the run owns (llmctl.launch.runlock): logging.dir, and checkpoint.dir outside it, as the
-        engine resolves them from the workdir."""
+        engine resolves them (against the plan file's folder)."""
         from llmctl.launch import runlock
 
         plan = self.effective_plan

@@ -124,7 +124,8 @@ class SbatchParams:
     nodes: int
     nproc_per_node: int
     workdir: str
-    """Where the engine runs (relative paths in the plan resolve from here): the directory launch ran in."""
+    """Where the engine runs: the directory launch ran in (the plan's relative paths resolve against its file's folder:
+    llmctl.spec.planpaths)."""
     job_dir: str
     plan_path: str
     torchrun: str

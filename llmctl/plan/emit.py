@@ -17,6 +17,7 @@ from llmctl.units import duration
 
 if TYPE_CHECKING:
     from llmctl.plan.planner import PlanResult
+    from llmctl.spec.models import ModelSpec
 
 
 def predicted_section(c: Candidate, network: cm.Network | None = None) -> dict[str, Any]:
@@ -78,12 +79,18 @@ def _total_steps(training: dict[str, Any], tokens_per_step: int) -> int:
     return -(-int(training["token_budget"]) // tokens_per_step)
 
 
+def writes_plan(spec: ModelSpec) -> bool:
+    """Whether `llmctl plan` writes a plan file for a model of this source: a preset or a config.json, which the engine
+    builds the architecture from on every rank (--params gives none)."""
+    return spec.source in ("preset", "config")
+
+
 def to_plan(result: PlanResult, name: str | None = None, run: RunOptions | None = None) -> pf.Plan | None:
     """The chosen candidate as the engine's plan file (None for --params: the engine needs an architecture).
     Validated like a plan file read from disk: a request the engine could not run (a token budget of more than
     planfile.MAX_STEPS steps, a sequence longer than a GPT-2's positions) is one SpecError line, not a plan.
     With `run`: its data, and checkpoints and logs in its run folder (without: synthetic data, no checkpoints)."""
-    if result.request.spec.source not in ("preset", "config"):
+    if not writes_plan(result.request.spec):
         return None
     req, c = result.request, result.chosen
     spec, s = req.spec, c.setup
@@ -148,7 +155,7 @@ def run_plan(
     """`llmctl plan`'s plan file as a run: its data (checked now: llmctl.data.check.plan_data), checkpoints and logs
     in its run folder, fine-tuning from a local weights folder; with the lines that say so. None (and no lines) for
     --params, which gives the engine no architecture."""
-    if result.request.spec.source not in ("preset", "config"):
+    if not writes_plan(result.request.spec):
         return None, []
     if run_dir is not None and Path(run_dir).exists() and not Path(run_dir).is_dir():
         raise InputError(f"--run-dir {run_dir}: is a file, not a folder (checkpoints and logs go in it)")

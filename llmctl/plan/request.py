@@ -58,6 +58,13 @@ percent of an 80 GB GPU between stacks: the CUDA context and cuBLAS/NCCL workspa
 driver, NCCL version and number of communicators (NCCL docs, "NCCL_BUFFSIZE": 4 MiB per channel and peer)."""
 
 
+CPU_PINS = {"compile": False, "attention": "sdpa"}
+"""What a plan on the host's cores (`--gpu cpu`) fixes unless the flags say otherwise, as the shipped CPU examples do:
+torch.compile off (Inductor's CPU code needs a C++ compiler and takes minutes for a run of seconds), attention by
+SDPA's CPU kernel (what `attention: auto` runs without CUDA; the kernel tables price only GPU kernels, and would
+pick eager attention on a CPU's memory bandwidth)."""
+
+
 def node_counts(total: int) -> list[int]:
     """Nodes to try: powers of two up to the cluster, the whole cluster, and every divisor for small clusters."""
     out = {total}
@@ -315,6 +322,8 @@ def build_request(
     if gpus is not None:  # a total: one node up to a node's worth (the file's, the flag's or the kind's), else nodes
         n, g = hardware.cluster_shape(gpus, None, o["gpus_per_node"], hw.gpus_per_node)
         hw = hw.model_copy(update={"nodes": n, "gpus_per_node": g})
+    if hw.gpu_spec.is_cpu:
+        d |= {k: v for k, v in CPU_PINS.items() if d.get(k) is None}
     seq_len, gb, gbt = d["seq_len"], o["global_batch"], o["global_batch_tokens"]
     if gb is not None and gbt is not None:
         raise InputError("give either --global-batch (sequences) or --global-batch-tokens, not both")

@@ -61,6 +61,9 @@ class _Entry(BaseModel):
     plan_only: str | None = Field(None, min_length=1)
     """Why llmctl's engine cannot run this kind (it runs on CUDA and ROCm torch devices): `plan` notes it, `launch`
     refuses its plans; None: the engine runs on it."""
+    device: Literal["cuda", "cpu"] = "cuda"
+    """The torch device its ranks run on: cuda (NVIDIA, and AMD through ROCm's cuda device), or cpu (presets/cpu.yaml:
+    gloo, and a plan file's hardware.gpu null)."""
 
     @field_validator("name", "aliases")
     @classmethod
@@ -123,6 +126,12 @@ class GPUSpec:
     plan_only: str | None = None
     """Why llmctl's engine cannot run this kind, one clause (e.g. Intel Gaudi's HPU bridge): `llmctl plan` still
     plans for it and says so in a note, `llmctl launch` refuses its plans (exit 2). None: the engine runs on it."""
+    device: str = "cuda"
+    """cuda, or cpu for the host's cores (presets/cpu.yaml): a plan for it runs on gloo and says hardware.gpu null."""
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.device == "cpu"
 
     @property
     def memory_gib(self) -> float:
@@ -188,6 +197,7 @@ def parse_catalog(text: str, source: str) -> list[GPUSpec]:
                 node_memory_gbytes_s_per_gpu=e.node_memory_gbytes_s_per_gpu,
                 interconnect=e.interconnect,
                 plan_only=e.plan_only,
+                device=e.device,
             )
         )
     return out
@@ -235,6 +245,15 @@ def gpu_catalog() -> dict[str, GPUSpec]:
     return _catalog(os.environ.get(CATALOG_ENV, ""))
 
 
+@lru_cache(maxsize=1)
+def cpu_spec() -> GPUSpec:
+    """The host's cores as the planner sees them (presets/cpu.yaml): what `--gpu cpu` names, outside the GPU catalog
+    (it is not a GPU to buy or compare)."""
+    text = resources.files("llmctl.spec").joinpath("presets/cpu.yaml").read_text()
+    (cpu,) = parse_catalog(text, "presets/cpu.yaml")
+    return cpu
+
+
 def resolve_gpu(name: str) -> GPUSpec:
     cat = gpu_catalog()
     key = name.strip().lower()
@@ -244,8 +263,13 @@ def resolve_gpu(name: str) -> GPUSpec:
     for g in cat.values():
         if key in g.aliases:
             return g
+    cpu = cpu_spec()
+    if key == cpu.name or key in cpu.aliases:
+        return cpu
     raise UnknownNameError(
-        f"unknown GPU kind {name!r}", hint=suggest(name.strip(), list(cat)) or "see `llmctl estimate --list-gpus`"
+        f"unknown GPU kind {name!r}",
+        hint=suggest(name.strip(), [*cat, cpu.name])
+        or "see `llmctl estimate --list-gpus` (or cpu: this machine's cores)",
     )
 
 

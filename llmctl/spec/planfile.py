@@ -165,15 +165,17 @@ class DataSection(_Strict):
 
 
 # --- the sections that hold the setup's decisions (their keys: llmctl.spec.setup) --------------------------------
-def _gpu_kind(v: str) -> str:
-    from llmctl.spec.hardware import gpu_kind  # the catalog's module: imported when a plan names a GPU
+def _gpu_kind(v: str) -> str | None:
+    """A catalog kind as it is; the CPU (`cpu`, presets/cpu.yaml) as None: a plan on the host's cores runs on gloo,
+    and every reader of the plan asks `hardware.gpu` whether there is a GPU."""
+    from llmctl.spec.hardware import gpu_kind, resolve_gpu  # the catalog's module: imported when a plan names a GPU
 
-    return gpu_kind(v)
+    return None if resolve_gpu(gpu_kind(v)).is_cpu else v
 
 
 HardwareSection = _section(
     "HardwareSection",
-    "Where the plan was made for. gpu=None means CPU (gloo).",
+    "Where the plan was made for. gpu=None (or cpu) means CPU (gloo).",
     "hardware",
     own={
         "gpu": (
@@ -516,8 +518,18 @@ def plan_from_dict(data: Any, source: str = "plan") -> Plan:
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """A plan file, validated, with its relative paths resolved against its folder (`resolved`)."""
     p = Path(path)
-    return plan_from_dict(load_yaml(p, "plan file"), source=str(p))
+    return resolved(plan_from_dict(load_yaml(p, "plan file"), source=str(p)), p.parent, str(p))
+
+
+def resolved(plan: Plan, folder: str | os.PathLike[str], source: str = "plan") -> Plan:
+    """`plan` as a file in `folder` means it: its relative paths resolved against that folder (llmctl.spec.planpaths;
+    every reader of a plan file sees the same absolute paths, wherever it runs from). After validation, so that the
+    schema's defaults (logging.dir) are resolved too."""
+    from llmctl.spec import planpaths
+
+    return plan_from_dict(planpaths.resolve(plan.model_dump(mode="json"), folder, source), source=source)
 
 
 def plan_to_yaml(plan: Plan) -> str:

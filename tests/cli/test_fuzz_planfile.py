@@ -458,7 +458,7 @@ def _check(path: Path, executor: list[str], data: Any = None, op: tuple[Any, ...
             _assert_names_the_mutation(message, source, op, what)
     if data is not None:  # the dict reader agrees with the file reader on the document the file was dumped from
         try:
-            same = pf.plan_from_dict(data, source=source)
+            same = pf.resolved(pf.plan_from_dict(data, source=source), path.parent)  # as the file's folder means it
             assert message is None and plan is not None and same == plan, f"{what}\nfile refused, dict taken"
         except LlmctlError as e:
             assert str(e) == message, f"{what}\nfrom the dict: {e}\nfrom the file: {message}"

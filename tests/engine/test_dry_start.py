@@ -49,8 +49,12 @@ def llmctl(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.slow
 def test_the_70b_example_plan_starts_on_this_machine(tmp_path: Path) -> None:
-    # The plan's data path is relative to where one launches: give it a real (small) prepared folder there. With
-    # the test's own TMPDIR (engine_env's, deep under tmp_path) the forkserver's socket path can pass 108 bytes.
+    # The plan's data path is relative to its folder (../../../data/fineweb-edu: the repository's data/): the plan
+    # copied to the same place under tmp_path, and a real (small) prepared folder there. With the test's own TMPDIR
+    # (engine_env's, deep under tmp_path) the forkserver's socket path can pass 108 bytes.
+    plan = tmp_path / EXAMPLE_70B.relative_to(REPO)
+    plan.parent.mkdir(parents=True)
+    plan.write_text(EXAMPLE_70B.read_text())
     prepare = subprocess.run(
         [
             sys.executable,
@@ -68,7 +72,7 @@ def test_the_70b_example_plan_starts_on_this_machine(tmp_path: Path) -> None:
         timeout=120,
     )
     assert prepare.returncode == 0, prepare.stderr
-    r = dry_start_json(EXAMPLE_70B, tmp_path)
+    r = dry_start_json(plan, tmp_path)
     assert r["world_size"] == 64 and r["mesh"] == [64] and r["fsdp2"] is True
     assert r["params"] > 70e9
     by_line = {x["line"]: x for x in r["lines"]}

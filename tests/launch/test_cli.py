@@ -192,7 +192,13 @@ def test_slurm_submit_hostile_names_and_paths(workdir: Path, fake_slurm: Path) -
     hostile_dir = workdir / HOSTILE
     hostile_dir.mkdir()
     os.chdir(hostile_dir)
-    plan = hostile_dir / f"plan {HOSTILE}.yaml"
+    # The plan's relative paths resolve against its folder, and a plan's paths are one line: a plan in the hostile
+    # folder (a line break in its name) is refused in one line; the same plan file name beside it runs.
+    refused = hostile_dir / f"plan {HOSTILE}.yaml"
+    refused.write_text(minimal_plan_yaml(name=HOSTILE.replace("\n", " "), nodes=2))
+    code, out = invoke("launch", str(refused), "--slurm", "--jobs-dir", str(hostile_dir / f"jobs {HOSTILE}"))
+    assert code == 2 and len(out.strip().splitlines()) == 1 and "checkpoint.dir: 'checkpoints' resolves" in out, out
+    plan = workdir / f"plan {HOSTILE}.yaml"
     plan.write_text(minimal_plan_yaml(name=HOSTILE.replace("\n", " "), nodes=2))
     code, out = invoke("launch", str(plan), "--slurm", "--jobs-dir", str(hostile_dir / f"jobs {HOSTILE}"))
     assert code == 0, out
@@ -233,7 +239,7 @@ def test_local_launch_runs_the_engine(workdir: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("TMPDIR", str(workdir))
     plan = yaml.safe_load(TINY_PLAN.read_text())
     plan["training"]["max_steps"] = 4
-    plan["data"]["paths"] = [str(REPO / p) for p in plan["data"]["paths"]]
+    plan["data"]["paths"] = [str(TINY_PLAN.parent / p) for p in plan["data"]["paths"]]  # relative to the plan
     plan["checkpoint"]["dir"] = None
     plan["logging"] = {"dir": str(workdir / "run"), "interval_steps": 2}
     (workdir / "plan.yaml").write_text(yaml.safe_dump(plan))

@@ -124,7 +124,7 @@ def job_env(slurm_cluster: dict[str, str], tmp_path: Path, monkeypatch: pytest.M
 def make_plan(folder: Path, max_steps: int, log_every: int = 1, ckpt_every: int = 1000) -> Path:
     plan = yaml.safe_load(TINY_PLAN.read_text())
     plan["training"]["max_steps"] = max_steps
-    plan["data"]["paths"] = [str(REPO / p) for p in plan["data"]["paths"]]
+    plan["data"]["paths"] = [str(TINY_PLAN.parent / p) for p in plan["data"]["paths"]]  # relative to the plan
     plan["checkpoint"].update(dir=str(folder / "run" / "checkpoints"), interval_steps=ckpt_every)
     plan["logging"] = {"dir": str(folder / "run"), "interval_steps": log_every}
     path = folder / "plan.yaml"

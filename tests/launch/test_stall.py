@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launch_helpers import REPO, TINY_PLAN
+from launch_helpers import TINY_PLAN
 from typer.testing import CliRunner
 
 from llmctl.cli.main import app
@@ -48,7 +48,7 @@ def test_a_stalled_rank_is_named_and_the_run_ends_in_one_line(
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     plan = yaml.safe_load(TINY_PLAN.read_text())
     plan["training"]["max_steps"] = 6
-    plan["data"]["paths"] = [str(REPO / p) for p in plan["data"]["paths"]]
+    plan["data"]["paths"] = [str(TINY_PLAN.parent / p) for p in plan["data"]["paths"]]  # relative to the plan
     plan["checkpoint"] = {"dir": str(tmp_path / "run" / "ckpt"), "interval_steps": 2, "keep_last": 2}
     plan["logging"] = {"dir": str(tmp_path / "run"), "interval_steps": 1}
     plan["watchdog"] = {"stall_factor": 3, "stall_floor_s": 4, "collective_timeout_s": 25}

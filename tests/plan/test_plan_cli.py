@@ -85,20 +85,37 @@ def test_table_output_explains_the_losers(tmp_path: Path) -> None:
 
 
 def test_never_clobbers_an_existing_plan(tmp_path: Path) -> None:
+    """An existing -o file is refused before the plan is searched or shown: one line, exit 2, the file untouched."""
     out = tmp_path / "plan.yaml"
     out.write_text("mine\n")
-    r = invoke([*SEED, "-o", str(out)])
-    assert r.exit_code == 2 and "chosen" in r.output and "why the others lost" in r.output  # the plan is shown
-    assert r.output.strip().splitlines()[-1] == (
-        f"llmctl: error: {out} already exists; the plan above was not written "
-        f"(pass --force to replace it, or -o another path (e.g. -o {tmp_path / 'plan-new.yaml'}))"
-    )
-    assert out.read_text() == "mine\n"
-    r = invoke([*SEED, "-o", str(out), "--json"])
-    assert r.exit_code == 2 and json.loads(r.stdout)["plan_note"] == f"not written: {out} already exists"
-    assert out.read_text() == "mine\n"
+    for extra in ([], ["--json"]):
+        r = invoke([*SEED, "-o", str(out), *extra])
+        assert r.exit_code == 2 and "chosen" not in r.output and r.stdout == ""  # nothing of the plan is printed
+        assert r.output.strip().splitlines() == [
+            f"llmctl: error: {out} already exists; nothing was planned "
+            f"(pass --force to replace it, or -o another path (e.g. -o {tmp_path / 'plan-new.yaml'}))"
+        ]
+        assert out.read_text() == "mine\n"
     r = invoke([*SEED, "-o", str(out), "--force", "--json"])
     assert r.exit_code == 0 and load_plan(out).parallel.sharding == "hybrid_shard"
+
+
+def test_output_in_a_missing_folder_is_refused_first(tmp_path: Path) -> None:
+    """-o into a folder that does not exist is refused as --plot's is (never created), before any plan is shown."""
+    out = tmp_path / "no" / "such" / "p.yaml"
+    for extra in ([], ["--json"]):
+        r = invoke([*SEED, "-o", str(out), *extra])
+        assert r.exit_code == 2 and r.stdout == ""
+        assert r.output.strip().splitlines() == [f"llmctl: error: -o {out}: folder {out.parent} does not exist"]
+    assert not (tmp_path / "no").exists()
+    r = invoke([*SEED, "-o", str(tmp_path)])
+    assert r.exit_code == 2 and r.output.strip().splitlines() == [
+        f"llmctl: error: -o {tmp_path}: is a folder (give the plan file's name, e.g. -o {tmp_path / 'plan.yaml'})"
+    ]
+    # --params writes no plan file: an existing plan.yaml is no reason to refuse it.
+    (tmp_path / "plan.yaml").write_text("mine\n")
+    r = invoke(["plan", "--params", "7B", "--gpu", "A100-80GB", "-o", str(tmp_path / "plan.yaml"), "--json"])
+    assert r.exit_code == 0, r.output
 
 
 def test_cluster_file(tmp_path: Path) -> None:
