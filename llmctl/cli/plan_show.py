@@ -182,13 +182,13 @@ def _memory(out: dict[str, Any]) -> None:
     c = render.console
     margin = out.get("memory_margin") or {}
     if margin:
-        kept = f"; {margin['margin_fraction']:.0%} kept free as asked" if margin["margin_fraction"] else ""
         c.print(
             f"memory margin: {gib(margin['predicted_bytes'], 1)} of {gib(margin['gpu_bytes'], 1)} GiB "
             f"per GPU predicted, including {margin['headroom_fraction']:.0%} allocator headroom "
             f"({gib(margin['allocator_headroom_bytes'], 1)} GiB) and the CUDA context "
             f"({gib(margin['cuda_context_bytes'], 1)} GiB); {gib(margin['free_bytes'], 1)} GiB "
-            f"({margin['free_fraction']:.1%}) free{kept}"
+            f"({margin['free_fraction']:.1%}) free; {margin['margin']}",
+            soft_wrap=True,
         )
         if margin["warning"]:
             render.err_console.print(f"warning: {escape(margin['warning'])}", soft_wrap=True)

@@ -37,13 +37,13 @@ from llmctl.plan.explain_experts import explain_ep_choice
 from llmctl.plan.explain_finetune import explain_finetune
 from llmctl.plan.explain_kernels import efficiency_basis, step_split
 from llmctl.plan.explain_pipeline import explain_pp_choice
+from llmctl.plan.memory.margin import tight_warning
 from llmctl.plan.ranking import sort_key
-from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
+from llmctl.plan.request import PlanRequest
 from llmctl.plan.search import Search, offload_can_win
 from llmctl.plan.space import fastest_families, nothing_fits, space_for
 from llmctl.plan.timing import Candidate
 from llmctl.spec.setup import TrainSetup
-from llmctl.units import GIB
 
 
 @dataclass(frozen=True)
@@ -81,31 +81,26 @@ class PlanResult:
 
     def memory_margin(self) -> dict[str, Any]:
         """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
-        headroom, CUDA context), the margin asked for, what is left free, and a warning when that is under
-        request.TIGHT_MEMORY_FRACTION of the GPU without a margin asked for."""
+        headroom, CUDA context), the margin kept free (llmctl.plan.memory.margin: by default from measurements), what
+        is left free, and a warning when that is under the default margin with a smaller one asked for."""
         req, s = self.request, self.chosen.setup
         est = mem.estimate(req.spec, s)
         total = req.gpu.memory_bytes
         free = total - est.device_bytes
-        out: dict[str, Any] = {
+        margin = req.margin
+        return {
             "gpu_bytes": total,
             "predicted_bytes": est.device_bytes,
             "allocator_headroom_bytes": est.headroom_bytes,
             "headroom_fraction": s.headroom_fraction,
             "cuda_context_bytes": s.cuda_context_bytes,
             "margin_fraction": req.memory_margin,
+            "margin_bytes": margin.bytes,
+            "margin": margin.line(),
             "free_bytes": free,
             "free_fraction": free / total,
-            "warning": None,
+            "warning": tight_warning(free, total, req.memory_margin, s.headroom_fraction),
         }
-        if req.memory_margin == 0 and free < TIGHT_MEMORY_FRACTION * total:
-            out["warning"] = (
-                f"the chosen setup leaves {free / GIB:.1f} GiB ({free / total:.1%}) of the {total / GIB:.1f} GiB free, "
-                f"under {TIGHT_MEMORY_FRACTION:.0%}: a CUDA or NCCL stack with larger workspaces than assumed, or "
-                f"fragmentation beyond the {s.headroom_fraction:.0%} headroom, would run out of memory; "
-                f"--memory-margin {TIGHT_MEMORY_FRACTION:g} plans with that much kept free"
-            )
-        return out
 
     def as_dict(self, top: int, calibration: Calibration | None = None) -> dict[str, Any]:
         """What `llmctl plan --json` prints (the top candidates, and the calibration the request used)."""
