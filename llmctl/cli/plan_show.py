@@ -119,7 +119,7 @@ def _candidates(result: pl.PlanResult, top: int) -> None:
     c.print(
         "[dim]compute and comm: seconds per optimizer step; comm is the communication compute does not hide; "
         "tp: tensor-parallel degree (a: async TP); cp: context-parallel degree (g: K/V all-gather, p: passed on "
-        "hop by hop); mb: per data-parallel rank"
+        "hop by hop); mb: per data-parallel rank; MFU: causal attention counted half (the FLOPs the kernels run)"
         + ("; pp: pipeline stages and schedule (i2: interleaved 1F1B, 2 stages a rank)" if piped else "")
         + ("; ep: expert-parallel degree (the routed experts split over ep ranks)" if experts else "")
         + "[/dim]"
@@ -134,7 +134,8 @@ def _chosen(result: pl.PlanResult) -> None:
         f"accumulation, checkpointing {cs.checkpointing}, {cs.attention} attention"
         f"{', torch.compile' if cs.compile else ''}"
         f"{f', loss in chunks of {cs.loss_chunk_tokens} tokens' if cs.loss_chunk_tokens else ''}: "
-        f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%}), "
+        f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%} with causal "
+        f"attention counted half, {ch.mfu_palm:.1%} counted whole as PaLM and published MFU count it), "
         f"{gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
         f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
         f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmctl.errors import DoesNotFitError
+from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration
 from llmctl.plan.explain import (
@@ -135,6 +136,7 @@ class PlanResult:
                 "method": cal.method,
             },
             "evaluated": result.evaluated,
+            "mfu_convention": {"mfu": fl.CAUSAL_MFU, "mfu_palm": fl.PALM_MFU},
             "chosen": result.chosen.as_dict(),
             "candidates": [c.as_dict() for c in result.candidates[:top]],
             "variants_considered": len(result.variants),
