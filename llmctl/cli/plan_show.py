@@ -141,6 +141,8 @@ def _chosen(result: pl.PlanResult) -> None:
         f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
         + (f" + CPU offload {ch.offload_s:.2f} s" if cs.levers.offload else "")
     )
+    if result.sharding_choice:
+        c.print(f"[bold]FULL vs HYBRID[/bold]: {escape(result.sharding_choice)}")
     if result.step_split:
         c.print(f"[bold]step split[/bold]: {escape(result.step_split)}")
     if result.precision_choice:
@@ -176,7 +178,9 @@ def _others(result: pl.PlanResult, top: int) -> None:
         for line in dropped[:4]:
             c.print(f"  {escape(line)}")
         if len(dropped) > 4:
-            c.print(f"  ... and {len(dropped) - 4} more (see --json)")
+            held = min(len(dropped), pl.REJECTED_IN_JSON)
+            where = "see --json" if held == len(dropped) else f"--json lists the first {held} of the {len(dropped)}"
+            c.print(f"  ... and {len(dropped) - 4} more ({where})")
 
 
 def _memory(out: dict[str, Any]) -> None:

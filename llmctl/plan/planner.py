@@ -38,6 +38,7 @@ from llmctl.plan.explain_experts import explain_ep_choice
 from llmctl.plan.explain_finetune import explain_finetune
 from llmctl.plan.explain_kernels import efficiency_basis, step_split
 from llmctl.plan.explain_pipeline import explain_pp_choice
+from llmctl.plan.explain_sharding import explain_sharding
 from llmctl.plan.memory.margin import tight_warning
 from llmctl.plan.ranking import sort_key
 from llmctl.plan.request import PlanRequest
@@ -45,6 +46,9 @@ from llmctl.plan.search import Search, offload_can_win
 from llmctl.plan.space import fastest_families, nothing_fits, space_for
 from llmctl.plan.timing import Candidate
 from llmctl.spec.setup import TrainSetup
+
+REJECTED_IN_JSON = 50
+"""The dropped setup families `--json`'s `rejected` lists (the first; `rejected_count` counts them all)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,9 @@ class PlanResult:
     pp_choice: str = ""
     """Why pipeline parallelism won or lost: its bubble, its sends, the states and communication it saves, against the
     best of the other kind (empty where the search did not consider it)."""
+    sharding_choice: str = ""
+    """FULL vs HYBRID on two nodes or more: the best of each, which won and why the other lost (empty on one node;
+    llmctl.plan.explain_sharding)."""
     ep_choice: str = ""
     """Why expert parallelism won or lost: the experts a GPU gathers, the grouped GEMMs, the all-to-alls' share of the
     step, against the best of the other kind (empty for a dense model)."""
@@ -155,7 +162,9 @@ class PlanResult:
             **({"finetune_choice": result.finetune_choice} if result.finetune_choice else {}),
             "memory_margin": result.memory_margin(),
             "host_memory": mem.host_memory_of(req.spec, result.chosen.setup, req.host_capacity_bytes).as_dict(),
-            "rejected": list(dict.fromkeys(result.rejected))[:50],
+            **({"sharding_choice": result.sharding_choice} if result.sharding_choice else {}),
+            "rejected": list(dict.fromkeys(result.rejected))[:REJECTED_IN_JSON],
+            "rejected_count": len(dict.fromkeys(result.rejected)),
             "plan_path": None,
         }
 
@@ -211,8 +220,9 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
     explained = (choice, tp_choice, cp_choice, precision_choice, step_split(req, fam[0]))
     pp_choice = explain_pp_choice(req, fam[0], filled, space.pps, search.pp_pruned)
     ep_choice = explain_ep_choice(req, fam[0], filled, space.eps)
+    sharding = explain_sharding(req, fam[0], filled, search.rejected) if req.explain else ""
     result = PlanResult(req, fam[0], fam, why, filled, search.rejected, search.evaluated, *explained)
-    return replace(result, pp_choice=pp_choice, ep_choice=ep_choice)
+    return replace(result, pp_choice=pp_choice, ep_choice=ep_choice, sharding_choice=sharding)
 
 
 def _with_memory(req: PlanRequest, ranked: list[Candidate]) -> list[Candidate]:
