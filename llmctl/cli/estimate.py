@@ -10,9 +10,19 @@ import typer
 from llmctl.cli import estimate_plot, render
 from llmctl.cli import estimate_show as show
 from llmctl.cli.decision_options import with_decisions
-from llmctl.cli.options import GpuOpt, GpusOpt, GpusPerNodeOpt, JsonOpt, ModelArg, NodesOpt, ParamsOpt
+from llmctl.cli.options import (
+    GpuOpt,
+    GpusOpt,
+    GpusPerNodeOpt,
+    JsonOpt,
+    MemoryMarginOpt,
+    ModelArg,
+    NodesOpt,
+    ParamsOpt,
+)
 from llmctl.errors import InputError
 from llmctl.plan import memory as mem
+from llmctl.plan.memory.margin import DEFAULT_MEMORY_MARGIN
 from llmctl.spec import decisions as dec
 from llmctl.spec import hardware, models, rules
 from llmctl.spec.finetune import from_flags
@@ -47,6 +57,7 @@ def estimate_memory(
     cuda_context_gib: Annotated[
         float, typer.Option("--cuda-context-gib", help="CUDA context + NCCL buffers outside the allocator, GiB.")
     ] = 1.0,
+    memory_margin: MemoryMarginOpt = DEFAULT_MEMORY_MARGIN,
     json_out: JsonOpt = False,
     plot: Annotated[
         Optional[str], typer.Option("--plot", help="Write a PNG of per-component bars per strategy.")
@@ -100,7 +111,9 @@ def estimate_memory(
         render.err_console.print(f"note: --precision auto is {precision_why}")
     if states_note := caveat_note(setup.optimizer_states):
         render.err_console.print(f"note: {states_note}", soft_wrap=True)
-    result = mem.fit_report(spec, setup, gpu_spec, node_gpus=max(node_gpus, gpn))
+    if not 0 <= memory_margin < 1:
+        raise InputError(f"--memory-margin must be a fraction in [0, 1), got {memory_margin}")
+    result = mem.fit_report(spec, setup, gpu_spec, node_gpus=max(node_gpus, gpn), memory_margin=memory_margin)
     if plot:
         estimate_plot.write(spec, setup, gpu_spec, plot)
     if json_out:

@@ -194,12 +194,14 @@ def _show_gpu(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
     """On a GPU kind: whether it fits, the largest micro-batch, the fewest GPUs per strategy and checkpointing mode."""
     s, c = est.setup, render.console
     ok = "[green]fits[/green]" if result["fits"] else "[red]does NOT fit[/red]"
+    margin = result["memory_margin"]
     if (result.get("offload") or {}).get("host_fits") is False:
-        ok += " (host memory)" if est.device_bytes <= result["gpu_memory_bytes"] else " (GPU and host memory)"
+        ok += " (host memory)" if est.device_bytes <= margin["capacity_bytes"] else " (GPU and host memory)"
     c.print(
-        f"\n{result['gpu']} ({gib(result['gpu_memory_bytes'], 1)} GiB): {ok} at micro-batch "
-        f"{s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}"
+        f"\n{result['gpu']} ({gib(result['gpu_memory_bytes'], 1)} GiB, {gib(margin['capacity_bytes'], 1)} usable): "
+        f"{ok} at micro-batch {s.micro_batch_size}; largest micro-batch that fits: {result['max_micro_batch'] or 'none'}"
     )
+    c.print(margin["line"], soft_wrap=True)
     t = render.table(
         f"Fewest {result['gpu']} GPUs that fit (micro-batch {s.micro_batch_size}, {result['node_gpus']} per node)",
         [("strategy", "left"), ("GPUs", "right"), ("nodes", "right"), ("GiB per GPU", "right"), ("note", "left")],

@@ -52,6 +52,7 @@ from llmctl.errors import InputError
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
 from llmctl.plan.emit import DEFAULT_CHECKPOINT_MINUTES, run_plan, writes_plan
+from llmctl.plan.memory.margin import DEFAULT_MEMORY_MARGIN
 from llmctl.plan.request import build_request
 from llmctl.spec import planfile as pf
 from llmctl.spec import planpaths
@@ -80,7 +81,7 @@ def plan_command(
     objective: Annotated[
         str, typer.Option("--objective", help="throughput | cost (cost per token; needs --price).")
     ] = "throughput",
-    memory_margin: MemoryMarginOpt = 0.0,
+    memory_margin: MemoryMarginOpt = DEFAULT_MEMORY_MARGIN,
     overlap: Annotated[
         float, typer.Option("--overlap", help="Fraction of overlappable communication hidden behind compute, 0..1.")
     ] = cm.DEFAULT_OVERLAP,

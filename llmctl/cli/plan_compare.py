@@ -12,6 +12,7 @@ from llmctl.cli.compare_options import check_basis, parse_budget, parse_deadline
 from llmctl.cli.decision_options import as_flags
 from llmctl.errors import InputError
 from llmctl.plan import compare as cmp
+from llmctl.plan.memory.margin import DEFAULT_MEMORY_MARGIN
 from llmctl.spec.prices import STALE_AFTER_DAYS, load_prices
 
 COMPARE_ONLY = ("--deadline", "--budget", "--prices", "--price-basis", "--interconnect", "--plot")
@@ -104,7 +105,7 @@ def plan_flags(options: dict[str, Any], decisions: dict[str, Any]) -> list[str]:
         if options.get(key) is not None:
             out += [flag, str(options[key])]
     for key, flag, default in (
-        ("memory_margin", "--memory-margin", 0.0),
+        ("memory_margin", "--memory-margin", DEFAULT_MEMORY_MARGIN),
         ("overlap", "--overlap", cmp.cm.DEFAULT_OVERLAP),
     ):
         if options.get(key) not in (None, default):

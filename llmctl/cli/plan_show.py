@@ -119,7 +119,7 @@ def _candidates(result: pl.PlanResult, top: int) -> None:
     c.print(
         "[dim]compute and comm: seconds per optimizer step; comm is the communication compute does not hide; "
         "tp: tensor-parallel degree (a: async TP); cp: context-parallel degree (g: K/V all-gather, p: passed on "
-        "hop by hop); mb: per data-parallel rank"
+        "hop by hop); mb: per data-parallel rank; MFU: causal attention counted half (the FLOPs the kernels run)"
         + ("; pp: pipeline stages and schedule (i2: interleaved 1F1B, 2 stages a rank)" if piped else "")
         + ("; ep: expert-parallel degree (the routed experts split over ep ranks)" if experts else "")
         + "[/dim]"
@@ -134,12 +134,15 @@ def _chosen(result: pl.PlanResult) -> None:
         f"accumulation, checkpointing {cs.checkpointing}, {cs.attention} attention"
         f"{', torch.compile' if cs.compile else ''}"
         f"{f', loss in chunks of {cs.loss_chunk_tokens} tokens' if cs.loss_chunk_tokens else ''}: "
-        f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%}), "
+        f"{ch.tokens_per_s:,.0f} tokens/s ({ch.tokens_per_s_per_gpu:,.0f} per GPU, MFU {ch.mfu:.1%} with causal "
+        f"attention counted half, {ch.mfu_palm:.1%} counted whole as PaLM and published MFU count it), "
         f"{gib(ch.memory_per_gpu_bytes, 1)} GiB per GPU; step {ch.step_time_s:.2f} s = compute "
         f"{ch.compute_s:.2f} s + exposed communication {ch.comm_exposed_s:.2f} s "
         f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
         + (f" + CPU offload {ch.offload_s:.2f} s" if cs.levers.offload else "")
     )
+    if result.sharding_choice:
+        c.print(f"[bold]FULL vs HYBRID[/bold]: {escape(result.sharding_choice)}")
     if result.step_split:
         c.print(f"[bold]step split[/bold]: {escape(result.step_split)}")
     if result.precision_choice:
@@ -176,20 +179,22 @@ def _others(result: pl.PlanResult, top: int) -> None:
         for line in dropped[:4]:
             c.print(f"  {escape(line)}")
         if len(dropped) > 4:
-            c.print(f"  ... and {len(dropped) - 4} more (see --json)")
+            held = min(len(dropped), pl.REJECTED_IN_JSON)
+            where = "see --json" if held == len(dropped) else f"--json lists the first {held} of the {len(dropped)}"
+            c.print(f"  ... and {len(dropped) - 4} more ({where})")
 
 
 def _memory(out: dict[str, Any]) -> None:
     c = render.console
     margin = out.get("memory_margin") or {}
     if margin:
-        kept = f"; {margin['margin_fraction']:.0%} kept free as asked" if margin["margin_fraction"] else ""
         c.print(
             f"memory margin: {gib(margin['predicted_bytes'], 1)} of {gib(margin['gpu_bytes'], 1)} GiB "
             f"per GPU predicted, including {margin['headroom_fraction']:.0%} allocator headroom "
             f"({gib(margin['allocator_headroom_bytes'], 1)} GiB) and the CUDA context "
             f"({gib(margin['cuda_context_bytes'], 1)} GiB); {gib(margin['free_bytes'], 1)} GiB "
-            f"({margin['free_fraction']:.1%}) free{kept}"
+            f"({margin['free_fraction']:.1%}) free; {margin['margin']}",
+            soft_wrap=True,
         )
         if margin["warning"]:
             render.err_console.print(f"warning: {escape(margin['warning'])}", soft_wrap=True)

@@ -81,7 +81,7 @@ def judge(
         rec["alloc_retries"] = retries
         problems.append(
             f"the CUDA caching allocator retried {retries} allocation{'s' if retries > 1 else ''} after freeing its "
-            "cache (each retry stalls the step): re-plan with --memory-margin 0.05 or a smaller --micro-batch"
+            "cache (each retry stalls the step): re-plan with --memory-margin 0.1 or a smaller --micro-batch"
         )
     rec["ok"] = not problems
     if not problems:

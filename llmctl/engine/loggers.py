@@ -30,6 +30,7 @@ _NAMES = {
     "tokens_per_s": "perf/tokens_per_s",
     "tokens_per_s_per_gpu": "perf/tokens_per_s_per_gpu",
     "mfu": "perf/mfu",
+    "mfu_palm": "perf/mfu_palm",
     "step_time_s": "perf/step_time_s",
     "model_tflops_per_gpu": "perf/model_tflops_per_gpu",
     "peak_mem_allocated_bytes": "memory/peak_allocated_bytes",

@@ -1,9 +1,11 @@
 """Measured throughput, FLOP/s, MFU and memory, next to the plan's predictions; JSONL lines and a progress display.
 
 FLOPs per token come from llmctl.plan.flops (the planner's own formulas, so measured and predicted use the same
-convention): model FLOPs = 6N + attention (PaLM appendix B), hardware FLOPs x4/3 with full recompute (the
-"4 * 2" vs "3 * 2" of docs/sources.md#tune-up-seed, Narayanan et al. 2021 eq. 3). MFU = model FLOP/s per device /
-the device's dense catalog peak. A CPU has no catalog peak (it depends on cores, AVX-512/AMX and clocks, and the
+convention): model FLOPs = 6N + attention (PaLM appendix B) with causal attention counted half, the FLOPs the
+kernels run (llmctl.plan.flops.CAUSAL_MFU), hardware FLOPs x4/3 with full recompute (the "4 * 2" vs "3 * 2" of
+docs/sources.md#tune-up-seed, Narayanan et al. 2021 eq. 3). MFU = model FLOP/s per device / the device's dense
+catalog peak; `mfu_palm` counts the attention whole as PaLM and torchtitan do (the figure published MFU is quoted in),
+next to the plan's `mfu_palm`. A CPU has no catalog peak (it depends on cores, AVX-512/AMX and clocks, and the
 cores here are shared), so on a CPU MFU is null rather than a made-up number.
 """
 
@@ -24,6 +26,7 @@ from llmctl.fileio import repair_torn_tail
 from llmctl.plan.flops import (
     adapter_recompute_flops_per_token,
     method_flops_per_token,
+    recompute_attention_flops_per_token,
     recompute_flops_per_token,
 )
 from llmctl.spec.finetune import Finetune
@@ -42,6 +45,8 @@ class ThroughputModel:
     model_flops_per_token: int
     hardware_flops_per_token: int
     peak_tflops: float | None
+    palm_flops_per_token: int | None = None
+    """Model FLOPs per token with attention counted whole (PaLM); None: as model_flops_per_token."""
 
     @classmethod
     def for_run(
@@ -59,14 +64,17 @@ class ThroughputModel:
         """`attention` is the plan's kernel family (eager, sdpa or flash): selective checkpointing recomputes eager
         attention's matmuls but keeps a fused kernel's output. With LoRA adapters (`finetune`), the method's FLOPs:
         no weight gradients for the frozen base (llmctl.plan.flops.method_flops_per_token), as the planner's MFU."""
-        model = sum(method_flops_per_token(spec, seq_len, finetune))
+        model = sum(method_flops_per_token(spec, seq_len, finetune, causal=True))
         rerun = recompute_flops_per_token(spec, seq_len, checkpointing, attention, loss_chunked)
+        # what checkpointing re-runs of the attention is causal too: half of it runs
+        rerun -= recompute_attention_flops_per_token(spec, seq_len, checkpointing, attention) // 2
         return cls(
             tokens_per_step,
             world_size,
             model,
             model + rerun + adapter_recompute_flops_per_token(spec, checkpointing, finetune),
             peak_tflops,
+            sum(method_flops_per_token(spec, seq_len, finetune)),
         )
 
     def measure(self, step_time_s: float) -> dict[str, float | None]:
@@ -80,6 +88,9 @@ class ThroughputModel:
             "model_tflops_per_gpu": model_tflops,
             "hardware_tflops_per_gpu": self.hardware_flops_per_token * per_dev / 1e12,
             "mfu": model_tflops / self.peak_tflops if self.peak_tflops else None,
+            "mfu_palm": self.palm_flops_per_token * per_dev / 1e12 / self.peak_tflops
+            if self.peak_tflops and self.palm_flops_per_token is not None
+            else None,
         }
 
 
@@ -138,6 +149,7 @@ def with_predictions(record: dict[str, Any], predicted: Predicted) -> dict[str, 
         "tokens_per_s": predicted.tokens_per_s,
         "tokens_per_s_per_gpu": predicted.tokens_per_s_per_gpu,
         "mfu": predicted.mfu,
+        "mfu_palm": predicted.mfu_palm,
         "step_time_s": predicted.step_time_s,
     }
     mem_key = "peak_mem_reserved_bytes" if record.get("peak_mem_reserved_bytes") is not None else "peak_rss_bytes"

@@ -28,6 +28,7 @@ def predicted_section(c: Candidate, network: cm.Network | None = None) -> dict[s
         "tokens_per_s": round(p.tokens_per_s, 1),
         "tokens_per_s_per_gpu": round(p.tokens_per_s_per_gpu, 1),
         "mfu": round(p.mfu, 4),
+        "mfu_palm": round(p.mfu_palm, 4),
         "step_time_s": round(p.step_time_s, 4),
         "memory_per_gpu_bytes": p.memory_per_gpu_bytes,
     }

@@ -11,9 +11,15 @@ Conventions (stated once, used everywhere):
   forward of L // K blocks; selective only the matmuls whose outputs it does not keep (every other one, and the
   attention scores when the attention is not a fused kernel whose output is kept); the chunked loss re-runs the LM
   head's forward matmul.
-- MFU = model FLOPs per second per device / device peak (PaLM's definition: recompute does not count). The peak is
-  the compute dtype's: bf16's for float8 runs too, whose converted linears run at the fp8 peak (torchtitan reports
-  float8 runs' MFU against the bf16 peak), so a float8 run's MFU shows its speed-up over the bf16 one.
+- MFU = model FLOPs per second per device / device peak (PaLM's definition: recompute does not count), with the
+  attention counted as the kernels run it: a causal mask leaves half the score matrix uncomputed (FlashAttention-2
+  skips the blocks above the diagonal; Dao 2023 counts causal attention's FLOPs as half the full matrix's, as the
+  kernel tables here do), so `mfu` counts 6N + attention / 2 (CAUSAL_MFU). PaLM and torchtitan count attention whole
+  (12 L H Q T); that figure, `mfu_palm` (PALM_MFU), is what published MFU is quoted in: it is kept beside for
+  comparing. The two differ by the attention's share: a fifth of the FLOPs of an 8B model at 8k tokens, over half at
+  128k. The peak is the compute dtype's: bf16's for float8 runs too, whose converted linears run at the fp8 peak
+  (torchtitan reports float8 runs' MFU against the bf16 peak), so a float8 run's MFU shows its speed-up over the bf16
+  one.
 - LoRA / QLoRA (llmctl.spec.finetune): the frozen base runs its forward (2 N_matmul per token) and, in backward, only
   the input gradients (2 N_matmul: a frozen weight gets no gradient, Hu et al. 2021 arXiv:2106.09685 section 4.2), the
   adapters their forward and both gradients (6 x adapter parameters), attention unchanged: 4 N_matmul + 6 N_adapter +
@@ -37,6 +43,11 @@ from llmctl.spec.finetune import Finetune, adapter_params
 from llmctl.spec.layers import Layer
 from llmctl.spec.models import ModelSpec
 
+CAUSAL_MFU = "causal attention counted half (the FLOPs the kernels run)"
+"""What `mfu` counts (the module docstring): the planner's, the engine's and plan.yaml's `mfu`."""
+PALM_MFU = "attention counted whole (PaLM, torchtitan: the convention published MFU uses)"
+"""What `mfu_palm` counts: for comparing with published MFU."""
+
 
 def matmul_params(spec: ModelSpec) -> int:
     """Parameters that take part in matmuls for one token (see module docstring)."""
@@ -50,6 +61,10 @@ def attention_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     """QK^T and AV, forward (2 matmuls x 2 FLOPs) + backward (x2), summed over blocks: 6 * a * span * (d_qk + d_v)
     per block, which is PaLM's 12 * a * d * s for full attention with equal widths; a sliding window or an attention
     chunk shortens the span (Attention.span), MLA's value heads are narrower than its query/key heads."""
+    return _memo(spec, ("attention", seq_len), lambda: _attention_flops(spec, seq_len))
+
+
+def _attention_flops(spec: ModelSpec, seq_len: int) -> int:
     if spec.measured is not None:
         return 12 * spec.num_layers * spec.num_heads * spec.head_dim * seq_len
     total = 0.0
@@ -85,12 +100,17 @@ def model_flops_per_token(spec: ModelSpec, seq_len: int) -> int:
     return 6 * matmul_params(spec) + attention_flops_per_token(spec, seq_len)
 
 
-def method_flops_per_token(spec: ModelSpec, seq_len: int, finetune: Finetune | None = None) -> tuple[int, int]:
+def method_flops_per_token(
+    spec: ModelSpec, seq_len: int, finetune: Finetune | None = None, causal: bool = False
+) -> tuple[int, int]:
     """(forward, backward) model FLOPs per token of the training method (module docstring): full training's 6N +
     attention split 1:2, or with adapters 2N + 2 N_adapter + attention/3 forward, 2N + 4 N_adapter + 2/3 attention
     backward (the frozen weights' gradients not computed; the first block's input gradient, which nothing needs, is
-    counted: 2 of its q/k/v/gate/up FLOPs, under 1/L)."""
+    counted: 2 of its q/k/v/gate/up FLOPs, under 1/L). `causal`: the attention as the kernels run it, half (CAUSAL_MFU);
+    else whole, as PaLM counts it."""
     n, attn = matmul_params(spec), attention_flops_per_token(spec, seq_len)
+    if causal:
+        attn //= 2
     if finetune is None or not finetune.adapters:
         model = 6 * n + attn
         return model // 3, model - model // 3
@@ -239,9 +259,11 @@ def mfu(
     tokens_per_s_per_device: float,
     peak_tflops: float,
     finetune: Finetune | None = None,
+    causal: bool = True,
 ) -> float:
-    """Model FLOPs utilisation in [0, 1]; with adapters against the FLOPs the method needs (module docstring)."""
+    """Model FLOPs utilisation in [0, 1]; with adapters against the FLOPs the method needs; causal attention counted
+    half (CAUSAL_MFU), or with causal=False whole (PALM_MFU) (module docstring)."""
     if peak_tflops <= 0:
         return 0.0
-    flops = sum(method_flops_per_token(spec, seq_len, finetune))
+    flops = sum(method_flops_per_token(spec, seq_len, finetune, causal))
     return tflops_per_device(flops, tokens_per_s_per_device) / peak_tflops

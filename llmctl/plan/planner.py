@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from llmctl.errors import DoesNotFitError
+from llmctl.plan import flops as fl
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration
 from llmctl.plan.explain import (
@@ -37,13 +38,17 @@ from llmctl.plan.explain_experts import explain_ep_choice
 from llmctl.plan.explain_finetune import explain_finetune
 from llmctl.plan.explain_kernels import efficiency_basis, step_split
 from llmctl.plan.explain_pipeline import explain_pp_choice
+from llmctl.plan.explain_sharding import explain_sharding
+from llmctl.plan.memory.margin import tight_warning
 from llmctl.plan.ranking import sort_key
-from llmctl.plan.request import TIGHT_MEMORY_FRACTION, PlanRequest
+from llmctl.plan.request import PlanRequest
 from llmctl.plan.search import Search, offload_can_win
 from llmctl.plan.space import fastest_families, nothing_fits, space_for
 from llmctl.plan.timing import Candidate
 from llmctl.spec.setup import TrainSetup
-from llmctl.units import GIB
+
+REJECTED_IN_JSON = 50
+"""The dropped setup families `--json`'s `rejected` lists (the first; `rejected_count` counts them all)."""
 
 
 @dataclass(frozen=True)
@@ -75,37 +80,35 @@ class PlanResult:
     pp_choice: str = ""
     """Why pipeline parallelism won or lost: its bubble, its sends, the states and communication it saves, against the
     best of the other kind (empty where the search did not consider it)."""
+    sharding_choice: str = ""
+    """FULL vs HYBRID on two nodes or more: the best of each, which won and why the other lost (empty on one node;
+    llmctl.plan.explain_sharding)."""
     ep_choice: str = ""
     """Why expert parallelism won or lost: the experts a GPU gathers, the grouped GEMMs, the all-to-alls' share of the
     step, against the best of the other kind (empty for a dense model)."""
 
     def memory_margin(self) -> dict[str, Any]:
         """The chosen setup's memory against the GPU's: what the prediction holds beyond the allocations (allocator
-        headroom, CUDA context), the margin asked for, what is left free, and a warning when that is under
-        request.TIGHT_MEMORY_FRACTION of the GPU without a margin asked for."""
+        headroom, CUDA context), the margin kept free (llmctl.plan.memory.margin: by default from measurements), what
+        is left free, and a warning when that is under the default margin with a smaller one asked for."""
         req, s = self.request, self.chosen.setup
         est = mem.estimate(req.spec, s)
         total = req.gpu.memory_bytes
         free = total - est.device_bytes
-        out: dict[str, Any] = {
+        margin = req.margin
+        return {
             "gpu_bytes": total,
             "predicted_bytes": est.device_bytes,
             "allocator_headroom_bytes": est.headroom_bytes,
             "headroom_fraction": s.headroom_fraction,
             "cuda_context_bytes": s.cuda_context_bytes,
             "margin_fraction": req.memory_margin,
+            "margin_bytes": margin.bytes,
+            "margin": margin.line(),
             "free_bytes": free,
             "free_fraction": free / total,
-            "warning": None,
+            "warning": tight_warning(free, total, req.memory_margin, s.headroom_fraction),
         }
-        if req.memory_margin == 0 and free < TIGHT_MEMORY_FRACTION * total:
-            out["warning"] = (
-                f"the chosen setup leaves {free / GIB:.1f} GiB ({free / total:.1%}) of the {total / GIB:.1f} GiB free, "
-                f"under {TIGHT_MEMORY_FRACTION:.0%}: a CUDA or NCCL stack with larger workspaces than assumed, or "
-                f"fragmentation beyond the {s.headroom_fraction:.0%} headroom, would run out of memory; "
-                f"--memory-margin {TIGHT_MEMORY_FRACTION:g} plans with that much kept free"
-            )
-        return out
 
     def as_dict(self, top: int, calibration: Calibration | None = None) -> dict[str, Any]:
         """What `llmctl plan --json` prints (the top candidates, and the calibration the request used)."""
@@ -140,6 +143,7 @@ class PlanResult:
                 "method": cal.method,
             },
             "evaluated": result.evaluated,
+            "mfu_convention": {"mfu": fl.CAUSAL_MFU, "mfu_palm": fl.PALM_MFU},
             "chosen": result.chosen.as_dict(),
             "candidates": [c.as_dict() for c in result.candidates[:top]],
             "variants_considered": len(result.variants),
@@ -158,7 +162,9 @@ class PlanResult:
             **({"finetune_choice": result.finetune_choice} if result.finetune_choice else {}),
             "memory_margin": result.memory_margin(),
             "host_memory": mem.host_memory_of(req.spec, result.chosen.setup, req.host_capacity_bytes).as_dict(),
-            "rejected": list(dict.fromkeys(result.rejected))[:50],
+            **({"sharding_choice": result.sharding_choice} if result.sharding_choice else {}),
+            "rejected": list(dict.fromkeys(result.rejected))[:REJECTED_IN_JSON],
+            "rejected_count": len(dict.fromkeys(result.rejected)),
             "plan_path": None,
         }
 
@@ -214,8 +220,9 @@ def _plan(req: PlanRequest, offload_pinned: bool = True) -> PlanResult:
     explained = (choice, tp_choice, cp_choice, precision_choice, step_split(req, fam[0]))
     pp_choice = explain_pp_choice(req, fam[0], filled, space.pps, search.pp_pruned)
     ep_choice = explain_ep_choice(req, fam[0], filled, space.eps)
+    sharding = explain_sharding(req, fam[0], filled, search.rejected) if req.explain else ""
     result = PlanResult(req, fam[0], fam, why, filled, search.rejected, search.evaluated, *explained)
-    return replace(result, pp_choice=pp_choice, ep_choice=ep_choice)
+    return replace(result, pp_choice=pp_choice, ep_choice=ep_choice, sharding_choice=sharding)
 
 
 def _with_memory(req: PlanRequest, ranked: list[Candidate]) -> list[Candidate]:

@@ -15,6 +15,7 @@ from llmctl.plan import comm as cm
 from llmctl.plan import kernel_time
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration, read_calibration
+from llmctl.plan.memory.margin import DEFAULT_MEMORY_MARGIN, Margin
 from llmctl.plan.network import network_for
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import hardware, kernels, models
@@ -50,12 +51,6 @@ HBM_EFFICIENCY = kernels.memory_bound_efficiency()
 DEFAULT_GLOBAL_BATCH_SEQS = 128
 """Default global batch when none is given: 128 sequences rounded up to a multiple of the GPUs (so that a node of 72
 or 48 splits it evenly), or one per GPU past 128."""
-TIGHT_MEMORY_FRACTION = 0.05
-"""The plan warns when the chosen setup leaves less than this fraction of the GPU's memory free (beyond the allocator
-headroom the estimate already holds). The estimate matches torch.cuda.max_memory_allocated for the model types it is
-exact for (tests/plan/test_memory_measured.py); what it cannot see is outside the allocator and varies by a few
-percent of an 80 GB GPU between stacks: the CUDA context and cuBLAS/NCCL workspaces are 0.5-2 GiB depending on the
-driver, NCCL version and number of communicators (NCCL docs, "NCCL_BUFFSIZE": 4 MiB per channel and peer)."""
 
 
 CPU_PINS = {"compile": False, "attention": "sdpa"}
@@ -137,9 +132,10 @@ class PlanRequest:
     overlap: float = cm.DEFAULT_OVERLAP
     efficiency: Efficiency = field(default_factory=Efficiency)
     sync_every_micro_batch: bool = True
-    memory_margin: float = 0.0
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
     """Fraction of each GPU's memory the chosen setup must leave free (--memory-margin), on top of the allocator
-    headroom and CUDA context the estimate includes."""
+    headroom and CUDA context the estimate includes; by default what llmctl.plan.memory.margin derives from the
+    H100's measured fragmentation and NCCL's buffers."""
     optimizer_states: str = "auto"
     """What AdamW's moments are stored in, for every setup (llmctl.spec.optimizer_states): the planner never picks
     bf16 or 8bit by itself; only this (--optimizer-states) does."""
@@ -236,7 +232,12 @@ class PlanRequest:
     @property
     def capacity_bytes(self) -> int:
         """Bytes of each GPU a setup may use: its memory less the margin asked for."""
-        return int(self.gpu.memory_bytes * (1 - self.memory_margin))
+        return int(self.gpu.memory_bytes * (1 - self.memory_margin))  # Margin.capacity_bytes, asked per candidate
+
+    @property
+    def margin(self) -> Margin:
+        """The margin kept free on each GPU (llmctl.plan.memory.margin)."""
+        return Margin(self.memory_margin, self.gpu.memory_bytes)
 
     @property
     def compute_dtype(self) -> str:
@@ -354,7 +355,7 @@ def build_request(
         pins={k: v for k, v in d.items() if k not in REQUEST_FIELDS},
         overlap=o["overlap"],
         efficiency=Efficiency(calibration=cal.factor) if cal else Efficiency(),
-        memory_margin=o.get("memory_margin") or 0.0,
+        memory_margin=DEFAULT_MEMORY_MARGIN if o.get("memory_margin") is None else o["memory_margin"],
         optimizer_states=d["optimizer_states"] or "auto",
         finetune=from_flags(d),
         node_memory_gib=hw.node_memory_gib,

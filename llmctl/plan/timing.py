@@ -79,9 +79,13 @@ class Prediction:
     tokens_per_s: float
     tokens_per_s_per_gpu: float
     mfu: float
+    """Model FLOPs utilisation, causal attention counted half (llmctl.plan.flops.CAUSAL_MFU)."""
     memory_per_gpu_bytes: int
     """The memory model's device bytes per GPU (0: not sized, see `predict`)."""
     bottleneck: str
+    mfu_palm: float = 0.0
+    """The same with attention counted whole, as PaLM and torchtitan count it (llmctl.plan.flops.PALM_MFU): the figure
+    published MFU is quoted in."""
     tp_comm_exposed_s: float = 0.0
     """Of comm_exposed_s, tensor parallelism's collectives."""
     cp_comm_exposed_s: float = 0.0
@@ -148,6 +152,7 @@ class Candidate:
             "tokens_per_s": p.tokens_per_s,
             "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu,
             "mfu": p.mfu,
+            "mfu_palm": p.mfu_palm,
             "memory_per_gpu_bytes": p.memory_per_gpu_bytes,
             "step_time_s": p.step_time_s,
             "compute_s": p.compute_s,
@@ -624,7 +629,9 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
     tokens_step = setup.tokens_per_step
     tps = tokens_step / step
     per_gpu = tps / gpus
-    mfu = fl.mfu(req.spec, req.seq_len, per_gpu, req.gpu.peak_tflops(req.compute_dtype), setup.finetune)
+    peak = req.gpu.peak_tflops(req.compute_dtype)
+    mfu = fl.mfu(req.spec, req.seq_len, per_gpu, peak, setup.finetune)
+    mfu_palm = fl.mfu(req.spec, req.seq_len, per_gpu, peak, setup.finetune, causal=False)
     budget_t = req.token_budget / tps if req.token_budget else None
     cost = (
         budget_t / 3600 * gpus * req.price_per_gpu_hour
@@ -641,6 +648,7 @@ def evaluate(req: PlanRequest, setup: TrainSetup, memory_bytes: int = 0) -> Cand
         tokens_per_s=tps,
         tokens_per_s_per_gpu=per_gpu,
         mfu=mfu,
+        mfu_palm=mfu_palm,
         memory_per_gpu_bytes=memory_bytes,
         bottleneck=c.bottleneck,
         tp_comm_exposed_s=t.exposed_s,

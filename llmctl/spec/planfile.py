@@ -328,6 +328,10 @@ class Predicted(_Strict):
     tokens_per_s: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
     tokens_per_s_per_gpu: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
     mfu: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
+    """Model FLOPs utilisation with causal attention counted half, the FLOPs the kernels run (the engine's `mfu`)."""
+    mfu_palm: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
+    """The same with attention counted whole (PaLM, torchtitan), for comparing with published MFU (the engine's
+    `mfu_palm`)."""
     step_time_s: Float | None = Field(None, ge=0, le=GENERIC_FLOAT_LIMIT)
     memory_per_gpu_bytes: Int | None = Field(None, ge=0, le=GENERIC_INT_LIMIT)
     intra_node_busbw_gbytes_s: Float | None = Field(None, gt=0, le=GENERIC_FLOAT_LIMIT)

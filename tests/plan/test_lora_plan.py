@@ -53,7 +53,9 @@ def test_mfu_full_unchanged_and_lora_counts_the_methods_flops():
     assert (
         full
         == fl.mfu(L8B, 4096, 1000.0, 989.5, Finetune())
-        == pytest.approx(fl.model_flops_per_token(L8B, 4096) * 1000 / 1e12 / 989.5)
+        == pytest.approx(
+            (fl.model_flops_per_token(L8B, 4096) - fl.attention_flops_per_token(L8B, 4096) // 2) / 1e9 / 989.5
+        )
     )
     assert fl.mfu(L8B, 4096, 1000.0, 989.5, LORA) < full
 
@@ -144,6 +146,7 @@ def test_another_method_is_timed_with_selective_checkpointing_before_full():
         finetune=Finetune("qlora", 16),
         seq_len=2048,
         global_batch_seqs=32,
+        memory_margin=0.0,  # QLoRA without checkpointing fills the GPU past the default margin: the case needs it
     )
     chosen = pl.plan(req).chosen
     assert chosen.setup.checkpointing == "none"

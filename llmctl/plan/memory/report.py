@@ -23,6 +23,7 @@ from llmctl.plan.memory.estimate import (
 from llmctl.plan.memory.experts import IMBALANCE_NOTE, expert_memory
 from llmctl.plan.memory.host import host_memory
 from llmctl.plan.memory.ledger import model_bytes_per_param
+from llmctl.plan.memory.margin import DEFAULT_MEMORY_MARGIN, Margin
 from llmctl.plan.memory.ring import ring_buffers
 from llmctl.plan.memory.states import classic_bytes_per_param
 from llmctl.spec.hardware import GPUSpec
@@ -32,11 +33,18 @@ from llmctl.spec.parallel import STRATEGIES
 from llmctl.spec.setup import TrainSetup
 
 
-def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpus: int | None = None) -> dict[str, Any]:
+def fit_report(
+    spec: ModelSpec,
+    setup: TrainSetup,
+    gpu: GPUSpec | None,
+    node_gpus: int | None = None,
+    memory_margin: float = DEFAULT_MEMORY_MARGIN,
+) -> dict[str, Any]:
     """`llmctl estimate-memory`'s whole answer as plain data (what --json prints and the tables show): the ledger,
     the components by phase, one block's activation terms, and on a GPU whether it fits, the largest micro-batch and
-    the fewest GPUs per strategy and per checkpointing mode, in nodes of `node_gpus` GPUs (default: the setup's). The
-    estimate itself is under "_estimate"."""
+    the fewest GPUs per strategy and per checkpointing mode, in nodes of `node_gpus` GPUs (default: the setup's),
+    each with `memory_margin` of the GPU kept free (llmctl.plan.memory.margin). The estimate itself is under
+    "_estimate"."""
     est = estimate(spec, setup)
     out = {**_model_report(spec), "setup": _setup_report(setup), **_estimate_report(spec, setup, est)}
     if setup.finetune.adapters:
@@ -59,7 +67,7 @@ def fit_report(spec: ModelSpec, setup: TrainSetup, gpu: GPUSpec | None, node_gpu
         spec, setup, est, host_capacity_bytes(gpu, setup.gpus_per_node), gpu is not None
     ).as_dict()
     if gpu is not None:
-        out |= _gpu_report(spec, setup, est, gpu, node_gpus, host_cap)
+        out |= _gpu_report(spec, setup, est, gpu, node_gpus, host_cap, Margin(memory_margin, gpu.memory_bytes))
     out["_estimate"] = est
     return out
 
@@ -152,30 +160,40 @@ def _finetune_report(spec: ModelSpec, setup: TrainSetup) -> dict[str, Any]:
 
 
 def _gpu_report(
-    spec: ModelSpec, setup: TrainSetup, est: MemoryEstimate, gpu: GPUSpec, node_gpus: int | None, host_cap: int | None
+    spec: ModelSpec,
+    setup: TrainSetup,
+    est: MemoryEstimate,
+    gpu: GPUSpec,
+    node_gpus: int | None,
+    host_cap: int | None,
+    margin: Margin,
 ) -> dict[str, Any]:
-    """On a GPU kind: whether it fits, the largest micro-batch, the fewest GPUs per strategy and per checkpointing."""
+    """On a GPU kind, with the margin kept free: whether it fits, the largest micro-batch, the fewest GPUs per
+    strategy and per checkpointing."""
     sized = setup if node_gpus in (None, setup.gpus_per_node) else replace(setup, gpus_per_node=node_gpus)
+    cap = margin.capacity_bytes
     table = {}
     for strat in STRATEGIES:
-        m = min_gpus(spec, sized, gpu.memory_bytes, strat, host_memory_bytes=host_cap)
+        m = min_gpus(spec, sized, cap, strat, host_memory_bytes=host_cap)
         table[strat] = {"gpus": m.gpus, "nodes": m.nodes, "per_gpu_total_bytes": m.device_bytes, "note": m.note}
     return {
         "gpu": gpu.name,
         "gpu_memory_bytes": gpu.memory_bytes,
-        "fits": fits(est, gpu.memory_bytes, host_cap),
-        "max_micro_batch": max_micro_batch(spec, setup, gpu.memory_bytes, host_memory_bytes=host_cap),
+        "memory_margin": margin.as_dict(),
+        "fits": fits(est, cap, host_cap),
+        "max_micro_batch": max_micro_batch(spec, setup, cap, host_memory_bytes=host_cap),
         "node_gpus": sized.gpus_per_node,
         "min_gpus_by_strategy": table,
         "min_gpus": table[setup.strategy]["gpus"],
-        "min_gpus_by_checkpointing": _min_gpus_by_checkpointing(spec, setup, sized, gpu, host_cap),
+        "min_gpus_by_checkpointing": _min_gpus_by_checkpointing(spec, setup, sized, cap, host_cap),
     }
 
 
 def _min_gpus_by_checkpointing(
-    spec: ModelSpec, setup: TrainSetup, sized: TrainSetup, gpu: GPUSpec, host_cap: int | None
+    spec: ModelSpec, setup: TrainSetup, sized: TrainSetup, capacity: int, host_cap: int | None
 ) -> dict[str, Any]:
-    """The fewest GPUs of the setup's strategy under each checkpointing mode, with that mode's activations."""
+    """The fewest GPUs of the setup's strategy under each checkpointing mode (`capacity` bytes of each usable), with
+    that mode's activations."""
     by_mode = {}
     modes = ["none", "selective", "partial:2", "full"]
     if setup.checkpointing not in modes:
@@ -184,9 +202,7 @@ def _min_gpus_by_checkpointing(
         if mode.startswith("partial:") and spec.num_layers // int(mode.split(":")[1]) == 0:
             continue
         alt = replace(setup, checkpointing=mode)
-        m = min_gpus(
-            spec, replace(sized, checkpointing=mode), gpu.memory_bytes, setup.strategy, host_memory_bytes=host_cap
-        )
+        m = min_gpus(spec, replace(sized, checkpointing=mode), capacity, setup.strategy, host_memory_bytes=host_cap)
         acts = sum(comp.bytes for comp in estimate(spec, alt).components if comp.name.startswith("activations"))
         by_mode[mode] = {
             "gpus": m.gpus,
