@@ -21,6 +21,12 @@ from llmctl.data import prepare as prep
 REPO = Path(__file__).resolve().parents[2]
 
 
+def sigint_default() -> None:
+    """SIGINT as a terminal leaves it: a shell's background job (`make test &` in a script) starts with SIGINT
+    ignored, which Python then keeps ignoring, so the Ctrl-C case would test the launcher's shell, not llmctl."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
@@ -77,7 +83,9 @@ def test_a_killed_prepare_leaves_nothing_complete_and_the_next_run_cleans_up(
     # Its forkserver's socket folder goes to TMPDIR; a SIGKILL leaves it behind: keep it under pytest's own folder.
     env = {**os.environ, "TMPDIR": str(tmp_path.parent / f"{tmp_path.name}-tmpdir")}
     os.makedirs(env["TMPDIR"], exist_ok=True)
-    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=sigint_default
+    )
     try:
         deadline = time.monotonic() + 60
         while not list(tmp_path.glob(".o?u?t ?.tmp-*/train-00001.bin")):  # one shard complete, more to come

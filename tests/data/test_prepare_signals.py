@@ -22,6 +22,12 @@ from data_helpers import make_docs, write_docs
 REPO = Path(__file__).resolve().parents[2]
 
 
+def sigint_default() -> None:
+    """SIGINT as a terminal leaves it: a shell's background job (`make test &` in a script) starts with SIGINT
+    ignored, which Python then keeps ignoring, so the Ctrl-C case would test the launcher's shell, not llmctl."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def session_processes(sid: int) -> list[str]:
     """The processes of session `sid` (the command started its own: its forkserver, resource tracker and workers
     stay in it even when their parent dies), as 'pid command' lines."""
@@ -53,7 +59,9 @@ def test_a_signalled_prepare_leaves_no_process(tmp_path: Path, hf_tokenizer: str
     cmd = [sys.executable, "-m", "llmctl", "data", "prepare", str(src), "--out", str(out), "--workers", "2"]
     cmd += ["--tokenizer", hf_tokenizer, "--shard-tokens", "20000"]
     env = {**os.environ, "TMPDIR": str(tmp_path)}  # the forkserver's socket folder
-    proc = subprocess.Popen(cmd, cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, start_new_session=True, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=sigint_default
+    )
     try:
         deadline = time.monotonic() + 120
         while not list(tmp_path.glob(".out.tmp-*/train-00001.bin")):  # mid-run: one shard complete, more to come
