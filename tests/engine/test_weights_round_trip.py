@@ -272,10 +272,12 @@ def test_lora_trains_only_the_adapters_and_checkpoints_only_them(runs: dict[str,
     # 2 blocks x 4 x ((64+64) + 2 (64+32) + (64+64) + 2 (64+172) + (172+64)): the peft count of this model
     assert start["trainable_params"] == want == 2 * 4 * (128 + 2 * 96 + 128 + 3 * 236)
     assert start["finetune"] == "lora r4" and "LoRA adapters new" in start["init"]
-    # MFU counts the method's FLOPs: no weight gradients for the frozen base (the planner's convention)
+    # MFU counts the method's FLOPs: no weight gradients for the frozen base, causal attention half (the planner's
+    # convention); the PaLM figure (attention whole) beside it
     spec, ft = model_spec_for(plan.model), plan.setup.finetune
-    lora_flops = sum(method_flops_per_token(spec, 32, ft))
+    lora_flops = sum(method_flops_per_token(spec, 32, ft, causal=True))
     assert start["model_flops_per_token"] == lora_flops < 0.8 * model_flops_per_token(spec, 32)
+    assert start["model_flops_per_token"] < sum(method_flops_per_token(spec, 32, ft))
     got = losses(runs["lora-llama"])
     assert sorted(got) == list(range(1, 7)) and got[6] < got[1] - 0.05, got
     # B starts at zero (peft's init): the first step's loss is the base's own, as transformers computes it

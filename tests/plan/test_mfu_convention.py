@@ -43,7 +43,7 @@ def test_plan_reports_both_conventions_and_names_them(tmp_path) -> None:
     args = ["plan", "llama-3.1-8b", "--gpu", "H100", "--gpus", "8", "--seq-len", "8k"]
     r = CliRunner().invoke(app, [*args, "--json", "-o", str(tmp_path / "p.yaml")])
     assert r.exit_code == 0, r.output
-    d = json.loads(r.output)
+    d = json.loads(r.stdout)  # stderr says where the run folder is (beside the plan)
     assert d["mfu_convention"] == {"mfu": fl.CAUSAL_MFU, "mfu_palm": fl.PALM_MFU}
     c = d["chosen"]
     assert c["mfu"] < c["mfu_palm"]
