@@ -116,17 +116,7 @@ def plan_command(
     kernels for MODEL on a cluster."""
     if top < 1:
         raise InputError(f"--top must be >= 1, got {top}")
-    run_flags = [
-        flag
-        for flag, given in (
-            ("--data", data),
-            ("--synthetic", synthetic),
-            ("--run-dir", run_dir),
-            ("--checkpoint-every", checkpoint_every != DEFAULT_CHECKPOINT_MINUTES),
-            ("--epochs", epochs is not None),
-        )
-        if given
-    ]
+    run_flags = _run_flags(data, synthetic, run_dir, checkpoint_every, epochs)
     if epochs is not None and tokens is not None:
         raise InputError("give either --epochs or --tokens (each sets the run's length), not both")
     _check_flags(no_write, output, force, run_flags, tokenizer, data, synthetic, params, checkpoint_every)
@@ -184,6 +174,20 @@ def plan_command(
         show.show(result, out, top)
     if refusal is not None:
         raise refusal
+
+
+def _run_flags(
+    data: list[str] | None, synthetic: bool, run_dir: str | None, checkpoint_every: float, epochs: float | None
+) -> list[str]:
+    """The flags given that shape the run the plan file describes (meaningless without a plan file)."""
+    given = (
+        ("--data", data),
+        ("--synthetic", synthetic),
+        ("--run-dir", run_dir),
+        ("--checkpoint-every", checkpoint_every != DEFAULT_CHECKPOINT_MINUTES),
+        ("--epochs", epochs is not None),
+    )
+    return [flag for flag, on in given if on]
 
 
 def _write(
