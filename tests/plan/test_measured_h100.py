@@ -122,9 +122,10 @@ SPEEDS = {
 }
 
 
-def predicted_run(key: str) -> tuple[float, dict, dict]:
+def predicted_run(key: str, measured: dict | None = None, gpu: str = "H100-SXM") -> tuple[float, dict, dict]:
     """(measured / predicted tokens/s, the predicted split, the measured record) for a tier run, its setup pinned as
-    the run had it (one H100, global batch 8 sequences, SDPA)."""
+    the run had it (one GPU, global batch 8 sequences, SDPA); MEASURED (the H100's) unless another tier report is
+    given, with its catalog GPU."""
     import re
 
     from llmctl.plan import comm as cm
@@ -132,7 +133,7 @@ def predicted_run(key: str) -> tuple[float, dict, dict]:
     from llmctl.spec.finetune import Finetune
     from llmctl.spec.hardware import resolve_gpu
 
-    got = MEASURED["results"][key]
+    got = (measured or MEASURED)["results"][key]
     model, seq, precision, method = SPEEDS.get(key) or SPLITS[key]
     m = re.match(r"mb (\d+)x(\d+), (\w+), (\w+), compile (\w+)", got.get("setup", ""))
     mb, acc, ck, attn, comp = (
@@ -141,7 +142,7 @@ def predicted_run(key: str) -> tuple[float, dict, dict]:
     ft = Finetune(method) if method != "full" else Finetune()
     req = plan_request(
         spec=models.resolve_model(model),
-        gpu=resolve_gpu("H100-SXM"),
+        gpu=resolve_gpu(gpu),
         nodes=1,
         gpus_per_node=1,
         network=cm.Network(360.0, 50.0),
