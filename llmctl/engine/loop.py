@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmctl.engine import sdpa
 from llmctl.engine.checkpoint import StopSignal
 from llmctl.engine.trainer import RankEnv, Trainer
 from llmctl.engine.watchdog import collective_failure, flight_recorder_env
@@ -51,7 +52,8 @@ def run(plan: Plan) -> dict[str, Any]:
     finished = False
     try:
         trainer.setup()
-        summary = trainer.train()
+        with sdpa.applied(trainer.sdpa):  # the attention kernel the plan priced, first in SDPA's order
+            summary = trainer.train()
         finished = True
         return summary
     except RuntimeError as e:  # a collective that timed out or lost its peer: one line, not a traceback per rank

@@ -58,6 +58,7 @@ from llmctl.engine.optim import check_installed as check_optimizer_installed
 from llmctl.engine.parallelize import build_mesh, check_world, needs_fsdp, parallelize
 from llmctl.engine.resume import plan_fingerprint
 from llmctl.engine.scaler import GradStep, LossScaler, overflow_injection
+from llmctl.engine.sdpa import for_run as sdpa_for_run
 from llmctl.engine.watchdog import Watchdog
 from llmctl.errors import InputError, SpecError
 from llmctl.spec.attention import Attention
@@ -283,6 +284,8 @@ class Trainer:
             sinks = open_sinks(plan.logging, self.run_id, self.start, run)
             self.metrics = MetricsLog(Path(plan.logging.dir) / "metrics.jsonl", total, sinks=sinks)
         self._resume_events()
+        # the SDPA kernel the plan priced, asked for first (loop.run trains under its order), and the one SDPA runs
+        self.sdpa = sdpa_for_run(self.device, self.attn_impl, self.spec.layers[0].attention, t, self.env.rank == 0)
         self.emit(self._start_record(peak, rss_base, rss_setup, rss_all))
 
     def _find_checkpoint(self) -> tuple[int, Path] | None:
@@ -454,6 +457,7 @@ class Trainer:
             "device": str(self.device),
             "backend": self.choice.backend,
             "attention": self.attn_impl,
+            "sdpa": self.sdpa.as_dict(),
             "checkpointing": t.checkpointing,
             "cp": t.cp,
             **self._pp_fields(),
@@ -481,7 +485,7 @@ class Trainer:
             "rss_peak_setup_bytes": rss_setup,
             "rss_per_rank_bytes": [list(r) for r in rss_all],
             "message": f"{'resuming at' if start else 'starting at'} step {start}/{total}: {spec.params:,} params{self._lora_words()}, "
-            f"attention {self.attn_impl} ({self.attn_why}){self._cp_words()}{self._pp_words()}{self._moe_words()}, loss {self.loss_impl} ({self.loss_why}), mesh "
+            f"attention {self.attn_impl} ({self.attn_why}){self.sdpa.words()}{self._cp_words()}{self._pp_words()}{self._moe_words()}, loss {self.loss_impl} ({self.loss_why}), mesh "
             f"{tuple(mesh.shape)} {mesh.mesh_dim_names}{'' if self.fsdp else ' (one rank: no FSDP)'}, "
             f"{self.choice.backend}, {self.data_desc}; {'validation: ' + val[1] + '; ' if val else ''}"
             f"{self.made.source}",

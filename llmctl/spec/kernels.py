@@ -112,17 +112,36 @@ SDPA_CUDNN_ARCHS = ("hopper", "blackwell")
 cudnn_generated_fort_native_sdpa_sm90_flash_*), PyTorch's backend order putting cuDNN first on sm90 and newer."""
 
 
+ARCH_BY_CAPABILITY = {7: "volta", 8: "ampere", 9: "hopper", 10: "blackwell", 12: "blackwell"}
+"""CUDA compute capability (major) -> the catalog's architecture (presets/gpus.yaml); 7.5 is Turing and 8.9 Ada
+(ARCH_BY_CAPABILITY_MINOR), which share a major with another generation (NVIDIA's CUDA GPUs list)."""
+ARCH_BY_CAPABILITY_MINOR = {(7, 5): "turing", (8, 9): "ada"}
+
+
+def architecture_of(capability: tuple[int, int]) -> str:
+    """The catalog architecture of a CUDA device from its compute capability ('unknown' for one not listed)."""
+    return ARCH_BY_CAPABILITY_MINOR.get(capability) or ARCH_BY_CAPABILITY.get(capability[0], "unknown")
+
+
+def sdpa_kernel(architecture: str, flash_attention: bool) -> str:
+    """The kernel SDPA is priced at, and the engine asks for first, on a GPU of this architecture: cuDNN's attention on
+    Hopper and Blackwell (SDPA_CUDNN_ARCHS), FlashAttention-2 on the other GPUs it runs on (sm80+), the
+    memory-efficient kernel elsewhere. One rule for the planner (kernel_for) and the engine (llmctl.engine.sdpa)."""
+    if not flash_attention:
+        return "efficient"
+    return "cudnn" if architecture in SDPA_CUDNN_ARCHS else "fa2"
+
+
 def kernel_for(attention: str, gpu: GPUSpec) -> str:
-    """The kernel a plan's attention runs on this GPU: flash-attn is FlashAttention-2; SDPA runs cuDNN's attention on
-    Hopper and Blackwell (SDPA_CUDNN_ARCHS), its FlashAttention-2 backend on the other sm80+ GPUs, its
-    memory-efficient kernel where FlashAttention-2 does not run (Volta, Turing); eager is eager."""
+    """The kernel a plan's attention runs on this GPU: flash-attn is FlashAttention-2; SDPA as `sdpa_kernel` says;
+    memory-efficient where FlashAttention-2 does not run (Volta, Turing); eager is eager."""
     kind = Attention(attention)
     if kind.keeps_scores:
         return "eager"
     if not gpu.flash_attention:
         return "efficient"
-    if kind is Attention.SDPA and gpu.architecture in SDPA_CUDNN_ARCHS:
-        return "cudnn"
+    if kind is Attention.SDPA:
+        return sdpa_kernel(gpu.architecture, gpu.flash_attention)
     return "fa2"
 
 

@@ -41,6 +41,8 @@ def test_full_shard_2_ranks_loss_falls(reference_run: Path) -> None:
     start = records(reference_run, "start")[0]
     assert start["mesh"] == [2] and start["mesh_dims"] == ["shard"] and start["backend"] == "gloo"
     assert start["attention"] == "sdpa" and start["vocab_size"] == 320
+    # On a CPU nothing is chosen; SDPA's own CPU kernel (flash-style for fp32 causal attention) is named
+    assert start["sdpa"] == {"priced": None, "order": [], "runs": "cpu-flash", "why": None}
     loss = losses(reference_run)
     assert sorted(loss) == list(range(1, 31))
     assert_loss_falls(loss)

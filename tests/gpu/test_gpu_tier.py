@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from llmctl.spec.kernels import architecture_of, sdpa_kernel
 from tests.gpu.conftest import REPO, events, flash_attn_importable, record, run
 
 TINY_OVERRIDES = {
@@ -291,6 +292,9 @@ def test_tiny_run_bf16_compiled_through_launch(run_dir: Path, report: dict[str, 
     )
     assert start["device"].startswith("cuda") and start["backend"] == "nccl"
     assert start["attention"] == ("flash_attention_2" if attention() == "flash" else "sdpa")
+    if attention() == "sdpa":  # the kernel the plan priced, asked for first, and the one SDPA runs (engine/sdpa.py)
+        want = sdpa_kernel(architecture_of(capability()), capability() >= (8, 0))
+        assert start["sdpa"]["priced"] == want and start["sdpa"]["runs"] == want, start["sdpa"]
     assert len(steps) == 30 and falls(steps)
     assert steps[-1]["peak_mem_allocated_bytes"] > 0 and steps[-1]["alloc_retries"] == 0
     assert (folder / "ckpt").is_dir(), "no checkpoint written at the end"
@@ -378,7 +382,8 @@ def test_step_split_against_the_plan(name: str, run_dir: Path, report: dict[str,
             300,
         ).stdout
     )["chosen"]
-    steps = events(engine(plan, extra_env={"LLMCTL_PROFILE_STEPS": "4:5"}), "step")
+    metrics = engine(plan, extra_env={"LLMCTL_PROFILE_STEPS": "4:5"})
+    steps, start = events(metrics, "step"), events(metrics, "start")[-1]
     prof = json.loads((folder / "kernel_profile.json").read_text())
     got = {
         "setup": f"{model} at {seq} tokens, mb {mb}, {' '.join(more) or 'full'}",
@@ -391,3 +396,7 @@ def test_step_split_against_the_plan(name: str, run_dir: Path, report: dict[str,
     }
     record(report, f"split/{name}", got)
     assert prof["gpu_s_per_step"].get("matmul", 0) > 0 and prof["gpu_s_per_step"].get("attention", 0) > 0
+    # the attention kernels the profile saw are those of the kernel the start event says SDPA runs
+    marks = {"cudnn": "cudnn", "fa2": "flash", "efficient": "fmha"}
+    attn = [k["name"] for k in prof["top_kernels"] if k["kind"] == "attention"]
+    assert attn and all(marks[start["sdpa"]["runs"]] in n for n in attn), (start["sdpa"], attn)
