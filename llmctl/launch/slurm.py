@@ -19,6 +19,10 @@ The job's environment (what a demanding user expects, and why):
 - Variables passed by name (`--env HF_TOKEN`) reach the job because sbatch exports the submitting environment
   (--export=ALL); the script checks they arrived, never writes their values, and lets them win over a container
   image's own (pyxis --container-env, apptainer APPTAINERENV_NAME).
+- Before any python: a check step makes every node read the token `submit` wrote in the job folder (SHARED_MARKER,
+  outside any container), and with a container an image check runs `python -m llmctl --version` in it; each failure
+  is one line in the log and the events file, and its own exit code. A container job's preflight starts its agents
+  in the container (`preflight_agent_words`); its batch-host half runs outside, with the launch host's Python.
 """
 
 from __future__ import annotations

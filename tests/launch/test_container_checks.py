@@ -347,3 +347,27 @@ def test_submit_writes_the_token_the_script_checks(tmp_path: Path, monkeypatch: 
     assert len(tokens) == 2
     dry = CliRunner().invoke(app, [*args, "--dry-run"])
     assert f"export LLMCTL_SHARED_TOKEN={slurm.DRY_RUN_TOKEN}\n" in dry.stdout
+
+
+def test_a_local_launch_python_gets_a_note_when_the_preflight_needs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launch_helpers import TINY_PLAN
+    from typer.testing import CliRunner
+
+    from llmctl.cli.main import app
+    from llmctl.launch import sharedfs
+
+    table = tmp_path / "mountinfo"
+    table.write_text("22 1 0:21 / / rw - ext4 /dev/sda1 rw\n")
+    monkeypatch.setattr(sharedfs, "MOUNTINFO", table)
+    monkeypatch.setattr(slurm, "node_python_and_torchrun", lambda: ("/opt/v/bin/python", "/opt/v/bin/torchrun"))
+    monkeypatch.chdir(tmp_path)
+    args = ["launch", str(TINY_PLAN), "--slurm", "--dry-run", "--container-image", "img"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    [note] = [ln for ln in r.stderr.splitlines() if ln.startswith("llmctl: note:")]
+    assert "/opt/v/bin/python" in note and "skips its preflight" in note
+    assert "export LLMCTL_PREFLIGHT_PYTHON=/opt/v/bin/python" in r.stdout
+    r = CliRunner().invoke(app, [*args, "--no-preflight"])
+    assert r.exit_code == 0 and "note:" not in r.stderr and "LLMCTL_PREFLIGHT_PYTHON" not in r.stdout
