@@ -371,3 +371,29 @@ def test_a_local_launch_python_gets_a_note_when_the_preflight_needs_it(
     assert "export LLMCTL_PREFLIGHT_PYTHON=/opt/v/bin/python" in r.stdout
     r = CliRunner().invoke(app, [*args, "--no-preflight"])
     assert r.exit_code == 0 and "note:" not in r.stderr and "LLMCTL_PREFLIGHT_PYTHON" not in r.stdout
+
+
+@pytest.mark.parametrize("container", ["pyxis", "apptainer"])
+def test_the_agent_command_runs_the_setup_lines_then_the_containers_python(tmp_path: Path, container: str) -> None:
+    """LLMCTL_PREFLIGHT_AGENT as the script exports it, split as host.agent_command splits it, run as srun would
+    run it once the container has started (the words before `bash` are the container's): the --setup lines, then
+    `python -m llmctl.launch.preflight agent` with the step's own arguments, byte for byte."""
+    image = {"container_image": "img"} if container == "pyxis" else {"apptainer": "/img.sif"}
+    script, _ = job(tmp_path, preflight=PreflightOptions(), setup=["export PROBE=in-$LLMCTL_CONTAINER"], **image)
+    [line] = [ln for ln in script.splitlines() if ln.startswith("export LLMCTL_PREFLIGHT_AGENT=")]
+    value = run_bash(line + '\nprintf %s "$LLMCTL_PREFLIGHT_AGENT"', {"PATH": "/usr/bin:/bin"}).stdout
+    words = host.agent_command({host.AGENT_ENV: value})
+    inside = words[words.index("bash") :]
+    record = tmp_path / "args"
+    python = write_stub(tmp_path, "python3", f'printf "%s\\0" "$PROBE" "$@" > {str(record)!r}')
+    step_args = ["node", "--", "--out", str(tmp_path / "a b'c"), "--expect-gpus", "0"]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LLMCTL_PYTHON": str(python),
+        "LLMCTL_SETUP": "export PROBE=in-$LLMCTL_CONTAINER",
+        "SLURMD_NODENAME": "node1",
+    }
+    run = subprocess.run([*inside, *step_args], env=env, capture_output=True, text=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    got = record.read_text().split("\0")[:-1]
+    assert got == [f"in-{container}", "-m", "llmctl.launch.preflight", "agent", *step_args]
