@@ -397,3 +397,11 @@ def test_the_agent_command_runs_the_setup_lines_then_the_containers_python(tmp_p
     assert run.returncode == 0, run.stderr
     got = record.read_text().split("\0")[:-1]
     assert got == [f"in-{container}", "-m", "llmctl.launch.preflight", "agent", *step_args]
+
+
+def test_a_token_is_one_plain_word() -> None:
+    from llmctl.errors import InputError
+
+    with pytest.raises(InputError, match="shared_token"):
+        job_params = dict(job_name="t", nodes=1, nproc_per_node=1, workdir="/w", job_dir="/w/j", plan_path="/w/p")
+        slurm.make_params(torchrun="torchrun", shared_token="a'b $(x)", **job_params)  # type: ignore[arg-type]
