@@ -518,9 +518,8 @@ SBATCH_FIX = (
 
 
 PREFLIGHT_FIX = (
-    "in a container job the preflight runs its batch-host half outside the container with it, and a job whose batch "
-    "host cannot skips its preflight (stops, with --spare-nodes or --preflight-strict) - launch from a venv on a "
-    "shared file system to have one"
+    "a container job's preflight runs its batch-host half outside the container with it, and a batch host that cannot "
+    "skips the preflight (stops, with --spare-nodes or --preflight-strict) - launch from a venv on a shared file system"
 )
 
 

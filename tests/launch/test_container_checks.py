@@ -367,7 +367,7 @@ def test_a_local_launch_python_gets_a_note_when_the_preflight_needs_it(
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     [note] = [ln for ln in r.stderr.splitlines() if ln.startswith("llmctl: note:")]
-    assert "/opt/v/bin/python" in note and "skips its preflight" in note
+    assert "/opt/v/bin/python" in note and "skips the preflight" in note
     assert "export LLMCTL_PREFLIGHT_PYTHON=/opt/v/bin/python" in r.stdout
     r = CliRunner().invoke(app, [*args, "--no-preflight"])
     assert r.exit_code == 0 and "note:" not in r.stderr and "LLMCTL_PREFLIGHT_PYTHON" not in r.stdout
