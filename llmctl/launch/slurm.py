@@ -19,6 +19,10 @@ The job's environment (what a demanding user expects, and why):
 - Variables passed by name (`--env HF_TOKEN`) reach the job because sbatch exports the submitting environment
   (--export=ALL); the script checks they arrived, never writes their values, and lets them win over a container
   image's own (pyxis --container-env, apptainer APPTAINERENV_NAME).
+- Before any python: a check step makes every node read the token `submit` wrote in the job folder (SHARED_MARKER,
+  outside any container), and with a container an image check runs `python -m llmctl --version` in it; each failure
+  is one line in the log and the events file, and its own exit code. A container job's preflight starts its agents
+  in the container (`preflight_agent_words`); its batch-host half runs outside, with the launch host's Python.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ training's ports (29500 + 2000) and the preflight's (31500 + 2000)."""
 # read the others); then the node's address: from LLMCTL_NODE_ADDRS ("node=addr ...", looked up by the batch shell
 # when the step runs in a container without scontrol), else from scontrol. torchrun handles SIGUSR1 (forwarding it to
 # the ranks) instead of dying from it, and waits up to the shutdown timeout for them to finish their checkpoint.
-_NODE_STEP_SCRIPT = """
+_NODE_SETUP = """
 {container}while IFS= read -r llmctl_line; do
   [ -n "$llmctl_line" ] || continue
   eval "$llmctl_line" </dev/null || {{
@@ -70,7 +74,8 @@ _NODE_STEP_SCRIPT = """
     exit "$llmctl_rc"
   }}
 done <<<"${{LLMCTL_SETUP:-}}"
-node_addr=
+"""
+_NODE_STEP_SCRIPT = """node_addr=
 for llmctl_pair in ${{LLMCTL_NODE_ADDRS:-}}; do
   if [ "${{llmctl_pair%%=*}}" = "$SLURMD_NODENAME" ]; then node_addr=${{llmctl_pair#*=}}; fi
 done
@@ -97,8 +102,68 @@ exec "$LLMCTL_TORCHRUN" \\
 def node_step_script(engine_module: str = ENGINE_MODULE, container: str | None = None) -> str:
     """The step's script; inside a container (pyxis or apptainer) it sets LLMCTL_CONTAINER to say so first, so that
     a --setup line meant for the host only can be skipped there: `[ -n "${LLMCTL_CONTAINER:-}" ] || module load x`."""
+    return node_setup_script(container) + _NODE_STEP_SCRIPT.format(engine_module=engine_module)
+
+
+def node_setup_script(container: str | None = None) -> str:
+    """The start of every script a job runs on a node (its step, the image check, the preflight's agents in a
+    container): LLMCTL_CONTAINER inside a container, then the --setup lines (LLMCTL_SETUP), each of which must
+    succeed."""
     prefix = f"export LLMCTL_CONTAINER={container}\n" if container else ""
-    return _NODE_STEP_SCRIPT.format(engine_module=engine_module, container=prefix)
+    return _NODE_SETUP.format(container=prefix)
+
+
+SHARED_MARKER = ".llmctl-shared"
+"""The file in the job folder that `llmctl launch` writes at submit, holding a random token (the job script holds
+the same): every node must read that token there, or the job folder is not the one the submitting host wrote."""
+DRY_RUN_TOKEN = "written-at-submit"
+"""The token a --dry-run's script shows (the real one is random, made when the job folder is)."""
+SHARED_CHECK_EXIT = 4
+"""The job's exit code when a node does not share the job folder (the script's check step)."""
+IMAGE_CHECK_EXIT = 5
+"""The job's exit code when the container image cannot run `python -m llmctl` on a node."""
+CHECK_PREFIX = "llmctl-check:"
+"""How a check step's task marks its one line (`llmctl-check: KIND NODE: WHY`), for the batch shell to find."""
+
+# The shared-folder check on each node, outside any container (the container's mounts need the folder on the node
+# itself): the marker must hold this job's token. `head -c`: a foreign file cannot flood the job log.
+SHARED_CHECK_SCRIPT = f"""
+marker="$LLMCTL_JOB_DIR/{SHARED_MARKER}"
+if ! got=$(head -c 200 -- "$marker" 2>&1); then
+  why="${{got##*: }}"
+  echo "{CHECK_PREFIX} shared $SLURMD_NODENAME: cannot read $marker there: ${{why:-no reason given}}"
+  exit 1
+fi
+if [ "$got" != "$LLMCTL_SHARED_TOKEN" ]; then
+  echo "{CHECK_PREFIX} shared $SLURMD_NODENAME: $marker there holds another token than the one written at submit"
+  exit 1
+fi
+"""
+
+_IMAGE_CHECK = f"""if ! llmctl_out=$("$LLMCTL_PYTHON" -m llmctl --version 2>&1 </dev/null); then
+  echo "{CHECK_PREFIX} image $SLURMD_NODENAME: $(printf "%s\\n" "$llmctl_out" | grep -v "^[[:space:]]*\\$" | tail -n 1)"
+  exit 1
+fi
+echo "{CHECK_PREFIX} ok $SLURMD_NODENAME: $llmctl_out"
+"""
+
+
+def image_check_script(container: str) -> str:
+    """The image check on each node, inside the container (after the --setup lines, as the step runs them): the
+    container's python runs `-m llmctl --version`; on failure one line with the last line it printed."""
+    return node_setup_script(container) + _IMAGE_CHECK
+
+
+def preflight_agent_words(params: SbatchParams) -> str:
+    """With a container: the command the preflight's batch host prefixes to `node|cross ...` to start its agent on
+    each node inside the container (`LLMCTL_PREFLIGHT_AGENT`, shell words that llmctl.launch.preflight.host splits
+    back): the container's srun options or `apptainer exec ... IMAGE`, then the --setup lines and the container's
+    python. Empty without one (the agent is the batch host's Python)."""
+    words = container_argv(params)
+    if not words:
+        return ""
+    script = node_setup_script(params.slurm.container) + 'exec "$LLMCTL_PYTHON" -m llmctl.launch.preflight agent "$@"\n'
+    return shell.join([*words, "bash", "-c", script, "llmctl-preflight"])
 
 
 def node_step_argv(nodes: list[str], engine_module: str = ENGINE_MODULE) -> list[str]:
@@ -150,6 +215,12 @@ class SbatchParams:
     rdzv_port_base: int = RDZV_PORT_BASE
     engine_module: str = ENGINE_MODULE
     llmctl_version: str = llmctl.__version__
+    preflight_python: str = "python3"
+    """With a container: the Python that runs the preflight's batch-host half, outside the container (the one llmctl
+    was launched with); its agents run inside. Without one the preflight runs `python`."""
+    shared_token: str = ""
+    """The token `submit` wrote in the job folder (SHARED_MARKER); the script checks that every node reads it there.
+    Empty: no check (a script rendered without a job folder)."""
 
     @property
     def shutdown_timeout_s(self) -> int:
@@ -173,6 +244,7 @@ def make_params(
     env_names: Iterable[str] = (),
     max_requeues: int = DEFAULT_MAX_REQUEUES,
     preflight: PreflightOptions | None = None,
+    shared_token: str = "",
     **slurm: Any,
 ) -> SbatchParams:
     """Validate user values and build the renderer's input. `slurm` holds SlurmOptions by name (time,
@@ -181,13 +253,16 @@ def make_params(
     (the catalog's node facts size the resources). Raises InputError naming the bad option."""
     if nodes < 1:
         raise InputError(f"--nodes {nodes}: must be at least 1")
+    if shared_token and not re.fullmatch(r"[A-Za-z0-9_-]+", shared_token):
+        raise InputError(f"shared_token {shared_token!r}: letters, digits, '-' and '_' only")
     options = SlurmOptions.from_kwargs(**slurm)
     for key, value in (env or {}).items():  # what --env checked; again here for callers of this API
         shell.check_env_value(shell.check_env_name(key), value)
     env_names = tuple(shell.check_env_name(k) for k in dict.fromkeys(env_names))
     preflight = preflight or PreflightOptions()
     if options.container is not None:
-        _check_container(options, preflight, workdir, job_dir)
+        _check_container(options, workdir, job_dir)
+    launch_python = python
     python, torchrun, interpreter = job_interpreter(options, python, torchrun)
     return SbatchParams(
         job_name=shell.safe_name(job_name),
@@ -207,16 +282,13 @@ def make_params(
         gpu_runtime=_gpu_runtime(gpu) if gpus_per_node else None,
         max_requeues=max_requeues,
         preflight=preflight,
+        preflight_python=launch_python if options.container is not None else python,
+        shared_token=shared_token,
     )
 
 
-def _check_container(options: SlurmOptions, preflight: PreflightOptions, workdir: str, job_dir: str) -> None:
+def _check_container(options: SlurmOptions, workdir: str, job_dir: str) -> None:
     flag = "--container-image" if options.container == "pyxis" else "--apptainer"
-    if preflight.enabled:
-        raise InputError(
-            f"{flag}: the preflight runs on the nodes outside the container (with this machine's Python and llmctl)",
-            hint="add --no-preflight",
-        )
     for what, path in (("the workdir", workdir), ("the job folder", job_dir)):
         if any(c in path for c in ",:") or not path.isprintable():
             raise InputError(
@@ -301,6 +373,14 @@ def render(params: SbatchParams, template: str | None = None) -> str:
         container_env=sorted({*params.env, *params.env_names}),
         step_words=_container_words(params),
         node_step_script=node_step_script(params.engine_module, options.container),
+        image=options.container_image or options.apptainer or "",
+        check_prefix=CHECK_PREFIX,
+        shared_marker=SHARED_MARKER,
+        shared_check_script=SHARED_CHECK_SCRIPT,
+        shared_check_exit=SHARED_CHECK_EXIT,
+        image_check_script=image_check_script(options.container) if options.container else "",
+        image_check_exit=IMAGE_CHECK_EXIT,
+        preflight_agent=preflight_agent_words(params),
     )
     return _environment().from_string(template if template is not None else template_text()).render(context)
 
@@ -313,9 +393,8 @@ def container_mounts(options: SlurmOptions, workdir: str, job_dir: str) -> str:
     return ",".join([f"{p}:{p}" for p in own] + user)
 
 
-def _container_words(params: SbatchParams) -> str:
-    """What goes between the step's srun options and `bash -c`, shell-quoted, each part on a continued line:
-    pyxis's srun options, or `apptainer exec ... IMAGE`. Empty without a container."""
+def _container_parts(params: SbatchParams) -> list[list[str]]:
+    """pyxis's srun options, or `apptainer exec ... IMAGE`, in groups of words; none without a container."""
     options = params.slurm
     mounts = container_mounts(options, params.workdir, params.job_dir)
     if options.container == "pyxis":
@@ -327,10 +406,22 @@ def _container_words(params: SbatchParams) -> str:
         names = sorted({*params.env, *params.env_names})
         if names:  # pyxis: by default the image's value of a variable wins over the host's; these win here
             parts.append([f"--container-env={','.join(names)}"])
-    elif options.container == "apptainer":
+        return parts
+    if options.container == "apptainer":
         runtime = [params.gpu_runtime] if params.gpu_runtime else []
-        parts = [["apptainer", "exec", *runtime, f"--bind={mounts}", f"--pwd={params.workdir}", str(options.apptainer)]]
-    else:
+        return [["apptainer", "exec", *runtime, f"--bind={mounts}", f"--pwd={params.workdir}", str(options.apptainer)]]
+    return []
+
+
+def container_argv(params: SbatchParams) -> list[str]:
+    """What goes between a step's srun options and its command to run it in the container (empty without one)."""
+    return [w for words in _container_parts(params) for w in words]
+
+
+def _container_words(params: SbatchParams) -> str:
+    """`container_argv` for the template, shell-quoted, each part on a continued line. Empty without a container."""
+    parts = _container_parts(params)
+    if not parts:
         return ""
     return "".join(f"\\\n  {shell.join(words)} " for words in parts) + "\\\n  "
 
@@ -426,9 +517,17 @@ SBATCH_FIX = (
 )
 
 
+PREFLIGHT_FIX = (
+    "a container job's preflight runs its batch-host half outside the container with it, and a batch host that cannot "
+    "skips the preflight (stops, with --spare-nodes or --preflight-strict) - launch from a venv on a shared file system"
+)
+
+
 def _say_interpreter_note(params: SbatchParams) -> None:
     """The one note of `sharedfs.interpreter_note`, on stderr: at submit and with --dry-run."""
     note = sharedfs.interpreter_note([params.torchrun, params.python], SBATCH_FIX)
+    if note is None and params.slurm.container is not None and params.preflight.enabled:
+        note = sharedfs.interpreter_note([params.preflight_python], PREFLIGHT_FIX)
     if note is not None:
         print(f"llmctl: note: {note}", file=sys.stderr, flush=True)
 
@@ -455,6 +554,15 @@ def submit(script_path: Path, job_dir: Path) -> str:
     if not job_id.isdigit():
         raise RuntimeFailure(f"sbatch printed an unexpected job id: {out.stdout.strip()!r}")
     return job_id
+
+
+def write_shared_marker(folder: Path) -> str:
+    """A fresh random token in the job folder's SHARED_MARKER (the job checks that every node reads it); returns it."""
+    import secrets
+
+    token = secrets.token_hex(16)
+    write_atomic(folder / SHARED_MARKER, token + "\n")
+    return token
 
 
 def params_for(job: Job, folder: Path) -> SbatchParams:
@@ -484,7 +592,8 @@ class SbatchBackend(SlurmBackend):
     preflight = True
 
     def render(self, job: Job) -> str:
-        params = params_for(job, job.dry_run_folder())
+        # The script as submitted, but for the token that submit writes in the job folder.
+        params = replace(params_for(job, job.dry_run_folder()), shared_token=DRY_RUN_TOKEN)
         job.effective_plan  # noqa: B018 - validates the resized plan, as a real launch would
         _say_interpreter_note(params)
         return render(params)
@@ -495,7 +604,8 @@ class SbatchBackend(SlurmBackend):
         job.effective_plan  # noqa: B018
         check_run_folders_free(job)
         folder = job.new_folder()
-        params = replace(params, job_dir=str(folder), plan_path=str(folder / "plan.yaml"))
+        token = write_shared_marker(folder)
+        params = replace(params, job_dir=str(folder), plan_path=str(folder / "plan.yaml"), shared_token=token)
         script = folder / "job.sbatch"
         write_atomic(script, render(params), mode=0o755)
         job_id = submit(script, folder)

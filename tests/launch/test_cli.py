@@ -165,7 +165,7 @@ def test_slurm_submit_writes_job_folder(workdir: Path, fake_slurm: Path) -> None
     assert "submitted job 123" in out
     folder = next((workdir / "llmctl-jobs").iterdir())
     assert f"job folder: {folder}" in out and f"log: {folder}/slurm-123.out" in out
-    assert sorted(p.name for p in folder.iterdir()) == ["job.json", "job.sbatch", "plan.yaml"]
+    assert sorted(p.name for p in folder.iterdir()) == [".llmctl-shared", "job.json", "job.sbatch", "plan.yaml"]
     assert (workdir / "sbatch-cwd").read_text().strip() == str(folder)  # logs land in the job folder
     script = (folder / "job.sbatch").read_text()
     assert f"export LLMCTL_PLAN={folder}/plan.yaml" in script and "export GLOO_SOCKET_IFNAME=eth0" in script

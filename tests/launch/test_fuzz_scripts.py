@@ -176,11 +176,13 @@ def run_script(text: str, bindir: Path, work: Path) -> list[list[str]]:
 
 def expect_sbatch_calls(calls: list[list[str]], plan_path: Path) -> None:
     names = [c[0] for c in calls]
-    # the preflight, the rendezvous node and its address, the step, and in it this node's address and torchrun
-    assert names == ["python", "scontrol", "scontrol", "srun", "scontrol", "torchrun"], calls
-    assert calls[0][1:] == ["-m", "llmctl.launch.preflight"]
-    assert calls[3][1:6] == ["--nodes=2", "--ntasks=2", "--nodelist=node1", "--ntasks-per-node=1", "bash"]
-    torchrun = calls[5][1:]
+    # the shared-folder check, the preflight, the rendezvous node and its address, the step, and in it this node's
+    # address and torchrun
+    assert names == ["srun", "python", "scontrol", "scontrol", "srun", "scontrol", "torchrun"], calls
+    assert calls[0][-3:-1] == ["bash", "-c"] and slurm.SHARED_MARKER in calls[0][-1]
+    assert calls[1][1:] == ["-m", "llmctl.launch.preflight"]
+    assert calls[4][1:6] == ["--nodes=2", "--ntasks=2", "--nodelist=node1", "--ntasks-per-node=1", "bash"]
+    torchrun = calls[6][1:]
     assert torchrun[0] == "--nnodes=2" and torchrun[-3:] == ["--module", "llmctl.engine", str(plan_path)], calls
 
 
@@ -207,6 +209,10 @@ class Runs:
         work = self.root / f"{kind}-{digest}"
         if kind == "sbatch":
             (work / "jobs" / NEW_FOLDER).mkdir(parents=True)  # the events file goes there
+            # the token a --dry-run's script checks for, where its job folder is (as submit would have written it)
+            job_dir = self.root / "JOBS" / NEW_FOLDER
+            job_dir.mkdir(parents=True, exist_ok=True)
+            (job_dir / slurm.SHARED_MARKER).write_text(slurm.DRY_RUN_TOKEN + "\n")
         return run_script(text, self.bindir, work)
 
 

@@ -41,6 +41,7 @@ def golden_params(**kw: object) -> slurm.SbatchParams:
         env={"NCCL_DEBUG": "WARN", "NCCL_SOCKET_IFNAME": "ib0"},
         signal_lead_s=300,
         preflight=PreflightOptions(spare_nodes=1, strict=True),
+        shared_token="0123456789abcdef0123456789abcdef",
     )
     values.update(kw)
     return slurm.make_params(**values)  # type: ignore[arg-type]
@@ -110,7 +111,7 @@ def pyxis_70b_params() -> slurm.SbatchParams:
         setup=["export HF_HOME=/lustre/alice/hf", '[ -n "${LLMCTL_CONTAINER:-}" ] || module load cuda/12.4'],
         container_image="nvcr.io#nvidia/pytorch:24.05-py3",
         container_mounts=["/lustre:/lustre"],
-        preflight=PreflightOptions(enabled=False),
+        shared_token="0123456789abcdef0123456789abcdef",
     )
 
 

@@ -373,8 +373,10 @@ def test_a_container_job_runs_its_step_with_what_the_batch_host_looked_up(tmp_pa
         setup=['[ -n "${LLMCTL_CONTAINER:-}" ] || export HF_HOME=/host-only'],
         **image,
     )
+    write_stub(bindir, "python3", 'echo "llmctl 9.9"')  # the image's python, as the image check runs it
     run = run_bash(slurm.render(p), batch_env(tmp_path, bindir, HF_TOKEN="hf_x"))
     assert run.returncode == 0, run.stdout + run.stderr
+    assert "llmctl: the container image runs llmctl 9.9 on every node" in run.stdout
     got = dict(ln.split("=", 1) for ln in (tmp_path / "step").read_text().splitlines())
     assert got["IN"] == container and got["TOKEN"] == "set"
     assert "--local_addr=10.0.0.9" in got["ARGS"]  # from `scontrol -o show node` on the batch host
@@ -529,10 +531,36 @@ def test_container_options_that_cannot_work_are_refused(kw: dict[str, object], m
         params(preflight=NO_PREFLIGHT, **kw)
 
 
-def test_the_preflight_needs_llmctl_outside_the_container(workdir: Path) -> None:
-    r = CliRunner().invoke(app, ["launch", "plan70b.yaml", *USER_COMMAND, "--container-image", "img"])
-    assert r.exit_code == 2 and "the preflight runs on the nodes outside the container" in r.stderr
-    assert "add --no-preflight" in r.stderr
+@pytest.mark.parametrize("flag, image", [("--container-image", "img"), ("--apptainer", "/shared/img.sif")])
+def test_a_container_job_runs_its_preflight_without_no_preflight(workdir: Path, flag: str, image: str) -> None:
+    """The preflight's agents run in the container, started with the step's container words; the image check runs
+    before it, in the container too."""
+    import shlex
+
+    code, script, err = dry_run(*USER_COMMAND, flag, image)
+    assert code == 0, script + err
+    lines = script.splitlines()
+    agent = next(ln for ln in lines if ln.startswith("export LLMCTL_PREFLIGHT_AGENT="))
+    value = subprocess.run(
+        ["bash", "-c", agent + '\nprintf %s "$LLMCTL_PREFLIGHT_AGENT"'], capture_output=True, text=True
+    )
+    words = shlex.split(value.stdout)
+    bash = words.index("bash")
+    assert words[bash + 1] == "-c" and words[bash + 3 :] == ["llmctl-preflight"]
+    assert 'exec "$LLMCTL_PYTHON" -m llmctl.launch.preflight agent "$@"' in words[bash + 2]
+    assert 'done <<<"${LLMCTL_SETUP:-}"' in words[bash + 2]  # the --setup lines first, as in the step
+    if flag == "--container-image":
+        assert words[:1] == ["--container-image=img"]
+    else:
+        assert words[:2] == ["apptainer", "exec"] and image in words[:bash]
+    first_check = lines.index(next(ln for ln in lines if ln.startswith("check_out=$(srun") and "bash -c" not in ln))
+    assert image in "\n".join(lines[first_check : first_check + 3])  # the image check: srun ... in the container
+    assert (
+        lines.index(
+            "if llmctl_err=$(\"$LLMCTL_PREFLIGHT_PYTHON\" -c 'import llmctl.launch.preflight' 2>&1 </dev/null); then"
+        )
+        > first_check
+    )
 
 
 # --- the interpreter on a local disk ------------------------------------------------------------------------------------
@@ -620,6 +648,9 @@ VARIANTS = {
         preflight=NO_PREFLIGHT,
     ),
     "apptainer": dict(apptainer="/shared/torch.sif", env_names=["HF_TOKEN"], preflight=NO_PREFLIGHT),
+    # with the checks (the token submit writes) and the preflight in the container: skipped or, with spares, stopped
+    "pyxis-preflight": dict(container_image="img", shared_token="abc", setup=["module load x"]),
+    "apptainer-spare-nodes": dict(apptainer="/img.sif", shared_token="abc", preflight=PreflightOptions(spare_nodes=1)),
 }
 
 

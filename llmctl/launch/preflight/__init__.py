@@ -9,7 +9,10 @@ What runs where, in one job:
 2. The node step, on every node at once, each alone: `srun` -> `python -m llmctl.launch.preflight agent node`, which
    starts the node's ranks as torchrun would (`node.run_node_ranks`) -> `python -m llmctl.netbench.quick node`: the
    devices are there (the plan's GPU count, each with the memory the plan predicts; on a CPU the ranks start), an
-   all-reduce among the node's ranks.
+   all-reduce among the node's ranks. In a container job (--container-image, --apptainer) the agent of both steps
+   starts in the container, as the training step does: srun's container options, the --setup lines, then the
+   container's python (`host.agent_command`, from the script's LLMCTL_PREFLIGHT_AGENT); the batch host's half stays
+   outside (it runs srun, scontrol and sinfo) with the Python llmctl was launched with.
 3. The cross step, on the nodes that passed, together: `agent cross` execs torchrun with a c10d rendezvous as the
    training uses (`node.cross_command`), running bench-net's worker in quick mode: the all-reduce over all of them
    and a few pairwise rounds. bench-net's rules (`llmctl.netbench.report.judge_nodes`, needs 3 nodes or more) name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -67,6 +68,23 @@ def _srun(nodes: list[str], *args: str) -> list[str]:
     ]
 
 
+AGENT_ENV = "LLMCTL_PREFLIGHT_AGENT"
+"""A container job's agent command (shell words: the step's container options, then a script that runs the --setup
+lines and the container's `python -m llmctl.launch.preflight agent "$@"`), written by the job script
+(llmctl.launch.slurm.preflight_agent_words)."""
+
+
+def agent_command(env: dict[str, str]) -> list[str]:
+    """What srun runs on each node before `node|cross ...`: this Python's agent, or a container job's (AGENT_ENV)."""
+    words = env.get(AGENT_ENV, "")
+    if words.strip():
+        try:
+            return shlex.split(words)
+        except ValueError:
+            raise InputError(f"{AGENT_ENV}: not a shell command line ({one_line(words)[:80]})") from None
+    return [sys.executable, "-m", "llmctl.launch.preflight", "agent"]
+
+
 def _load_node(out: Path, node: str, exit_note: str) -> NodeCheck:
     path = node_result_path(out, node)
     if path.is_file():
@@ -107,7 +125,7 @@ def run(strict: bool = False, env: dict[str, str] | None = None) -> Decision:
     worker_args = ["--out", str(out), "--expect-gpus", str(gpus), "--timeout-s", str(COLLECTIVE_TIMEOUT_S)]
     if gpus and plan.predicted.memory_per_gpu_bytes:
         worker_args += ["--min-gpu-memory-bytes", str(plan.predicted.memory_per_gpu_bytes)]
-    agent = [sys.executable, "-m", "llmctl.launch.preflight", "agent"]
+    agent = agent_command(env)
     step_env = {**env, "LLMCTL_PREFLIGHT_NPROC": str(nproc)}
     t_step = time.monotonic()
     code = _run_step([*_srun(allocated, *agent, "node", "--", *worker_args)], timeout_s, step_env)

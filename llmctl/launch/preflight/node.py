@@ -25,7 +25,7 @@ def cross_command(argv: list[str], env: dict[str, str] | None = None) -> list[st
     sep = argv.index("--") if "--" in argv else len(argv)
     opts, worker_args = dict(zip(argv[:sep:2], argv[1:sep:2])), argv[sep + 1 :]
     node = env.get("SLURMD_NODENAME") or ""
-    addr = node_addr(node)
+    addr = own_addr(node, env) or node_addr(node)
     if addr is None:
         raise RuntimeFailure(f"scontrol knows no address for this node ({node!r})")
     torchrun = [env["LLMCTL_TORCHRUN"]] if env.get("LLMCTL_TORCHRUN") else torchrun_command()
@@ -44,6 +44,16 @@ def cross_command(argv: list[str], env: dict[str, str] | None = None) -> list[st
         "cross",
         *worker_args,
     ]
+
+
+def own_addr(node: str, env: dict[str, str]) -> str | None:
+    """This node's address from LLMCTL_NODE_ADDRS ("node=addr ...": a container job's script looks them up, as an
+    image need not have scontrol), or None."""
+    for pair in env.get("LLMCTL_NODE_ADDRS", "").split():
+        name, _, addr = pair.partition("=")
+        if name == node and addr:
+            return addr
+    return None
 
 
 def rank_env(env: dict[str, str], nproc: int, rank: int, port: int) -> dict[str, str]:
