@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from llmctl.engine import float8
 from llmctl.engine.checkpoint import Checkpointer, StopSignal
 from llmctl.engine.context_parallel import SequenceSplit, cp_mesh, whole
+from llmctl.engine.cpu_bf16 import half_precision_line
 from llmctl.engine.data import Batch, RankData, build_source, build_val_source, expected_tokenizers, one_row
 from llmctl.engine.evaluate import Evaluator
 from llmctl.engine.experts import aux_loss, load_fields
@@ -181,8 +182,9 @@ class Trainer:
         self.phase_peaks = PhasePeaks(cuda)
         self.attn_impl, self.attn_why = select_attention(s.attention, cuda, flash_attn_importable(), s.cp)
         self.loss_impl, self.loss_why = select_loss(s.loss_chunk_tokens, cuda, liger_importable(), s.tp, s.pp)
-        if s.precision.compute_dtype == "bf16" and self.device.type == "cpu":
-            log.info("precision %s on a CPU works but is slower than fp32 without AMX", s.precision.name)
+        if s.precision.compute_dtype != "fp32" and self.device.type == "cpu" and env.rank == 0:
+            warn, line = half_precision_line(s.precision.name, s.finetune.method)
+            (log.warning if warn else log.info)(line)
         check_installed(plan.logging)
         check_optimizer_installed(plan.optimizer)  # 8-bit states need torchao: one line before anything is built
         check_lora_installed(s.finetune)
