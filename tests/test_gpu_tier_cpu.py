@@ -91,3 +91,25 @@ def test_phase_peaks_are_off_on_a_cpu() -> None:
     assert peaks.allocated == {"forward": 0, "backward": 0, "optimizer": 0}
     got = metrics.peak_memory("cpu", peaks)
     assert got["peak_rss_bytes"] > 0 and "peak_mem_phase_bytes" not in got
+
+
+def test_the_core_tier_is_its_first_cases_in_order() -> None:
+    """LLMCTL_GPU_TIER=core collects exactly tests/gpu/conftest.py's CORE, in its order (each name a real case: a
+    renamed test would drop out of the core silently), and the whole tier starts with them."""
+    from tests.gpu.conftest import CORE
+
+    def ids(env: dict[str, str]) -> list[str]:
+        p = subprocess.run(
+            [sys.executable, "-m", "pytest", "tests/gpu", "--co", "-q", "-p", "no:cacheprovider"],
+            cwd=REPO,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return [line.split("::", 1)[1] for line in p.stdout.splitlines() if "::" in line]
+
+    core = ids({"LLMCTL_GPU_TIER": "core"})
+    assert core == list(CORE)
+    whole = ids({"LLMCTL_GPU_TIER": ""})
+    assert whole[: len(CORE)] == list(CORE) and len(whole) > len(CORE)

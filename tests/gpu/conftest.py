@@ -32,9 +32,41 @@ def cuda_gpus() -> tuple[int, str]:
     return torch.cuda.device_count(), ""
 
 
+CORE = (
+    "test_tiny_run_bf16_compiled_through_launch",
+    "test_fp16_loss_scaling_skips_an_overflowed_step",
+    "test_float8_tiny_run",
+    "test_memory_estimate_against_the_allocator[mb8-none]",
+    "test_measured_tokens_per_s_against_the_plan[bf16-mixed]",
+    "test_measured_tokens_per_s_against_the_plan[fp8-tensorwise]",
+    "test_memory_estimate_against_the_allocator[mb8-full]",
+    "test_step_split_against_the_plan[1b-2k]",
+    "test_measured_tokens_per_s_against_the_plan[1b-lora-bf16-mixed]",
+    "test_kernel_throughput",
+)
+"""The tier's first cases, most telling first: the engine on CUDA + NCCL, then one memory, speed and split check each.
+On one H200 (2026-11-29) they took 40, 14, -, 40, 40, -, 36, 45, 40 and 74 s (float8 skipped: no torchao): about 6
+minutes, so a 15-minute device lease runs them with room for a rerun. LLMCTL_GPU_TIER=core runs only these; the
+whole tier (about 16 minutes on that GPU) runs them first, so a tier cut short still has them."""
+
+
+def tier_order(items: list[pytest.Item], core_only: bool) -> list[pytest.Item]:
+    """CORE first in its order, then the rest as collected; only CORE with `core_only`."""
+    rank = {name: i for i, name in enumerate(CORE)}
+    first = sorted((i for i in items if i.name in rank), key=lambda i: rank[i.name])
+    return first if core_only else first + [i for i in items if i.name not in rank]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     n, why = cuda_gpus()
+    tier = [i for i in items if Path(str(i.fspath)).is_relative_to(here)]
+    if tier:
+        ordered = tier_order(tier, os.environ.get("LLMCTL_GPU_TIER") == "core")
+        others = [i for i in items if i not in tier]
+        if len(ordered) < len(tier):
+            config.hook.pytest_deselected(items=[i for i in tier if i not in ordered])
+        items[:] = ordered + others
     for item in items:
         if Path(str(item.fspath)).is_relative_to(here):
             item.add_marker(pytest.mark.gpu)
