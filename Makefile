@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 # torch is pinned to the CPU build that lies on this machine's disk; an unpinned torch pulls a CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: install demo test docs test-gpu mutants lint bench clean
+.PHONY: install demo test docs test-gpu mutants lint bench validate clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -47,6 +47,12 @@ lint: install
 
 bench: install
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+# Every published run with a source (benchmarks/published_runs.yaml) predicted with its setup pinned: planned vs
+# published tokens/s and memory, one table and the median error (docs/concepts/accuracy.md). It reports, it does not
+# gate: exit 0 unless the data file is malformed.
+validate: install
+	$(PY) benchmarks/validate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build dist site
