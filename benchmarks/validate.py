@@ -25,11 +25,12 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from llmctl.errors import DoesNotFitError, LlmctlError  # noqa: E402
+from llmctl.errors import DoesNotFitError, InputError, LlmctlError  # noqa: E402
 from llmctl.plan import memory as mem  # noqa: E402
 from llmctl.plan.network import network_for  # noqa: E402
 from llmctl.plan.planner import plan  # noqa: E402
 from llmctl.plan.request import PlanRequest  # noqa: E402
+from llmctl.plan.space import PP_WITH_CP  # noqa: E402
 from llmctl.plan.timing import Candidate, evaluate  # noqa: E402
 from llmctl.spec import hardware, models  # noqa: E402
 from llmctl.spec.interconnect import default_interconnect  # noqa: E402
@@ -204,7 +205,12 @@ def predict(run: dict[str, Any]) -> Row:
         return replace(row, note=f"not planned: {e.message}")
     searched = [k for k in (*PINNED, "micro_batch") if k in run and run[k] is None]
     try:
-        cand: Candidate = plan(req).chosen
+        try:
+            cand: Candidate = plan(req).chosen
+        except InputError as e:  # pins the planner does not search together (--pp with --cp): priced as given
+            if PP_WITH_CP not in e.message:
+                raise
+            raise DoesNotFitError(f"no setup satisfies the pins: {PP_WITH_CP}") from None
     except DoesNotFitError as e:
         setup = pinned_setup(req, run)
         est = mem.estimate(req.spec, setup)

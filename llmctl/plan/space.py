@@ -255,12 +255,18 @@ def dp_ranks(req: PlanRequest, n: int, tp: int, cp: int, pp: int = 1) -> int:
     return n * req.gpus_per_node // k if (n * req.gpus_per_node) % k == 0 else 0
 
 
+PP_WITH_CP = "pipeline parallelism is planned at cp 1 (a pipeline whose stages run ring attention is not priced)"
+PP_WITH_CP_HINT = "pin --pp or --cp, not both"
+
+
 def pp_degrees(req: PlanRequest, tps: list[int], rejected: list[str]) -> list[int]:
     """The pipeline-parallel degrees to search: the pin, or 1 and the powers of two while the model's layers split
     into that many stages (llmctl.spec.pipeline.max_stages: the embedding and head count as one layer each), the
     degree divides the GPUs with some tp searched, and what the request trains runs with it (the rules: adapters stay
     at pp 1; llmctl's engine, llmctl.spec.rules.ENGINE_RULES, runs pipelines)."""
     if req.pin("pp") is not None:
+        if req.pin("pp") > 1 and (req.pin("cp") or 1) > 1:  # every family of a pipeline is cp 1 (module doc)
+            raise InputError(f"--pp {req.pin('pp')} with --cp {req.pin('cp')}: {PP_WITH_CP}", hint=PP_WITH_CP_HINT)
         return [req.pin("pp")]
     world, most = req.nodes * req.gpus_per_node, max_stages(req.spec.num_layers)
     if world % 2:

@@ -135,6 +135,16 @@ def test_bad_pp_pins_are_one_line(pins: dict, message: str) -> None:
         h100("llama-3.1-8b", 1, seq_len=2048, **pins)
 
 
+@pytest.mark.parametrize("seq_len", [8192, 65536])
+def test_pp_with_cp_pinned_is_one_line_naming_it(seq_len: int) -> None:
+    """Every pipeline family is cp 1: both pinned was "no candidate" (8k) or a loss-chunk note (64k)."""
+    from llmctl.errors import InputError
+
+    with pytest.raises(InputError, match=re.escape("--pp 2 with --cp 2: pipeline parallelism is planned at cp 1")):
+        pl.plan(h100("llama-3.1-8b", 1, seq_len=seq_len, pp=2, cp=2))
+    assert pl.plan(h100("llama-3.1-8b", 1, seq_len=8192, pp=1, cp=2)).chosen.setup.cp == 2  # pp 1 is no pipeline
+
+
 def test_pp_beyond_the_layers_is_refused() -> None:
     from llmctl.errors import InputError
 
