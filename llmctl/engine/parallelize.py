@@ -247,11 +247,34 @@ def odd_dtype_modules(layer: torch.nn.Module) -> list[torch.nn.Module]:
     return found
 
 
-def needs_fsdp(mesh_size: int, precision: str | PrecisionPolicy, offload: bool = False) -> bool:
-    """A world of one has nothing to shard or reduce: FSDP2 would only add its all-gather/reduce-scatter buffer
-    copies (measured +10% step time for llama-tiny on a CPU). It stays on when its mixed-precision policy is the
-    way the plan's precision is applied, or its CPU offload the way states leave the GPU."""
-    return mesh_size > 1 or policy(precision).mixed or offload
+def needs_fsdp(mesh_size: int, precision: str | PrecisionPolicy, offload: bool = False, adapters: bool = False) -> bool:
+    """Whether FSDP2 wraps the model on a data-parallel mesh of `mesh_size` ranks: llmctl.spec.setup.fsdp_wraps, the
+    rule the memory model asks too."""
+    from llmctl.spec.setup import fsdp_wraps
+
+    return fsdp_wraps(mesh_size, policy(precision).mixed, offload, adapters)
+
+
+def apply_autocast(model: torch.nn.Module, compute_dtype: str, device_type: str) -> None:
+    """Every call of `model` (training, evaluation; activation checkpointing's recompute restores it) under
+    torch.autocast to the compute dtype: what FSDP2's mixed-precision policy does for a run without FSDP2 (one rank
+    with adapters). The frozen base is stored in the compute dtype, so only the fp32 adapters are cast, at their use;
+    their gradients come back in fp32, as FSDP2's reduce dtype gives them."""
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[compute_dtype]
+    active: list[torch.autocast] = []
+
+    def enter(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+        ctx = torch.autocast(device_type, dtype=dtype)
+        ctx.__enter__()
+        active.append(ctx)
+
+    def leave(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        active.pop().__exit__(None, None, None)
+
+    model.register_forward_pre_hook(enter, with_kwargs=True)
+    model.register_forward_hook(leave, with_kwargs=True, always_call=True)
 
 
 def dp_mesh(mesh: DeviceMesh) -> DeviceMesh:
@@ -309,9 +332,11 @@ def parallelize(model: torch.nn.Module, spec: ModelSpec, s: TrainSetup, mesh: De
     if s.compile:
         apply_compile(model)
     dp = dp_mesh(mesh)
-    fsdp = needs_fsdp(dp.size(), s.precision, s.levers.offload)
+    fsdp = needs_fsdp(dp.size(), s.precision, s.levers.offload, s.finetune.adapters)
     if fsdp:
         apply_fsdp(model, dp, s.precision, s.levers.offload)
+    elif s.precision.mixed:  # one rank with adapters (llmctl.spec.setup.fsdp_wraps): the compute dtype by autocast
+        apply_autocast(model, s.precision.compute_dtype, mesh.device_type)
     log.info(
         "parallelized: mesh %s %s, fsdp2 %s, checkpointing %s, compile %s, precision %s%s",
         tuple(mesh.shape),

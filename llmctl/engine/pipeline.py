@@ -204,7 +204,7 @@ def parallelize_stage(part: torch.nn.Module, setup: TrainSetup, mesh: DeviceMesh
     if setup.compile:
         apply_compile(part)
     dp = dp_mesh(mesh)
-    fsdp = needs_fsdp(dp.size(), setup.precision, setup.levers.offload)
+    fsdp = needs_fsdp(dp.size(), setup.precision, setup.levers.offload, setup.finetune.adapters)
     if fsdp:
         apply_fsdp(part, dp, setup.precision, setup.levers.offload, reshard_after_forward=False)
     return fsdp

@@ -334,7 +334,9 @@ class Trainer:
         self.float8 = float8.convert(
             self.model,
             self.setup_.precision,
-            needs_fsdp(self.mesh.size(), self.setup_.precision, self.setup_.levers.offload),
+            needs_fsdp(
+                self.mesh.size(), self.setup_.precision, self.setup_.levers.offload, self.setup_.finetune.adapters
+            ),
         )
         self.float8_scales = float8.scale_precompute(self.float8)
         rss_base = max_rss_bytes()  # imports done, nothing allocated for the model yet

@@ -293,8 +293,8 @@ def fsdp_copy_bytes(spec: ModelSpec, setup: TrainSetup) -> float:
     input (read in the compute dtype, written in the reduce dtype), and from the second micro-batch of a step on,
     the reduced shard added to the accumulated one (read both, write: 3 x reduce bytes). Frozen weights are gathered
     but get no gradient (LoRA: the adapters' only). Under pp: once a schedule run (below)."""
-    if setup.engine != "fsdp2":
-        return 0.0
+    if setup.engine != "fsdp2" or not setup.fsdp_wraps:
+        return 0.0  # one rank without FSDP2 (llmctl.spec.setup.fsdp_wraps): no collective, no copies around one
     params = spec.params / setup.tp
     shard = setup.dims.fsdp_shard
     gathers = 1 if setup.strategy == "shard_grad_op" else 2

@@ -179,9 +179,11 @@ def test_full_training_tokens_per_s_within_15_percent_of_the_h100(key: str) -> N
 def test_lora_is_over_predicted_where_the_run_is_launch_bound(key: str) -> None:
     """The planner prices GPU work; the LoRA runs left the H100 idle part of each step (3B: 0.59 s of GPU time in a
     0.98 s step, split/3b-2k-lora), which it does not model: it over-predicts them, by 16-30% here. Stated, and held
-    to that band so that a change in either direction is seen."""
+    to that band so that a change in either direction is seen. These runs had FSDP2 on their one rank; the engine now
+    runs adapters on one rank without it (llmctl.spec.setup.fsdp_wraps), and the planner prices no FSDP2 copies for
+    them: the copies those runs spent (about 0.02 s of the 1B step) widen the gap until a GPU measures again."""
     ratio, _, _ = predicted_run(key)
-    assert 0.65 < ratio < 0.9, ratio
+    assert 0.55 < ratio < 0.85, ratio
 
 
 SPLITS = {

@@ -52,7 +52,9 @@ def test_the_h200_is_priced_faster_than_the_h100_only_where_bandwidth_counts() -
 
 def test_lora_is_over_predicted_on_the_h200_too() -> None:
     """The 1B LoRA run ran at 0.65 of its prediction (the H100's: 0.84): the planner prices GPU work and the LoRA
-    step is launch-bound (tests/plan/test_measured_h100.py). Held to a band so a change either way is seen."""
+    step is launch-bound (tests/plan/test_measured_h100.py). Held to a band so a change either way is seen. The run
+    had FSDP2 on its one rank, which the engine no longer applies to adapters there (priced without its copies now:
+    0.62)."""
     ratio, _, _ = predicted_run("speed/1b-lora-bf16-mixed", H200, "H200")
     assert 0.55 < ratio < 0.85, ratio
 

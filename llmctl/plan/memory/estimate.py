@@ -55,6 +55,7 @@ from llmctl.plan.memory.ledger import StateLine, adam_8bit_pipeline_rank_bytes, 
 from llmctl.plan.memory.ring import ring_buffers
 from llmctl.plan.memory.states import state_ledger
 from llmctl.spec import checkpointing as ckpt_modes
+from llmctl.spec.finetune import adapter_params
 from llmctl.spec.hardware import GPUSpec
 from llmctl.spec.models import ModelSpec
 from llmctl.spec.parallel import canonical_strategy
@@ -249,9 +250,7 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
             name = "unsharded layers (FSDP float8 all-gather)"
             unsharded = int(n_layers * f8.unsharded_layer_bytes(spec, cb, shard.tensor_ranks) * (1 - 1 / fsdp))
         comps.append(Component(name, unsharded, ("forward", "backward")))
-    wrapped = setup.engine == "fsdp2" and (
-        fsdp > 1 or dims.dp_replicate > 1 or setup.precision.mixed or setup.levers.offload
-    )
+    wrapped = setup.engine == "fsdp2" and setup.fsdp_wraps
     if wrapped and setup.pp == 1:
         # FSDP2 applied (llmctl.engine.parallelize.needs_fsdp). Tied embeddings: the root module (embeddings, final
         # norm, LM head) stays unsharded in the compute dtype from its forward to its backward (FSDP2 does not
@@ -269,6 +268,11 @@ def _fsdp_components(spec: ModelSpec, setup: TrainSetup, stage_layers: int, laye
         if fsdp == 1:
             two = int(min(2, stage_layers) * gathered)
             comps.append(Component("unsharded layers (FSDP2 on one rank)", two, ("forward", "backward")))
+    elif setup.engine == "fsdp2" and ft.adapters and setup.precision.mixed:
+        # One rank without FSDP2 (llmctl.spec.setup.fsdp_wraps) runs under torch.autocast: each fp32 adapter is cast
+        # to the compute dtype at its use and the copy kept for its backward (the frozen base is in it already).
+        n = int(shard.params(adapter_params(spec, ft)) * cb)
+        comps.append(Component("adapters in the compute dtype (autocast)", n, ("forward", "backward")))
     if setup.training and fsdp > 1:
         # Backward: one layer's full gradients in the compute dtype, upcast to fp32 for the reduce-scatter.
         # With adapters only the adapters' gradients exist (the frozen base's need none).
