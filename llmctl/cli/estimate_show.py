@@ -236,6 +236,11 @@ def _show_gpu(result: dict[str, Any], est: mem.MemoryEstimate) -> None:
             row["note"],
         )
     c.print(t)
+    if "fewest_any_layout" in result:  # llmctl's engine (the zero engine's ledger has no layout search)
+        f = result["fewest_any_layout"]
+        n = f"{f['gpus']} ({f['nodes']} node{'s' if f['nodes'] > 1 else ''} x {f['gpus'] // f['nodes']})" if f else ""
+        where = f"{n}: {f['line']}" if f else "none up to 4,096 nodes"
+        c.print(f"fewest {result['gpu']} GPUs in any layout the planner searches (tp, cp, pp): {where}", soft_wrap=True)
 
 
 def _show_offload(off: dict[str, Any], gpu: str | None) -> None:

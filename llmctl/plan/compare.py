@@ -37,8 +37,8 @@ from typing import Any
 
 from llmctl.errors import DoesNotFitError, InputError, LlmctlError
 from llmctl.plan import comm as cm
-from llmctl.plan import memory as mem
 from llmctl.plan import planner as pl
+from llmctl.plan.fewest import fewest
 from llmctl.plan.request import PlanRequest, build_request
 from llmctl.plan.search import parallel_bound
 from llmctl.plan.space import Choice, auto_loss_chunk
@@ -304,7 +304,8 @@ def probe(make: Planner, kind: GPUSpec, gpus: int, per_node: int, net: Interconn
 
 def fewest_bounds(req: PlanRequest) -> tuple[int | None, int | None]:
     """The fewest GPUs of the request's kind that fit (with CPU offload where it must, and without it), as the planner
-    itself answers when nothing fits (memory.min_gpus: full_shard, full checkpointing, micro-batch 1); None where no
+    itself answers when nothing fits (llmctl.plan.fewest: full_shard, full checkpointing, micro-batch 1, every tp,
+    cp and pp layout); None where no
     count does."""
     fast = Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA
     attn = req.spec.attention_kernel(fast)
@@ -314,7 +315,8 @@ def fewest_bounds(req: PlanRequest) -> tuple[int | None, int | None]:
         r = req.with_pins(offload=offload)
         setup = r.candidate(checkpointing="full", attention=attn, loss_chunk_tokens=chunk)
         host = r.host_capacity_bytes if offload else None
-        out.append(mem.min_gpus(req.spec, setup, r.capacity_bytes, "full_shard", host_memory_bytes=host).gpus)
+        f = fewest(req.spec, setup, r.capacity_bytes, host_memory_bytes=host)  # every layout (tp, cp, pp)
+        out.append(None if f is None else f.gpus)
     gpu_only, offloaded = (*out, None)[:2]
     either = min((n for n in out if n), default=None)
     return either, gpu_only if req.pin("offload") is not True else offloaded

@@ -32,6 +32,7 @@ from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import valid_tp
 from llmctl.plan import float8 as f8
 from llmctl.plan import memory as mem
+from llmctl.plan.fewest import fewest
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import pipeline
 from llmctl.spec.attention import KERNELS, Attention
@@ -41,7 +42,6 @@ from llmctl.spec.parallel import ENGINE_STRATEGIES, ParallelDims, sequence_split
 from llmctl.spec.pipeline import max_stages
 from llmctl.spec.rules import ENGINE_RULES, engine_problem, model_problem
 from llmctl.spec.setup import TrainSetup
-from llmctl.units import GIB
 
 if TYPE_CHECKING:
     from llmctl.plan.request import PlanRequest
@@ -541,7 +541,7 @@ def nothing_fits(req: PlanRequest, rejected: list[str], offload_pinned: bool = T
     smaller = ""  # CPU offload's host memory: the states' own lever
     if host_reasons and req.optimizer_states == AUTO_STATES and req.precision.optimizer_state_dtype == "fp32":
         smaller = ", or --optimizer-states bf16: AdamW's moments in bf16, 4 bytes a parameter less on the host"
-    if pinned:
+    if pin_flags(req, skip=("offload",)):  # pins of the setup itself (an offload pin the fewest search keeps)
         hint = "drop a pin to let the planner choose"
         if host_reasons:
             hint = "use more nodes (each holds its GPUs' share of the states on the host)" + smaller
@@ -552,49 +552,20 @@ def nothing_fits(req: PlanRequest, rejected: list[str], offload_pinned: bool = T
     chunk = loss_chunks(req, [])[-1]
     setup = req.candidate(checkpointing="full", attention=best_attn, loss_chunk_tokens=chunk)
     host = req.host_capacity_bytes if req.pin("offload") else None
-    m = mem.min_gpus(req.spec, setup, req.capacity_bytes, "full_shard", host_memory_bytes=host)
     where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
-    if m.gpus is None and cp_problem(req.spec, req.seq_len) is None:
-        fewest_with_cp(req, chunk, where)
-    if m.gpus is None:
+    # the fewest over every layout the planner could pick (tp, cp, pp: llmctl.plan.fewest), not only the request's
+    f = fewest(req.spec, setup, req.capacity_bytes, host_memory_bytes=host)
+    if f is None:
+        m = mem.min_gpus(req.spec, setup, req.capacity_bytes, "full_shard", host_memory_bytes=host)
         raise DoesNotFitError(
-            f"{req.spec.name} does not fit on {where} in any setup, nor on any number of {req.gpu.name} ({m.note})",
-            hint="use a GPU with more memory or tensor parallelism",
+            f"{req.spec.name} does not fit on {where} in any setup, nor on any number of {req.gpu.name} in any "
+            f"layout of tensor, context or pipeline parallelism ({m.note})",
+            hint="use a GPU with more memory",
         )
-    shape = (
-        f"{m.nodes} node{'s' if (m.nodes or 0) > 1 else ''} x {req.gpus_per_node}"
-        if (m.nodes or 0) > 1
-        else f"{m.gpus} GPUs on one node"
-    )
     why = f" ({host_reasons[0]})" if host_reasons else ""
     raise DoesNotFitError(
         f"{req.spec.name} does not fit on {where} in any setup{why}; the smallest cluster of "
-        f"{req.gpu.name} that fits is {shape} ({m.gpus} GPUs) with full_shard, checkpointing, "
-        f"{best_attn} attention, micro-batch 1{' and CPU offload' if req.pin('offload') else ''} "
-        f"({(m.device_bytes or 0) / GIB:.1f} GiB per GPU)",
-        hint=f"pass --gpus {m.gpus} or more" + (f" (--nodes {m.nodes})" if (m.nodes or 0) > 1 else "") + smaller,
-        fewest_gpus=m.gpus,
+        f"{req.gpu.name} that fits is {f.shape(req.gpus_per_node)} ({f.gpus} GPUs) with {f.words()}",
+        hint=f"pass --gpus {f.gpus} or more" + (f" (--nodes {f.nodes})" if f.nodes > 1 else "") + smaller,
+        fewest_gpus=f.gpus,
     )
-
-
-def fewest_with_cp(req: PlanRequest, chunk: int, where: str, max_gpus: int = 1 << 17) -> None:
-    """When no GPU count fits without context parallelism: the fewest GPUs that fit with it (cp = the GPUs, whole
-    nodes past one; full_shard, full checkpointing, micro-batch 1), as the DoesNotFitError to raise; nothing if none
-    up to `max_gpus` does."""
-    g, cp = req.gpus_per_node, 2
-    while cp <= max_gpus and req.seq_len % (2 * cp) == 0:
-        nodes = -(-cp // g)
-        if (nodes * g) % cp == 0:
-            setup = req.candidate(nodes=nodes, checkpointing="full", attention="sdpa", loss_chunk_tokens=chunk, cp=cp)
-            e = mem.estimate(req.spec, setup)
-            if e.device_bytes <= req.capacity_bytes:
-                gpus = nodes * g
-                raise DoesNotFitError(
-                    f"{req.spec.name} does not fit on {where} in any setup; with context parallelism the smallest "
-                    f"cluster of {req.gpu.name} that fits is {nodes} node{'s' if nodes > 1 else ''} x {g} ({gpus} "
-                    f"GPUs): cp {cp} ({req.seq_len // cp:,} tokens of each sequence per GPU), full_shard, full "
-                    f"checkpointing, micro-batch 1 ({e.device_bytes / GIB:.1f} GiB per GPU)",
-                    hint=f"pass --nodes {nodes} --gpus-per-node {g} or more",
-                    fewest_gpus=gpus,
-                )
-        cp *= 2

@@ -51,7 +51,7 @@ def test_1m_tokens_only_fit_split_over_context_parallel_ranks(nodes: int) -> Non
         # 8 GPUs hold 131,072 tokens each at most with cp 8: the checkpointed block inputs alone are 32 GiB, the
         # recomputed block 24.5 GiB, the ring 13 GiB: nothing fits; the error names the fewest GPUs that do.
         with pytest.raises(
-            DoesNotFitError, match=r"with context parallelism the smallest cluster .* 2 nodes x 8 .* cp 16"
+            DoesNotFitError, match=r"smallest cluster of H100-SXM that fits is 2 nodes x 8 \(16 GPUs\) with cp 16, "
         ):
             pl.plan(request(1, M1, pp=None))  # not pinned: the fewest-GPU answer searches what the planner does
         return

@@ -186,7 +186,36 @@ def _gpu_report(
         "min_gpus_by_strategy": table,
         "min_gpus": table[setup.strategy]["gpus"],
         "min_gpus_by_checkpointing": _min_gpus_by_checkpointing(spec, setup, sized, cap, host_cap),
+        **({"fewest_any_layout": _fewest_any_layout(spec, sized, cap, host_cap)} if setup.engine == "fsdp2" else {}),
     }
+
+
+def _fewest_any_layout(
+    spec: ModelSpec, sized: TrainSetup, capacity: int, host_cap: int | None
+) -> dict[str, Any] | None:
+    """The fewest GPUs over every layout the planner searches (llmctl.plan.fewest: tp, cp, pp), each at the least
+    memory of the other levers (full_shard, full checkpointing, micro-batch 1, the loss in chunks), as `plan` names
+    it when nothing fits (llmctl's engine only: the zero engine's ledger has no layout search); None where no count
+    of this GPU does."""
+    from llmctl.errors import RuleError
+    from llmctl.plan.fewest import fewest
+    from llmctl.plan.space import auto_loss_chunk
+
+    try:
+        base = replace(
+            sized,
+            strategy="full_shard",
+            checkpointing="full",
+            micro_batch_size=1,
+            tp=1,
+            cp=1,
+            pp=1,
+            loss_chunk_tokens=auto_loss_chunk(spec),
+        )
+    except RuleError:
+        return None
+    f = fewest(spec, base, capacity, host_memory_bytes=host_cap)
+    return None if f is None else f.as_dict()
 
 
 def _min_gpus_by_checkpointing(
