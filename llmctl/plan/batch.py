@@ -40,7 +40,9 @@ DEFAULT_BATCH_TOKENS: tuple[BatchRow, ...] = (
     # batch size of 4M tokens and sequences of length 4,096, and double these values to a batch size of 8M sequences
     # of 8,192 tokens after pre-training 252M tokens. We double the batch size again to 16M after pre-training on
     # 2.87T tokens." The initial 4M: the batch a run starts with.
-    BatchRow(405_000_000_000, 4, "Llama 3's initial batch (Grattafiori et al. 2024, arXiv 2407.21783, section 3.4.1)"),
+    BatchRow(
+        405_000_000_000, 4, "Llama 3's section 3.4.1 (Grattafiori et al. 2024, arXiv 2407.21783), its initial batch"
+    ),
 )
 """Default global batch in tokens by model size (total parameters), never fitted: a model takes the row of the
 largest published model no bigger than it (below 125M, GPT-3 Small's)."""
@@ -73,7 +75,8 @@ def explain(
 ) -> str:
     """The global batch, where it came from and how long a step of it takes: '1,024 sequences of 2,048 tokens
     (2.1M tokens) a step, 21.6 s on the chosen setup: the default at 8.03B parameters, 2M tokens, the batch of the
-    6.7B model in GPT-3's Table 2.1 ...; --global-batch or --global-batch-tokens sets it'. `given`: set by --global-batch / --global-batch-tokens."""
+    6.7B model in GPT-3's Table 2.1 ...; --global-batch or --global-batch-tokens sets it'. `given`: the batch was
+    set by --global-batch or --global-batch-tokens."""
     tokens = global_batch * seq_len
     out = f"{global_batch:,} sequences of {seq_len:,} tokens ({_m(tokens)} tokens) a step"
     if step_time_s is not None:

@@ -109,7 +109,7 @@ def test_the_line_says_the_source_the_rounding_and_the_step() -> None:
     exact = request(seq_len=131072).batch_line()
     assert "rounded" not in exact and exact.startswith("16 sequences of 131,072 tokens (2.1M tokens) a step: ")
     big = request(resolve_model("llama-3.1-405b"), seq_len=8192).batch_line()
-    assert "4M tokens, the batch of the 405B model in Llama 3's initial batch" in big
+    assert "4M tokens, the batch of the 405B model in Llama 3's section 3.4.1 (Grattafiori et al. 2024" in big
 
 
 def test_plan_at_128k_says_the_batch_and_its_step(tmp_path) -> None:
