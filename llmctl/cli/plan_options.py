@@ -33,7 +33,8 @@ GlobalBatchOpt = Annotated[
         "--global-batch",
         parser=decimal_count,
         metavar="N",
-        help="Global batch in sequences, held fixed (default: 128 up to a multiple of the GPUs, or one per GPU).",
+        help="Global batch in sequences, held fixed (default: the published batch in tokens for the model's size, "
+        "GPT-3's Table 2.1 or Llama 3's, over --seq-len, up to a multiple of the data-parallel ranks).",
     ),
 ]
 GlobalBatchTokensOpt = Annotated[

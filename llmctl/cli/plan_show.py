@@ -28,7 +28,7 @@ def _header(result: pl.PlanResult) -> None:
     spec = req.spec
     c.print(
         f"[bold]{escape(spec.name)}[/bold]: {spec.params:,} parameters on {req.nodes} x {req.gpus_per_node} {req.gpu.name}; "
-        f"seq {req.seq_len}, global batch {req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), "
+        f"seq {req.seq_len}, global batch {req.global_batch:,} sequences ({req.global_batch * req.seq_len:,} tokens), "
         f"{req.precision.name}"
     )
     if req.gpu.plan_only:
@@ -141,6 +141,7 @@ def _chosen(result: pl.PlanResult) -> None:
         f"(of {ch.comm_total_s:.2f} s; largest: {ch.bottleneck or 'none'})"
         + (f" + CPU offload {ch.offload_s:.2f} s" if cs.levers.offload else "")
     )
+    c.print(f"[bold]global batch[/bold]: {escape(req.batch_line(ch.step_time_s))}")
     if result.sharding_choice:
         c.print(f"[bold]FULL vs HYBRID[/bold]: {escape(result.sharding_choice)}")
     if result.step_split:

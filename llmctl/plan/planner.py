@@ -125,6 +125,7 @@ class PlanResult:
             "gpus_per_node": req.gpus_per_node,
             "seq_len": req.seq_len,
             "global_batch_seqs": req.global_batch,
+            "global_batch_why": req.batch_line(result.chosen.predicted.step_time_s),
             "objective": req.objective,
             "network": {
                 "source": network.source,

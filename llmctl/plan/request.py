@@ -11,8 +11,8 @@ from types import MappingProxyType
 from typing import Any
 
 from llmctl.errors import InputError, RuleError
+from llmctl.plan import batch, kernel_time
 from llmctl.plan import comm as cm
-from llmctl.plan import kernel_time
 from llmctl.plan import memory as mem
 from llmctl.plan.calibrate import Calibration, read_calibration
 from llmctl.plan.memory.margin import DEFAULT_MEMORY_MARGIN, Margin
@@ -48,9 +48,6 @@ MISALIGNED_PENALTY = 0.85
 # Memory-bound kernels (norms, rotary, activations, elementwise products) stream their tensors through device memory
 # at this fraction of the catalog's hbm_gbytes_s, measured (presets/kernels.yaml, memory_bound_efficiency).
 HBM_EFFICIENCY = kernels.memory_bound_efficiency()
-DEFAULT_GLOBAL_BATCH_SEQS = 128
-"""Default global batch when none is given: 128 sequences rounded up to a multiple of the GPUs (so that a node of 72
-or 48 splits it evenly), or one per GPU past 128."""
 
 
 CPU_PINS = {"compile": False, "attention": "sdpa"}
@@ -225,9 +222,24 @@ class PlanRequest:
         return [self.nodes] if self.nodes_exact else node_counts(self.nodes)
 
     @property
+    def batch_ranks(self) -> int:
+        """The data-parallel ranks a default global batch is a multiple of: the GPUs over the pinned tp x cp x pp
+        (every setup of the search splits it evenly; a node of 72 or 48 too)."""
+        k = (self.pin("tp") or 1) * (self.pin("cp") or 1) * (self.pin("pp") or 1)
+        return max(1, self.nodes * self.gpus_per_node // k)
+
+    @cached_property
     def global_batch(self) -> int:
-        world = self.nodes * self.gpus_per_node  # 128 sequences up to a multiple of the GPUs (72: 144), or one each
-        return self.global_batch_seqs or -(-max(DEFAULT_GLOBAL_BATCH_SEQS, world) // world) * world
+        """Sequences a step: as given, or llmctl.plan.batch's default in tokens for the model's size over the
+        sequence length, rounded up to a multiple of `batch_ranks`."""
+        return self.global_batch_seqs or batch.default_global_batch(self.spec.params, self.seq_len, self.batch_ranks)
+
+    def batch_line(self, step_time_s: float | None = None) -> str:
+        """The global batch, where it came from, and how long a step of it takes (llmctl.plan.batch.explain)."""
+        given = self.global_batch_seqs is not None
+        return batch.explain(
+            self.spec.params, self.seq_len, self.global_batch, self.batch_ranks, given, step_time_s=step_time_s
+        )
 
     @property
     def capacity_bytes(self) -> int:

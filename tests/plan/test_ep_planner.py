@@ -120,8 +120,10 @@ def test_dense_plans_carry_no_ep():
 def test_the_issues_proof_plans_choose_ep_and_explain_it(model, nodes, ep):
     """Issue 45's proof: `llmctl plan qwen3-235b-a22b --gpu H100 --nodes 8 --gpus-per-node 8` and `plan deepseek-v3`
     on 32 x 8 H100 (3200 Gbit/s a node) choose EP and say why, with the experts per GPU and the all-to-alls' share of
-    the step. Neither fits the GPUs without EP (the best without it offloads, or nothing fits)."""
-    result = plan(request(resolve_model(model), nodes=nodes))
+    the step. Neither fits the GPUs without EP (the best without it offloads, or nothing fits). At the global batch
+    the proof was stated at, the default then: 128 sequences, or one per GPU (the default in tokens, 3.4M for these
+    sizes, spreads CPU offload's host step over more compute, and a setup with offload wins there)."""
+    result = plan(request(resolve_model(model), nodes=nodes, global_batch_seqs=max(128, nodes * 8)))
     s = result.chosen.setup
     assert (s.ep, s.tp, s.pp, s.levers.offload) == (ep, 1, 1, False)
     text = result.ep_choice

@@ -126,11 +126,12 @@ def test_a_model_that_fits_nowhere_names_the_smallest_cluster() -> None:
 
 
 def test_default_global_batch_and_node_counts() -> None:
-    assert seed_request(global_batch_seqs=None).global_batch == 128
+    # llama-2-7b (6.7B): GPT-3 6.7B's 2M tokens (2**21) = 2,048 sequences of 1,024 (llmctl.plan.batch)
+    assert seed_request(global_batch_seqs=None).global_batch == 2048
     big = plan_request(spec=L7B, gpu=H100, nodes=1024, gpus_per_node=8, network=FAST_NET)
-    assert big.global_batch == 8192
-    # 128 rounded up to a multiple of the GPUs: an NVL72 rack (72), 6 nodes of 8 (48), 3 x 2
-    for nodes, g, want in ((1, 72, 144), (6, 8, 144), (3, 2, 132), (2, 72, 144), (1, 3, 129)):
+    assert big.global_batch == 8192  # 1,024 sequences of 2,048, rounded up to one per GPU
+    # 1,024 sequences of 2,048 rounded up to a multiple of the GPUs: an NVL72 rack (72), 6 nodes of 8 (48), 3 x 2
+    for nodes, g, want in ((1, 72, 1080), (6, 8, 1056), (3, 2, 1026), (2, 72, 1152), (1, 3, 1026), (1, 8, 1024)):
         assert plan_request(spec=L7B, gpu=H100, nodes=nodes, gpus_per_node=g, network=FAST_NET).global_batch == want
     assert node_counts(1024) == [2**i for i in range(11)]
     assert node_counts(6) == [1, 2, 3, 4, 6]
