@@ -54,10 +54,36 @@ def default_row(params: int) -> BatchRow:
     return fitting[-1] if fitting else DEFAULT_BATCH_TOKENS[0]
 
 
-def default_global_batch(params: int, seq_len: int, ranks: int) -> int:
-    """Sequences a step by default: the row's tokens over `seq_len`, rounded up to a multiple of `ranks` (the
-    data-parallel ranks every setup of the search can split it over), at least one each."""
-    seqs = -(-default_row(params).tokens // seq_len)
+CPU_BATCH_SEQS = 16
+"""A plan on the host's cores (`--gpu cpu`) trains the shipped CPU examples' 16 sequences a step (examples/tiny-cpu.yaml:
+micro-batch 8 on each of 2 ranks): the table's 0.5M tokens would be 4,096 sequences of 128 tokens a step there,
+minutes a step on a laptop for a plan that is there to try the flow (presets/cpu.yaml)."""
+ADAPTER_BATCH_SEQS = 128
+"""LoRA/QLoRA: the table is pre-training's (Llama-3.1-8B's 2M tokens is 1,024 sequences of 2,048 a step), which
+fine-tuning does not train; adapters keep llmctl's earlier default of 128 sequences, not from a published run (the
+plan says so: --global-batch sets it)."""
+KINDS = ("pretrain", "cpu", "finetune")
+
+
+def kind_of(on_cpu: bool, adapters: bool) -> str:
+    """Which default a request takes: a CPU plan's, fine-tuning's (adapters), or the table's."""
+    return "cpu" if on_cpu else "finetune" if adapters else "pretrain"
+
+
+def default_sequences(params: int, seq_len: int, kind: str = "pretrain") -> int:
+    """Sequences a step before the rounding to the data-parallel ranks."""
+    if kind == "cpu":
+        return CPU_BATCH_SEQS
+    if kind == "finetune":
+        return ADAPTER_BATCH_SEQS
+    return -(-default_row(params).tokens // seq_len)
+
+
+def default_global_batch(params: int, seq_len: int, ranks: int, kind: str = "pretrain") -> int:
+    """Sequences a step by default: the row's tokens over `seq_len` (a CPU plan's or fine-tuning's count for those
+    kinds), rounded up to a multiple of `ranks` (the data-parallel ranks every setup of the search can split it
+    over), at least one each."""
+    seqs = default_sequences(params, seq_len, kind)
     return -(-max(seqs, ranks) // ranks) * ranks
 
 
@@ -71,7 +97,13 @@ def _size(params: int) -> str:
 
 
 def explain(
-    params: int, seq_len: int, global_batch: int, ranks: int, given: bool, step_time_s: float | None = None
+    params: int,
+    seq_len: int,
+    global_batch: int,
+    ranks: int,
+    given: bool,
+    step_time_s: float | None = None,
+    kind: str = "pretrain",
 ) -> str:
     """The global batch, where it came from and how long a step of it takes: '1,024 sequences of 2,048 tokens
     (2.1M tokens) a step, 21.6 s on the chosen setup: the default at 8.03B parameters, 2M tokens, the batch of the
@@ -84,11 +116,19 @@ def explain(
     if given:
         return out + ": as asked (--global-batch or --global-batch-tokens)"
     row = default_row(params)
-    out += (
-        f": the default at {_size(params)} parameters, {row.m_tokens:g}M tokens, the batch of the {_size(row.params)} "
-        f"model in {row.source}"
-    )
-    seqs = -(-row.tokens // seq_len)
+    if kind == "cpu":
+        out += f": the default of a CPU plan, the shipped CPU examples' {CPU_BATCH_SEQS} sequences (examples/tiny-cpu.yaml)"
+    elif kind == "finetune":
+        out += (
+            f": the default with adapters, {ADAPTER_BATCH_SEQS} sequences (the pre-training table by model size does "
+            "not apply to fine-tuning; not from a published run)"
+        )
+    else:
+        out += (
+            f": the default at {_size(params)} parameters, {row.m_tokens:g}M tokens, the batch of the "
+            f"{_size(row.params)} model in {row.source}"
+        )
+    seqs = default_sequences(params, seq_len, kind)
     if global_batch != seqs:
         out += f" ({seqs:,} sequences, rounded up to a multiple of the {ranks:,} data-parallel ranks)"
     return out + "; --global-batch or --global-batch-tokens sets it"

@@ -232,13 +232,26 @@ class PlanRequest:
     def global_batch(self) -> int:
         """Sequences a step: as given, or llmctl.plan.batch's default in tokens for the model's size over the
         sequence length, rounded up to a multiple of `batch_ranks`."""
-        return self.global_batch_seqs or batch.default_global_batch(self.spec.params, self.seq_len, self.batch_ranks)
+        return self.global_batch_seqs or batch.default_global_batch(
+            self.spec.params, self.seq_len, self.batch_ranks, self.batch_kind
+        )
+
+    @property
+    def batch_kind(self) -> str:
+        """Which default batch the request takes (llmctl.plan.batch.kind_of): a CPU plan's, fine-tuning's, the table's."""
+        return batch.kind_of(self.gpu.device == "cpu", self.finetune.adapters)
 
     def batch_line(self, step_time_s: float | None = None) -> str:
         """The global batch, where it came from, and how long a step of it takes (llmctl.plan.batch.explain)."""
         given = self.global_batch_seqs is not None
         return batch.explain(
-            self.spec.params, self.seq_len, self.global_batch, self.batch_ranks, given, step_time_s=step_time_s
+            self.spec.params,
+            self.seq_len,
+            self.global_batch,
+            self.batch_ranks,
+            given,
+            step_time_s=step_time_s,
+            kind=self.batch_kind,
         )
 
     @property

@@ -71,6 +71,23 @@ def test_a_small_model_at_2k_gets_its_row() -> None:
     assert request(spec, nodes=64).global_batch == 512  # one sequence per GPU at least
 
 
+def test_a_cpu_plan_and_fine_tuning_take_their_own_defaults() -> None:
+    """The table is pre-training's: on a CPU it would be 4,096 sequences of 128 tokens a step (llama-tiny), with
+    adapters 1,024 of 2,048 for an 8B; a CPU plan takes the shipped examples' 16, adapters llmctl's earlier 128."""
+    from llmctl.spec.finetune import Finetune
+
+    cpu = request(resolve_model("llama-tiny"), gpu=resolve_gpu("cpu"), gpus_per_node=2, seq_len=128)
+    assert cpu.batch_kind == "cpu" and cpu.global_batch == batch.CPU_BATCH_SEQS == 16
+    assert "the shipped CPU examples' 16 sequences" in cpu.batch_line()
+    assert (
+        request(resolve_model("llama-tiny"), gpu=resolve_gpu("cpu"), gpus_per_node=32, seq_len=128).global_batch == 32
+    )
+    lora = request(finetune=Finetune("lora"))
+    assert lora.batch_kind == "finetune" and lora.global_batch == 128
+    assert "the default with adapters, 128 sequences" in lora.batch_line()
+    assert request().batch_kind == "pretrain" and request().global_batch == 1024
+
+
 def test_the_pins_win() -> None:
     assert request(seq_len=131072, global_batch_seqs=128).global_batch == 128
     opts = dict(
