@@ -408,8 +408,13 @@ def check_pins(req: PlanRequest) -> None:
     pins = req.pins
     if pins.get("micro_batch_size", 1) < 1:
         raise InputError(f"--micro-batch must be >= 1, got {pins['micro_batch_size']}")
-    for name, flag in (("tp", "--tp"), ("cp", "--cp")):
-        if pins.get(name, 1) < 1:
+    for name, flag in (
+        ("tp", "--tp"),
+        ("cp", "--cp"),
+        ("pp_microbatches", "--pp-microbatches"),
+        ("pp_virtual_stages", "--pp-virtual-stages"),
+    ):
+        if pins.get(name) is not None and pins[name] < 1:
             raise InputError(f"{flag} must be a positive integer, got {pins[name]}")
     if pins.get("loss_chunk_tokens", 0) < 0:
         raise InputError(f"--loss-chunk must be >= 0 tokens, got {pins['loss_chunk_tokens']}")
