@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import llmctl.plan.memory.adapters as lora
 import llmctl.plan.memory.experts as ex
@@ -118,11 +119,12 @@ class MemoryEstimate:
         """Host memory a node holds for CPU offload: its GPUs' worth."""
         return self.host_bytes * self.setup.gpus_per_node
 
-    @property
+    @cached_property
     def peak_phase(self) -> str:
+        # cached (the estimate is frozen): device_bytes asks it twice, and the planner asks device_bytes ~10^5 times
         return max(self.phase_bytes, key=lambda k: self.phase_bytes[k])
 
-    @property
+    @cached_property
     def peak_allocated_bytes(self) -> int:
         return self.phase_bytes[self.peak_phase]
 
@@ -419,16 +421,30 @@ def _in_loss_backward(c: Component, setup: TrainSetup) -> Component:
     """Where a component lives in the loss's backward: what is live in the layers' backward too, except the layer-only
     buffers; the gradients only with accumulation (the engine frees them after each step: the first micro-batch's
     forward and loss backward have none). The zero engine (DeepSpeed) keeps its gradient buffers allocated."""
-    phases = c.phases
-    if "backward" in phases and not c.name.startswith(LAYER_BACKWARD_ONLY):
-        phases = (*phases, "loss_backward")
-    if c.name.startswith("gradients") and setup.engine == "fsdp2" and setup.grad_accum_steps == 1:
-        phases = tuple(p for p in phases if p in ("backward", "optimizer"))
+    no_grads = setup.engine == "fsdp2" and setup.grad_accum_steps == 1
+    key = (c.name, c.phases, no_grads)
+    phases = _LOSS_PHASES.get(key)
+    if phases is None:
+        phases = _LOSS_PHASES[key] = _loss_phases(c.name, c.phases, no_grads)
     if phases == c.phases:
         return c
     # a new Component directly: dataclasses.replace costs more than the rest of this (the planner calls it ~12 times
     # per estimate)
-    return Component(c.name, c.bytes, tuple(p for p in PHASES if p in phases), c.bytes_per_param, c.note)
+    return Component(c.name, c.bytes, phases, c.bytes_per_param, c.note)
+
+
+_LOSS_PHASES: dict[tuple[str, tuple[str, ...], bool], tuple[str, ...]] = {}
+"""_loss_phases by (name, phases, no gradients kept): the planner asks it for ~30 components of each of thousands of
+estimates, from a few dozen distinct inputs."""
+
+
+def _loss_phases(name: str, phases: tuple[str, ...], no_grads: bool) -> tuple[str, ...]:
+    out = phases
+    if "backward" in out and not name.startswith(LAYER_BACKWARD_ONLY):
+        out = (*out, "loss_backward")
+    if name.startswith("gradients") and no_grads:
+        out = tuple(p for p in out if p in ("backward", "optimizer"))
+    return phases if out == phases else tuple(p for p in PHASES if p in out)
 
 
 QLORA_DEQUANT = "QLoRA: one linear's weight dequantized (compute dtype)"
@@ -709,17 +725,20 @@ PIPELINE_NOTE = (
 def _pipeline_estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Every pp rank's estimate (llmctl.plan.memory.pipeline); the heaviest is the answer, carrying them all."""
     ranks = pl.pipeline_ranks(spec, setup)
-    ests = pipeline_rank_estimates(spec, setup)
+    ests = pipeline_rank_estimates(spec, setup, ranks)
     stages = tuple(_stage_memory(spec, setup, e, r) for e, r in zip(ests, ranks))
     worst = max(range(len(ests)), key=lambda i: (ests[i].device_bytes, -i))
     return replace(ests[worst], stages=stages, pipeline_rank=worst)
 
 
-def pipeline_rank_estimates(spec: ModelSpec, setup: TrainSetup) -> list[MemoryEstimate]:
-    """Each pp rank's own estimate, in rank order (`estimate` answers with the heaviest)."""
+def pipeline_rank_estimates(
+    spec: ModelSpec, setup: TrainSetup, ranks: tuple[pl.PipelineRank, ...] | None = None
+) -> list[MemoryEstimate]:
+    """Each pp rank's own estimate, in rank order (`estimate` answers with the heaviest); `ranks`: the setup's
+    pipeline_ranks where the caller has them."""
     _check_estimable(setup)
     ledger = state_ledger(spec, setup)
-    return [_rank_estimate(spec, setup, ledger, r) for r in pl.pipeline_ranks(spec, setup)]
+    return [_rank_estimate(spec, setup, ledger, r) for r in (ranks or pl.pipeline_ranks(spec, setup))]
 
 
 def _rank_estimate(
