@@ -104,10 +104,19 @@ class MemoryEstimate:
     ledger: list[StateLine] = field(default_factory=list)
     host_components: list[Component] = field(default_factory=list)
     """Under CPU offload, what this GPU's rank keeps in host memory (the ledger's lines); empty otherwise."""
-    stages: tuple[StageMemory, ...] = ()
-    """Under pipeline parallelism, every pp rank's memory (this estimate is the heaviest one's); empty at pp 1."""
     pipeline_rank: int | None = None
     """Under pipeline parallelism, the pp rank this estimate is (the heaviest)."""
+    rank_estimates: tuple[MemoryEstimate, ...] = field(default=(), repr=False, compare=False)
+    """Under pipeline parallelism, every pp rank's own estimate, in rank order; empty at pp 1."""
+
+    @cached_property
+    def stages(self) -> tuple[StageMemory, ...]:
+        """Under pipeline parallelism, every pp rank's memory by kind (this estimate is the heaviest one's); empty at
+        pp 1. Built when asked (estimate-memory's table): the planner sizes thousands of pipelines and reads none."""
+        if not self.rank_estimates:
+            return ()
+        ranks = pl.pipeline_ranks(self.spec, self.setup)
+        return tuple(_stage_memory(self.spec, self.setup, e, r) for e, r in zip(self.rank_estimates, ranks))
 
     @property
     def host_bytes(self) -> int:
@@ -726,9 +735,8 @@ def _pipeline_estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Every pp rank's estimate (llmctl.plan.memory.pipeline); the heaviest is the answer, carrying them all."""
     ranks = pl.pipeline_ranks(spec, setup)
     ests = pipeline_rank_estimates(spec, setup, ranks)
-    stages = tuple(_stage_memory(spec, setup, e, r) for e, r in zip(ests, ranks))
     worst = max(range(len(ests)), key=lambda i: (ests[i].device_bytes, -i))
-    return replace(ests[worst], stages=stages, pipeline_rank=worst)
+    return replace(ests[worst], pipeline_rank=worst, rank_estimates=tuple(ests))
 
 
 def pipeline_rank_estimates(
