@@ -187,12 +187,23 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     comps += _one_layer_transients(spec, setup)
     if setup.training:
         comps = [_in_loss_backward(c, setup) for c in comps]
-    phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in PHASES}
+    phases = _phase_bytes(comps)
     if not setup.training:
         phases = {"forward": phases["forward"]}
     return MemoryEstimate(
         spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger, host_components=host
     )
+
+
+def _phase_bytes(comps: list[Component]) -> dict[str, int]:
+    """Bytes live in each phase: the components' sum, each phase's in the components' order (one pass: the planner
+    sums ~30 components for each of ~10^5 estimates)."""
+    phases = dict.fromkeys(PHASES, 0)
+    for c in comps:
+        for ph in PHASES:
+            if ph in c.phases:
+                phases[ph] += c.bytes
+    return phases
 
 
 def _check_estimable(setup: TrainSetup) -> None:
@@ -778,7 +789,7 @@ def _rank_estimate(
         comps = [_in_loss_backward(c, setup) for c in comps]
         if setup.pipeline_microbatches == 1:  # one micro-batch: its loss's backward comes before any gradient
             comps = [_without_loss_backward(c) if c.name == PP_UNSHARDED_GRADS else c for c in comps]
-    phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in PHASES}
+    phases = _phase_bytes(comps)
     if not setup.training:
         phases = {"forward": phases["forward"]}
     return MemoryEstimate(
