@@ -186,7 +186,7 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         comps += _forward_only_components(spec, setup)
     comps += _one_layer_transients(spec, setup)
     if setup.training:
-        comps = [_in_loss_backward(c, setup) for c in comps]
+        comps = _in_loss_backward_all(comps, setup)
     phases = _phase_bytes(comps)
     if not setup.training:
         phases = {"forward": phases["forward"]}
@@ -437,20 +437,20 @@ def memory_key(setup: TrainSetup) -> TrainSetup:
     return replace(setup, grad_accum_steps=min(setup.grad_accum_steps, 2), compile=False, async_tp=False)
 
 
-def _in_loss_backward(c: Component, setup: TrainSetup) -> Component:
-    """Where a component lives in the loss's backward: what is live in the layers' backward too, except the layer-only
-    buffers; the gradients only with accumulation (the engine frees them after each step: the first micro-batch's
-    forward and loss backward have none). The zero engine (DeepSpeed) keeps its gradient buffers allocated."""
+def _in_loss_backward_all(comps: list[Component], setup: TrainSetup) -> list[Component]:
+    """Where each component lives in the loss's backward: what is live in the layers' backward too, except the
+    layer-only buffers; the gradients only with accumulation (the engine frees them after each step: the first
+    micro-batch's forward and loss backward have none). The zero engine (DeepSpeed) keeps its gradient buffers
+    allocated. A new Component directly where the phases change (dataclasses.replace costs more than the rest)."""
     no_grads = setup.engine == "fsdp2" and setup.grad_accum_steps == 1
-    key = (c.name, c.phases, no_grads)
-    phases = _LOSS_PHASES.get(key)
-    if phases is None:
-        phases = _LOSS_PHASES[key] = _loss_phases(c.name, c.phases, no_grads)
-    if phases == c.phases:
-        return c
-    # a new Component directly: dataclasses.replace costs more than the rest of this (the planner calls it ~12 times
-    # per estimate)
-    return Component(c.name, c.bytes, phases, c.bytes_per_param, c.note)
+    out = []
+    for c in comps:
+        key = (c.name, c.phases, no_grads)
+        phases = _LOSS_PHASES.get(key)
+        if phases is None:
+            phases = _LOSS_PHASES[key] = _loss_phases(c.name, c.phases, no_grads)
+        out.append(c if phases == c.phases else Component(c.name, c.bytes, phases, c.bytes_per_param, c.note))
+    return out
 
 
 _LOSS_PHASES: dict[tuple[str, tuple[str, ...], bool], tuple[str, ...]] = {}
@@ -786,7 +786,7 @@ def _rank_estimate(
         comps += [c for c in _forward_only_components(spec, setup) if prank.head or c.name != "logits"]
     comps += _one_layer_transients(spec, setup)
     if setup.training:
-        comps = [_in_loss_backward(c, setup) for c in comps]
+        comps = _in_loss_backward_all(comps, setup)
         if setup.pipeline_microbatches == 1:  # one micro-batch: its loss's backward comes before any gradient
             comps = [_without_loss_backward(c) if c.name == PP_UNSHARDED_GRADS else c for c in comps]
     phases = _phase_bytes(comps)
