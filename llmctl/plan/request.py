@@ -207,7 +207,17 @@ class PlanRequest:
     def candidate(self, **choice: Any) -> TrainSetup:
         """A setup of the search: `base` with the decisions chosen (by name: strategy, nodes, micro_batch_size,
         grad_accum_steps, checkpointing, attention, compile, loss_chunk_tokens, tp, async_tp, cp, cp_rotate)."""
-        return with_values(self.base, **choice)
+        key = tuple(choice.items())
+        setup = self._candidates.get(key)
+        if setup is None:
+            setup = self._candidates[key] = with_values(self.base, **choice)
+        return setup
+
+    @cached_property
+    def _candidates(self) -> dict[tuple, TrainSetup]:
+        """`candidate`'s setups by choice: the search builds the same setup many times over (bounds, memory search,
+        timing), and a TrainSetup checks its rules when built. Setups are frozen, so one object serves them all."""
+        return {}
 
     @property
     def async_tp(self) -> bool:

@@ -178,6 +178,16 @@ def declared(cls: type) -> tuple[Decision, ...]:
     return _CACHE[cls]
 
 
+_BY_NAME: dict[type, dict[str, Decision]] = {}
+
+
+def _by_name(cls: type) -> dict[str, Decision]:
+    """declared(cls) by name (with_values runs for every setup the planner builds)."""
+    if cls not in _BY_NAME:
+        _BY_NAME[cls] = {d.name: d for d in declared(cls)}
+    return _BY_NAME[cls]
+
+
 def get(setup: Any, d: Decision) -> Any:
     v = setup
     for attr in d.path:
@@ -193,7 +203,7 @@ def values(setup: Any) -> dict[str, Any]:
 def with_values(setup: Any, **changes: Any) -> Any:
     """`dataclasses.replace` by decision name, parts included (`with_values(s, tp=2, offload=True)`): the setup is
     built (and checked) once."""
-    by_name = {d.name: d for d in declared(type(setup))}
+    by_name = _by_name(type(setup))
     top: dict[str, Any] = {}
     parts: dict[str, dict[str, Any]] = {}
     for name, v in changes.items():

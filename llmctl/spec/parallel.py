@@ -16,6 +16,7 @@ where dp = world / (tp x cp x pp). Expert parallelism (ep) borrows ranks from dp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmctl.errors import InputError, RuleError, UnknownNameError
 
@@ -305,7 +306,7 @@ class ParallelDims:
 
     def rank_shard(self, seq_len: int) -> RankShard:
         """What one rank holds of a sequence of `seq_len` tokens and of a layer under these degrees."""
-        return RankShard(self.tp, self.cp, seq_len)
+        return _rank_shard(self.tp, self.cp, seq_len)
 
     def tokens_per_step(self, micro_batch_size: int, grad_accum_steps: int, seq_len: int) -> int:
         """Tokens one optimizer step trains on: every data-parallel rank's micro-batches."""
@@ -372,3 +373,10 @@ class RankShard:
     def whole_columns(self, n: int) -> int:
         """`n` split over the layer's ranks, rounded down (a vocabulary-sharded buffer's bytes)."""
         return n // self.tensor_ranks
+
+
+@lru_cache(maxsize=1024)
+def _rank_shard(tp: int, cp: int, seq_len: int) -> RankShard:
+    """RankShard by its degrees (frozen: one object serves every setup of those degrees; the memory model asks it ~10
+    times an estimate)."""
+    return RankShard(tp, cp, seq_len)

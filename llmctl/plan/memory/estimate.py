@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import llmctl.plan.memory.adapters as lora
 import llmctl.plan.memory.experts as ex
@@ -104,10 +105,19 @@ class MemoryEstimate:
     ledger: list[StateLine] = field(default_factory=list)
     host_components: list[Component] = field(default_factory=list)
     """Under CPU offload, what this GPU's rank keeps in host memory (the ledger's lines); empty otherwise."""
-    stages: tuple[StageMemory, ...] = ()
-    """Under pipeline parallelism, every pp rank's memory (this estimate is the heaviest one's); empty at pp 1."""
     pipeline_rank: int | None = None
     """Under pipeline parallelism, the pp rank this estimate is (the heaviest)."""
+    rank_estimates: tuple[MemoryEstimate, ...] = field(default=(), repr=False, compare=False)
+    """Under pipeline parallelism, every pp rank's own estimate, in rank order; empty at pp 1."""
+
+    @cached_property
+    def stages(self) -> tuple[StageMemory, ...]:
+        """Under pipeline parallelism, every pp rank's memory by kind (this estimate is the heaviest one's); empty at
+        pp 1. Built when asked (estimate-memory's table): the planner sizes thousands of pipelines and reads none."""
+        if not self.rank_estimates:
+            return ()
+        ranks = pl.pipeline_ranks(self.spec, self.setup)
+        return tuple(_stage_memory(self.spec, self.setup, e, r) for e, r in zip(self.rank_estimates, ranks))
 
     @property
     def host_bytes(self) -> int:
@@ -119,11 +129,12 @@ class MemoryEstimate:
         """Host memory a node holds for CPU offload: its GPUs' worth."""
         return self.host_bytes * self.setup.gpus_per_node
 
-    @property
+    @cached_property
     def peak_phase(self) -> str:
+        # cached (the estimate is frozen): device_bytes asks it twice, and the planner asks device_bytes ~10^5 times
         return max(self.phase_bytes, key=lambda k: self.phase_bytes[k])
 
-    @property
+    @cached_property
     def peak_allocated_bytes(self) -> int:
         return self.phase_bytes[self.peak_phase]
 
@@ -176,13 +187,24 @@ def estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
         comps += _forward_only_components(spec, setup)
     comps += _one_layer_transients(spec, setup)
     if setup.training:
-        comps = [_in_loss_backward(c, setup) for c in comps]
-    phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in PHASES}
+        comps = _in_loss_backward_all(comps, setup)
+    phases = _phase_bytes(comps)
     if not setup.training:
         phases = {"forward": phases["forward"]}
     return MemoryEstimate(
         spec=spec, setup=setup, components=comps, phase_bytes=phases, ledger=ledger, host_components=host
     )
+
+
+def _phase_bytes(comps: list[Component]) -> dict[str, int]:
+    """Bytes live in each phase: the components' sum, each phase's in the components' order (one pass: the planner
+    sums ~30 components for each of ~10^5 estimates)."""
+    phases = dict.fromkeys(PHASES, 0)
+    for c in comps:
+        for ph in PHASES:
+            if ph in c.phases:
+                phases[ph] += c.bytes
+    return phases
 
 
 def _check_estimable(setup: TrainSetup) -> None:
@@ -419,20 +441,34 @@ def memory_key(setup: TrainSetup) -> TrainSetup:
     return replace(setup, grad_accum_steps=min(setup.grad_accum_steps, 2), compile=False, async_tp=False)
 
 
-def _in_loss_backward(c: Component, setup: TrainSetup) -> Component:
-    """Where a component lives in the loss's backward: what is live in the layers' backward too, except the layer-only
-    buffers; the gradients only with accumulation (the engine frees them after each step: the first micro-batch's
-    forward and loss backward have none). The zero engine (DeepSpeed) keeps its gradient buffers allocated."""
-    phases = c.phases
-    if "backward" in phases and not c.name.startswith(LAYER_BACKWARD_ONLY):
-        phases = (*phases, "loss_backward")
-    if c.name.startswith("gradients") and setup.engine == "fsdp2" and setup.grad_accum_steps == 1:
-        phases = tuple(p for p in phases if p in ("backward", "optimizer"))
-    if phases == c.phases:
-        return c
-    # a new Component directly: dataclasses.replace costs more than the rest of this (the planner calls it ~12 times
-    # per estimate)
-    return Component(c.name, c.bytes, tuple(p for p in PHASES if p in phases), c.bytes_per_param, c.note)
+def _in_loss_backward_all(comps: list[Component], setup: TrainSetup) -> list[Component]:
+    """Where each component lives in the loss's backward: what is live in the layers' backward too, except the
+    layer-only buffers; the gradients only with accumulation (the engine frees them after each step: the first
+    micro-batch's forward and loss backward have none). The zero engine (DeepSpeed) keeps its gradient buffers
+    allocated. A new Component directly where the phases change (dataclasses.replace costs more than the rest)."""
+    no_grads = setup.engine == "fsdp2" and setup.grad_accum_steps == 1
+    out = []
+    for c in comps:
+        key = (c.name, c.phases, no_grads)
+        phases = _LOSS_PHASES.get(key)
+        if phases is None:
+            phases = _LOSS_PHASES[key] = _loss_phases(c.name, c.phases, no_grads)
+        out.append(c if phases == c.phases else Component(c.name, c.bytes, phases, c.bytes_per_param, c.note))
+    return out
+
+
+_LOSS_PHASES: dict[tuple[str, tuple[str, ...], bool], tuple[str, ...]] = {}
+"""_loss_phases by (name, phases, no gradients kept): the planner asks it for ~30 components of each of thousands of
+estimates, from a few dozen distinct inputs."""
+
+
+def _loss_phases(name: str, phases: tuple[str, ...], no_grads: bool) -> tuple[str, ...]:
+    out = phases
+    if "backward" in out and not name.startswith(LAYER_BACKWARD_ONLY):
+        out = (*out, "loss_backward")
+    if name.startswith("gradients") and no_grads:
+        out = tuple(p for p in out if p in ("backward", "optimizer"))
+    return phases if out == phases else tuple(p for p in PHASES if p in out)
 
 
 QLORA_DEQUANT = "QLoRA: one linear's weight dequantized (compute dtype)"
@@ -713,17 +749,19 @@ PIPELINE_NOTE = (
 def _pipeline_estimate(spec: ModelSpec, setup: TrainSetup) -> MemoryEstimate:
     """Every pp rank's estimate (llmctl.plan.memory.pipeline); the heaviest is the answer, carrying them all."""
     ranks = pl.pipeline_ranks(spec, setup)
-    ests = pipeline_rank_estimates(spec, setup)
-    stages = tuple(_stage_memory(spec, setup, e, r) for e, r in zip(ests, ranks))
+    ests = pipeline_rank_estimates(spec, setup, ranks)
     worst = max(range(len(ests)), key=lambda i: (ests[i].device_bytes, -i))
-    return replace(ests[worst], stages=stages, pipeline_rank=worst)
+    return replace(ests[worst], pipeline_rank=worst, rank_estimates=tuple(ests))
 
 
-def pipeline_rank_estimates(spec: ModelSpec, setup: TrainSetup) -> list[MemoryEstimate]:
-    """Each pp rank's own estimate, in rank order (`estimate` answers with the heaviest)."""
+def pipeline_rank_estimates(
+    spec: ModelSpec, setup: TrainSetup, ranks: tuple[pl.PipelineRank, ...] | None = None
+) -> list[MemoryEstimate]:
+    """Each pp rank's own estimate, in rank order (`estimate` answers with the heaviest); `ranks`: the setup's
+    pipeline_ranks where the caller has them."""
     _check_estimable(setup)
     ledger = state_ledger(spec, setup)
-    return [_rank_estimate(spec, setup, ledger, r) for r in pl.pipeline_ranks(spec, setup)]
+    return [_rank_estimate(spec, setup, ledger, r) for r in (ranks or pl.pipeline_ranks(spec, setup))]
 
 
 def _rank_estimate(
@@ -752,10 +790,10 @@ def _rank_estimate(
         comps += [c for c in _forward_only_components(spec, setup) if prank.head or c.name != "logits"]
     comps += _one_layer_transients(spec, setup)
     if setup.training:
-        comps = [_in_loss_backward(c, setup) for c in comps]
+        comps = _in_loss_backward_all(comps, setup)
         if setup.pipeline_microbatches == 1:  # one micro-batch: its loss's backward comes before any gradient
             comps = [_without_loss_backward(c) if c.name == PP_UNSHARDED_GRADS else c for c in comps]
-    phases = {ph: sum(c.bytes for c in comps if ph in c.phases) for ph in PHASES}
+    phases = _phase_bytes(comps)
     if not setup.training:
         phases = {"forward": phases["forward"]}
     return MemoryEstimate(
