@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmctl.errors import RuleError
+from llmctl.errors import InputError
 from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import valid_tp
 from llmctl.plan import memory as mem
@@ -100,7 +100,7 @@ def _pps(spec: ModelSpec, base: TrainSetup) -> list[int]:
     """1, and the powers of two the layers split into where the engine runs this setup's pipelines."""
     try:
         probe = _with(base, nodes=1, gpus_per_node=2, tp=1, cp=1, pp=2, grad_accum_steps=4)
-    except RuleError:
+    except InputError:
         return [1]
     if engine_problem(probe) is not None or model_problem(probe, spec, only=("pp split",)) is not None:
         return [1]
@@ -141,7 +141,7 @@ def fewest(
             choice["grad_accum_steps"] = max(base.grad_accum_steps, 2 * pp)  # 1F1B's micro-batches in flight
         try:
             setup = _with(base, **choice)
-        except RuleError:
+        except InputError:
             continue
         if model_problem(setup, spec) is not None or engine_problem(setup) is not None:
             continue
@@ -150,7 +150,7 @@ def fewest(
             m = mem.min_gpus(
                 spec, setup, capacity_bytes, "full_shard", max_nodes=limit, host_memory_bytes=host_memory_bytes
             )
-        except RuleError:
+        except InputError:
             continue
         if m.gpus is None or m.nodes is None or m.device_bytes is None:
             continue

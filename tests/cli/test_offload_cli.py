@@ -64,7 +64,7 @@ def test_estimate_table_says_the_host_does_not_fit() -> None:
             "CPU offload is FSDP2's CPUOffloadPolicy: not run with engine zero",
         ),
         (["plan", *SEVENTY_B, "--no-write"], "with CPU offload: llama-3.1-70b does not fit"),
-        (["plan", *SEVENTY_B, "--no-write", "--no-offload"], "no setup satisfies --no-offload"),
+        (["plan", *SEVENTY_B, "--no-write", "--no-offload"], "the smallest cluster of A100-80GB that fits is 2 nodes"),
     ],
 )
 def test_one_line_errors(args: list[str], needle: str) -> None:

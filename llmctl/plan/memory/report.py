@@ -197,7 +197,7 @@ def _fewest_any_layout(
     memory of the other levers (full_shard, full checkpointing, micro-batch 1, the loss in chunks), as `plan` names
     it when nothing fits (llmctl's engine only: the zero engine's ledger has no layout search); None where no count
     of this GPU does."""
-    from llmctl.errors import RuleError
+    from llmctl.errors import InputError
     from llmctl.plan.fewest import fewest
     from llmctl.plan.space import auto_loss_chunk
 
@@ -212,7 +212,7 @@ def _fewest_any_layout(
             pp=1,
             loss_chunk_tokens=auto_loss_chunk(spec),
         )
-    except RuleError:
+    except InputError:  # a rule (or an ep that the 1-node base cannot borrow ranks for): fewest tries the others
         return None
     f = fewest(spec, base, capacity, host_memory_bytes=host_cap)
     return None if f is None else f.as_dict()
