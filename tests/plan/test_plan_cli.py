@@ -355,7 +355,10 @@ def test_calibrate_from_engine_metrics(tmp_path: Path) -> None:
         ([*SEED, "--objective", "speed"], "unknown objective"),
         ([*SEED, "--micro-batch", "128"], "--micro-batch 128: full_shard on 1 node: micro-batch 128 does not divide"),
         ([*SEED, "--strategy", "zero1"], "not run by llmctl's engine"),
-        ([*SEED, "--pp-microbatches=0"], "--pp-microbatches must be a positive integer, got 0"),  # was a ZeroDivisionError
+        (
+            [*SEED, "--pp-microbatches=0"],
+            "--pp-microbatches must be a positive integer, got 0",
+        ),  # was a ZeroDivisionError
         ([*SEED, "--precision", "fp8"], "A100-80GB has no float8 tensor cores"),
         (
             ["plan", "llama-2-7b", "--gpu", "V100-32GB", "--gpus-per-node", "8", "--precision", "bf16-mixed"],
