@@ -41,3 +41,15 @@ def minimal_plan_yaml(name: str = "tiny", nodes: int = 1, nproc: int = 2) -> str
 
 def env_without_slurm() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+
+
+def job_env(job_dir: Path, **more: str) -> dict[str, str]:
+    """What templates/slurm.sbatch.j2 exports and SLURM sets for the preflight (job 42, first run)."""
+    return {
+        "LLMCTL_JOB_DIR": str(job_dir),
+        "LLMCTL_PLAN": str(job_dir / "plan.yaml"),
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "LLMCTL_RDZV_PORT": "29542",
+        **more,
+    }

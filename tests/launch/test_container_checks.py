@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from launch_helpers import minimal_plan_yaml, write_stub
+from launch_helpers import job_env, minimal_plan_yaml, write_stub
 
 from llmctl.launch import jobs, slurm
 from llmctl.launch.preflight import host, node
@@ -269,17 +269,6 @@ def test_a_batch_host_without_llmctl_skips_the_preflight_or_stops_when_it_is_nee
         assert (tmp_path / "TRAINED").exists()
         assert status_note(job_dir) == f"warning: skipped: {why}"
     assert not (tmp_path / "agent").exists()  # the preflight itself never ran
-
-
-def job_env(job_dir: Path, **more: str) -> dict[str, str]:
-    return {
-        "LLMCTL_JOB_DIR": str(job_dir),
-        "LLMCTL_PLAN": str(job_dir / "plan.yaml"),
-        "SLURM_JOB_ID": "42",
-        "SLURM_JOB_NODELIST": "node[1-2]",
-        "LLMCTL_RDZV_PORT": "29542",
-        **more,
-    }
 
 
 def test_the_batch_host_starts_its_agents_with_the_container_words(

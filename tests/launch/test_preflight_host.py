@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_helpers import minimal_plan_yaml
+from launch_helpers import job_env, minimal_plan_yaml
 
 from llmctl.launch import jobs
 from llmctl.launch.preflight import decision as pf
@@ -17,18 +17,6 @@ from llmctl.launch.preflight import host
 from llmctl.launch.preflight import main as preflight_main
 from llmctl.launch.preflight.job import JobContext
 from llmctl.netbench.quick_files import node_result_path
-
-
-def job_env(job_dir: Path, **more: str) -> dict[str, str]:
-    """What templates/slurm.sbatch.j2 exports and SLURM sets for the preflight (job 42, first run)."""
-    return {
-        "LLMCTL_JOB_DIR": str(job_dir),
-        "LLMCTL_PLAN": str(job_dir / "plan.yaml"),
-        "SLURM_JOB_ID": "42",
-        "SLURM_JOB_NODELIST": "node[1-2]",
-        "LLMCTL_RDZV_PORT": "29542",
-        **more,
-    }
 
 
 def test_the_job_context_reads_the_scripts_exports(tmp_path: Path) -> None:
