@@ -209,8 +209,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M(
         "grads-before-backward",
         "llmctl/plan/memory/estimate.py",
-        'setup.engine == "fsdp2" and setup.grad_accum_steps == 1:',
-        'setup.engine == "fsdp2" and setup.grad_accum_steps >= 1:',
+        'no_grads = setup.engine == "fsdp2" and setup.grad_accum_steps == 1',
+        'no_grads = setup.engine == "fsdp2" and setup.grad_accum_steps >= 1',
         ("tests/plan/test_measured_h100.py",),
         "gradients dropped from the forward with accumulation too",
     ),

@@ -38,7 +38,7 @@ from typing import Any
 from llmctl.errors import DoesNotFitError, InputError, LlmctlError
 from llmctl.plan import comm as cm
 from llmctl.plan import planner as pl
-from llmctl.plan.fewest import fewest
+from llmctl.plan.memory.fewest import fewest
 from llmctl.plan.request import PlanRequest, build_request
 from llmctl.plan.search import parallel_bound
 from llmctl.plan.space import Choice, auto_loss_chunk
@@ -304,7 +304,7 @@ def probe(make: Planner, kind: GPUSpec, gpus: int, per_node: int, net: Interconn
 
 def fewest_bounds(req: PlanRequest) -> tuple[int | None, int | None]:
     """The fewest GPUs of the request's kind that fit (with CPU offload where it must, and without it), as the planner
-    itself answers when nothing fits (llmctl.plan.fewest: full_shard, full checkpointing, micro-batch 1, every tp,
+    itself answers when nothing fits (llmctl.plan.memory.fewest: full_shard, full checkpointing, micro-batch 1, every tp,
     cp and pp layout); None where no
     count does."""
     fast = Attention.FLASH if req.precision.flash_attention and req.gpu.flash_attention else Attention.SDPA

@@ -32,7 +32,7 @@ from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import valid_tp
 from llmctl.plan import float8 as f8
 from llmctl.plan import memory as mem
-from llmctl.plan.fewest import fewest
+from llmctl.plan.memory.fewest import LOSS_CHUNK_ELEMENTS, auto_loss_chunk, fewest  # noqa: F401 (re-exported)
 from llmctl.spec import checkpointing as ckpt_modes
 from llmctl.spec import pipeline
 from llmctl.spec.attention import KERNELS, Attention
@@ -47,10 +47,6 @@ if TYPE_CHECKING:
     from llmctl.plan.request import PlanRequest
     from llmctl.spec.models import ModelSpec
 
-# Chunked loss: one chunk's logits are about 2^26 elements (512 MiB for the fp32 log-softmax and its gradient in
-# backward): 512 tokens for Llama 3's 128k vocabulary, 2048 for Llama 2's 32k; never below 256 tokens (smaller
-# GEMMs lose efficiency) nor above 8192.
-LOSS_CHUNK_ELEMENTS = 2**26
 LONG_CONTEXT_TOKENS = 32768
 """Past this sequence length the planner keeps the loss chunked (tp = 1): the whole logits of one 32k-token sequence
 over Llama 3's 128k vocabulary are 7.8 GiB in bf16, 15.7 GiB upcast to fp32 and 15.7 GiB more for the fp32
@@ -129,12 +125,6 @@ TP_REFUSED = {
     "adapters": lambda req: f"tensor parallelism: {req.finetune.method} adapters run at tp 1 in llmctl's engine",
 }
 """How the search words a rule (llmctl.spec.rules) that leaves only tp 1."""
-
-
-def auto_loss_chunk(spec: ModelSpec) -> int:
-    """Tokens per loss chunk when the planner chunks the loss (LOSS_CHUNK_ELEMENTS)."""
-    c = 1 << max(0, (LOSS_CHUNK_ELEMENTS // max(1, spec.vocab_size)).bit_length() - 1)
-    return min(8192, max(256, c))
 
 
 def checkpointing_modes(spec: ModelSpec) -> list[str]:
@@ -553,7 +543,7 @@ def nothing_fits(req: PlanRequest, rejected: list[str], offload_pinned: bool = T
     setup = req.candidate(checkpointing="full", attention=best_attn, loss_chunk_tokens=chunk)
     host = req.host_capacity_bytes if req.pin("offload") else None
     where = f"{req.nodes} x {req.gpus_per_node} {req.gpu.name}"
-    # the fewest over every layout the planner could pick (tp, cp, pp: llmctl.plan.fewest), not only the request's
+    # the fewest over every layout the planner could pick (tp, cp, pp: llmctl.plan.memory.fewest), not only the request's
     f = fewest(req.spec, setup, req.capacity_bytes, host_memory_bytes=host)
     if f is None:
         m = mem.min_gpus(req.spec, setup, req.capacity_bytes, "full_shard", host_memory_bytes=host)

@@ -1,4 +1,4 @@
-"""The fewest GPUs that fit, over every layout the planner searches (llmctl.plan.fewest): estimate-memory, plan's
+"""The fewest GPUs that fit, over every layout the planner searches (llmctl.plan.memory.fewest): estimate-memory, plan's
 refusal and --compare give the same count, and the plan on that count fits (issue 48)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from llmctl.errors import DoesNotFitError
 from llmctl.plan import comm as cm
 from llmctl.plan import memory as mem
 from llmctl.plan import planner as pl
-from llmctl.plan.fewest import fewest
+from llmctl.plan.memory.fewest import fewest
 from llmctl.plan.space import auto_loss_chunk
 from llmctl.spec.hardware import resolve_gpu
 from llmctl.spec.models import resolve_model

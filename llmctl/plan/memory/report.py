@@ -193,13 +193,12 @@ def _gpu_report(
 def _fewest_any_layout(
     spec: ModelSpec, sized: TrainSetup, capacity: int, host_cap: int | None
 ) -> dict[str, Any] | None:
-    """The fewest GPUs over every layout the planner searches (llmctl.plan.fewest: tp, cp, pp), each at the least
+    """The fewest GPUs over every layout the planner searches (llmctl.plan.memory.fewest: tp, cp, pp), each at the least
     memory of the other levers (full_shard, full checkpointing, micro-batch 1, the loss in chunks), as `plan` names
     it when nothing fits (llmctl's engine only: the zero engine's ledger has no layout search); None where no count
     of this GPU does."""
     from llmctl.errors import InputError
-    from llmctl.plan.fewest import fewest
-    from llmctl.plan.space import auto_loss_chunk
+    from llmctl.plan.memory.fewest import auto_loss_chunk, fewest
 
     try:
         base = replace(

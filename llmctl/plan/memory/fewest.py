@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from llmctl.errors import InputError
 from llmctl.families.context_parallel import cp_problem
 from llmctl.families.tensor_parallel import valid_tp
-from llmctl.plan import memory as mem
+from llmctl.plan.memory.estimate import min_gpus
 from llmctl.spec.attention import Attention
 from llmctl.spec.parallel import sequence_split_problem
 from llmctl.spec.pipeline import max_stages
@@ -29,6 +29,18 @@ from llmctl.units import GIB
 if TYPE_CHECKING:
     from llmctl.spec.models import ModelSpec
     from llmctl.spec.setup import TrainSetup
+
+# Chunked loss: one chunk's logits are about 2^26 elements (512 MiB for the fp32 log-softmax and its gradient in
+# backward): 512 tokens for Llama 3's 128k vocabulary, 2048 for Llama 2's 32k; never below 256 tokens (smaller
+# GEMMs lose efficiency) nor above 8192.
+LOSS_CHUNK_ELEMENTS = 2**26
+
+
+def auto_loss_chunk(spec: ModelSpec) -> int:
+    """Tokens per loss chunk when the planner chunks the loss (LOSS_CHUNK_ELEMENTS)."""
+    c = 1 << max(0, (LOSS_CHUNK_ELEMENTS // max(1, spec.vocab_size)).bit_length() - 1)
+    return min(8192, max(256, c))
+
 
 MAX_CP = 64
 """The largest ring searched: past 64 ranks a sequence's share (a 1M-token sequence: 16k tokens a rank) no longer
@@ -147,7 +159,7 @@ def fewest(
             continue
         limit = max_nodes if best is None else max(1, best.nodes)
         try:
-            m = mem.min_gpus(
+            m = min_gpus(
                 spec, setup, capacity_bytes, "full_shard", max_nodes=limit, host_memory_bytes=host_memory_bytes
             )
         except InputError:
